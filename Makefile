@@ -1,0 +1,38 @@
+# idemscrape — the two commands a newcomer needs are `make demo` and `make test`.
+GO        ?= go
+PKGS      ?= ./...
+BENCHTIME ?= 2s
+
+.PHONY: test check vet fmt demo bench fuzz services tidy
+
+## test: vet, then every test with the race detector against real Redis and PostgreSQL.
+test: vet
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+## vet: go vet.
+vet:
+	$(GO) vet $(PKGS)
+
+## check: gofmt (fails on unformatted files), go vet, go mod tidy drift.
+check: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@cp go.mod /tmp/idemscrape.go.mod.$$$$ && cp go.sum /tmp/idemscrape.go.sum.$$$$ && $(GO) mod tidy && \
+	  if ! cmp -s go.mod /tmp/idemscrape.go.mod.$$$$ || ! cmp -s go.sum /tmp/idemscrape.go.sum.$$$$; then \
+	    echo "go mod tidy changed go.mod/go.sum: commit the result"; exit 1; fi
+
+## demo: start the services if needed, then run the demo (migrate, enqueue with duplicates, show the dedup).
+demo: services
+	$(GO) run ./cmd/demo
+
+## bench: every benchmark, with memory statistics.
+bench: services
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+## fuzz: URL normalisation fuzzing for FUZZTIME (default 60s).
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test ./tasks -run '^$$' -fuzz FuzzNormalize -fuzztime $(FUZZTIME)
+
+## services: make sure Redis and PostgreSQL answer on loopback, starting them if they are down.
+services:
+	./.ci/run --services-only

@@ -1,0 +1,182 @@
+// Package lua holds idemscrape's Redis scripts (the *.lua files next to this one, embedded)
+// and their thin Go wrappers: the lease of a job, claimed, renewed and released atomically,
+// and the fencing token every claim issues.
+//
+// Guarantees:
+//   - At most one owner holds a job's lease at a time; the lease expires on the Redis
+//     server's clock unless renewed.
+//   - Every successful Claim returns a token strictly greater than every token issued before
+//     for that job, and greater than the floor the caller passes (the fence PostgreSQL holds),
+//     so even a Redis that restarted without persistence never repeats a token that
+//     PostgreSQL has accepted.
+//   - Renew and Release succeed only for the owner and token that claimed.
+//   - All keys of one job share a hash tag, so every script runs on Redis Cluster.
+//
+// This package knows nothing of PostgreSQL: the caller passes the floor and raises the
+// fence (store.JobStart).
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed claim.lua
+	claimSrc string
+	//go:embed renew.lua
+	renewSrc string
+	//go:embed release.lua
+	releaseSrc string
+
+	claimScript   = redis.NewScript(claimSrc)
+	renewScript   = redis.NewScript(renewSrc)
+	releaseScript = redis.NewScript(releaseSrc)
+)
+
+// Sentinel errors of the lease scripts.
+var (
+	// ErrLeaseHeld: another owner holds the lease. The error is a *HeldError.
+	ErrLeaseHeld = errors.New("lua: lease held by another owner")
+	// ErrLeaseLost: the lease no longer exists (it expired or was deleted).
+	ErrLeaseLost = errors.New("lua: lease lost")
+	// ErrNotOwner: the lease exists but another owner, or another claim, holds it.
+	ErrNotOwner = errors.New("lua: lease held by another owner or token")
+)
+
+// HeldError is returned by Claim when another owner holds the lease.
+type HeldError struct {
+	Key       string        // job key
+	Holder    string        // owner holding the lease
+	Remaining time.Duration // lease time left on the server clock
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("lua: lease of %q held by %q for another %v", e.Key, e.Holder, e.Remaining)
+}
+
+// Is makes errors.Is(err, ErrLeaseHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
+
+// Lease is a claimed lease.
+type Lease struct {
+	Key   string // job key
+	Owner string
+	Token int64 // fencing token: present it to every write of the attempt
+	TTL   time.Duration
+}
+
+// Defaults of Leases.
+const (
+	// DefaultCounterTTL is how long a job's token counter outlives its last claim. After it
+	// expires, the floor from PostgreSQL keeps tokens increasing.
+	DefaultCounterTTL = 7 * 24 * time.Hour
+)
+
+// Leases claims, renews and releases job leases on one Redis (or Redis Cluster).
+type Leases struct {
+	rdb        redis.Scripter
+	keys       Keys
+	counterTTL time.Duration
+}
+
+// NewLeases returns Leases on rdb with all keys under prefix (e.g. "idemscrape:").
+func NewLeases(rdb redis.Scripter, prefix string) (*Leases, error) {
+	keys, err := NewKeys(prefix)
+	if err != nil {
+		return nil, err
+	}
+	return &Leases{rdb: rdb, keys: keys, counterTTL: DefaultCounterTTL}, nil
+}
+
+// Keys returns the key builder the leases use.
+func (l *Leases) Keys() Keys { return l.keys }
+
+// Claim claims the lease of job key for owner for ttl and returns it with a fresh fencing
+// token greater than floor and than every token issued before. A claim by the owner that
+// already holds the lease re-issues a higher token and restarts the lease (the runner does
+// this when PostgreSQL holds a higher fence than Redis remembered). If another owner holds
+// it, Claim returns a *HeldError (errors.Is ErrLeaseHeld).
+func (l *Leases) Claim(ctx context.Context, key, owner string, ttl time.Duration, floor int64) (Lease, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return Lease{}, err
+	}
+	if floor < 0 {
+		return Lease{}, fmt.Errorf("lua: claim %q: floor %d is negative", key, floor)
+	}
+	reply, err := claimScript.Run(ctx, l.rdb,
+		[]string{l.keys.Lease(key), l.keys.Fence(key)},
+		owner, ttl.Milliseconds(), floor, l.counterTTL.Milliseconds(),
+	).Slice()
+	if err != nil {
+		return Lease{}, fmt.Errorf("lua: claim %q: %w", key, err)
+	}
+	if len(reply) == 2 && reply[0] == int64(1) {
+		token, ok := reply[1].(int64)
+		if !ok || token <= floor {
+			return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", key, reply)
+		}
+		return Lease{Key: key, Owner: owner, Token: token, TTL: ttl}, nil
+	}
+	if len(reply) == 3 && reply[0] == int64(0) {
+		holder, _ := reply[1].(string)
+		pttl, _ := reply[2].(int64)
+		return Lease{}, &HeldError{Key: key, Holder: holder, Remaining: time.Duration(pttl) * time.Millisecond}
+	}
+	return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", key, reply)
+}
+
+// Renew extends lease to ttl from now on the server clock. It fails with ErrLeaseLost if
+// the lease expired or was deleted and ErrNotOwner if another claim holds it.
+func (l *Leases) Renew(ctx context.Context, lease Lease, ttl time.Duration) error {
+	if err := checkArgs(lease.Key, lease.Owner, ttl); err != nil {
+		return err
+	}
+	n, err := renewScript.Run(ctx, l.rdb, []string{l.keys.Lease(lease.Key)},
+		lease.Owner, lease.Token, ttl.Milliseconds()).Int64()
+	return statusErr("renew", lease, n, err)
+}
+
+// Release gives lease up. It fails with ErrLeaseLost if the lease expired or was deleted
+// and ErrNotOwner if another claim holds it; either way the caller no longer holds it.
+func (l *Leases) Release(ctx context.Context, lease Lease) error {
+	if lease.Key == "" || lease.Owner == "" {
+		return fmt.Errorf("lua: release: lease without key or owner")
+	}
+	n, err := releaseScript.Run(ctx, l.rdb, []string{l.keys.Lease(lease.Key)},
+		lease.Owner, lease.Token).Int64()
+	return statusErr("release", lease, n, err)
+}
+
+// statusErr is the one place that maps a status script's integer reply to an error.
+func statusErr(op string, lease Lease, n int64, err error) error {
+	if err != nil {
+		return fmt.Errorf("lua: %s %q: %w", op, lease.Key, err)
+	}
+	switch n {
+	case 1:
+		return nil
+	case -1:
+		return fmt.Errorf("lua: %s %q token %d: %w", op, lease.Key, lease.Token, ErrLeaseLost)
+	case -2:
+		return fmt.Errorf("lua: %s %q token %d: %w", op, lease.Key, lease.Token, ErrNotOwner)
+	}
+	return fmt.Errorf("lua: %s %q: unexpected reply %d", op, lease.Key, n)
+}
+
+func checkArgs(key, owner string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return errors.New("lua: empty job key")
+	case owner == "":
+		return fmt.Errorf("lua: %q: empty owner", key)
+	case ttl < time.Millisecond:
+		return fmt.Errorf("lua: %q: lease length %v is below 1ms", key, ttl)
+	}
+	return nil
+}

@@ -1,0 +1,377 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// Job is one jobs row.
+type Job struct {
+	Key           string         `db:"key"`
+	Kind          string         `db:"kind"`
+	URL           string         `db:"url"`
+	SourceID      string         `db:"source_id"`
+	Country       string         `db:"country"`
+	Window        string         `db:"window"`
+	ParserVersion int            `db:"parser_version"`
+	Scope         string         `db:"scope"`
+	State         tasks.JobState `db:"state"`
+	Fence         int64          `db:"fence"`
+	Attempts      int            `db:"attempts"`
+	NextAttemptAt *time.Time     `db:"next_attempt_at"`
+	LastCategory  string         `db:"last_category"`
+	BytesTotal    int64          `db:"bytes_total"`
+	CreatedAt     time.Time      `db:"created_at"`
+	UpdatedAt     time.Time      `db:"updated_at"`
+	CompletedAt   *time.Time     `db:"completed_at"`
+}
+
+// Attempt is one attempts row: the evidence of one execution of a job.
+type Attempt struct {
+	JobKey        string     `db:"job_key"`
+	AttemptNo     int        `db:"attempt_no"`
+	Fence         int64      `db:"fence"`
+	Worker        string     `db:"worker"`
+	SessionID     string     `db:"session_id"`
+	Country       string     `db:"country"`
+	ProxyEndpoint string     `db:"proxy_endpoint"`
+	StartedAt     time.Time  `db:"started_at"`
+	FinishedAt    *time.Time `db:"finished_at"`
+	HTTPStatus    int        `db:"http_status"`
+	Bytes         int64      `db:"bytes"`
+	Outcome       string     `db:"outcome"`
+	Category      string     `db:"category"`
+	Error         string     `db:"error"`
+}
+
+// Attempt outcomes recorded in attempts.outcome.
+const (
+	OutcomeRunning    = "running"
+	OutcomeComplete   = "complete"
+	OutcomeRetryable  = "retryable"
+	OutcomeFailed     = "failed"
+	OutcomeSuperseded = "superseded"
+)
+
+// maxErrorText bounds attempts.error; longer texts are cut at a rune boundary.
+const maxErrorText = 2000
+
+const jobColumns = `key, kind, COALESCE(url, '') AS url, COALESCE(source_id, '') AS source_id,
+	country, "window", parser_version, scope, state, fence, attempts, next_attempt_at,
+	COALESCE(last_category, '') AS last_category, bytes_total, created_at, updated_at, completed_at`
+
+const attemptColumns = `job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
+	started_at, finished_at, COALESCE(http_status, 0) AS http_status, bytes, outcome,
+	COALESCE(category, '') AS category, COALESCE(error, '') AS error`
+
+// JobGet returns the jobs row with key, or ErrJobNotFound.
+func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM jobs WHERE key = $1`, key)
+	job, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[Job])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Job{}, fmt.Errorf("JobGet %q: %w", key, ErrJobNotFound)
+	}
+	if err != nil {
+		return Job{}, fmt.Errorf("store: JobGet %q: %w", key, err)
+	}
+	return job, nil
+}
+
+// AttemptList returns the attempts of the job with key, oldest first.
+func (s *PG) AttemptList(ctx context.Context, key string) ([]Attempt, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_key = $1 ORDER BY attempt_no`, key)
+	attempts, err := pgx.CollectRows(rows, pgx.RowToStructByName[Attempt])
+	if err != nil {
+		return nil, fmt.Errorf("store: AttemptList %q: %w", key, err)
+	}
+	return attempts, nil
+}
+
+// JobsRecord inserts a pending jobs row for every record whose key does not exist yet, in
+// one statement, and reports for each record whether it was created and the row's state.
+// Existing rows are never modified; a duplicate costs no dead tuple (ON CONFLICT DO
+// NOTHING). Records must be normalised specs with their keys (tasks.Enqueuer does that).
+func (s *PG) JobsRecord(ctx context.Context, records []tasks.JobRecord) ([]tasks.JobRecordResult, error) {
+	if len(records) == 0 {
+		return nil, nil
+	}
+	n := len(records)
+	keys := make([]string, 0, n)
+	kinds := make([]string, 0, n)
+	urls := make([]*string, 0, n)
+	sourceIDs := make([]*string, 0, n)
+	countries := make([]string, 0, n)
+	windows := make([]string, 0, n)
+	versions := make([]int32, 0, n)
+	scopes := make([]string, 0, n)
+	firstAt := make(map[string]int, n) // a key twice in one call is recorded once
+	for i, r := range records {
+		if r.Key == "" {
+			return nil, fmt.Errorf("store: JobsRecord: record with empty key (kind %q)", r.Spec.Kind)
+		}
+		if _, dup := firstAt[r.Key]; dup {
+			continue
+		}
+		firstAt[r.Key] = i
+		keys = append(keys, r.Key)
+		kinds = append(kinds, r.Spec.Kind)
+		urls = append(urls, nullIfEmpty(r.Spec.URL))
+		sourceIDs = append(sourceIDs, nullIfEmpty(r.Spec.SourceID))
+		countries = append(countries, r.Spec.Country)
+		windows = append(windows, r.Spec.Window)
+		versions = append(versions, int32(r.Spec.ParserVersion))
+		scopes = append(scopes, r.Spec.Scope)
+	}
+
+	// The outer SELECT sees the snapshot taken when the statement started, so a row that a
+	// concurrent transaction committed after that point conflicts in the INSERT but is not
+	// visible to the join: its state comes back NULL and is read again below.
+	rows, _ := s.pool.Query(ctx, `
+WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[])
+		AS t(key, kind, url, source_id, country, win, parser_version, scope)
+), ins AS (
+	INSERT INTO jobs (key, kind, url, source_id, country, "window", parser_version, scope)
+	SELECT key, kind, url, source_id, country, win, parser_version, scope FROM input
+	ON CONFLICT (key) DO NOTHING
+	RETURNING key, state
+)
+SELECT input.key, ins.key IS NOT NULL, COALESCE(ins.state, jobs.state)
+FROM input
+LEFT JOIN ins ON ins.key = input.key
+LEFT JOIN jobs ON jobs.key = input.key AND ins.key IS NULL`,
+		keys, kinds, urls, sourceIDs, countries, windows, versions, scopes)
+
+	byKey := make(map[string]tasks.JobRecordResult, len(keys))
+	var unseen []string
+	var (
+		key     string
+		created bool
+		state   *string
+	)
+	_, err := pgx.ForEachRow(rows, []any{&key, &created, &state}, func() error {
+		if state == nil {
+			unseen = append(unseen, key)
+			return nil
+		}
+		byKey[key] = tasks.JobRecordResult{Key: key, Created: created, State: tasks.JobState(*state)}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: JobsRecord: %w", err)
+	}
+	if len(unseen) > 0 {
+		rows, _ := s.pool.Query(ctx, `SELECT key, state FROM jobs WHERE key = ANY($1)`, unseen)
+		_, err := pgx.ForEachRow(rows, []any{&key, &state}, func() error {
+			byKey[key] = tasks.JobRecordResult{Key: key, State: tasks.JobState(*state)}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("store: JobsRecord: %w", err)
+		}
+	}
+
+	out := make([]tasks.JobRecordResult, len(records))
+	for i, r := range records {
+		res, ok := byKey[r.Key]
+		if !ok {
+			return nil, fmt.Errorf("store: JobsRecord: job %q neither inserted nor found (deleted concurrently?)", r.Key)
+		}
+		if firstAt[r.Key] != i && res.Created {
+			// Only the first occurrence of a key in the call created the row.
+			res.Created = false
+		}
+		out[i] = res
+	}
+	return out, nil
+}
+
+// AttemptStartParams starts an attempt of a job under a fencing token.
+type AttemptStartParams struct {
+	Key           string
+	Token         int64  // fencing token from the lease claim; must exceed the job's fence
+	Worker        string // worker identity, e.g. host/pid
+	SessionID     string // proxy session id, if known at start
+	Country       string // requested exit country
+	ProxyEndpoint string // redacted proxy endpoint, host:port only (the table refuses '@' and '/')
+}
+
+// JobStart moves the job to running under p.Token and records attempt number
+// attempts+1, in one statement. Allowed from pending, retryable, and running with a lower
+// fence (a takeover after the previous holder's lease expired; that holder's attempt is
+// marked superseded). The job's fence is raised to p.Token only if p.Token is higher, so
+// fences never go backwards. It returns the attempt number.
+func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (int, error) {
+	if p.Token < 1 {
+		return 0, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
+	}
+	var (
+		attemptNo *int32
+		found     bool
+		state     string
+		fence     int64
+	)
+	err := s.pool.QueryRow(ctx, `
+WITH cur AS (
+	SELECT state, fence FROM jobs WHERE key = $1
+), upd AS (
+	UPDATE jobs SET state = 'running', fence = $2, attempts = attempts + 1,
+		next_attempt_at = NULL, updated_at = now()
+	WHERE key = $1 AND state IN ('pending', 'retryable', 'running') AND fence < $2
+	RETURNING attempts
+), ins AS (
+	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
+	SELECT $1, attempts, $2, $3, $4, $5, $6 FROM upd
+	RETURNING attempt_no
+), superseded AS (
+	UPDATE attempts SET outcome = 'superseded', category = 'superseded', finished_at = now()
+	WHERE job_key = $1 AND outcome = 'running' AND fence < $2 AND EXISTS (SELECT 1 FROM upd)
+)
+SELECT (SELECT attempt_no FROM ins), cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
+FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
+		p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint,
+	).Scan(&attemptNo, &found, &state, &fence)
+	if err != nil {
+		return 0, fmt.Errorf("store: JobStart %q: %w", p.Key, err)
+	}
+	if attemptNo != nil {
+		return int(*attemptNo), nil
+	}
+	te := &TransitionError{Op: "JobStart", Key: p.Key, State: tasks.JobState(state), Fence: fence, Token: p.Token}
+	switch {
+	case !found:
+		te.Err = ErrJobNotFound
+	case te.State == tasks.StateComplete:
+		te.Err = ErrJobComplete
+	case te.State == tasks.StateFailed:
+		te.Err = ErrJobFailed
+	case fence >= p.Token:
+		te.Err = ErrStaleFence
+	default:
+		te.Err = ErrInvalidTransition
+	}
+	return 0, te
+}
+
+// AttemptFinishParams ends the running attempt started with Token.
+type AttemptFinishParams struct {
+	Key           string
+	Token         int64     // the fencing token the attempt was started with
+	NextAttemptAt time.Time // JobMarkRetryable only: when the job may run again
+	Category      string    // failure category ("" on success)
+	Error         string    // error text, already free of credentials; cut to 2000 bytes
+	HTTPStatus    int       // last destination status, 0 if none
+	Bytes         int64     // bytes this attempt transferred; added to jobs.bytes_total
+	SessionID     string    // proxy session id (overwrites the start value when set)
+	ProxyEndpoint string    // redacted endpoint (overwrites the start value when set)
+}
+
+// JobComplete moves the job from running to complete, only if its fence still equals
+// p.Token, and closes the attempt, in one statement. A refused call writes nothing at all.
+// (The attempt of a worker that lost its job to a takeover was already marked superseded
+// by the takeover's JobStart.)
+func (s *PG) JobComplete(ctx context.Context, p AttemptFinishParams) error {
+	return s.finish(ctx, "JobComplete", tasks.StateComplete, p)
+}
+
+// JobMarkRetryable moves the job from running to retryable with p.NextAttemptAt, only if
+// its fence still equals p.Token. The reconciler uses it with the fence of an expired
+// lease (category "lease_expired").
+func (s *PG) JobMarkRetryable(ctx context.Context, p AttemptFinishParams) error {
+	if p.NextAttemptAt.IsZero() {
+		return fmt.Errorf("store: JobMarkRetryable %q: NextAttemptAt is required", p.Key)
+	}
+	return s.finish(ctx, "JobMarkRetryable", tasks.StateRetryable, p)
+}
+
+// JobFail moves the job from running to failed (terminal), only if its fence still equals
+// p.Token.
+func (s *PG) JobFail(ctx context.Context, p AttemptFinishParams) error {
+	if p.Category == "" {
+		return fmt.Errorf("store: JobFail %q: Category is required", p.Key)
+	}
+	return s.finish(ctx, "JobFail", tasks.StateFailed, p)
+}
+
+func (s *PG) finish(ctx context.Context, op string, to tasks.JobState, p AttemptFinishParams) error {
+	if p.Bytes < 0 {
+		return fmt.Errorf("store: %s %q: Bytes %d is negative", op, p.Key, p.Bytes)
+	}
+	var nextAt *time.Time
+	if to == tasks.StateRetryable {
+		nextAt = &p.NextAttemptAt
+	}
+	var (
+		done  bool
+		found bool
+		state string
+		fence int64
+	)
+	err := s.pool.QueryRow(ctx, `
+WITH cur AS (
+	SELECT state, fence FROM jobs WHERE key = $1
+), upd AS (
+	UPDATE jobs SET state = $3, next_attempt_at = $4, last_category = NULLIF($5, ''),
+		bytes_total = bytes_total + $8, updated_at = now(),
+		completed_at = CASE WHEN $3 = 'complete' THEN now() END
+	WHERE key = $1 AND state = 'running' AND fence = $2
+	RETURNING 1
+), att AS (
+	UPDATE attempts SET outcome = $3, category = NULLIF($5, ''), error = NULLIF($6, ''),
+		http_status = NULLIF($7, 0), bytes = $8, finished_at = now(),
+		session_id = COALESCE(NULLIF($9, ''), session_id),
+		proxy_endpoint = COALESCE(NULLIF($10, ''), proxy_endpoint)
+	WHERE job_key = $1 AND fence = $2 AND EXISTS (SELECT 1 FROM upd)
+)
+SELECT EXISTS (SELECT 1 FROM upd), cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
+FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
+		p.Key, p.Token, string(to), nextAt, p.Category, truncateUTF8(p.Error, maxErrorText),
+		p.HTTPStatus, p.Bytes, p.SessionID, p.ProxyEndpoint,
+	).Scan(&done, &found, &state, &fence)
+	if err != nil {
+		return fmt.Errorf("store: %s %q: %w", op, p.Key, err)
+	}
+	if done {
+		return nil
+	}
+	te := &TransitionError{Op: op, Key: p.Key, State: tasks.JobState(state), Fence: fence, Token: p.Token}
+	switch {
+	case !found:
+		te.Err = ErrJobNotFound
+	case te.State == tasks.StateComplete:
+		te.Err = ErrJobComplete
+	case te.State == tasks.StateFailed:
+		te.Err = ErrJobFailed
+	case te.State != tasks.StateRunning:
+		te.Err = ErrInvalidTransition
+	default:
+		te.Err = ErrStaleFence
+	}
+	return te
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func truncateUTF8(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	s = s[:max]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return strings.ToValidUTF8(s, "")
+}

@@ -1,0 +1,287 @@
+package tasks_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+type enqueueBundle struct {
+	store  *store.PG
+	ns     *testutil.RedisNS
+	client *asynq.Client
+	enq    *tasks.Enqueuer
+}
+
+func setupEnqueue(t testing.TB) *enqueueBundle {
+	t.Helper()
+	pg := store.New(testutil.PG(t))
+	ns := testutil.Redis(t)
+	client := asynq.NewClient(ns.AsynqOpt())
+	t.Cleanup(func() { _ = client.Close() })
+	enq, err := tasks.NewEnqueuer(client, pg, &tasks.EnqueuerConfig{Queue: ns.Queue})
+	require.NoError(t, err)
+	return &enqueueBundle{store: pg, ns: ns, client: client, enq: enq}
+}
+
+var productSpec = tasks.Spec{
+	Kind: "catalog", URL: "https://Shop.Example.com:443/p/sku-42?b=2&a=1&utm_source=mail#reviews",
+	Country: "US", Window: "2026-04-23", ParserVersion: 3,
+}
+
+// runUntilComplete runs a real asynq server on the bundle's queue whose handler completes
+// the job in Postgres, as the runner will, and waits until asynq has deleted the task
+// (Retention(0) frees the task id when the handler succeeds).
+func runUntilComplete(t *testing.T, b *enqueueBundle, key string) {
+	t.Helper()
+	handled := make(chan struct{}, 1)
+	srv := asynq.NewServer(b.ns.AsynqOpt(), asynq.Config{
+		Queues: map[string]int{b.ns.Queue: 1}, Concurrency: 1, LogLevel: asynq.FatalLevel,
+	})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("catalog", func(ctx context.Context, task *asynq.Task) error {
+		p, err := tasks.DecodePayload(task.Payload(), nil)
+		if err != nil {
+			return err
+		}
+		if _, err := b.store.JobStart(ctx, store.AttemptStartParams{Key: p.Key, Token: 1}); err != nil {
+			return err
+		}
+		if err := b.store.JobComplete(ctx, store.AttemptFinishParams{Key: p.Key, Token: 1}); err != nil {
+			return err
+		}
+		handled <- struct{}{}
+		return nil
+	})
+	require.NoError(t, srv.Start(mux))
+	defer srv.Shutdown()
+	select {
+	case <-handled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("asynq server did not run the task")
+	}
+	// asynq deletes the task right after the handler returns; wait for that, not a timer.
+	deadline := time.Now().Add(30 * time.Second)
+	for b.ns.AsynqTaskExists(t, key) {
+		if time.Now().After(deadline) {
+			t.Fatal("asynq did not delete the completed task")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestEnqueueConcurrentDuplicates(t *testing.T) {
+	ctx := context.Background()
+	b := setupEnqueue(t)
+
+	// The same logical job written 50 ways (host case, default port, parameter order,
+	// tracking parameters, fragment), enqueued concurrently.
+	variants := []string{
+		"https://Shop.Example.com:443/p/sku-42?b=2&a=1&utm_source=mail#reviews",
+		"https://shop.example.com/p/sku-42?a=1&b=2",
+		"HTTPS://SHOP.EXAMPLE.COM/p/sku-42?a=1&b=2&gclid=xyz",
+		"https://shop.example.com/p/sku-42?b=2&a=1#top",
+		"https://shop.example.com:443/p/%73ku-42?a=1&fbclid=1&b=2",
+	}
+	const goroutines = 50
+	results := make([]tasks.Result, goroutines)
+	errs := make([]error, goroutines)
+	var wg sync.WaitGroup
+	for i := 0; i < goroutines; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := productSpec
+			s.URL = variants[i%len(variants)]
+			s.Meta = map[string]string{"request_id": fmt.Sprint(i)} // volatile: not in the key
+			results[i], errs[i] = b.enq.Enqueue(ctx, s)
+		}()
+	}
+	wg.Wait()
+
+	counts := map[tasks.Outcome]int{}
+	for i := range results {
+		require.NoError(t, errs[i])
+		require.Equal(t, results[0].Key, results[i].Key, "variant %d got another key", i)
+		counts[results[i].Outcome]++
+	}
+	// One caller created the row. A non-creator that reaches asynq before the creator
+	// enqueues the task itself (Requeued) and the creator then finds it queued; exactly one
+	// task exists either way.
+	require.Equal(t, 1, counts[tasks.Created], "outcomes: %v", counts)
+	require.LessOrEqual(t, counts[tasks.Requeued], 1, "outcomes: %v", counts)
+	require.Equal(t, goroutines, counts[tasks.Created]+counts[tasks.Requeued]+counts[tasks.AlreadyQueued], "outcomes: %v", counts)
+	key := results[0].Key
+	require.Equal(t, 1, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs`))
+	require.Equal(t, 1, b.ns.AsynqPending(t), "exactly one asynq task")
+	require.True(t, b.ns.AsynqTaskExists(t, key), "the task id is the job key")
+
+	runUntilComplete(t, b, key)
+
+	for i := 0; i < 3; i++ {
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		require.Equal(t, tasks.AlreadyComplete, res.Outcome)
+		require.Equal(t, tasks.StateComplete, res.State)
+	}
+	require.False(t, b.ns.AsynqTaskExists(t, key), "a complete job is not enqueued again")
+	require.Zero(t, b.ns.AsynqPending(t))
+	require.Equal(t, 1, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs`))
+}
+
+func TestEnqueueOutcomes(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("RequeuedWhenTaskLost", func(t *testing.T) {
+		b := setupEnqueue(t)
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		require.Equal(t, tasks.Created, res.Outcome)
+		// Redis loses the task (flush, failover): the row is still pending.
+		insp := asynq.NewInspector(b.ns.AsynqOpt())
+		defer insp.Close()
+		require.NoError(t, insp.DeleteTask(b.ns.Queue, res.Key))
+		res, err = b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		require.Equal(t, tasks.Requeued, res.Outcome)
+		require.Equal(t, 1, b.ns.AsynqPending(t))
+	})
+
+	t.Run("RedisDownAfterRowThenRecovered", func(t *testing.T) {
+		b := setupEnqueue(t)
+		// An asynq client whose Redis refuses connections: the row is written, the task
+		// is not, and the error says so.
+		dead := asynq.NewClient(asynq.RedisClientOpt{Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond})
+		defer dead.Close()
+		enqDead, err := tasks.NewEnqueuer(dead, b.store, &tasks.EnqueuerConfig{Queue: b.ns.Queue})
+		require.NoError(t, err)
+		_, err = enqDead.Enqueue(ctx, productSpec)
+		require.Error(t, err)
+		require.Equal(t, 1, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs WHERE state = 'pending'`))
+		require.Zero(t, b.ns.AsynqPending(t))
+
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		require.Equal(t, tasks.Requeued, res.Outcome, "the pending row without a task gets its task")
+		require.Equal(t, 1, b.ns.AsynqPending(t))
+	})
+
+	t.Run("FailedJobNotEnqueued", func(t *testing.T) {
+		b := setupEnqueue(t)
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		insp := asynq.NewInspector(b.ns.AsynqOpt())
+		defer insp.Close()
+		require.NoError(t, insp.DeleteTask(b.ns.Queue, res.Key))
+		_, err = b.store.JobStart(ctx, store.AttemptStartParams{Key: res.Key, Token: 1})
+		require.NoError(t, err)
+		require.NoError(t, b.store.JobFail(ctx, store.AttemptFinishParams{Key: res.Key, Token: 1, Category: "proxy_auth"}))
+		res, err = b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		require.Equal(t, tasks.AlreadyFailed, res.Outcome)
+		require.Zero(t, b.ns.AsynqPending(t))
+	})
+
+	t.Run("ManyInvalidStoresNothing", func(t *testing.T) {
+		b := setupEnqueue(t)
+		bad := productSpec
+		bad.Country = "XX"
+		_, err := b.enq.EnqueueMany(ctx, []tasks.Spec{productSpec, bad})
+		require.ErrorIs(t, err, tasks.ErrInvalidSpec)
+		require.ErrorContains(t, err, "spec 1")
+		require.ErrorContains(t, err, "Country")
+		require.Zero(t, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs`))
+		require.Zero(t, b.ns.AsynqPending(t))
+	})
+
+	t.Run("ManyMixed", func(t *testing.T) {
+		b := setupEnqueue(t)
+		other := productSpec
+		other.Country = "DE"
+		first, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		res, err := b.enq.EnqueueMany(ctx, []tasks.Spec{productSpec, other, other})
+		require.NoError(t, err)
+		require.Equal(t, []tasks.Outcome{tasks.AlreadyQueued, tasks.Created, tasks.AlreadyQueued},
+			[]tasks.Outcome{res[0].Outcome, res[1].Outcome, res[2].Outcome})
+		require.Equal(t, first.Key, res[0].Key)
+		require.NotEqual(t, res[0].Key, res[1].Key)
+		require.Equal(t, 2, b.ns.AsynqPending(t))
+		require.Equal(t, 2, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs`))
+	})
+
+	t.Run("PayloadKeyMustMatchSpec", func(t *testing.T) {
+		_, err := tasks.DecodePayload([]byte(`{"key":"catalog:forged","spec":{"Kind":"catalog","SourceID":"a","Country":"US","Window":"w","ParserVersion":1}}`), nil)
+		require.ErrorContains(t, err, "does not match")
+	})
+}
+
+func BenchmarkEnqueue(b *testing.B) {
+	ctx := context.Background()
+	bb := setupEnqueue(b)
+	spec := productSpec
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		spec.URL = fmt.Sprintf("https://shop.example.com/p/sku-%d", i)
+		res, err := bb.enq.Enqueue(ctx, spec)
+		if err != nil || res.Outcome != tasks.Created {
+			b.Fatalf("enqueue %d: %v %v", i, res.Outcome, err)
+		}
+	}
+}
+
+func BenchmarkEnqueueDuplicate(b *testing.B) {
+	ctx := context.Background()
+	bb := setupEnqueue(b)
+	if _, err := bb.enq.Enqueue(ctx, productSpec); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := bb.enq.Enqueue(ctx, productSpec)
+		if err != nil || res.Outcome != tasks.AlreadyQueued {
+			b.Fatalf("enqueue %d: %v %v", i, res.Outcome, err)
+		}
+	}
+	b.StopTimer()
+	// Dead tuples: backends flush their statistics when they exit, so close the pool first.
+	pool := bb.store.Pool()
+	dsn := pool.Config().ConnString()
+	db := pool.Config().ConnConfig.Database
+	pool.Close()
+	b.ReportMetric(float64(deadTuples(b, dsn, db)), "dead-tuples")
+}
+
+// deadTuples reads n_dead_tup of the jobs table of database db after the backends that
+// wrote it have exited and flushed their statistics.
+func deadTuples(b *testing.B, dsn, db string) int64 {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Database = db
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	time.Sleep(time.Second) // exiting backends flush asynchronously to us
+	var n int64
+	if err := conn.QueryRow(context.Background(),
+		`SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs'`).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
