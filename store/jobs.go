@@ -245,20 +245,8 @@ FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 	if attemptNo != nil {
 		return int(*attemptNo), nil
 	}
-	te := &TransitionError{Op: "JobStart", Key: p.Key, State: tasks.JobState(state), Fence: fence, Token: p.Token}
-	switch {
-	case !found:
-		te.Err = ErrJobNotFound
-	case te.State == tasks.StateComplete:
-		te.Err = ErrJobComplete
-	case te.State == tasks.StateFailed:
-		te.Err = ErrJobFailed
-	case fence >= p.Token:
-		te.Err = ErrStaleFence
-	default:
-		te.Err = ErrInvalidTransition
-	}
-	return 0, te
+	// Not applied: a start needs a token above the fence.
+	return 0, refusal("JobStart", p.Key, found, state, fence, p.Token, fence >= p.Token)
 }
 
 // AttemptFinishParams ends the running attempt started with Token.
@@ -342,7 +330,14 @@ FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 	if done {
 		return nil
 	}
-	te := &TransitionError{Op: op, Key: p.Key, State: tasks.JobState(state), Fence: fence, Token: p.Token}
+	// Not applied: a running job refused us only because its fence is not our token.
+	return refusal(op, p.Key, found, state, fence, p.Token, tasks.JobState(state) == tasks.StateRunning)
+}
+
+// refusal explains a transition the statement did not apply, from the row as the statement
+// saw it. stale tells whether the token, rather than the state, is what was wrong.
+func refusal(op, key string, found bool, state string, fence, token int64, stale bool) *TransitionError {
+	te := &TransitionError{Op: op, Key: key, State: tasks.JobState(state), Fence: fence, Token: token}
 	switch {
 	case !found:
 		te.Err = ErrJobNotFound
@@ -350,10 +345,10 @@ FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 		te.Err = ErrJobComplete
 	case te.State == tasks.StateFailed:
 		te.Err = ErrJobFailed
-	case te.State != tasks.StateRunning:
-		te.Err = ErrInvalidTransition
-	default:
+	case stale:
 		te.Err = ErrStaleFence
+	default:
+		te.Err = ErrInvalidTransition
 	}
 	return te
 }
