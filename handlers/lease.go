@@ -28,9 +28,9 @@ type acquireParams struct {
 
 // acquired is a lease held and an attempt started under its token.
 type acquired struct {
-	Lease     lua.Lease
-	AttemptNo int
-	Reclaims  int // re-claims needed because PostgreSQL held a higher fence
+	Lease    lua.Lease
+	Attempt  store.StartedAttempt
+	Reclaims int // re-claims needed because PostgreSQL held a higher fence
 }
 
 // acquire claims the lease of a job and starts an attempt under its fencing token: one
@@ -54,9 +54,9 @@ func acquire(ctx context.Context, leases *lua.Leases, st *store.PG, p acquirePar
 		}
 		start := p.Start
 		start.Key, start.Token = p.Key, lease.Token
-		n, err := st.JobStart(ctx, start)
+		att, err := st.JobStart(ctx, start)
 		if err == nil {
-			return acquired{Lease: lease, AttemptNo: n, Reclaims: reclaims}, nil
+			return acquired{Lease: lease, Attempt: att, Reclaims: reclaims}, nil
 		}
 		var te *store.TransitionError
 		if errors.As(err, &te) && errors.Is(err, store.ErrStaleFence) && reclaims < maxReclaims {

@@ -102,7 +102,7 @@ func TestLeaseExclusive(t *testing.T) {
 		total += lastToken[k].Load()
 	}
 	require.Equal(t, claims.Load(), total, "tokens per key are consecutive and one per claim")
-	require.Greater(t, claims.Load(), int64(goroutines*cycles/4), "contention should not starve the test")
+	require.Greater(t, claims.Load(), int64(1000), "the test exercised many claims")
 }
 
 func TestLeaseExpiryAndReclaim(t *testing.T) {

@@ -204,29 +204,47 @@ type AttemptStartParams struct {
 	ProxyEndpoint string // redacted proxy endpoint, host:port only (the table refuses '@' and '/')
 }
 
+// StartedAttempt is what JobStart reports about the attempt it started.
+type StartedAttempt struct {
+	AttemptNo    int       // 1 for the first attempt of the job
+	JobCreatedAt time.Time // for the job's total time budget
+	BytesTotal   int64     // bytes of the job's earlier attempts, for its bandwidth budget
+	TookOver     bool      // the job was running under an older token whose lease expired
+}
+
 // JobStart moves the job to running under p.Token and records attempt number
 // attempts+1, in one statement. Allowed from pending, retryable, and running with a lower
 // fence (a takeover after the previous holder's lease expired; that holder's attempt is
 // marked superseded). The job's fence is raised to p.Token only if p.Token is higher, so
-// fences never go backwards. It returns the attempt number.
-func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (int, error) {
+// fences never go backwards.
+//
+// The statement commits without waiting for its WAL flush (synchronous_commit = off for
+// this transaction only): a start lost in a crash is harmless, because every later write
+// of the attempt requires fence = p.Token exactly, which a lost start never set
+// (TestLostAttemptStartIsHarmless). The completing commit is synchronous and flushes the
+// WAL up to itself, the start included.
+func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {
 	if p.Token < 1 {
-		return 0, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
+		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
 	}
 	var (
 		attemptNo *int32
+		createdAt *time.Time
+		bytes     int64
 		found     bool
 		state     string
 		fence     int64
 	)
 	err := s.pool.QueryRow(ctx, `
-WITH cur AS (
+WITH async AS (
+	SELECT set_config('synchronous_commit', 'off', true)
+), cur AS (
 	SELECT state, fence FROM jobs WHERE key = $1
 ), upd AS (
 	UPDATE jobs SET state = 'running', fence = $2, attempts = attempts + 1,
 		next_attempt_at = NULL, updated_at = now()
 	WHERE key = $1 AND state IN ('pending', 'retryable', 'running') AND fence < $2
-	RETURNING attempts
+	RETURNING attempts, created_at, bytes_total
 ), ins AS (
 	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
 	SELECT $1, attempts, $2, $3, $4, $5, $6 FROM upd
@@ -235,18 +253,22 @@ WITH cur AS (
 	UPDATE attempts SET outcome = 'superseded', category = 'superseded', finished_at = now()
 	WHERE job_key = $1 AND outcome = 'running' AND fence < $2 AND EXISTS (SELECT 1 FROM upd)
 )
-SELECT (SELECT attempt_no FROM ins), cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
-FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
+SELECT (SELECT attempt_no FROM ins), (SELECT created_at FROM upd), COALESCE((SELECT bytes_total FROM upd), 0),
+	cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
+FROM (SELECT 1) AS one LEFT JOIN cur ON true, async`,
 		p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint,
-	).Scan(&attemptNo, &found, &state, &fence)
+	).Scan(&attemptNo, &createdAt, &bytes, &found, &state, &fence)
 	if err != nil {
-		return 0, fmt.Errorf("store: JobStart %q: %w", p.Key, err)
+		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: %w", p.Key, err)
 	}
 	if attemptNo != nil {
-		return int(*attemptNo), nil
+		return StartedAttempt{
+			AttemptNo: int(*attemptNo), JobCreatedAt: *createdAt, BytesTotal: bytes,
+			TookOver: tasks.JobState(state) == tasks.StateRunning,
+		}, nil
 	}
 	// Not applied: a start needs a token above the fence.
-	return 0, refusal("JobStart", p.Key, found, state, fence, p.Token, fence >= p.Token)
+	return StartedAttempt{}, refusal("JobStart", p.Key, found, state, fence, p.Token, fence >= p.Token)
 }
 
 // AttemptFinishParams ends the running attempt started with Token.

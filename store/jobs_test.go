@@ -27,7 +27,8 @@ func record(t *testing.T, s *store.PG, key string) tasks.JobRecordResult {
 }
 
 func start(ctx context.Context, s *store.PG, key string, token int64) (int, error) {
-	return s.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: "w1", Country: "US", ProxyEndpoint: "gw.example:7777"})
+	a, err := s.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: "w1", Country: "US", ProxyEndpoint: "gw.example:7777"})
+	return a.AttemptNo, err
 }
 
 func finish(key string, token int64) store.AttemptFinishParams {

@@ -1,0 +1,191 @@
+// Package catalog is an example job kind: the price of one product in a shop whose price
+// API needs a session cookie from the search page and a token from the product page, so the
+// three requests must leave through one sticky exit. The demo and the tests scrape the
+// fake shop of testutil with it.
+//
+//	search   GET /search?q=<sku>           sets the session cookie
+//	product  GET /product/<sku>            name, currency, price token
+//	price    GET /api/price/<sku>?token=T  price
+package catalog
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/PuerkitoBio/goquery"
+
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// Kind is the job kind name.
+const Kind = "catalog"
+
+// Staged values, one per step. Exit is what the shop says served the request; it lets
+// tests prove that all three steps left through one exit.
+type (
+	SearchStage  struct{ ProductURL, Exit string }
+	ProductStage struct{ Name, Currency, Token, Exit string }
+	PriceStage   struct{ Price, Currency, Exit string }
+)
+
+// Record is the normalised observation.
+type Record struct {
+	SKU      string `json:"sku"`
+	Name     string `json:"name"`
+	Price    string `json:"price"`
+	Currency string `json:"currency"`
+}
+
+var skuPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// Unit returns the three-step unit for sku on the shop at base (scheme://host:port).
+func Unit(base, sku string) (*sessions.Unit, error) {
+	if !skuPattern.MatchString(sku) {
+		return nil, fmt.Errorf("catalog: bad sku %q", sku)
+	}
+	base = strings.TrimSuffix(base, "/")
+	return &sessions.Unit{
+		Name: Kind,
+		Steps: []sessions.Step{
+			{Name: "search", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+				resp, err := sc.Get(base + "/search?q=" + url.QueryEscape(sku))
+				if err != nil {
+					return err
+				}
+				doc, err := goquery.NewDocumentFromReader(bytes.NewReader(resp.Body))
+				if err != nil {
+					return err
+				}
+				href, ok := doc.Find(`a[href*="/product/"]`).First().Attr("href")
+				if !ok {
+					return parseErr("search page has no product link")
+				}
+				exit, _ := doc.Find("body").Attr("data-exit")
+				return sc.Staging.Put("search", SearchStage{ProductURL: resp.Request.AbsoluteURL(href), Exit: exit})
+			}},
+			{Name: "product", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+				var s SearchStage
+				if _, err := sc.Staging.Get("search", &s); err != nil {
+					return err
+				}
+				resp, err := sc.Get(s.ProductURL)
+				if err != nil {
+					return err
+				}
+				doc, err := goquery.NewDocumentFromReader(bytes.NewReader(resp.Body))
+				if err != nil {
+					return err
+				}
+				token, _ := doc.Find(`meta[name="price-token"]`).Attr("content")
+				exit, _ := doc.Find("body").Attr("data-exit")
+				p := ProductStage{
+					Name:     strings.Join(strings.Fields(doc.Find("h1.name").Text()), " "),
+					Currency: strings.TrimSpace(doc.Find("span.currency").Text()),
+					Token:    token, Exit: exit,
+				}
+				if p.Token == "" {
+					return parseErr("product page has no price token")
+				}
+				return sc.Staging.Put("product", p)
+			}},
+			{Name: "price", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+				var p ProductStage
+				if _, err := sc.Staging.Get("product", &p); err != nil {
+					return err
+				}
+				resp, err := sc.Get(base + "/api/price/" + url.PathEscape(sku) + "?token=" + url.QueryEscape(p.Token))
+				if err != nil {
+					return err
+				}
+				var body map[string]any
+				if err := json.Unmarshal(resp.Body, &body); err != nil {
+					return parseErr("price answer is not JSON")
+				}
+				price, _ := body["price"].(string)
+				currency, _ := body["currency"].(string)
+				exit, _ := body["exit"].(string)
+				return sc.Staging.Put("price", PriceStage{Price: price, Currency: currency, Exit: exit})
+			}},
+		},
+		Validate: Validate,
+	}, nil
+}
+
+// Validate checks that every required field was found. A missing price (the shop renamed
+// the field) is a schema change: the staging is quarantined, not committed.
+func Validate(staged map[string]json.RawMessage) error {
+	var (
+		p  ProductStage
+		pr PriceStage
+	)
+	if err := decode(staged, "product", &p); err != nil {
+		return err
+	}
+	if err := decode(staged, "price", &pr); err != nil {
+		return err
+	}
+	switch {
+	case p.Name == "":
+		return errors.New("product name missing")
+	case pr.Price == "":
+		return errors.New("price missing (schema change?)")
+	case pr.Currency == "" || pr.Currency != p.Currency:
+		return fmt.Errorf("currency %q on the price does not match %q on the page", pr.Currency, p.Currency)
+	}
+	return nil
+}
+
+// Workflow is the handlers.WorkflowFunc of the kind: the job's SourceID is the sku, its
+// URL (if set instead) the product page's.
+func Workflow(base string) handlers.WorkflowFunc {
+	return func(job tasks.Payload) (*sessions.Unit, error) {
+		sku := job.Spec.SourceID
+		if sku == "" {
+			u, err := url.Parse(job.Spec.URL)
+			if err != nil {
+				return nil, err
+			}
+			sku = u.Path[strings.LastIndex(u.Path, "/")+1:]
+		}
+		return Unit(base, sku)
+	}
+}
+
+// Parse is the handlers.ParserFunc of the kind. Deterministic: it only reads staging.
+func Parse(job tasks.Payload, staged map[string]json.RawMessage) (handlers.Observation, error) {
+	var (
+		p  ProductStage
+		pr PriceStage
+	)
+	if err := decode(staged, "product", &p); err != nil {
+		return handlers.Observation{}, err
+	}
+	if err := decode(staged, "price", &pr); err != nil {
+		return handlers.Observation{}, err
+	}
+	sku := job.Spec.SourceID
+	if sku == "" {
+		sku = job.Spec.URL
+	}
+	return handlers.Observation{Data: Record{SKU: sku, Name: p.Name, Price: pr.Price, Currency: pr.Currency}}, nil
+}
+
+func decode(staged map[string]json.RawMessage, key string, v any) error {
+	b, ok := staged[key]
+	if !ok {
+		return fmt.Errorf("staging has no %q", key)
+	}
+	return json.Unmarshal(b, v)
+}
+
+func parseErr(msg string) error {
+	return &sessions.FetchError{Category: tasks.CategoryParseError, Err: errors.New(msg)}
+}

@@ -1,0 +1,148 @@
+package handlers
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// Policy is the retry policy of one failure category.
+type Policy struct {
+	// Retry: false makes the category terminal (the job fails at once).
+	Retry bool
+	// Base and Max bound the exponential backoff: the delay before attempt n+1 is drawn
+	// uniformly from [0, min(Max, Base·2^(n-1))] ("full jitter"), and is at least the
+	// destination's Retry-After.
+	Base, Max time.Duration
+}
+
+// Retry defaults.
+const (
+	DefaultMaxAttempts     = 8
+	DefaultTotalBudget     = 24 * time.Hour
+	DefaultBandwidthBudget = 50 << 20
+	// leaseBusyMaxDelay caps how long a delivery that found the lease busy waits.
+	leaseBusyMaxDelay = 30 * time.Second
+)
+
+// DefaultPolicies is the per-category policy unless a kind overrides it. Deterministic
+// failures (bad credentials, robots, forbidden address, a parser that can not read the
+// response, validation, an unsafe step that may have run) are not retried.
+var DefaultPolicies = map[tasks.Category]Policy{
+	tasks.CategoryProxyAuth:            {Retry: false},
+	tasks.CategoryExitUnavailable:      {Retry: true, Base: 30 * time.Second, Max: 10 * time.Minute},
+	tasks.CategorySessionLost:          {Retry: true, Base: 5 * time.Second, Max: 2 * time.Minute},
+	tasks.CategoryThrottled:            {Retry: true, Base: 30 * time.Second, Max: 30 * time.Minute},
+	tasks.CategoryTimeout:              {Retry: true, Base: 10 * time.Second, Max: 5 * time.Minute},
+	tasks.CategoryDestinationError:     {Retry: true, Base: 30 * time.Second, Max: 10 * time.Minute},
+	tasks.CategoryNotFound:             {Retry: false},
+	tasks.CategoryBlocked:              {Retry: true, Base: 5 * time.Minute, Max: time.Hour},
+	tasks.CategoryRobotsDisallowed:     {Retry: false},
+	tasks.CategoryForbiddenAddress:     {Retry: false},
+	tasks.CategoryBodyTooLarge:         {Retry: false},
+	tasks.CategoryUnsafeStepIncomplete: {Retry: false},
+	tasks.CategoryParseError:           {Retry: false},
+	tasks.CategoryValidation:           {Retry: false},
+	tasks.CategoryLeaseLost:            {Retry: true, Base: time.Second, Max: 30 * time.Second},
+	tasks.CategoryBudgetExceeded:       {Retry: false},
+	tasks.CategoryPanic:                {Retry: true, Base: 10 * time.Second, Max: 5 * time.Minute},
+	tasks.CategoryInternal:             {Retry: true, Base: 5 * time.Second, Max: 5 * time.Minute},
+}
+
+// RetryConfig is the retry policy of a job kind.
+type RetryConfig struct {
+	// Policies overrides DefaultPolicies per category.
+	Policies map[tasks.Category]Policy
+	// MaxAttempts caps the attempts of one job. Defaults to DefaultMaxAttempts.
+	MaxAttempts int
+	// TotalBudget caps the time from the job's creation to its last attempt. Defaults to
+	// DefaultTotalBudget.
+	TotalBudget time.Duration
+	// BandwidthBudget caps the bytes all attempts of one job may move through the proxy.
+	// Defaults to DefaultBandwidthBudget.
+	BandwidthBudget int64
+}
+
+func (c RetryConfig) withDefaults() (RetryConfig, error) {
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.TotalBudget == 0 {
+		c.TotalBudget = DefaultTotalBudget
+	}
+	if c.BandwidthBudget == 0 {
+		c.BandwidthBudget = DefaultBandwidthBudget
+	}
+	if c.MaxAttempts < 1 || c.TotalBudget < 0 || c.BandwidthBudget < 0 {
+		return c, fmt.Errorf("handlers: RetryConfig: MaxAttempts %d must be >= 1, budgets non-negative", c.MaxAttempts)
+	}
+	for cat, p := range c.Policies {
+		if p.Retry && (p.Base <= 0 || p.Max < p.Base) {
+			return c, fmt.Errorf("handlers: RetryConfig: policy %s needs 0 < Base <= Max", cat)
+		}
+	}
+	return c, nil
+}
+
+func (c RetryConfig) policy(cat tasks.Category) Policy {
+	if p, ok := c.Policies[cat]; ok {
+		return p
+	}
+	if p, ok := DefaultPolicies[cat]; ok {
+		return p
+	}
+	return DefaultPolicies[tasks.CategoryInternal]
+}
+
+// failureInput is what decide needs to know about a failed attempt.
+type failureInput struct {
+	Category   tasks.Category
+	AttemptNo  int           // this attempt's number, from 1
+	RetryAfter time.Duration // the destination's Retry-After, 0 if none
+	JobAge     time.Duration // now − job creation
+	JobBytes   int64         // bytes of all attempts, this one included
+}
+
+// decision is what happens to a job after a failed attempt.
+type decision struct {
+	Retry    bool
+	Delay    time.Duration  // when Retry
+	Category tasks.Category // recorded on the job: the failure's, or budget_exceeded
+	Why      string         // why a retryable category still failed the job
+}
+
+// decide applies the policy of in.Category, then the job's budgets.
+func (c RetryConfig) decide(in failureInput, rnd func() float64) decision {
+	p := c.policy(in.Category)
+	if !p.Retry {
+		return decision{Category: in.Category}
+	}
+	budget := func(why string) decision {
+		return decision{Category: tasks.CategoryBudgetExceeded, Why: why + " (last failure: " + string(in.Category) + ")"}
+	}
+	if in.AttemptNo >= c.MaxAttempts {
+		return budget(fmt.Sprintf("%d attempts, the cap", in.AttemptNo))
+	}
+	if in.JobBytes > c.BandwidthBudget {
+		return budget(fmt.Sprintf("%d bytes moved, over the %d-byte budget", in.JobBytes, c.BandwidthBudget))
+	}
+	delay := backoff(p, in.AttemptNo, rnd)
+	delay = max(delay, in.RetryAfter)
+	if in.JobAge+delay > c.TotalBudget {
+		return budget(fmt.Sprintf("next attempt in %v would pass the %v total budget", delay, c.TotalBudget))
+	}
+	return decision{Retry: true, Delay: delay, Category: in.Category}
+}
+
+// backoff is exponential backoff with full jitter: uniform in [0, min(Max, Base·2^(n-1))].
+func backoff(p Policy, attemptNo int, rnd func() float64) time.Duration {
+	ceiling := p.Base
+	for i := 1; i < attemptNo && ceiling < p.Max; i++ {
+		ceiling *= 2 // stops at Max long before overflowing
+	}
+	return time.Duration(rnd() * float64(min(ceiling, p.Max)))
+}
+
+func defaultRand() float64 { return rand.Float64() }

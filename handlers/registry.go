@@ -1,0 +1,241 @@
+package handlers
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// WorkflowFunc builds the workflow unit that fetches one job: its steps and validation.
+// It is called once per attempt.
+type WorkflowFunc func(job tasks.Payload) (*sessions.Unit, error)
+
+// Observation is what a parser makes of a unit's staged data.
+type Observation struct {
+	// Data is the normalised record; it is stored JSON-encoded in results.data.
+	Data any
+	// ObservationKey identifies the observation behind the results table's unique index.
+	// Defaults to the job key (one expected observation per job).
+	ObservationKey string
+	// Event is the outbox event's payload. Defaults to {job_key, observation_key, kind,
+	// parser_version, data}.
+	Event any
+}
+
+// ParserFunc turns a unit's staged data into the observation. It must be deterministic:
+// the same staged data and parser version give the same record. An error is a parse
+// error (terminal) unless it is a *sessions.FetchError with another category.
+type ParserFunc func(job tasks.Payload, staged map[string]json.RawMessage) (Observation, error)
+
+// KindOption configures one registered kind.
+type KindOption func(*kind)
+
+// WithTopic sets the outbox topic of the kind's events. Defaults to the kind's name.
+func WithTopic(topic string) KindOption { return func(k *kind) { k.topic = topic } }
+
+// WithRetry sets the kind's retry policy and budgets (defaults: Config.Retry).
+func WithRetry(cfg RetryConfig) KindOption { return func(k *kind) { k.retry = cfg } }
+
+// WithSessionLifetime sets the sticky-session lifetime the kind asks for.
+func WithSessionLifetime(d time.Duration) KindOption {
+	return func(k *kind) { k.sessionLifetime = d }
+}
+
+type kind struct {
+	name            string
+	workflow        WorkflowFunc
+	parser          ParserFunc
+	topic           string
+	retry           RetryConfig
+	sessionLifetime time.Duration
+}
+
+// Config defaults.
+const (
+	DefaultKeyPrefix = "idemscrape:"
+)
+
+// Config configures a Registry (the runner of every registered kind).
+type Config struct {
+	// Store is the system of record. Required.
+	Store *store.PG
+	// Redis holds the leases. Required.
+	Redis redis.UniversalClient
+	// Provider issues sticky proxy sessions. Required.
+	Provider *sessions.Provider
+	// KeyPrefix of the lease keys. Defaults to DefaultKeyPrefix.
+	KeyPrefix string
+	// Collector configures each session's collector (size cap, timeouts, robots, guard).
+	Collector sessions.CollectorConfig
+	// MaxSessionRestarts per attempt. Defaults to sessions.DefaultMaxSessionRestarts.
+	MaxSessionRestarts int
+	// LeaseLengths chooses lease lengths per kind. Defaults to NewLeaseLengths(nil).
+	LeaseLengths *LeaseLengthConfig
+	// KeepOptions tunes lease renewal. Defaults to lua's defaults.
+	KeepOptions *lua.KeepOptions
+	// Retry is the retry policy of kinds registered without WithRetry.
+	Retry RetryConfig
+	// Normalizer checks task payloads' keys. Defaults to tasks.DefaultNormalizer; it must
+	// be the enqueuers' normalizer.
+	Normalizer *tasks.Normalizer
+	// WorkerID names this worker in attempts rows. Defaults to hostname/pid.
+	WorkerID string
+	// Registerer receives the metrics. Defaults to a new private registry (see Gatherer).
+	Registerer prometheus.Registerer
+	// Logger. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for delays and budgets. Defaults to time.Now.
+	Now func() time.Time
+	// Rand returns uniform [0,1) for backoff jitter. Defaults to math/rand/v2.
+	Rand func() float64
+}
+
+// Registry is where a service registers its job kinds; it runs every task of those kinds
+// through the runner (lease → attempt → workflow → parse → commit → release). It
+// implements asynq.Handler; run the asynq server with ServerConfig so its retry delays and
+// failure counting follow the runner's decisions.
+type Registry struct {
+	cfg      Config
+	leases   *lua.Leases
+	lengths  *LeaseLengths
+	metrics  *metrics
+	gatherer prometheus.Gatherer
+	log      *slog.Logger
+
+	mu    sync.RWMutex
+	kinds map[string]*kind
+}
+
+var kindName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
+
+// NewRegistry validates cfg and returns an empty registry.
+func NewRegistry(cfg Config) (*Registry, error) {
+	if cfg.Store == nil || cfg.Redis == nil || cfg.Provider == nil {
+		return nil, errors.New("handlers: Config needs Store, Redis and Provider")
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = DefaultKeyPrefix
+	}
+	if cfg.Normalizer == nil {
+		cfg.Normalizer = tasks.DefaultNormalizer
+	}
+	if cfg.WorkerID == "" {
+		host, _ := os.Hostname()
+		cfg.WorkerID = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = defaultRand
+	}
+	var err error
+	if cfg.Retry, err = cfg.Retry.withDefaults(); err != nil {
+		return nil, err
+	}
+	leases, err := lua.NewLeases(cfg.Redis, cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	lengths, err := NewLeaseLengths(cfg.LeaseLengths)
+	if err != nil {
+		return nil, err
+	}
+	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, log: cfg.Logger, kinds: map[string]*kind{}}
+	if cfg.Registerer == nil {
+		reg := prometheus.NewRegistry()
+		cfg.Registerer, r.gatherer = reg, reg
+		r.cfg.Registerer = reg
+	}
+	if r.metrics, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("handlers: register metrics: %w", err)
+	}
+	return r, nil
+}
+
+// Register adds a job kind: tasks of type kindName run workflow, then parser, then commit.
+func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser ParserFunc, opts ...KindOption) error {
+	if !kindNameOK(kindName) {
+		return fmt.Errorf("handlers: kind %q must match [a-z][a-z0-9_.-]{0,63}", kindName)
+	}
+	if workflow == nil || parser == nil {
+		return fmt.Errorf("handlers: kind %q needs a workflow and a parser", kindName)
+	}
+	k := &kind{name: kindName, workflow: workflow, parser: parser, topic: kindName, retry: r.cfg.Retry}
+	for _, o := range opts {
+		o(k)
+	}
+	var err error
+	if k.retry, err = k.retry.withDefaults(); err != nil {
+		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.kinds[kindName]; dup {
+		return fmt.Errorf("handlers: kind %q registered twice", kindName)
+	}
+	r.kinds[kindName] = k
+	return nil
+}
+
+func kindNameOK(s string) bool { return kindName.MatchString(s) }
+
+// Gatherer returns the private metrics registry, or nil when Config.Registerer was given.
+func (r *Registry) Gatherer() prometheus.Gatherer { return r.gatherer }
+
+// Handler returns the registry as an asynq.Handler.
+func (r *Registry) Handler() asynq.Handler { return r }
+
+// ServerConfig returns base with the runner's retry delay and failure counting: a retry
+// waits exactly the delay the runner recorded as next_attempt_at, and a delivery that
+// found the lease busy is retried soon without counting against MaxRetry.
+func (r *Registry) ServerConfig(base asynq.Config) asynq.Config {
+	base.RetryDelayFunc = RetryDelay
+	base.IsFailure = IsFailure
+	return base
+}
+
+// RetryDelay is an asynq.RetryDelayFunc that follows the runner's decision.
+func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var re *retryError
+	if errors.As(err, &re) {
+		return re.delay
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
+}
+
+// IsFailure is an asynq IsFailure func: a busy lease is not a failure.
+func IsFailure(err error) bool {
+	var re *retryError
+	return !errors.As(err, &re) || re.counted
+}
+
+// retryError asks asynq to retry the task after delay.
+type retryError struct {
+	delay   time.Duration
+	counted bool // false: not a failure (lease busy)
+	err     error
+}
+
+func (e *retryError) Error() string {
+	return fmt.Sprintf("retry in %v: %v", e.delay.Round(time.Millisecond), e.err)
+}
+
+func (e *retryError) Unwrap() error { return e.err }

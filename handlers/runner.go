@@ -1,0 +1,331 @@
+package handlers
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// ProcessTask runs one delivery of a job, top to bottom:
+//
+//  1. claim the job's lease (fencing token N) and start the attempt (jobs.fence = N);
+//  2. keep the lease renewed; losing it cancels the job context;
+//  3. run the workflow unit on a sticky session (replayed on session loss);
+//  4. parse the staged data into the observation;
+//  5. commit job + result + outbox event + attempt in one statement, only if fence = N;
+//  6. release the lease.
+//
+// A failure is classified, recorded on the attempt and the job (retryable with its next
+// attempt time, or failed), and returned to asynq as a retry with that same delay or as
+// SkipRetry. A job already complete or failed is acknowledged without work.
+func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
+	r.mu.RLock()
+	k := r.kinds[task.Type()]
+	r.mu.RUnlock()
+	if k == nil {
+		return fmt.Errorf("%w: no kind %q registered", asynq.SkipRetry, task.Type())
+	}
+	job, err := tasks.DecodePayload(task.Payload(), r.cfg.Normalizer)
+	if err != nil {
+		return fmt.Errorf("%w: %w", asynq.SkipRetry, err)
+	}
+	log := r.log.With("job", job.Key, "kind", k.name)
+
+	// 1. Lease, then the attempt under its token.
+	acq, err := acquire(ctx, r.leases, r.cfg.Store, acquireParams{
+		Key:   job.Key,
+		Owner: r.cfg.WorkerID + "/" + nonce(),
+		TTL:   r.lengths.For(k.name),
+		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: r.cfg.Provider.Gateway()},
+	})
+	if err != nil {
+		return r.notStarted(k, job, err, log)
+	}
+	log = log.With("attempt", acq.Attempt.AttemptNo, "token", acq.Lease.Token)
+
+	// 2. Keep the lease while we work.
+	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
+	if err != nil {
+		_ = r.leases.Release(context.WithoutCancel(ctx), acq.Lease)
+		return err
+	}
+	jobCtx := keeper.Context()
+	begun := time.Now()
+
+	// 3 + 4. Workflow on a sticky session, then parse.
+	w := r.work(jobCtx, k, job, acq.Attempt.AttemptNo, log)
+
+	// 5. Commit, only while the lease holds.
+	var commitErr error
+	committed := false
+	if w.err == nil && jobCtx.Err() == nil {
+		commitErr = r.commit(jobCtx, k, job, acq, w)
+		committed = commitErr == nil
+	}
+
+	// 6. Release.
+	lost := keeper.Stop()
+	r.lengths.Observe(k.name, time.Since(begun))
+	if err := r.leases.Release(context.WithoutCancel(ctx), acq.Lease); err != nil && lost == nil {
+		log.WarnContext(ctx, "lease release failed", "err", err)
+	}
+	for _, reason := range w.unit.RestartReasons {
+		r.metrics.sessionRestarts.WithLabelValues(k.name, string(reason)).Inc()
+	}
+
+	switch {
+	case committed:
+		log.InfoContext(ctx, "job complete", "session", w.session(), "bytes", w.unit.Bytes)
+		return nil
+	case isSuperseded(commitErr):
+		return r.superseded(k, log, commitErr)
+	case commitErr != nil:
+		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: commitErr}
+	case lost != nil:
+		r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
+		w.err = &sessions.FetchError{Category: tasks.CategoryLeaseLost, Err: lost}
+	case w.err == nil: // not committed because the delivery's context ended (shutdown, deadline)
+		w.err = &sessions.FetchError{Category: tasks.CategoryTimeout, Err: context.Cause(jobCtx)}
+	}
+	return r.failed(ctx, k, job, acq, w, log)
+}
+
+// workResult is what steps 3 and 4 produced.
+type workResult struct {
+	unit sessions.Result
+	obs  Observation
+	data json.RawMessage
+	err  error // a *sessions.FetchError
+}
+
+func (w *workResult) session() string {
+	if w.unit.Session == nil {
+		return ""
+	}
+	return w.unit.Session.ID
+}
+
+// work runs the workflow unit and the parser. A panic in user code becomes an error of
+// category panic: the attempt is recorded and the job stays retryable.
+func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, attemptNo int, log *slog.Logger) (w workResult) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			log.ErrorContext(ctx, "panic in workflow or parser", "panic", fmt.Sprint(rec), "stack", string(debug.Stack()))
+			w.err = &sessions.FetchError{Category: tasks.CategoryPanic, Err: fmt.Errorf("panic: %v", rec)}
+		}
+	}()
+	unit, err := k.workflow(job)
+	if err != nil {
+		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("build workflow: %w", err)}
+		return w
+	}
+	w.unit, err = unit.Run(ctx, sessions.RunConfig{
+		Provider:           r.cfg.Provider,
+		Country:            job.Spec.Country,
+		SessionLifetime:    k.sessionLifetime,
+		MaxSessionRestarts: r.cfg.MaxSessionRestarts,
+		Collector:          r.cfg.Collector,
+		Now:                r.cfg.Now,
+		Logger:             log,
+		Quarantine: func(qctx context.Context, q sessions.Quarantined) error {
+			staged, err := json.Marshal(q.Staged)
+			if err != nil {
+				return err
+			}
+			return r.cfg.Store.QuarantineInsert(context.WithoutCancel(qctx), store.QuarantineParams{
+				Key: job.Key, AttemptNo: attemptNo, SessionID: q.SessionID,
+				Reason: string(q.Reason), Detail: q.Detail, Staged: staged,
+			})
+		},
+	})
+	if err != nil {
+		w.err = asFetchError(err, tasks.CategoryInternal)
+		return w
+	}
+	w.obs, err = k.parser(job, w.unit.Staged)
+	if err != nil {
+		w.err = asFetchError(err, tasks.CategoryParseError)
+		return w
+	}
+	if w.obs.ObservationKey == "" {
+		w.obs.ObservationKey = job.Key
+	}
+	if w.data, err = json.Marshal(w.obs.Data); err != nil {
+		w.err = &sessions.FetchError{Category: tasks.CategoryParseError, Err: fmt.Errorf("encode observation: %w", err)}
+	}
+	return w
+}
+
+// commit is step 5: the fenced, single-statement commit.
+func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq acquired, w workResult) error {
+	event := w.obs.Event
+	if event == nil {
+		event = map[string]any{
+			"job_key": job.Key, "observation_key": w.obs.ObservationKey, "kind": k.name,
+			"parser_version": job.Spec.ParserVersion, "data": w.data,
+		}
+	}
+	payload, err := json.Marshal(event)
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	sess := w.unit.Session
+	began := time.Now()
+	res, err := r.cfg.Store.Commit(ctx, store.CommitParams{
+		Key: job.Key, Token: acq.Lease.Token,
+		ObservationKey: w.obs.ObservationKey, ParserVersion: job.Spec.ParserVersion,
+		Data: w.data, Fingerprint: fingerprint(w.unit.Staged),
+		EventKey: EventKey(job.Key), Topic: k.topic, EventPayload: payload,
+		HTTPStatus: 200, Bytes: w.unit.Bytes, SessionID: sess.ID, ProxyEndpoint: sess.Endpoint,
+	})
+	r.metrics.commitSeconds.Observe(time.Since(began).Seconds())
+	if err != nil {
+		return err
+	}
+	r.metrics.attempts.WithLabelValues(k.name, store.OutcomeComplete, "").Inc()
+	r.metrics.attemptsPerJob.WithLabelValues(k.name).Observe(float64(acq.Attempt.AttemptNo))
+	r.metrics.jobBytes.WithLabelValues(k.name).Observe(float64(acq.Attempt.BytesTotal + w.unit.Bytes))
+	if acq.Attempt.TookOver {
+		r.metrics.afterRecovery.WithLabelValues(k.name).Inc()
+	}
+	if !res.ResultInserted {
+		r.metrics.duplicateResults.WithLabelValues(k.name).Inc()
+	}
+	return nil
+}
+
+// EventKey is the outbox event key of a job's observation: stable across attempts, so a
+// consumer recognises a re-published event.
+func EventKey(jobKey string) string { return "observed:" + jobKey }
+
+// notStarted handles a delivery whose attempt could not start.
+func (r *Registry) notStarted(k *kind, job tasks.Payload, err error, log *slog.Logger) error {
+	var held *lua.HeldError
+	switch {
+	case errors.As(err, &held), errors.Is(err, errFenceRace):
+		r.metrics.leaseBusy.WithLabelValues(k.name).Inc()
+		delay := leaseBusyMaxDelay
+		if held != nil {
+			delay = min(held.Remaining, leaseBusyMaxDelay)
+		}
+		delay += time.Duration(r.cfg.Rand() * float64(time.Second))
+		return &retryError{delay: delay, counted: false, err: fmt.Errorf("%s: %w", tasks.CategoryLeaseBusy, err)}
+	case errors.Is(err, store.ErrJobComplete):
+		r.metrics.acknowledgedNoOps.WithLabelValues(k.name, string(tasks.StateComplete)).Inc()
+		return nil
+	case errors.Is(err, store.ErrJobFailed):
+		r.metrics.acknowledgedNoOps.WithLabelValues(k.name, string(tasks.StateFailed)).Inc()
+		return nil
+	case errors.Is(err, store.ErrJobNotFound):
+		log.Error("task for a job that has no jobs row", "err", err)
+		return fmt.Errorf("%w: %w", asynq.SkipRetry, err)
+	}
+	return err // Redis or PostgreSQL unavailable: asynq retries with its own backoff
+}
+
+// superseded: a newer attempt owns the job; this delivery wrote nothing and is done.
+func (r *Registry) superseded(k *kind, log *slog.Logger, err error) error {
+	r.metrics.attempts.WithLabelValues(k.name, store.OutcomeSuperseded, string(tasks.CategorySuperseded)).Inc()
+	log.Info("attempt superseded; nothing written", "err", err)
+	return nil
+}
+
+// failed records a failed attempt and tells asynq what to do next.
+func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq acquired, w workResult, log *slog.Logger) error {
+	fe := asFetchError(w.err, tasks.CategoryInternal)
+	now := r.cfg.Now()
+	d := k.retry.decide(failureInput{
+		Category:   fe.Category,
+		AttemptNo:  acq.Attempt.AttemptNo,
+		RetryAfter: fe.RetryAfter,
+		JobAge:     now.Sub(acq.Attempt.JobCreatedAt),
+		JobBytes:   acq.Attempt.BytesTotal + w.unit.Bytes,
+	}, r.cfg.Rand)
+	if d.Retry {
+		// asynq archives a task past its MaxRetry; fail the job first so the two agree.
+		if retried, ok := asynq.GetRetryCount(ctx); ok {
+			if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && retried >= maxRetry {
+				d = decision{Category: tasks.CategoryBudgetExceeded, Why: fmt.Sprintf("asynq MaxRetry %d reached (last failure: %s)", maxRetry, fe.Category)}
+			}
+		}
+	}
+	errText := fe.Error()
+	if d.Why != "" {
+		errText = d.Why + ": " + errText
+	}
+	params := store.AttemptFinishParams{
+		Key: job.Key, Token: acq.Lease.Token, Category: string(d.Category), Error: errText,
+		HTTPStatus: fe.Status, Bytes: w.unit.Bytes, SessionID: w.session(),
+	}
+	// The writes below are fenced like the commit: a superseded attempt writes nothing. They
+	// run even if the job context was cancelled (lease lost), on the delivery's context.
+	wctx := context.WithoutCancel(ctx)
+	var err error
+	outcome := store.OutcomeFailed
+	if d.Retry {
+		outcome = store.OutcomeRetryable
+		params.NextAttemptAt = now.Add(d.Delay)
+		err = r.cfg.Store.JobMarkRetryable(wctx, params)
+	} else {
+		err = r.cfg.Store.JobFail(wctx, params)
+	}
+	if isSuperseded(err) {
+		return r.superseded(k, log, err)
+	}
+	if err != nil {
+		return fmt.Errorf("record failed attempt: %w (after %w)", err, fe)
+	}
+	r.metrics.attempts.WithLabelValues(k.name, outcome, string(d.Category)).Inc()
+	log.WarnContext(ctx, "attempt failed", "category", string(d.Category), "retry", d.Retry,
+		"delay", d.Delay, "session", w.session(), "err", errText)
+	if !d.Retry {
+		r.metrics.jobBytes.WithLabelValues(k.name).Observe(float64(acq.Attempt.BytesTotal + w.unit.Bytes))
+		return fmt.Errorf("%w: %s: %w", asynq.SkipRetry, d.Category, fe)
+	}
+	return &retryError{delay: d.Delay, counted: true, err: fe}
+}
+
+func isSuperseded(err error) bool {
+	return errors.Is(err, store.ErrStaleFence) || errors.Is(err, store.ErrJobComplete) ||
+		errors.Is(err, store.ErrJobFailed) || errors.Is(err, store.ErrInvalidTransition)
+}
+
+// asFetchError keeps a categorised error as it is and gives any other error category def.
+func asFetchError(err error, def tasks.Category) *sessions.FetchError {
+	var fe *sessions.FetchError
+	if errors.As(err, &fe) {
+		return fe
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &sessions.FetchError{Category: tasks.CategoryTimeout, Err: err}
+	}
+	return &sessions.FetchError{Category: def, Err: err}
+}
+
+// fingerprint is the sha256 of the staged data (JSON with sorted keys): the same
+// responses give the same fingerprint.
+func fingerprint(staged map[string]json.RawMessage) string {
+	b, _ := json.Marshal(staged)
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func nonce() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

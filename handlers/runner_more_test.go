@@ -1,0 +1,262 @@
+package handlers_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestRetryAfterHonoured runs a real asynq server: a throttled attempt puts the task in
+// asynq's retry set no earlier than the destination's Retry-After, and PostgreSQL's
+// next_attempt_at says the same.
+func TestRetryAfterHonoured(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-2")
+	reg := r.registry(t, func(c *handlers.Config) { c.Rand = func() float64 { return 0 } })
+	r.site.Throttle(1, 120*time.Second)
+
+	handled := make(chan error, 1)
+	srv := asynq.NewServer(r.ns.AsynqOpt(), reg.ServerConfig(asynq.Config{
+		Queues: map[string]int{r.ns.Queue: 1}, Concurrency: 1, LogLevel: asynq.FatalLevel,
+	}))
+	mux := asynq.NewServeMux()
+	mux.HandleFunc(catalog.Kind, func(ctx context.Context, t *asynq.Task) error {
+		err := reg.ProcessTask(ctx, t)
+		handled <- err
+		return err
+	})
+	require.NoError(t, srv.Start(mux))
+	defer srv.Shutdown()
+	client := asynq.NewClient(r.ns.AsynqOpt())
+	defer client.Close()
+	before := time.Now()
+	_, err := client.Enqueue(task, asynq.TaskID(key), asynq.Queue(r.ns.Queue))
+	require.NoError(t, err)
+	require.Error(t, <-handled)
+
+	insp := asynq.NewInspector(r.ns.AsynqOpt())
+	defer insp.Close()
+	var info *asynq.TaskInfo
+	require.Eventually(t, func() bool {
+		info, err = insp.GetTaskInfo(r.ns.Queue, key)
+		return err == nil && info.State == asynq.TaskStateRetry
+	}, 10*time.Second, 10*time.Millisecond)
+	require.False(t, info.NextProcessAt.Before(before.Add(119*time.Second)), "asynq retries no earlier than Retry-After: %v", info.NextProcessAt.Sub(before))
+	require.Equal(t, 1, info.Retried, "a throttled attempt counts")
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateRetryable, job.State)
+	require.WithinDuration(t, info.NextProcessAt, *job.NextAttemptAt, 2*time.Second, "PostgreSQL mirrors asynq")
+}
+
+func TestTotalBudgetStops(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-3")
+	// The job is two hours old on the runner's clock; the budget is one hour.
+	reg := r.registry(t, func(c *handlers.Config) { c.Now = func() time.Time { return time.Now().Add(2 * time.Hour) } },
+		handlers.WithRetry(handlers.RetryConfig{TotalBudget: time.Hour}))
+	r.site.Throttle(1, time.Second)
+	err := reg.ProcessTask(ctx, task)
+	require.ErrorIs(t, err, asynq.SkipRetry)
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateFailed, job.State)
+	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	atts, _ := r.st.AttemptList(ctx, key)
+	require.Contains(t, atts[0].Error, "total budget")
+}
+
+func TestBandwidthBudgetStops(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-4")
+	reg := r.registry(t, nil, handlers.WithRetry(handlers.RetryConfig{BandwidthBudget: 2000}))
+	// Each throttled attempt moves some hundred bytes; the job fails once all its
+	// attempts together pass 2,000 bytes, though the throttle itself is retryable.
+	var err error
+	attempts := 0
+	for attempts = 1; attempts <= 20; attempts++ {
+		r.site.Throttle(1, time.Second)
+		err = reg.ProcessTask(ctx, task)
+		if decisionOf(err).Skip {
+			break
+		}
+	}
+	require.ErrorIs(t, err, asynq.SkipRetry)
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateFailed, job.State)
+	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	require.Greater(t, job.BytesTotal, int64(2000))
+	require.Greater(t, attempts, 1, "the first attempts stayed under the budget")
+	sum := testutil.Count(t, r.st.Pool(), `SELECT sum(bytes)::int FROM attempts WHERE job_key = $1`, key)
+	require.Equal(t, int(job.BytesTotal), sum, "jobs.bytes_total is the sum over attempts")
+}
+
+func TestLeaseLossAbortsWithoutCommit(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-5")
+	reg := r.registry(t, func(c *handlers.Config) {
+		c.KeepOptions = &lua.KeepOptions{Interval: 50 * time.Millisecond}
+		c.Collector.RequestTimeout = 10 * time.Second
+	})
+	r.site.SetSlow(2 * time.Second) // the workflow is mid-request when the lease goes
+	done := make(chan error, 1)
+	go func() { done <- reg.ProcessTask(ctx, task) }()
+	leaseKey := r.ns.Prefix + "{" + key + "}:lease"
+	require.Eventually(t, func() bool { return r.ns.Client.Exists(ctx, leaseKey).Val() == 1 }, 5*time.Second, time.Millisecond)
+	started := time.Now()
+	require.NoError(t, r.ns.Client.Del(ctx, leaseKey).Err())
+	err := <-done
+	require.Less(t, time.Since(started), 1500*time.Millisecond, "the job context was cancelled, not waited out")
+	dec := decisionOf(err)
+	require.True(t, dec.Retry && dec.Counted, "%v", err)
+	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
+	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox`))
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateRetryable, job.State)
+	require.Equal(t, string(tasks.CategoryLeaseLost), job.LastCategory)
+}
+
+func TestPanicRecorded(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-6")
+	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
+	require.NoError(t, err)
+	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL),
+		func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
+			var m map[string]int
+			m["boom"]++ // nil map: panics
+			return handlers.Observation{}, nil
+		}))
+	err = reg.ProcessTask(ctx, task)
+	dec := decisionOf(err)
+	require.True(t, dec.Retry && dec.Counted, "a panic leaves the job retryable: %v", err)
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateRetryable, job.State)
+	atts, _ := r.st.AttemptList(ctx, key)
+	require.Len(t, atts, 1)
+	require.Equal(t, string(tasks.CategoryPanic), atts[0].Category)
+	require.Contains(t, atts[0].Error, "assignment to entry in nil map")
+	require.Zero(t, r.ns.Client.Exists(ctx, r.ns.Prefix+"{"+key+"}:lease").Val(), "the lease was released")
+}
+
+// TestMetrics: after a scripted run the metrics read back equal the counts in PostgreSQL.
+func TestMetrics(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	reg := prometheus.NewRegistry()
+	runner := r.registry(t, func(c *handlers.Config) { c.Registerer = reg; c.MaxSessionRestarts = 3 })
+
+	// Script: 3 clean jobs, 1 job throttled once then complete, 1 job with a session loss
+	// replayed inside its attempt, 1 job failing validation, 1 duplicate delivery of a
+	// complete job.
+	run := func(sku string, prepare func()) (string, *asynq.Task) {
+		key, task := r.job(t, sku)
+		if prepare != nil {
+			prepare()
+		}
+		_ = runner.ProcessTask(ctx, task)
+		return key, task
+	}
+	for _, sku := range []string{"sku-1", "sku-2", "sku-3"} {
+		run(sku, nil)
+	}
+	_, task := run("sku-4", func() { r.site.Throttle(1, time.Second) })
+	require.NoError(t, runner.ProcessTask(ctx, task))
+	run("sku-5", func() { r.proxy.SetDisconnectProb(1) })
+	r.proxy.SetDisconnectProb(0)
+	_, task = run("sku-5", nil) // retry after the session losses exhausted the restarts
+	run("sku-6", func() { r.site.SetSchemaChange(true) })
+	r.site.SetSchemaChange(false)
+	require.NoError(t, runner.ProcessTask(ctx, task), "duplicate delivery of a complete job")
+
+	pool := r.st.Pool()
+	for _, outcome := range []string{store.OutcomeComplete, store.OutcomeRetryable, store.OutcomeFailed} {
+		var total float64
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != "idemscrape_attempts_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "outcome" && l.GetValue() == outcome {
+						total += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		require.Equal(t, float64(testutil.Count(t, pool, `SELECT count(*) FROM attempts WHERE outcome = $1`, outcome)), total, "attempts with outcome %s", outcome)
+	}
+	complete := testutil.Count(t, pool, `SELECT count(*) FROM jobs WHERE state = 'complete'`)
+	require.Equal(t, 5, complete)
+	require.Equal(t, uint64(complete), histogramCount(t, reg, "idemscrape_attempts_per_completed_job"))
+	require.Equal(t, float64(testutil.Count(t, pool, `SELECT sum(attempts)::int FROM jobs WHERE state = 'complete'`)),
+		histogramSum(t, reg, "idemscrape_attempts_per_completed_job"))
+	require.Equal(t, float64(testutil.Count(t, pool, `SELECT sum(bytes_total)::int FROM jobs WHERE state IN ('complete', 'failed')`)),
+		histogramSum(t, reg, "idemscrape_job_bytes"), "bytes per logical job")
+	require.Equal(t, float64(testutil.Count(t, pool, `SELECT count(*) FROM quarantine WHERE reason LIKE 'session_lost%'`)-1),
+		sumCounter(t, reg, "idemscrape_session_restarts_total"), "every session loss but the last of its attempt caused a restart")
+	require.Equal(t, 1.0, sumCounter(t, reg, "idemscrape_deliveries_acknowledged_total"))
+	require.Zero(t, sumCounter(t, reg, "idemscrape_duplicate_results_total"))
+	require.Equal(t, float64(testutil.Count(t, pool, `SELECT count(*) FROM results`)), float64(complete))
+}
+
+func families(t *testing.T, reg *prometheus.Registry, name string) []*dto.Metric {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()
+		}
+	}
+	return nil
+}
+
+func sumCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	var v float64
+	for _, m := range families(t, reg, name) {
+		v += m.GetCounter().GetValue()
+	}
+	return v
+}
+
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	var v uint64
+	for _, m := range families(t, reg, name) {
+		v += m.GetHistogram().GetSampleCount()
+	}
+	return v
+}
+
+func histogramSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	var v float64
+	for _, m := range families(t, reg, name) {
+		v += m.GetHistogram().GetSampleSum()
+	}
+	return v
+}

@@ -1,0 +1,351 @@
+package handlers_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+const canary = "CANARY-pw-7f3a9c"
+
+type rig struct {
+	st    *store.PG
+	ns    *testutil.RedisNS
+	proxy *testutil.FakeProxy
+	site  *testutil.FakeSite
+	prov  *sessions.Provider
+	now   time.Time
+}
+
+type rigOpts struct {
+	proxy testutil.FakeProxyConfig
+	site  testutil.FakeSiteConfig
+}
+
+func newRig(t *testing.T, o rigOpts) *rig {
+	t.Helper()
+	if o.proxy.Format == "" {
+		o.proxy.Format, o.proxy.User, o.proxy.Password = testutil.ProxyFormatGeneric, "acct", canary
+	}
+	r := &rig{st: store.New(testutil.PG(t)), ns: testutil.Redis(t), proxy: testutil.NewFakeProxy(t, o.proxy), site: testutil.NewFakeSite(t, o.site)}
+	var err error
+	r.prov, err = sessions.NewProvider("generic", r.proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
+	require.NoError(t, err)
+	return r
+}
+
+// registry returns a runner on the rig. mutate may change the config before it is built.
+func (r *rig) registry(t *testing.T, mutate func(*handlers.Config), opts ...handlers.KindOption) *handlers.Registry {
+	t.Helper()
+	cfg := handlers.Config{
+		Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
+		Logger:    slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Rand:      func() float64 { return 0.5 },
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	reg, err := handlers.NewRegistry(cfg)
+	require.NoError(t, err)
+	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse, opts...))
+	return reg
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// job records a catalog job for sku and returns its key and the asynq task that carries it.
+func (r *rig) job(t *testing.T, sku string) (string, *asynq.Task) {
+	t.Helper()
+	spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: sku, Country: "US", Window: "2026-04-23", ParserVersion: 1}.Normalize()
+	require.NoError(t, err)
+	key, err := spec.Key()
+	require.NoError(t, err)
+	_, err = r.st.JobsRecord(context.Background(), []tasks.JobRecord{{Key: key, Spec: spec}})
+	require.NoError(t, err)
+	payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
+	require.NoError(t, err)
+	return key, asynq.NewTask(catalog.Kind, payload)
+}
+
+type asynqDecision struct {
+	Ack      bool          // nil error: done
+	Skip     bool          // SkipRetry: archived, no retry
+	Retry    bool          // retried after Delay
+	Delay    time.Duration // what asynq's RetryDelayFunc will use
+	Counted  bool          // counts against MaxRetry
+	ErrorMsg string
+}
+
+func decisionOf(err error) asynqDecision {
+	switch {
+	case err == nil:
+		return asynqDecision{Ack: true}
+	case errors.Is(err, asynq.SkipRetry):
+		return asynqDecision{Skip: true, Counted: true, ErrorMsg: err.Error()}
+	}
+	return asynqDecision{Retry: true, Delay: handlers.RetryDelay(1, err, nil), Counted: handlers.IsFailure(err), ErrorMsg: err.Error()}
+}
+
+func TestExactlyOneResultUnderDuplicateDelivery(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{site: testutil.FakeSiteConfig{StrictExit: true}})
+	runners := make([]*handlers.Registry, 4)
+	for i := range runners {
+		i := i
+		runners[i] = r.registry(t, func(c *handlers.Config) { c.WorkerID = fmt.Sprintf("runner-%d", i) })
+	}
+	key, task := r.job(t, "sku-9")
+
+	const deliveries = 20
+	var wg sync.WaitGroup
+	errs := make(chan error, deliveries)
+	for d := 0; d < deliveries; d++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A delivery that finds the lease busy is retried by asynq; do the same here.
+			for {
+				err := runners[d%len(runners)].ProcessTask(ctx, task)
+				if dec := decisionOf(err); dec.Retry && !dec.Counted {
+					time.Sleep(dec.Delay / 50)
+					continue
+				}
+				errs <- err
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err, "every delivery ends acknowledged")
+	}
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateComplete, job.State)
+	require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
+	require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox`))
+	require.GreaterOrEqual(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM attempts`), 1)
+	require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM attempts WHERE outcome = 'complete'`))
+	var rec catalog.Record
+	var data []byte
+	require.NoError(t, r.st.Pool().QueryRow(ctx, `SELECT data FROM results`).Scan(&data))
+	require.NoError(t, json.Unmarshal(data, &rec))
+	want, _ := r.site.Product("sku-9")
+	require.Equal(t, catalog.Record{SKU: "sku-9", Name: want.Name, Price: want.Price, Currency: want.Currency}, rec)
+}
+
+func TestFailureCategories(t *testing.T) {
+	ctx := context.Background()
+	type want struct {
+		state        tasks.JobState
+		category     tasks.Category
+		outcome      string
+		decision     asynqDecision // Ack/Skip/Retry/Counted compared; Delay checked by bounds
+		minD, maxD   time.Duration
+		noAttemptRow bool
+	}
+	check := func(t *testing.T, r *rig, key string, err error, w want) {
+		t.Helper()
+		dec := decisionOf(err)
+		require.Equal(t, w.decision.Ack, dec.Ack, "ack: %v", err)
+		require.Equal(t, w.decision.Skip, dec.Skip, "skip: %v", err)
+		require.Equal(t, w.decision.Retry, dec.Retry, "retry: %v", err)
+		if dec.Retry {
+			require.Equal(t, w.decision.Counted, dec.Counted, "counted: %v", err)
+			require.GreaterOrEqual(t, dec.Delay, w.minD)
+			require.LessOrEqual(t, dec.Delay, w.maxD)
+		}
+		job, gerr := r.st.JobGet(ctx, key)
+		require.NoError(t, gerr)
+		require.Equal(t, w.state, job.State)
+		if w.category != "" {
+			require.Equal(t, string(w.category), job.LastCategory)
+		}
+		atts, aerr := r.st.AttemptList(ctx, key)
+		require.NoError(t, aerr)
+		if w.noAttemptRow {
+			require.Empty(t, atts)
+			return
+		}
+		require.NotEmpty(t, atts)
+		last := atts[len(atts)-1]
+		require.Equal(t, w.outcome, last.Outcome)
+		if w.category != "" {
+			require.Equal(t, string(w.category), last.Category)
+		}
+		if w.state == tasks.StateRetryable {
+			// PostgreSQL mirrors asynq: next_attempt_at = now + the delay asynq will wait.
+			require.NotNil(t, job.NextAttemptAt)
+			require.WithinDuration(t, time.Now().Add(dec.Delay), *job.NextAttemptAt, 5*time.Second)
+		}
+	}
+
+	t.Run("ProxyAuth", func(t *testing.T) {
+		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: "rotated"}})
+		key, task := r.job(t, "sku-1")
+		err := r.registry(t, nil).ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryProxyAuth, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+	})
+	t.Run("ExitUnavailable", func(t *testing.T) {
+		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, UnavailableCountries: []string{"US"}}})
+		key, task := r.job(t, "sku-1")
+		err := r.registry(t, nil).ProcessTask(ctx, task)
+		// attempt 1, base 30 s, full jitter at 0.5 ⇒ 15 s
+		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryExitUnavailable, outcome: store.OutcomeRetryable,
+			decision: asynqDecision{Retry: true, Counted: true}, minD: 15 * time.Second, maxD: 15 * time.Second})
+		require.Equal(t, 3, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM quarantine WHERE job_key = $1`, key),
+			"the first session and its two replacements were quarantined")
+	})
+	t.Run("Throttled", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		r.site.Throttle(1, 90*time.Second)
+		err := r.registry(t, nil).ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryThrottled, outcome: store.OutcomeRetryable,
+			decision: asynqDecision{Retry: true, Counted: true}, minD: 90 * time.Second, maxD: 90 * time.Second})
+	})
+	t.Run("Timeout", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		r.site.SetSlow(time.Second)
+		reg := r.registry(t, func(c *handlers.Config) {
+			c.Collector.RequestTimeout = 100 * time.Millisecond
+			c.MaxSessionRestarts = -1
+		})
+		err := reg.ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryTimeout, outcome: store.OutcomeRetryable,
+			decision: asynqDecision{Retry: true, Counted: true}, minD: 5 * time.Second, maxD: 5 * time.Second})
+	})
+	t.Run("SessionLost", func(t *testing.T) {
+		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, DisconnectProb: 1}})
+		key, task := r.job(t, "sku-1")
+		err := r.registry(t, nil).ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategorySessionLost, outcome: store.OutcomeRetryable,
+			decision: asynqDecision{Retry: true, Counted: true}, minD: 2500 * time.Millisecond, maxD: 2500 * time.Millisecond})
+	})
+	t.Run("ParseError", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
+		require.NoError(t, err)
+		require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL),
+			func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
+				return handlers.Observation{}, errors.New("price format 1.234,56 not understood")
+			}))
+		err = reg.ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryParseError, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+	})
+	t.Run("Validation", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		r.site.SetSchemaChange(true)
+		err := r.registry(t, nil).ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryValidation, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM quarantine WHERE reason LIKE 'validation%'`))
+		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
+	})
+	t.Run("LeaseBusy", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		reg := r.registry(t, nil)
+		// Another worker holds the lease.
+		_, err := r.ns.Client.HSet(ctx, r.ns.Prefix+"{"+key+"}:lease", "owner", "other-worker", "token", "1").Result()
+		require.NoError(t, err)
+		require.NoError(t, r.ns.Client.PExpire(ctx, r.ns.Prefix+"{"+key+"}:lease", 20*time.Second).Err())
+		err = reg.ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StatePending, outcome: "", decision: asynqDecision{Retry: true, Counted: false},
+			minD: 19 * time.Second, maxD: 21 * time.Second, noAttemptRow: true})
+	})
+	t.Run("Superseded", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		reg := r.registry(t, nil)
+		// While the attempt's workflow runs, its lease expires and another worker takes
+		// the job over (we fake both: a higher-token start straight in PostgreSQL).
+		r.site.SetSlow(300 * time.Millisecond)
+		done := make(chan error, 1)
+		go func() { done <- reg.ProcessTask(ctx, task) }()
+		require.Eventually(t, func() bool {
+			return testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM attempts WHERE outcome = 'running'`) == 1
+		}, 5*time.Second, 5*time.Millisecond)
+		_, err := r.st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1000, Worker: "other"})
+		require.NoError(t, err)
+		err = <-done
+		require.NoError(t, err, "a superseded delivery is acknowledged: the newer attempt owns the job")
+		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
+		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox`))
+		require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM attempts WHERE outcome = 'superseded'`))
+	})
+	t.Run("BudgetExceeded", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		reg := r.registry(t, nil, handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 2}))
+		r.site.Throttle(1, time.Second)
+		require.Equal(t, asynqDecision{Retry: true, Counted: true}, keep(decisionOf(reg.ProcessTask(ctx, task))))
+		r.site.Throttle(1, time.Second)
+		err := reg.ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryBudgetExceeded, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		atts, _ := r.st.AttemptList(ctx, key)
+		require.Contains(t, atts[1].Error, "2 attempts")
+		require.Contains(t, atts[1].Error, "throttled")
+	})
+	t.Run("UnsafeStepIncomplete", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
+		require.NoError(t, err)
+		require.NoError(t, reg.Register(catalog.Kind, func(job tasks.Payload) (*sessions.Unit, error) {
+			u, err := catalog.Workflow(r.site.URL)(job)
+			if err != nil {
+				return nil, err
+			}
+			u.Steps[1].Safe = false // e.g. "add to cart"
+			orig := u.Steps[2].Run
+			u.Steps[2].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+				r.proxy.SetDisconnectProb(1)
+				defer r.proxy.SetDisconnectProb(0)
+				return orig(ctx, sc)
+			}
+			return u, nil
+		}, catalog.Parse))
+		err = reg.ProcessTask(ctx, task)
+		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryUnsafeStepIncomplete, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+	})
+	t.Run("CompleteJobAcknowledgedWithoutWork", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		key, task := r.job(t, "sku-1")
+		reg := r.registry(t, nil)
+		require.NoError(t, reg.ProcessTask(ctx, task))
+		hits := r.site.TotalHits()
+		require.NoError(t, reg.ProcessTask(ctx, task))
+		require.Equal(t, hits, r.site.TotalHits(), "no request for a complete job")
+		atts, _ := r.st.AttemptList(ctx, key)
+		require.Len(t, atts, 1)
+	})
+}
+
+// keep strips what decisionOf fills for information only.
+func keep(d asynqDecision) asynqDecision {
+	return asynqDecision{Ack: d.Ack, Skip: d.Skip, Retry: d.Retry, Counted: d.Counted}
+}

@@ -1,0 +1,305 @@
+package sessions
+
+import (
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+)
+
+// Collector defaults.
+const (
+	DefaultMaxBodyBytes        = 10 << 20
+	DefaultRequestTimeout      = 30 * time.Second
+	DefaultDialTimeout         = 10 * time.Second
+	DefaultTLSHandshakeTimeout = 10 * time.Second
+	DefaultUserAgent           = "idemscrape (+https://github.com/idemscrape/idemscrape)"
+)
+
+// CollectorConfig configures the collector bound to a session.
+type CollectorConfig struct {
+	// MaxBodyBytes caps every response body after decompression; a larger body fails with
+	// ErrBodyTooLarge (category body_too_large) instead of being silently cut. Defaults to
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// RequestTimeout bounds each request, body included. Defaults to DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// DialTimeout bounds the TCP connect to the proxy. Defaults to DefaultDialTimeout.
+	DialTimeout time.Duration
+	// IgnoreRobotsTxt turns robots.txt checks off. Defaults to false: robots.txt is
+	// respected (colly's own default is the opposite).
+	IgnoreRobotsTxt bool
+	// UserAgent sent with every request. Defaults to DefaultUserAgent.
+	UserAgent string
+	// Guard checks every request and redirect target. Defaults to a Guard that refuses
+	// every forbidden range.
+	Guard *Guard
+	// TLSConfig for HTTPS destinations (tests pass their server's roots). Defaults to nil
+	// (system roots).
+	TLSConfig *tls.Config
+	// Now is the clock for Retry-After dates. Defaults to time.Now.
+	Now func() time.Time
+}
+
+func (c *CollectorConfig) withDefaults() CollectorConfig {
+	var o CollectorConfig
+	if c != nil {
+		o = *c
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = DefaultRequestTimeout
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.UserAgent == "" {
+		o.UserAgent = DefaultUserAgent
+	}
+	if o.Guard == nil {
+		o.Guard = &Guard{}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Bound is a colly collector bound to one session: a new collector (never Clone(), which
+// shares the client and cookie jar) with its own transport, connection pool and cookie
+// jar, so nothing of one session leaks into another.
+type Bound struct {
+	Collector *colly.Collector
+	Session   *Session
+
+	cfg       CollectorConfig
+	transport *http.Transport
+	bytes     atomic.Int64
+	served    atomic.Bool // the session answered at least one request
+}
+
+const responseKey = "idemscrape.response"
+
+// NewCollector returns a collector bound to s. Requests run under ctx. Close it when the
+// unit is done.
+func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
+	c := cfg.withDefaults()
+	proxyURL := &url.URL{Scheme: "http", Host: s.Endpoint} // no user info, ever
+	b := &Bound{Session: s, cfg: c}
+	dialer := &net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second}
+	b.transport = &http.Transport{
+		Proxy:                  http.ProxyURL(proxyURL),
+		ProxyConnectHeader:     http.Header{"Proxy-Authorization": {s.proxyAuthorization()}},
+		OnProxyConnectResponse: b.onConnectResponse,
+		DialContext:            dialer.DialContext,
+		TLSClientConfig:        c.TLSConfig,
+		TLSHandshakeTimeout:    DefaultTLSHandshakeTimeout,
+		ResponseHeaderTimeout:  c.RequestTimeout,
+		// Keep-alives stay on (colly's SetProxyFunc turns them off): one session reuses its
+		// tunnel. Compression is ours, so the byte count sees wire bytes and the cap sees
+		// decompressed ones.
+		DisableCompression:  true,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	col := colly.NewCollector(
+		colly.AllowURLRevisit(),        // a replay fetches the same URLs again
+		colly.ParseHTTPErrorResponse(), // statuses are classified by Fetch, not colly
+		colly.MaxBodySize(0),           // colly would cut silently and cap compressed bytes only
+		colly.UserAgent(c.UserAgent),
+		colly.StdlibContext(ctx),
+	)
+	col.IgnoreRobotsTxt = c.IgnoreRobotsTxt
+	col.WithTransport(&sessionTransport{bound: b})
+	col.SetRequestTimeout(c.RequestTimeout)
+	col.OnResponse(func(r *colly.Response) { r.Ctx.Put(responseKey, r) })
+	b.Collector = col
+	return b, nil
+}
+
+// Fetch sends one request through the session and returns the response. A proxy refusal,
+// a network failure or a destination status >= 400 returns a *FetchError (with the
+// response, when there is one).
+func (b *Bound) Fetch(method, rawURL string, body io.Reader, hdr http.Header) (*colly.Response, error) {
+	cctx := colly.NewContext()
+	if err := b.Collector.Request(method, rawURL, body, cctx, hdr); err != nil {
+		return nil, classify(err, b.served.Load())
+	}
+	resp, _ := cctx.GetAny(responseKey).(*colly.Response)
+	if resp == nil {
+		return nil, &FetchError{Category: "internal", Err: errors.New("colly returned no response")}
+	}
+	b.served.Store(true)
+	if fe := classifyStatus(resp.StatusCode, *resp.Headers, b.cfg.Now()); fe != nil {
+		return resp, fe
+	}
+	return resp, nil
+}
+
+// Get is Fetch for a GET without body.
+func (b *Bound) Get(rawURL string) (*colly.Response, error) {
+	return b.Fetch(http.MethodGet, rawURL, nil, nil)
+}
+
+// Bytes is the number of bytes this collector moved through the proxy: request lines and
+// headers (estimated), response headers (estimated) and response bodies as sent on the wire
+// (compressed, if they were).
+func (b *Bound) Bytes() int64 { return b.bytes.Load() }
+
+// Close drops the session's idle connections.
+func (b *Bound) Close() { b.transport.CloseIdleConnections() }
+
+func (b *Bound) onConnectResponse(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
+	b.bytes.Add(headerBytes(res.Header) + 64)
+	if res.StatusCode == http.StatusOK {
+		return nil
+	}
+	return &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
+}
+
+// sessionTransport is the RoundTripper of a bound collector. Every hop — redirects and
+// robots.txt included — passes the SSRF guard, carries the session's proxy credentials in
+// a header only the proxy sees, and is counted and capped.
+type sessionTransport struct {
+	bound *Bound
+}
+
+func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	b := t.bound
+	if req.Body != nil {
+		defer req.Body.Close()
+	}
+	if err := b.cfg.Guard.Check(req.Context(), req.URL.String()); err != nil {
+		return nil, err
+	}
+	out := req.Clone(req.Context())
+	switch req.URL.Scheme {
+	case "http":
+		// Plain HTTP is forwarded by the proxy, which reads this header. Never set it on
+		// HTTPS requests: those travel inside the CONNECT tunnel to the destination, which
+		// must not see it (the CONNECT carries it instead).
+		out.Header.Set("Proxy-Authorization", b.Session.proxyAuthorization())
+	case "https":
+	default:
+		return nil, fmt.Errorf("sessions: scheme %q not allowed", req.URL.Scheme)
+	}
+	if out.Header.Get("Accept-Encoding") == "" {
+		out.Header.Set("Accept-Encoding", "gzip")
+	}
+	b.bytes.Add(int64(len(req.Method)+len(req.URL.String())+16) + headerBytes(req.Header))
+	res, err := b.transport.RoundTrip(out)
+	if err != nil {
+		return nil, err
+	}
+	// The response must point at the caller's request, not our copy that carries the
+	// credentials: colly takes the response's request as the final one and exposes its
+	// headers to every callback.
+	res.Request = req
+	b.bytes.Add(headerBytes(res.Header) + 32)
+	if req.URL.Scheme == "http" && isProxyRefusal(res) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
+		res.Body.Close()
+		return nil, &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
+	}
+	var body io.Reader = &countingReader{r: res.Body, n: &b.bytes}
+	if strings.EqualFold(strings.TrimSpace(res.Header.Get("Content-Encoding")), "gzip") {
+		gz, err := gzip.NewReader(body)
+		if err != nil {
+			res.Body.Close()
+			return nil, fmt.Errorf("sessions: gzip response: %w", err)
+		}
+		body = gz
+		res.Header.Del("Content-Encoding")
+		res.Header.Del("Content-Length")
+		res.ContentLength = -1
+	}
+	// Uncompressed tells colly not to decompress again (its gunzip has no limit).
+	res.Uncompressed = true
+	res.Body = &cappedBody{r: body, left: b.cfg.MaxBodyBytes, limit: b.cfg.MaxBodyBytes, closer: res.Body}
+	return res, nil
+}
+
+// isProxyRefusal tells a forwarding proxy's own refusal from a destination's answer: 407
+// is always the proxy's; 502/522/525 are what providers send when the exit is gone or
+// unavailable (a destination's own 502 is then retried on a new session, which is
+// harmless).
+func isProxyRefusal(res *http.Response) bool {
+	switch res.StatusCode {
+	case http.StatusProxyAuthRequired, http.StatusBadGateway, 522, 525:
+		return true
+	}
+	return providerErrorCode(res.Header) != "" && res.StatusCode >= 500
+}
+
+func headerBytes(h http.Header) int64 {
+	var n int64
+	for k, vs := range h {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 4)
+		}
+	}
+	return n
+}
+
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// cappedBody fails with ErrBodyTooLarge once more than left bytes were read.
+type cappedBody struct {
+	r      io.Reader
+	left   int64
+	limit  int64
+	closer io.Closer
+}
+
+func (c *cappedBody) Read(p []byte) (int, error) {
+	if c.left < 0 {
+		return 0, &bodyTooLargeError{limit: c.limit}
+	}
+	if int64(len(p)) > c.left+1 {
+		p = p[:c.left+1]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	if c.left < 0 {
+		return n + int(c.left), &bodyTooLargeError{limit: c.limit}
+	}
+	return n, err
+}
+
+// bodyTooLargeError names the cap; errors.Is(err, ErrBodyTooLarge) holds.
+type bodyTooLargeError struct{ limit int64 }
+
+func (e *bodyTooLargeError) Error() string {
+	return fmt.Sprintf("%v: more than %d bytes (after decompression); raise CollectorConfig.MaxBodyBytes if the page is legitimately this large", ErrBodyTooLarge, e.limit)
+}
+
+func (e *bodyTooLargeError) Is(target error) bool { return target == ErrBodyTooLarge }
+
+func (c *cappedBody) Close() error { return c.closer.Close() }
+
+// LoopbackGuard is a Guard that allows 127.0.0.0/8 and ::1 — for tests against local fakes.
+func LoopbackGuard() *Guard {
+	return &Guard{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}}
+}

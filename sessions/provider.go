@@ -1,0 +1,265 @@
+package sessions
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// credentials returns proxy secrets. It is a closure on purpose: fmt prints a func as an
+// address under every verb (even through reflection on unexported fields, where Format
+// methods are not called) and encoding/json skips it, so no printed form of a struct that
+// holds one can reveal what it captured.
+type credentials func() (user, pass string)
+
+func newCredentials(user, pass string) credentials {
+	return func() (string, string) { return user, pass }
+}
+
+// redacted is what every printable form of a secret shows.
+const redacted = "[REDACTED]"
+
+// Provider builds sticky-session credentials for one residential proxy account.
+//
+// The username and password templates may use these placeholders:
+//
+//	{user} {pass}   the account's user / password (or customer id, package id)
+//	{country}       requested country, lower case ("us"); {COUNTRY} upper case ("US")
+//	{session}       the session id (8 characters [a-z0-9])
+//	{minutes} {seconds} {lifetime}  session lifetime: whole minutes, whole seconds,
+//	                and "<n><unit>" with the largest exact unit of s, m, h, d ("30m")
+//
+// A part in square brackets is dropped when a placeholder inside it is empty, e.g.
+// "[-country-{country}]" for a session without a requested country.
+//
+// Credentials live in memory only. Provider never prints them: String, GoString, Format,
+// LogValue and MarshalJSON all redact.
+type Provider struct {
+	name        string
+	gateway     string // host:port
+	userTmpl    string
+	passTmpl    string
+	maxLifetime time.Duration
+	creds       credentials
+}
+
+// Provider defaults and limits.
+const (
+	// DefaultSessionLifetime is the sticky-session lifetime when none is asked for.
+	DefaultSessionLifetime = 10 * time.Minute
+	// MaxStickyLifetime is the longest sticky session idemscrape asks any provider for.
+	MaxStickyLifetime = 60 * time.Minute
+)
+
+var (
+	templateVar   = regexp.MustCompile(`\{(user|pass|country|COUNTRY|session|minutes|seconds|lifetime)\}`)
+	anyBraces     = regexp.MustCompile(`\{[^}]*\}`)
+	optionalGroup = regexp.MustCompile(`\[([^\[\]]*)\]`)
+	safeAccount   = regexp.MustCompile(`^[A-Za-z0-9_.+]{1,128}$`)
+)
+
+// NewProvider returns a provider with explicit templates (see Provider). gateway is the
+// proxy's host:port; maxLifetime caps session lifetimes (0 means MaxStickyLifetime).
+func NewProvider(name, gateway, userTemplate, passTemplate, user, pass string, maxLifetime time.Duration) (*Provider, error) {
+	if name == "" {
+		return nil, errors.New("sessions: provider name is empty")
+	}
+	if _, port, err := net.SplitHostPort(gateway); err != nil || port == "" || strings.ContainsAny(gateway, "@/") {
+		return nil, fmt.Errorf("sessions: provider %s: gateway must be host:port without credentials", name)
+	}
+	for field, tmpl := range map[string]string{"username template": userTemplate, "password template": passTemplate} {
+		if tmpl == "" {
+			return nil, fmt.Errorf("sessions: provider %s: %s is empty", name, field)
+		}
+		for _, v := range anyBraces.FindAllString(tmpl, -1) {
+			if !templateVar.MatchString(v) {
+				return nil, fmt.Errorf("sessions: provider %s: %s has unknown placeholder %s", name, field, v)
+			}
+		}
+	}
+	if user == "" || pass == "" {
+		return nil, fmt.Errorf("sessions: provider %s: user and password are required", name)
+	}
+	if strings.ContainsAny(user+pass, ":\r\n\x00") {
+		return nil, fmt.Errorf("sessions: provider %s: user or password contains ':' or a control character", name)
+	}
+	if maxLifetime <= 0 || maxLifetime > MaxStickyLifetime {
+		maxLifetime = MaxStickyLifetime
+	}
+	return &Provider{
+		name: name, gateway: gateway, userTmpl: userTemplate, passTmpl: passTemplate,
+		maxLifetime: maxLifetime, creds: newCredentials(user, pass),
+	}, nil
+}
+
+// The documented formats of the presets (see FACTS.md in the design notes). Gateways are
+// the providers' public endpoints; WithGateway points a preset elsewhere (tests, regions).
+const (
+	brightDataGateway = "brd.superproxy.io:33335"
+	oxylabsGateway    = "pr.oxylabs.io:7777"
+	decodoGateway     = "gate.decodo.com:7000"
+	iproyalGateway    = "geo.iproyal.com:12321"
+	soaxGateway       = "proxy.soax.com:5000"
+)
+
+// BrightData: username brd-customer-<ID>-zone-<ZONE>[-country-us]-session-<id>.
+func BrightData(customerID, zone, password string) (*Provider, error) {
+	if !safeAccount.MatchString(customerID) || !safeAccount.MatchString(zone) {
+		return nil, errors.New("sessions: brightdata: customer id and zone must be [A-Za-z0-9_.+]")
+	}
+	return NewProvider("brightdata", brightDataGateway,
+		"brd-customer-{user}-zone-"+zone+"[-country-{country}]-session-{session}", "{pass}",
+		customerID, password, 0)
+}
+
+// Oxylabs: username customer-<USER>[-cc-US]-sessid-<id>-sesstime-<minutes> (≤ 1440).
+func Oxylabs(user, password string) (*Provider, error) {
+	return NewProvider("oxylabs", oxylabsGateway,
+		"customer-{user}[-cc-{COUNTRY}]-sessid-{session}-sesstime-{minutes}", "{pass}", user, password, 0)
+}
+
+// Decodo: username user-<USER>[-country-us]-session-<id>-sessionduration-<minutes> (1–1440).
+func Decodo(user, password string) (*Provider, error) {
+	return NewProvider("decodo", decodoGateway,
+		"user-{user}[-country-{country}]-session-{session}-sessionduration-{minutes}", "{pass}", user, password, 0)
+}
+
+// IPRoyal: plain username; password <PASS>[_country-us]_session-<id>_lifetime-<n><unit>.
+func IPRoyal(user, password string) (*Provider, error) {
+	return NewProvider("iproyal", iproyalGateway,
+		"{user}", "{pass}[_country-{country}]_session-{session}_lifetime-{lifetime}", user, password, 0)
+}
+
+// SOAX: username package-<ID>[-country-us]-sessionid-<id>-sessionlength-<seconds>.
+func SOAX(packageID, password string) (*Provider, error) {
+	return NewProvider("soax", soaxGateway,
+		"package-{user}[-country-{country}]-sessionid-{session}-sessionlength-{seconds}", "{pass}", packageID, password, 0)
+}
+
+// WithGateway returns a copy of p that connects to gateway (host:port) instead.
+func (p *Provider) WithGateway(gateway string) (*Provider, error) {
+	user, pass := p.creds()
+	return NewProvider(p.name, gateway, p.userTmpl, p.passTmpl, user, pass, p.maxLifetime)
+}
+
+// Environment variables read by ProviderFromEnv.
+const (
+	EnvProvider = "IDEMSCRAPE_PROXY_PROVIDER" // brightdata | oxylabs | decodo | iproyal | soax
+	EnvUser     = "IDEMSCRAPE_PROXY_USER"     // account user, customer id or package id
+	EnvPassword = "IDEMSCRAPE_PROXY_PASSWORD" // never logged
+	EnvZone     = "IDEMSCRAPE_PROXY_ZONE"     // brightdata only
+	EnvGateway  = "IDEMSCRAPE_PROXY_GATEWAY"  // optional host:port override
+)
+
+// ProviderFromEnv builds a preset from the environment (see the Env* constants). Errors
+// name the variable, never its value.
+func ProviderFromEnv() (*Provider, error) {
+	name, user, pass := os.Getenv(EnvProvider), os.Getenv(EnvUser), os.Getenv(EnvPassword)
+	if user == "" || pass == "" {
+		return nil, fmt.Errorf("sessions: %s and %s must be set", EnvUser, EnvPassword)
+	}
+	var p *Provider
+	var err error
+	switch name {
+	case "brightdata":
+		p, err = BrightData(user, os.Getenv(EnvZone), pass)
+	case "oxylabs":
+		p, err = Oxylabs(user, pass)
+	case "decodo":
+		p, err = Decodo(user, pass)
+	case "iproyal":
+		p, err = IPRoyal(user, pass)
+	case "soax":
+		p, err = SOAX(user, pass)
+	default:
+		return nil, fmt.Errorf("sessions: %s must be one of brightdata, oxylabs, decodo, iproyal, soax", EnvProvider)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if gw := os.Getenv(EnvGateway); gw != "" {
+		return p.WithGateway(gw)
+	}
+	return p, nil
+}
+
+// Name is the provider's name, e.g. "oxylabs".
+func (p *Provider) Name() string { return p.name }
+
+// Gateway is the proxy endpoint, host:port. It carries no credentials.
+func (p *Provider) Gateway() string { return p.gateway }
+
+// MaxLifetime is the longest session lifetime this provider is asked for.
+func (p *Provider) MaxLifetime() time.Duration { return p.maxLifetime }
+
+// credentialsFor fills the templates for one session.
+func (p *Provider) credentialsFor(country, sessionID string, lifetime time.Duration) (user, pass string) {
+	accountUser, accountPass := p.creds()
+	vars := map[string]string{
+		"user": accountUser, "pass": accountPass,
+		"country": strings.ToLower(country), "COUNTRY": strings.ToUpper(country),
+		"session":  sessionID,
+		"minutes":  strconv.Itoa(max(1, int(lifetime/time.Minute))),
+		"seconds":  strconv.Itoa(max(1, int(lifetime/time.Second))),
+		"lifetime": lifetimeString(lifetime),
+	}
+	fill := func(tmpl string) string {
+		tmpl = optionalGroup.ReplaceAllStringFunc(tmpl, func(group string) string {
+			inner := group[1 : len(group)-1]
+			for _, m := range templateVar.FindAllStringSubmatch(inner, -1) {
+				if vars[m[1]] == "" {
+					return ""
+				}
+			}
+			return inner
+		})
+		return templateVar.ReplaceAllStringFunc(tmpl, func(v string) string { return vars[v[1:len(v)-1]] })
+	}
+	return fill(p.userTmpl), fill(p.passTmpl)
+}
+
+// lifetimeString renders d with the largest unit that divides it exactly: 30m, 2h, 1d, 45s.
+func lifetimeString(d time.Duration) string {
+	s := max(1, int64(d/time.Second))
+	switch {
+	case s%86400 == 0:
+		return strconv.FormatInt(s/86400, 10) + "d"
+	case s%3600 == 0:
+		return strconv.FormatInt(s/3600, 10) + "h"
+	case s%60 == 0:
+		return strconv.FormatInt(s/60, 10) + "m"
+	}
+	return strconv.FormatInt(s, 10) + "s"
+}
+
+// basicAuth is the Proxy-Authorization value for user and pass.
+func basicAuth(user, pass string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
+}
+
+// String implements fmt.Stringer without credentials.
+func (p Provider) String() string { return fmt.Sprintf("sessions.Provider{%s %s}", p.name, p.gateway) }
+
+// GoString implements fmt.GoStringer without credentials.
+func (p Provider) GoString() string { return p.String() }
+
+// Format implements fmt.Formatter so that every verb, %+v and %#v included, redacts.
+func (p Provider) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, p.String()) }
+
+// LogValue implements slog.LogValuer without credentials.
+func (p Provider) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("name", p.name), slog.String("gateway", p.gateway))
+}
+
+// MarshalJSON implements json.Marshaler without credentials.
+func (p Provider) MarshalJSON() ([]byte, error) {
+	return fmt.Appendf(nil, `{"name":%q,"gateway":%q,"credentials":%q}`, p.name, p.gateway, redacted), nil
+}

@@ -1,0 +1,265 @@
+package sessions
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// Step is one request-level step of a workflow unit.
+type Step struct {
+	// Name identifies the step in errors, logs and quarantine rows.
+	Name string
+	// Safe declares the step read-only and repeatable. A unit in which an unsafe step ran
+	// is never replayed: if it fails afterwards it ends as unsafe_step_incomplete.
+	Safe bool
+	// Run does the step's requests through sc and writes what it learns to sc.Staging.
+	Run func(ctx context.Context, sc *StepContext) error
+}
+
+// StepContext is what a step works with: one session, its collector, and the staging
+// area of this run of the unit.
+type StepContext struct {
+	Session *Session
+	Staging *Staging
+	bound   *Bound
+}
+
+// Fetch sends a request through the step's session (see Bound.Fetch).
+func (sc *StepContext) Fetch(method, rawURL string, body io.Reader, hdr http.Header) (*colly.Response, error) {
+	return sc.bound.Fetch(method, rawURL, body, hdr)
+}
+
+// Get sends a GET through the step's session.
+func (sc *StepContext) Get(rawURL string) (*colly.Response, error) { return sc.bound.Get(rawURL) }
+
+// Collector is the colly collector bound to the session, for callbacks (OnHTML) a step
+// registers itself. Do not share it outside the step.
+func (sc *StepContext) Collector() *colly.Collector { return sc.bound.Collector }
+
+// Staging holds what the steps of one run of a unit found. Values are stored as JSON, so
+// what is validated, quarantined and committed is exactly what a step put.
+type Staging struct {
+	mu     sync.Mutex
+	values map[string]json.RawMessage
+}
+
+func newStaging() *Staging { return &Staging{values: map[string]json.RawMessage{}} }
+
+// Put stores v (JSON-encoded) under key.
+func (s *Staging) Put(key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("sessions: staging %q: %w", key, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.values[key] = b
+	return nil
+}
+
+// Get decodes the value under key into v and reports whether it was there.
+func (s *Staging) Get(key string, v any) (bool, error) {
+	s.mu.Lock()
+	b, ok := s.values[key]
+	s.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	return true, json.Unmarshal(b, v)
+}
+
+// Snapshot returns a copy of everything staged.
+func (s *Staging) Snapshot() map[string]json.RawMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.values)
+}
+
+// Quarantined is the staging of a run that did not finish, kept for review instead of
+// being merged with anything else.
+type Quarantined struct {
+	SessionID string
+	Step      string         // the step that failed, "" for a validation failure
+	Reason    tasks.Category // why the run stopped
+	Detail    string         // the error text (free of credentials)
+	Staged    map[string]json.RawMessage
+}
+
+// Unit is an ordered list of steps that depend on shared state (cookies, tokens) and so
+// must run on one session. A run that loses its session is replayed from the first step
+// on a new session; the observation of a successful run comes from one session only.
+type Unit struct {
+	Name  string
+	Steps []Step
+	// Validate checks the complete staging before it is handed on. A failure is
+	// quarantined and returned as category validation. Optional.
+	Validate func(staged map[string]json.RawMessage) error
+}
+
+// Unit run defaults.
+const DefaultMaxSessionRestarts = 2
+
+// RunConfig configures one run of a unit (one attempt of a job).
+type RunConfig struct {
+	// Provider issues the sessions. Required.
+	Provider *Provider
+	// Country requested for the exit ("" = any).
+	Country string
+	// SessionLifetime asked of the provider. Defaults to DefaultSessionLifetime.
+	SessionLifetime time.Duration
+	// MaxSessionRestarts is how many new sessions one run may start after session loss.
+	// Defaults to DefaultMaxSessionRestarts; -1 means none.
+	MaxSessionRestarts int
+	// Collector configures each session's collector.
+	Collector CollectorConfig
+	// Quarantine receives the staging of every run that did not finish. Required: the
+	// runner writes it to the quarantine table.
+	Quarantine func(ctx context.Context, q Quarantined) error
+	// Now is the clock for session lifetimes. Defaults to time.Now.
+	Now func() time.Time
+	// Logger for session restarts. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Result is a unit's successful run.
+type Result struct {
+	Staged   map[string]json.RawMessage // everything staged, all from Session
+	Session  *Session                   // the session the observation came from
+	Sessions []string                   // ids of every session this run used, in order
+	Restarts int                        // sessions restarted after loss
+	// RestartReasons holds the category of each session loss that caused a restart.
+	RestartReasons []tasks.Category
+	Bytes          int64 // bytes moved through the proxy, all sessions
+}
+
+// ErrSessionExpired: the session reached its lifetime before the unit finished.
+var ErrSessionExpired = errors.New("sessions: session past its lifetime")
+
+// replayable categories end a session but not the attempt: the unit restarts on a new one.
+func replayable(c tasks.Category) bool {
+	switch c {
+	case tasks.CategorySessionLost, tasks.CategoryExitUnavailable, tasks.CategoryTimeout:
+		return true
+	}
+	return false
+}
+
+// Run runs the unit: on a new session, every step in order, then validation. On session
+// loss it quarantines the staging, starts a new session and replays from the first step,
+// up to MaxSessionRestarts times. If an unsafe step ran in a run that then failed, it does
+// not replay: the error has category unsafe_step_incomplete. The returned error is a
+// *FetchError; Result.Bytes counts every session's bytes even on error.
+func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
+	if cfg.Provider == nil || cfg.Quarantine == nil {
+		return Result{}, errors.New("sessions: RunConfig needs Provider and Quarantine")
+	}
+	if len(u.Steps) == 0 {
+		return Result{}, fmt.Errorf("sessions: unit %q has no steps", u.Name)
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	maxRestarts := cfg.MaxSessionRestarts
+	switch {
+	case maxRestarts == 0:
+		maxRestarts = DefaultMaxSessionRestarts
+	case maxRestarts < 0:
+		maxRestarts = 0
+	}
+	collectorCfg := cfg.Collector
+	if collectorCfg.Now == nil {
+		collectorCfg.Now = now
+	}
+
+	var res Result
+	for {
+		sess, err := cfg.Provider.NewSession(cfg.Country, cfg.SessionLifetime, now())
+		if err != nil {
+			return res, &FetchError{Category: tasks.CategoryInternal, Err: err}
+		}
+		res.Sessions = append(res.Sessions, sess.ID)
+		staged, failure, unsafeRan := u.runOnce(ctx, sess, &collectorCfg, now, &res)
+		if failure == nil {
+			if u.Validate != nil {
+				if err := u.Validate(staged); err != nil {
+					fe := &FetchError{Category: tasks.CategoryValidation, Err: scrub(err)}
+					if qerr := cfg.Quarantine(ctx, Quarantined{SessionID: sess.ID, Reason: fe.Category, Detail: fe.Error(), Staged: staged}); qerr != nil {
+						return res, fmt.Errorf("sessions: quarantine: %w (after %w)", qerr, fe)
+					}
+					return res, fe
+				}
+			}
+			res.Staged, res.Session = staged, sess
+			return res, nil
+		}
+		if len(staged) > 0 || replayable(failure.Category) {
+			q := Quarantined{SessionID: sess.ID, Step: failure.Step, Reason: failure.Category, Detail: failure.Error(), Staged: staged}
+			if err := cfg.Quarantine(ctx, q); err != nil {
+				return res, fmt.Errorf("sessions: quarantine: %w (after %w)", err, failure)
+			}
+		}
+		switch {
+		case unsafeRan:
+			return res, &FetchError{Category: tasks.CategoryUnsafeStepIncomplete, Step: failure.Step, Status: failure.Status, Err: failure}
+		case !replayable(failure.Category) || ctx.Err() != nil:
+			return res, failure
+		case res.Restarts >= maxRestarts:
+			return res, failure
+		}
+		res.Restarts++
+		res.RestartReasons = append(res.RestartReasons, failure.Category)
+		log.InfoContext(ctx, "session lost, replaying unit on a new session",
+			"unit", u.Name, "step", failure.Step, "category", string(failure.Category),
+			"old_session", sess.ID, "endpoint", sess.Endpoint, "restart", res.Restarts)
+	}
+}
+
+// runOnce runs every step on one session. It returns the staging, the failure (nil on
+// success) and whether an unsafe step started.
+func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig, now func() time.Time, res *Result) (map[string]json.RawMessage, *FetchError, bool) {
+	bound, err := NewCollector(ctx, sess, cfg)
+	if err != nil {
+		return nil, &FetchError{Category: tasks.CategoryInternal, Err: err}, false
+	}
+	defer func() {
+		res.Bytes += bound.Bytes()
+		bound.Close()
+	}()
+	staging := newStaging()
+	sc := &StepContext{Session: sess, Staging: staging, bound: bound}
+	unsafeRan := false
+	for _, step := range u.Steps {
+		if sess.Expired(now()) {
+			return staging.Snapshot(), &FetchError{Category: tasks.CategorySessionLost, Step: step.Name, Err: ErrSessionExpired}, unsafeRan
+		}
+		if err := ctx.Err(); err != nil {
+			return staging.Snapshot(), &FetchError{Category: tasks.CategoryTimeout, Step: step.Name, Err: scrub(err)}, unsafeRan
+		}
+		// An unsafe step counts as run from the moment it starts: a failure inside it may
+		// already have had its effect.
+		unsafeRan = unsafeRan || !step.Safe
+		if err := step.Run(ctx, sc); err != nil {
+			fe := classify(err, bound.served.Load())
+			fe = &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: step.Name, Err: fe.Err}
+			return staging.Snapshot(), fe, unsafeRan
+		}
+	}
+	return staging.Snapshot(), nil, unsafeRan
+}

@@ -1,0 +1,57 @@
+package tasks
+
+// Category classifies why an attempt did not complete. It drives the retry policy
+// (handlers) and is recorded on the attempt and on the job (last_category). The values are
+// stable strings: they are stored in PostgreSQL and used as metric labels.
+type Category string
+
+// Failure categories. Fetch categories are assigned by package sessions, the others by
+// the runner.
+const (
+	// CategoryProxyAuth: the proxy refused the credentials or username format (407).
+	// Configuration error: terminal, never a retry storm.
+	CategoryProxyAuth Category = "proxy_auth"
+	// CategoryExitUnavailable: the provider has no exit for the requested country or
+	// session (502/522/525 from the proxy, provider error headers).
+	CategoryExitUnavailable Category = "exit_unavailable"
+	// CategorySessionLost: the sticky session's device went away mid-unit (connection
+	// reset, EOF, proxy 502 on a session that worked).
+	CategorySessionLost Category = "session_lost"
+	// CategoryThrottled: the destination answered 429 or 503; Retry-After is honoured.
+	CategoryThrottled Category = "throttled"
+	// CategoryTimeout: a deadline passed (request timeout, unit deadline).
+	CategoryTimeout Category = "timeout"
+	// CategoryDestinationError: the destination answered another 5xx.
+	CategoryDestinationError Category = "destination_error"
+	// CategoryNotFound: the destination answered 404 or 410. Terminal.
+	CategoryNotFound Category = "not_found"
+	// CategoryBlocked: the destination answered 401 or 403, or another 4xx.
+	CategoryBlocked Category = "blocked"
+	// CategoryRobotsDisallowed: robots.txt disallows the URL. Terminal.
+	CategoryRobotsDisallowed Category = "robots_disallowed"
+	// CategoryForbiddenAddress: the URL resolves to a loopback, private, link-local,
+	// CGNAT, metadata or multicast address (SSRF guard). Terminal.
+	CategoryForbiddenAddress Category = "forbidden_address"
+	// CategoryBodyTooLarge: a response exceeded the size cap (decompressed). Terminal.
+	CategoryBodyTooLarge Category = "body_too_large"
+	// CategoryUnsafeStepIncomplete: a unit failed after an unsafe step ran; replaying it
+	// could repeat a side effect. Terminal, for review.
+	CategoryUnsafeStepIncomplete Category = "unsafe_step_incomplete"
+	// CategoryParseError: the parser could not read the response.
+	CategoryParseError Category = "parse_error"
+	// CategoryValidation: the staged observation failed validation.
+	CategoryValidation Category = "validation"
+	// CategoryLeaseBusy: another worker holds the job's lease. Not a failure.
+	CategoryLeaseBusy Category = "lease_busy"
+	// CategoryLeaseLost: the attempt's lease expired or was taken while it ran; it wrote
+	// nothing and the job is retried.
+	CategoryLeaseLost Category = "lease_lost"
+	// CategorySuperseded: a newer attempt took the job over; this one wrote nothing.
+	CategorySuperseded Category = "superseded"
+	// CategoryBudgetExceeded: the job's attempt, time or bandwidth budget is spent.
+	CategoryBudgetExceeded Category = "budget_exceeded"
+	// CategoryPanic: user code panicked; the attempt is recorded and the job retryable.
+	CategoryPanic Category = "panic"
+	// CategoryInternal: anything unclassified (database or Redis errors, bugs).
+	CategoryInternal Category = "internal"
+)

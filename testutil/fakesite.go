@@ -1,0 +1,534 @@
+package testutil
+
+import (
+	"bytes"
+	"compress/flate"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"html"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Defaults of FakeSiteConfig.
+const (
+	// DefaultFakeSiteProducts is the catalog size: sku-1 … sku-50.
+	DefaultFakeSiteProducts = 50
+	// DefaultFakeSiteRobots allows everything except /private/.
+	DefaultFakeSiteRobots = "User-agent: *\nDisallow: /private/\n"
+	// DefaultFakeSiteBigSize is the size of /big: 20 MiB.
+	DefaultFakeSiteBigSize = 20 << 20
+	// DefaultFakeSiteSlowDelay is how long /slow waits before answering.
+	DefaultFakeSiteSlowDelay = 2 * time.Second
+	// DefaultFakeSiteUnavailableRetryAfter is the Retry-After of the 503s of SetUnavailable.
+	DefaultFakeSiteUnavailableRetryAfter = time.Second
+	// FakeSiteBombSize is how much the gzip body of /bomb inflates to: 1 GiB of zeros.
+	FakeSiteBombSize = 1 << 30
+)
+
+// FakeSiteConfig configures a FakeSite.
+type FakeSiteConfig struct {
+	// Seed makes the catalog (names, prices) and the price tokens reproducible. Defaults to 0.
+	Seed int64
+	// Products is the catalog size, sku-1 … sku-<Products>. Defaults to DefaultFakeSiteProducts.
+	Products int
+	// Robots is the body of /robots.txt. Defaults to DefaultFakeSiteRobots.
+	Robots string
+	// BigSize is the size in bytes of the body of /big. Defaults to DefaultFakeSiteBigSize.
+	BigSize int64
+	// SlowDelay is how long /slow waits before answering. Defaults to DefaultFakeSiteSlowDelay.
+	SlowDelay time.Duration
+	// UnavailableRetryAfter is the Retry-After of the 503 answers of SetUnavailable.
+	// Defaults to DefaultFakeSiteUnavailableRetryAfter.
+	UnavailableRetryAfter time.Duration
+	// StrictExit makes the site bind a sid to the exit that created it, as anti-bot systems
+	// do: a product page or price request whose sid came from another exit gets 403.
+	// Defaults to false.
+	StrictExit bool
+	// TLS serves the site over HTTPS (httptest's self-signed certificate for 127.0.0.1), so
+	// that proxied requests go through CONNECT; CertPool trusts it. Defaults to false.
+	TLS bool
+}
+
+// FakeProduct is one catalog entry, as the site shows it.
+type FakeProduct struct {
+	SKU      string
+	Name     string
+	Price    string // decimal with two digits, e.g. "19.99"
+	Currency string // always "USD"
+}
+
+// FakeSite is a small deterministic shop on 127.0.0.1 for scraping tests. A scrape is a
+// three-step chain that only works inside one session:
+//
+//	GET /search?q=<sku>           HTML linking /product/<sku>; sets cookie sid (if none)
+//	GET /product/<sku>            needs the sid: <h1 class="name">, <span class="currency">,
+//	                              <meta name="price-token" content="<token for sid+sku>">
+//	GET /api/price/<sku>?token=T  needs the sid and its token: JSON
+//	                              {"sku":…,"price":"19.99","currency":"USD","exit":…}
+//
+// and missing or foreign cookies or tokens get 403. Every answer names the exit that
+// requested it (the client IP, i.e. the proxy's source address 127.0.0.N): an X-Exit
+// header, data-exit on the HTML <body>, "exit" in JSON, a "# exit:" comment in
+// /robots.txt and a first line "exit=…" in /big. Only /bomb, being zeros, has it in the
+// header alone.
+//
+// Other paths: /robots.txt (FakeSiteConfig.Robots), /private/<anything> (a polite scraper
+// never comes here; Hits counts it), /big (BigSize bytes of text/plain), /bomb (a ~1 MB
+// gzip body, Content-Encoding: gzip, that inflates to FakeSiteBombSize zeros) and /slow
+// (answers after SlowDelay). Throttle, SetUnavailable and SetSlow apply to every path but
+// /robots.txt, so that a scraper's robots fetch does not eat them.
+type FakeSite struct {
+	// URL is the site's base URL, http://127.0.0.1:<port> (https:// with TLS).
+	URL string
+
+	cfg      FakeSiteConfig
+	srv      *httptest.Server
+	products map[string]FakeProduct
+	tokenKey []byte
+
+	mu            sync.Mutex
+	sids          map[string]string // sid → exit that created it
+	hits          map[string]int
+	total         int
+	throttle      int
+	throttleAfter time.Duration
+	unavailable   int
+	slow          time.Duration
+	schemaChange  bool
+	closeOnce     sync.Once
+}
+
+// NewFakeSite starts a FakeSite; it is closed when the test ends.
+func NewFakeSite(t testing.TB, cfg FakeSiteConfig) *FakeSite {
+	t.Helper()
+	if cfg.Products <= 0 {
+		cfg.Products = DefaultFakeSiteProducts
+	}
+	if cfg.Robots == "" {
+		cfg.Robots = DefaultFakeSiteRobots
+	}
+	if cfg.BigSize <= 0 {
+		cfg.BigSize = DefaultFakeSiteBigSize
+	}
+	if cfg.SlowDelay <= 0 {
+		cfg.SlowDelay = DefaultFakeSiteSlowDelay
+	}
+	if cfg.UnavailableRetryAfter <= 0 {
+		cfg.UnavailableRetryAfter = DefaultFakeSiteUnavailableRetryAfter
+	}
+	s := &FakeSite{
+		cfg:      cfg,
+		products: map[string]FakeProduct{},
+		sids:     map[string]string{},
+		hits:     map[string]int{},
+	}
+	key := sha256.Sum256(binary.LittleEndian.AppendUint64([]byte("fakesite-token"), uint64(cfg.Seed)))
+	s.tokenKey = key[:]
+	for i := 1; i <= cfg.Products; i++ {
+		p := fsMakeProduct(cfg.Seed, i)
+		s.products[p.SKU] = p
+	}
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	if cfg.TLS {
+		s.srv.StartTLS()
+	} else {
+		s.srv.Start()
+	}
+	s.URL = s.srv.URL
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Close stops the site, cutting open connections first so that no handler outlives it.
+// It may be called more than once.
+func (s *FakeSite) Close() {
+	s.closeOnce.Do(func() {
+		s.srv.CloseClientConnections()
+		s.srv.Close()
+	})
+}
+
+// CertPool trusts the site's certificate when FakeSiteConfig.TLS is set; nil otherwise.
+func (s *FakeSite) CertPool() *x509.CertPool {
+	if !s.cfg.TLS {
+		return nil
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(s.srv.Certificate())
+	return pool
+}
+
+// Product returns the catalog entry of sku, as the site serves it.
+func (s *FakeSite) Product(sku string) (FakeProduct, bool) {
+	p, ok := s.products[sku]
+	return p, ok
+}
+
+// SKUs returns the catalog's SKUs in order: sku-1 … sku-N.
+func (s *FakeSite) SKUs() []string {
+	out := make([]string, s.cfg.Products)
+	for i := range out {
+		out[i] = "sku-" + strconv.Itoa(i+1)
+	}
+	return out
+}
+
+// ExitOfSID returns the exit that created the cookie sid, or "" for an unknown sid.
+func (s *FakeSite) ExitOfSID(sid string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sids[sid]
+}
+
+// Throttle makes the next n requests (robots.txt excepted) answer 429 Too Many Requests
+// with Retry-After: retryAfter in whole seconds, rounded up. It replaces any pending throttle.
+func (s *FakeSite) Throttle(n int, retryAfter time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.throttle, s.throttleAfter = max(n, 0), retryAfter
+}
+
+// SetUnavailable makes the next n requests (robots.txt excepted) answer 503 Service
+// Unavailable with Retry-After (FakeSiteConfig.UnavailableRetryAfter). A pending Throttle
+// is served first.
+func (s *FakeSite) SetUnavailable(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unavailable = max(n, 0)
+}
+
+// SetSlow delays every later answer (robots.txt excepted) by d; 0 turns it off. The delay
+// ends early when the client goes away.
+func (s *FakeSite) SetSlow(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow = max(d, 0)
+}
+
+// SetSchemaChange switches the price API between its two schemas: when on, the field
+// "price" is renamed "amount".
+func (s *FakeSite) SetSchemaChange(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.schemaChange = on
+}
+
+// Hits is the number of requests received for path (the URL path, without query), whatever
+// the answer.
+func (s *FakeSite) Hits(path string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hits[path]
+}
+
+// TotalHits is the number of requests received on every path.
+func (s *FakeSite) TotalHits() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total
+}
+
+// RobotsHits is Hits("/robots.txt").
+func (s *FakeSite) RobotsHits() int { return s.Hits("/robots.txt") }
+
+// fsPending is what the toggles decided for one request.
+type fsPending struct {
+	status     int
+	retryAfter time.Duration
+	slow       time.Duration
+	schema     bool
+}
+
+func (s *FakeSite) admit(path string) fsPending {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hits[path]++
+	s.total++
+	pend := fsPending{schema: s.schemaChange}
+	if path == "/robots.txt" {
+		return pend
+	}
+	pend.slow = s.slow
+	switch {
+	case s.throttle > 0:
+		s.throttle--
+		pend.status, pend.retryAfter = http.StatusTooManyRequests, s.throttleAfter
+	case s.unavailable > 0:
+		s.unavailable--
+		pend.status, pend.retryAfter = http.StatusServiceUnavailable, s.cfg.UnavailableRetryAfter
+	}
+	return pend
+}
+
+func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
+	exit := r.RemoteAddr
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		exit = host
+	}
+	w.Header().Set("X-Exit", exit)
+	pend := s.admit(r.URL.Path)
+	if pend.slow > 0 && !fsSleep(r, pend.slow) {
+		return
+	}
+	if pend.status != 0 {
+		secs := int64((pend.retryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 0), 10))
+		s.writeHTML(w, pend.status, exit, "<p>"+http.StatusText(pend.status)+"</p>")
+		return
+	}
+	path := r.URL.Path
+	switch {
+	case path == "/robots.txt":
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		body := s.cfg.Robots
+		if !strings.HasSuffix(body, "\n") {
+			body += "\n"
+		}
+		_, _ = io.WriteString(w, body+"# exit: "+exit+"\n")
+	case path == "/search":
+		s.serveSearch(w, r, exit)
+	case strings.HasPrefix(path, "/product/"):
+		s.serveProduct(w, r, exit, strings.TrimPrefix(path, "/product/"))
+	case strings.HasPrefix(path, "/api/price/"):
+		s.servePrice(w, r, exit, strings.TrimPrefix(path, "/api/price/"), pend.schema)
+	case strings.HasPrefix(path, "/private/"):
+		s.writeHTML(w, http.StatusOK, exit, "<p>private: polite scrapers never see this</p>")
+	case path == "/big":
+		s.serveBig(w, exit)
+	case path == "/bomb":
+		bomb := fsBomb()
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Length", strconv.Itoa(len(bomb)))
+		_, _ = w.Write(bomb)
+	case path == "/slow":
+		if !fsSleep(r, s.cfg.SlowDelay) {
+			return
+		}
+		s.writeHTML(w, http.StatusOK, exit, "<p>slow</p>")
+	case path == "/":
+		s.writeHTML(w, http.StatusOK, exit, `<form action="/search"><input name="q"></form>`)
+	default:
+		s.writeHTML(w, http.StatusNotFound, exit, "<p>not found</p>")
+	}
+}
+
+func (s *FakeSite) serveSearch(w http.ResponseWriter, r *http.Request, exit string) {
+	if s.sidOf(r, exit, s.cfg.StrictExit) == "" {
+		sid := fsNewSID()
+		s.mu.Lock()
+		s.sids[sid] = exit
+		s.mu.Unlock()
+		http.SetCookie(w, &http.Cookie{Name: "sid", Value: sid, Path: "/", HttpOnly: true})
+	}
+	q := r.URL.Query().Get("q")
+	var results string
+	if p, ok := s.products[q]; ok {
+		results = fmt.Sprintf(`<li><a class="result" href="/product/%s">%s</a></li>`,
+			html.EscapeString(p.SKU), html.EscapeString(p.Name))
+	}
+	s.writeHTML(w, http.StatusOK, exit, fmt.Sprintf(
+		`<h1>Search: %s</h1><ul class="results">%s</ul>`, html.EscapeString(q), results))
+}
+
+func (s *FakeSite) serveProduct(w http.ResponseWriter, r *http.Request, exit, sku string) {
+	sid := s.sidOf(r, exit, s.cfg.StrictExit)
+	if sid == "" {
+		s.writeHTML(w, http.StatusForbidden, exit, "<p>forbidden: no session</p>")
+		return
+	}
+	p, ok := s.products[sku]
+	if !ok {
+		s.writeHTML(w, http.StatusNotFound, exit, "<p>not found</p>")
+		return
+	}
+	s.writeHTMLHead(w, http.StatusOK, exit,
+		fmt.Sprintf(`<meta name="price-token" content="%s">`, s.token(sid, sku)),
+		fmt.Sprintf(`<h1 class="name">%s</h1><p class="sku">%s</p><span class="currency">%s</span>`,
+			html.EscapeString(p.Name), html.EscapeString(p.SKU), p.Currency))
+}
+
+func (s *FakeSite) servePrice(w http.ResponseWriter, r *http.Request, exit, sku string, schemaChange bool) {
+	sid := s.sidOf(r, exit, s.cfg.StrictExit)
+	p, ok := s.products[sku]
+	if sid == "" || !ok || !hmac.Equal([]byte(r.URL.Query().Get("token")), []byte(s.token(sid, sku))) {
+		s.writeJSON(w, http.StatusForbidden, fsPriceJSON{Error: "forbidden", Exit: exit})
+		return
+	}
+	body := fsPriceJSON{SKU: p.SKU, Price: p.Price, Currency: p.Currency, Exit: exit}
+	if schemaChange {
+		body.Price, body.Amount = "", p.Price
+	}
+	s.writeJSON(w, http.StatusOK, body)
+}
+
+// fsPriceJSON is the price API's answer; exactly one of Price and Amount is set.
+type fsPriceJSON struct {
+	Error    string `json:"error,omitempty"`
+	SKU      string `json:"sku,omitempty"`
+	Price    string `json:"price,omitempty"`
+	Amount   string `json:"amount,omitempty"`
+	Currency string `json:"currency,omitempty"`
+	Exit     string `json:"exit"`
+}
+
+func (s *FakeSite) serveBig(w http.ResponseWriter, exit string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.FormatInt(s.cfg.BigSize, 10))
+	head := []byte("exit=" + exit + "\n")
+	if int64(len(head)) > s.cfg.BigSize {
+		head = head[:s.cfg.BigSize]
+	}
+	if _, err := w.Write(head); err != nil {
+		return
+	}
+	fill := bytes.Repeat([]byte("x"), 32<<10)
+	for left := s.cfg.BigSize - int64(len(head)); left > 0; {
+		n := min(left, int64(len(fill)))
+		if _, err := w.Write(fill[:n]); err != nil {
+			return
+		}
+		left -= n
+	}
+}
+
+// sidOf returns the request's sid cookie if the site issued it (and, when strict, issued
+// it to this exit), else "".
+func (s *FakeSite) sidOf(r *http.Request, exit string, strict bool) string {
+	c, err := r.Cookie("sid")
+	if err != nil {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	created, ok := s.sids[c.Value]
+	if !ok || (strict && created != exit) {
+		return ""
+	}
+	return c.Value
+}
+
+// token is the price token of (sid, sku): an HMAC under a key derived from the seed.
+func (s *FakeSite) token(sid, sku string) string {
+	m := hmac.New(sha256.New, s.tokenKey)
+	_, _ = io.WriteString(m, sid+"\x00"+sku)
+	return hex.EncodeToString(m.Sum(nil)[:12])
+}
+
+func (s *FakeSite) writeHTML(w http.ResponseWriter, status int, exit, body string) {
+	s.writeHTMLHead(w, status, exit, "", body)
+}
+
+func (s *FakeSite) writeHTMLHead(w http.ResponseWriter, status int, exit, head, body string) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Fake shop</title>%s</head>\n"+
+		"<body data-exit=\"%s\">\n%s\n</body></html>\n", head, html.EscapeString(exit), body)
+}
+
+func (s *FakeSite) writeJSON(w http.ResponseWriter, status int, body fsPriceJSON) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// fsSleep waits d or until the client goes away; it reports whether to go on answering.
+func fsSleep(r *http.Request, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+func fsNewSID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+var (
+	fsAdjectives = []string{"Sturdy", "Compact", "Deluxe", "Classic", "Bright", "Silent",
+		"Rapid", "Gentle", "Rugged", "Elegant", "Smart", "Vintage", "Modular", "Ultra", "Cozy", "Solar"}
+	fsNouns = []string{"Kettle", "Lamp", "Backpack", "Drill", "Blender", "Headphones", "Chair",
+		"Umbrella", "Notebook", "Thermos", "Speaker", "Toaster", "Tent", "Watch", "Scarf", "Router"}
+)
+
+// fsMakeProduct derives product i of the catalog from the seed.
+func fsMakeProduct(seed int64, i int) FakeProduct {
+	sku := "sku-" + strconv.Itoa(i)
+	h := fpHash(seed, "product", sku)
+	cents := 99 + h%99901 // 0.99 … 999.99
+	return FakeProduct{
+		SKU:      sku,
+		Name:     fmt.Sprintf("%s %s %d", fsAdjectives[h>>20%16], fsNouns[h>>28%16], 100+h>>36%900),
+		Price:    fmt.Sprintf("%d.%02d", cents/100, cents%100),
+		Currency: "USD",
+	}
+}
+
+var (
+	fsBombOnce sync.Once
+	fsBombGz   []byte
+)
+
+// fsBomb returns the gzip stream of /bomb, built once per process. Deflating 1 GiB takes
+// seconds (much longer under -race), so it deflates 1 MiB chunks with sync flushes: once
+// the window is all zeros, every later chunk encodes to the same bytes, which are
+// repeated. If the encoder ever stops behaving so, it falls back to deflating everything.
+func fsBomb() []byte {
+	fsBombOnce.Do(func() {
+		const chunk = 1 << 20
+		zero := make([]byte, chunk)
+		var out, buf bytes.Buffer
+		out.Write([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 2, 255}) // gzip header, no name, mtime 0
+		fw, _ := flate.NewWriter(&buf, flate.BestCompression)
+		pieces := make([][]byte, 3)
+		for i := range pieces {
+			_, _ = fw.Write(zero)
+			_ = fw.Flush()
+			pieces[i] = bytes.Clone(buf.Bytes())
+			buf.Reset()
+		}
+		if bytes.Equal(pieces[1], pieces[2]) {
+			_ = fw.Close()
+			out.Write(pieces[0])
+			for i := 1; i < FakeSiteBombSize/chunk; i++ {
+				out.Write(pieces[1])
+			}
+			out.Write(buf.Bytes())
+		} else {
+			fw, _ = flate.NewWriter(&out, flate.BestCompression)
+			for i := 0; i < FakeSiteBombSize/chunk; i++ {
+				_, _ = fw.Write(zero)
+			}
+			_ = fw.Close()
+		}
+		crc := crc32.NewIEEE()
+		for i := 0; i < FakeSiteBombSize/chunk; i++ {
+			_, _ = crc.Write(zero)
+		}
+		out.Write(binary.LittleEndian.AppendUint32(nil, crc.Sum32()))
+		out.Write(binary.LittleEndian.AppendUint32(nil, uint32(FakeSiteBombSize)))
+		fsBombGz = out.Bytes()
+	})
+	return fsBombGz
+}
