@@ -18,6 +18,12 @@ const maxReclaims = 3
 // errFenceRace: the fence kept moving past our tokens; treat like a busy lease.
 var errFenceRace = errors.New("handlers: job fence raised by another worker during claim")
 
+// starter starts attempts: store.PG, or a store.GroupCommitter that batches the starts of
+// concurrent handlers.
+type starter interface {
+	JobStart(ctx context.Context, p store.AttemptStartParams) (store.StartedAttempt, error)
+}
+
 // acquireParams are the inputs of acquire.
 type acquireParams struct {
 	Key   string
@@ -45,7 +51,7 @@ type acquired struct {
 // Errors: a *lua.HeldError (errors.Is lua.ErrLeaseHeld) when another worker holds the
 // lease; store.ErrJobComplete / ErrJobFailed / ErrJobNotFound from JobStart; errFenceRace.
 // On error no lease is held.
-func acquire(ctx context.Context, leases *lua.Leases, st *store.PG, p acquireParams) (acquired, error) {
+func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParams) (acquired, error) {
 	var floor int64
 	for reclaims := 0; ; reclaims++ {
 		lease, err := leases.Claim(ctx, p.Key, p.Owner, p.TTL, floor)

@@ -46,7 +46,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	log := r.log.With("job", job.Key, "kind", k.name)
 
 	// 1. Lease, then the attempt under its token.
-	acq, err := acquire(ctx, r.leases, r.cfg.Store, acquireParams{
+	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
 		Key:   job.Key,
 		Owner: r.cfg.WorkerID + "/" + nonce(),
 		TTL:   r.lengths.For(k.name),
@@ -185,7 +185,7 @@ func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq a
 	}
 	sess := w.unit.Session
 	began := time.Now()
-	res, err := r.cfg.Store.Commit(ctx, store.CommitParams{
+	res, err := r.cfg.Committer.Commit(ctx, store.CommitParams{
 		Key: job.Key, Token: acq.Lease.Token,
 		ObservationKey: w.obs.ObservationKey, ParserVersion: job.Spec.ParserVersion,
 		Data: w.data, Fingerprint: fingerprint(w.unit.Staged),

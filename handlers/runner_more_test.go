@@ -143,6 +143,7 @@ func TestPanicRecorded(t *testing.T) {
 	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
 	require.NoError(t, err)
+	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL),
 		func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
 			var m map[string]int

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
@@ -63,6 +64,7 @@ func (r *rig) registry(t *testing.T, mutate func(*handlers.Config), opts ...hand
 	}
 	reg, err := handlers.NewRegistry(cfg)
 	require.NoError(t, err)
+	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse, opts...))
 	return reg
 }
@@ -248,6 +250,7 @@ func TestFailureCategories(t *testing.T) {
 		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
 		require.NoError(t, err)
+		t.Cleanup(reg.Close)
 		require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL),
 			func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
 				return handlers.Observation{}, errors.New("price format 1.234,56 not understood")
@@ -315,6 +318,7 @@ func TestFailureCategories(t *testing.T) {
 		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
 		require.NoError(t, err)
+		t.Cleanup(reg.Close)
 		require.NoError(t, reg.Register(catalog.Kind, func(job tasks.Payload) (*sessions.Unit, error) {
 			u, err := catalog.Workflow(r.site.URL)(job)
 			if err != nil {
@@ -349,3 +353,5 @@ func TestFailureCategories(t *testing.T) {
 func keep(d asynqDecision) asynqDecision {
 	return asynqDecision{Ack: d.Ack, Skip: d.Skip, Retry: d.Retry, Counted: d.Counted}
 }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
