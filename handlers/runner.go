@@ -55,7 +55,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	if err != nil {
 		return r.notStarted(k, job, err, log)
 	}
-	log = log.With("attempt", acq.Attempt.AttemptNo, "token", acq.Lease.Token)
+	log = log.With("attempt", acq.Attempt.AttemptNo, "token", acq.Lease.Token, "endpoint", r.cfg.Provider.Gateway())
 
 	// 2. Keep the lease while we work.
 	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
