@@ -184,3 +184,36 @@ WHERE key = 'lost'`, saved)
 	require.ErrorIs(t, err, store.ErrStaleFence)
 	require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM results`))
 }
+
+func TestStats(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	record(t, s, "s1")
+	record(t, s, "s2")
+	record(t, s, "s3")
+	_, err := start(ctx, s, "s1", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "s1", Token: 1, NextAttemptAt: time.Now(), Category: "throttled", Bytes: 100}))
+	_, err = start(ctx, s, "s1", 2)
+	require.NoError(t, err)
+	_, err = start(ctx, s, "s1", 3) // takeover
+	require.NoError(t, err)
+	_, err = s.Commit(ctx, commitParams("s1", 3)) // 2048 bytes
+	require.NoError(t, err)
+	_, err = start(ctx, s, "s2", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.JobFail(ctx, store.AttemptFinishParams{Key: "s2", Token: 1, Category: "proxy_auth", Bytes: 52}))
+
+	st, err := s.StatsGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"complete": 1, "failed": 1, "pending": 1}, st.JobsByState)
+	require.Equal(t, int64(4), st.Attempts)
+	require.Equal(t, 3.0, st.AttemptsPerCompletedJob)
+	require.Equal(t, int64(1), st.CompletedAfterTakeover)
+	require.Equal(t, int64(1), st.SupersededAttempts)
+	require.Equal(t, float64(100+2048+52)/2, st.BytesPerLogicalJob)
+	require.Equal(t, map[string]int64{"throttled": 1}, st.RetriesByCategory)
+	require.Equal(t, map[string]int64{"proxy_auth": 1}, st.FailuresByCategory)
+	require.Equal(t, int64(1), st.OutboxUnsent)
+}

@@ -4,6 +4,7 @@
 //	idemscrape enqueue -kind K (-url U | -source-id S) -country CC -window W -parser-version N [-scope S]
 //	idemscrape key     (same flags as enqueue) print the job key without storing anything
 //	idemscrape status  KEY                   the job row and its attempts
+//	idemscrape stats                         duplicate work: attempts per job, retries by category, bytes per job
 //
 // Connections: IDEMSCRAPE_PG (libpq URL, default postgres://postgres@127.0.0.1:5432/postgres)
 // and IDEMSCRAPE_REDIS (host:port, default 127.0.0.1:6379); IDEMSCRAPE_QUEUE names the asynq
@@ -44,6 +45,8 @@ func main() {
 		err = enqueue(ctx, os.Args[2:], true)
 	case "status":
 		err = status(ctx, os.Args[2:])
+	case "stats":
+		err = stats(ctx)
 	default:
 		usage()
 		os.Exit(2)
@@ -55,7 +58,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: idemscrape migrate | enqueue FLAGS | key FLAGS | status KEY")
+	fmt.Fprintln(os.Stderr, "usage: idemscrape migrate | enqueue FLAGS | key FLAGS | status KEY | stats")
 }
 
 func env(name, def string) string {
@@ -151,4 +154,19 @@ func status(ctx context.Context, args []string) error {
 		Job      store.Job       `json:"job"`
 		Attempts []store.Attempt `json:"attempts"`
 	}{job, attempts})
+}
+
+func stats(ctx context.Context) error {
+	pool, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := store.New(pool).StatsGet(ctx)
+	if err != nil {
+		return err
+	}
+	out := json.NewEncoder(os.Stdout)
+	out.SetIndent("", "  ")
+	return out.Encode(st)
 }
