@@ -1,0 +1,597 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Dispatcher defaults.
+const (
+	// DefaultDispatchBatchSize is how many rows one dispatch transaction claims.
+	DefaultDispatchBatchSize = 500
+	// DefaultPollInterval is how long an idle dispatcher waits for a notification before it
+	// looks for unsent rows anyway.
+	DefaultPollInterval = time.Second
+	// DefaultPollJitter varies each idle wait by up to ± this fraction.
+	DefaultPollJitter = 0.1
+	// DefaultPublishAttempts is how many times one batch's XADDs are tried before the
+	// batch rolls back.
+	DefaultPublishAttempts = 3
+	// DefaultRetryBackoff is the first delay after a failure; it doubles per failure.
+	DefaultRetryBackoff = 100 * time.Millisecond
+	// DefaultRetryBackoffMax caps the delay after failures.
+	DefaultRetryBackoffMax = 5 * time.Second
+	// DefaultQueryTimeout bounds every PostgreSQL statement.
+	DefaultQueryTimeout = 10 * time.Second
+	// DefaultRedisTimeout bounds every Redis round trip (except a consumer's blocking read,
+	// which is bounded by its Block).
+	DefaultRedisTimeout = 5 * time.Second
+	// DefaultTrimInterval is how often a dispatcher with TrimConsumed trims one topic.
+	DefaultTrimInterval = time.Minute
+)
+
+// TrimPolicy says whether a Dispatcher trims the streams it publishes to.
+type TrimPolicy int
+
+const (
+	// TrimNever: the dispatcher never trims; streams grow until something else trims them
+	// (a Trimmer run by an operator or the reconciler). The default, because Redis 7 cannot
+	// trim only acknowledged entries.
+	TrimNever TrimPolicy = iota
+	// TrimConsumed: after a batch, the dispatcher runs Trimmer.Trim on each topic it
+	// published to, at most once per TrimInterval per topic: only entries every consumer
+	// group has delivered and acknowledged are removed (see the package doc for the bound).
+	TrimConsumed
+)
+
+// String implements fmt.Stringer.
+func (p TrimPolicy) String() string {
+	switch p {
+	case TrimNever:
+		return "never"
+	case TrimConsumed:
+		return "consumed"
+	}
+	return "TrimPolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// DispatcherConfig configures a Dispatcher. The zero value is valid: every field has a
+// default.
+type DispatcherConfig struct {
+	// Prefix of the stream keys (<Prefix>stream:<topic>). Defaults to DefaultPrefix.
+	Prefix string
+	// BatchSize is the most rows claimed and published per transaction. Defaults to
+	// DefaultDispatchBatchSize.
+	BatchSize int
+	// PollInterval is the longest an idle dispatcher waits before it looks for unsent rows
+	// without a notification. Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// DisableNotify turns off LISTEN on NotifyChannel: the dispatcher only polls. Defaults
+	// to false (listen).
+	DisableNotify bool
+	// PublishAttempts is how many times a batch's XADDs are tried (only the failed ones are
+	// retried) before the batch rolls back. Defaults to DefaultPublishAttempts.
+	PublishAttempts int
+	// RetryBackoff is the first delay after a failed publish attempt or a failed batch.
+	// Defaults to DefaultRetryBackoff.
+	RetryBackoff time.Duration
+	// RetryBackoffMax caps those delays. Defaults to DefaultRetryBackoffMax.
+	RetryBackoffMax time.Duration
+	// QueryTimeout bounds every PostgreSQL statement. Defaults to DefaultQueryTimeout.
+	QueryTimeout time.Duration
+	// RedisTimeout bounds every Redis round trip. Defaults to DefaultRedisTimeout.
+	RedisTimeout time.Duration
+	// Trim is the trimming policy. Defaults to TrimNever.
+	Trim TrimPolicy
+	// TrimInterval is the least time between two trims of one topic under TrimConsumed.
+	// Defaults to DefaultTrimInterval.
+	TrimInterval time.Duration
+
+	// AfterPublish is a failpoint for tests and chaos runs. When set, it is called with the
+	// outbox ids of a batch after all of the batch's XADDs succeeded and before the rows
+	// are marked sent. Returning an error aborts the batch as a crash at that point would:
+	// the transaction rolls back, nothing is marked sent, the entries stay in the stream
+	// and the rows are published again by a later batch (counted as republished).
+	// Defaults to nil.
+	AfterPublish func(ids []int64) error
+	// OnBatch, when set, is called by the background loop after every batch it ran, with
+	// the number of rows marked sent and the batch's error. A test signal; it must not
+	// block for long. Defaults to nil.
+	OnBatch func(sent int, err error)
+
+	// Registerer receives the metrics. Defaults to a new private registry (never the
+	// global default registry).
+	Registerer prometheus.Registerer
+	// Logger receives the dispatcher's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate reports the first invalid field. Zero values are valid (they mean the default).
+func (c *DispatcherConfig) Validate() error {
+	switch {
+	case c.BatchSize < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.BatchSize %d is negative", c.BatchSize)
+	case c.PollInterval < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.PollInterval %v is negative", c.PollInterval)
+	case c.PublishAttempts < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.PublishAttempts %d is negative", c.PublishAttempts)
+	case c.RetryBackoff < 0 || c.RetryBackoffMax < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.RetryBackoff %v / RetryBackoffMax %v is negative", c.RetryBackoff, c.RetryBackoffMax)
+	case c.RetryBackoff > 0 && c.RetryBackoffMax > 0 && c.RetryBackoff > c.RetryBackoffMax:
+		return fmt.Errorf("outbox: DispatcherConfig.RetryBackoff %v exceeds RetryBackoffMax %v", c.RetryBackoff, c.RetryBackoffMax)
+	case c.QueryTimeout < 0 || c.RedisTimeout < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.QueryTimeout %v / RedisTimeout %v is negative", c.QueryTimeout, c.RedisTimeout)
+	case c.Trim != TrimNever && c.Trim != TrimConsumed:
+		return fmt.Errorf("outbox: DispatcherConfig.Trim: unknown policy %v", c.Trim)
+	case c.TrimInterval < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.TrimInterval %v is negative", c.TrimInterval)
+	}
+	return nil
+}
+
+func (c *DispatcherConfig) withDefaults() DispatcherConfig {
+	out := *c
+	if out.Prefix == "" {
+		out.Prefix = DefaultPrefix
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = DefaultDispatchBatchSize
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = DefaultPollInterval
+	}
+	if out.PublishAttempts == 0 {
+		out.PublishAttempts = DefaultPublishAttempts
+	}
+	if out.RetryBackoff == 0 {
+		out.RetryBackoff = DefaultRetryBackoff
+		if out.RetryBackoffMax > 0 {
+			out.RetryBackoff = min(out.RetryBackoff, out.RetryBackoffMax)
+		}
+	}
+	if out.RetryBackoffMax == 0 {
+		out.RetryBackoffMax = max(DefaultRetryBackoffMax, out.RetryBackoff)
+	}
+	if out.QueryTimeout == 0 {
+		out.QueryTimeout = DefaultQueryTimeout
+	}
+	if out.RedisTimeout == 0 {
+		out.RedisTimeout = DefaultRedisTimeout
+	}
+	if out.TrimInterval == 0 {
+		out.TrimInterval = DefaultTrimInterval
+	}
+	if out.Registerer == nil {
+		out.Registerer = prometheus.NewRegistry()
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+// Dispatcher moves committed outbox rows to Redis Streams; see the package doc for its
+// guarantees. It is safe for concurrent use, and any number of dispatchers (in any number
+// of processes) may work on one outbox table at once.
+type Dispatcher struct {
+	pool    *pgxpool.Pool
+	rdb     redis.UniversalClient
+	cfg     DispatcherConfig
+	log     *slog.Logger
+	metrics *DispatcherMetrics
+	trimmer *Trimmer
+
+	wake chan struct{} // buffered(1): a notification arrived
+
+	mu     sync.Mutex // guards the fields below (Start/Stop)
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the loop and the listener have returned
+
+	trimMu   sync.Mutex
+	lastTrim map[string]time.Time
+}
+
+// NewDispatcher returns a dispatcher that reads the outbox table through pool and
+// publishes to rdb. cfg may be nil (all defaults). It does not start the background loop
+// (Start does) and does no I/O.
+func NewDispatcher(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg *DispatcherConfig) (*Dispatcher, error) {
+	if pool == nil || rdb == nil {
+		return nil, errors.New("outbox: NewDispatcher: pool and rdb are required")
+	}
+	if cfg == nil {
+		cfg = &DispatcherConfig{}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := cfg.withDefaults()
+	m, err := newDispatcherMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	d := &Dispatcher{
+		pool: pool, rdb: rdb, cfg: c, log: c.Logger, metrics: m,
+		wake:     make(chan struct{}, 1),
+		lastTrim: make(map[string]time.Time),
+	}
+	if c.Trim == TrimConsumed {
+		d.trimmer, err = NewTrimmer(rdb, &TrimmerConfig{Prefix: c.Prefix, RedisTimeout: c.RedisTimeout, Logger: c.Logger})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// Metrics returns the dispatcher's collectors (shared with other components registered on
+// the same Registerer).
+func (d *Dispatcher) Metrics() *DispatcherMetrics { return d.metrics }
+
+// outboxRow is one claimed row.
+type outboxRow struct {
+	id        int64
+	eventKey  string
+	topic     string
+	payload   string
+	createdAt time.Time
+}
+
+// DispatchOnce runs one batch: it claims up to BatchSize unsent rows (skipping rows other
+// dispatchers hold), publishes them and marks them sent, in one transaction. It returns
+// the number of rows marked sent; on error none of the batch's rows are marked sent (some
+// may have been published: they are published again by a later batch). A result equal to
+// BatchSize means more rows may be waiting.
+func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	tx, err := d.pool.Begin(qctx)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("outbox: dispatch: begin: %w", err)
+	}
+	defer func() {
+		// A no-op after Commit. Detached from ctx so a cancelled caller still frees the
+		// row locks at once instead of when the connection is reaped.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.QueryTimeout)
+		_ = tx.Rollback(rctx)
+		cancel()
+	}()
+
+	rows, err := d.claim(ctx, tx)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+
+	published, err := d.publish(ctx, rows)
+	if err != nil {
+		d.countRepublished(rows, published)
+		return 0, err
+	}
+
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.id
+	}
+	if d.cfg.AfterPublish != nil {
+		if err := d.cfg.AfterPublish(ids); err != nil {
+			d.countRepublished(rows, published)
+			return 0, fmt.Errorf("outbox: dispatch: AfterPublish failpoint: %w", err)
+		}
+	}
+
+	qctx, cancel = context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := tx.Exec(qctx, `UPDATE outbox SET sent_at = now() WHERE id = ANY($1)`, ids); err != nil {
+		d.countRepublished(rows, published)
+		return 0, fmt.Errorf("outbox: dispatch: mark %d rows sent: %w", len(ids), err)
+	}
+	if err := tx.Commit(qctx); err != nil {
+		// The commit may have happened; if so the republished count is one batch too high.
+		d.countRepublished(rows, published)
+		return 0, fmt.Errorf("outbox: dispatch: commit: %w", err)
+	}
+	d.maybeTrim(ctx, rows)
+	return len(rows), nil
+}
+
+func (d *Dispatcher) claim(ctx context.Context, tx pgx.Tx) ([]outboxRow, error) {
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	defer cancel()
+	rows, _ := tx.Query(qctx, `
+SELECT id, event_key, topic, payload::text, created_at FROM outbox
+WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, d.cfg.BatchSize)
+	var r outboxRow
+	out := make([]outboxRow, 0, d.cfg.BatchSize)
+	_, err := pgx.ForEachRow(rows, []any{&r.id, &r.eventKey, &r.topic, &r.payload, &r.createdAt}, func() error {
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: dispatch: claim: %w", err)
+	}
+	return out, nil
+}
+
+// publish XADDs rows in one pipeline, retrying only the XADDs that failed, up to
+// PublishAttempts rounds. published[i] reports whether row i's XADD succeeded.
+func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow) (published []bool, err error) {
+	published = make([]bool, len(rows))
+	todo := make([]int, len(rows))
+	for i := range rows {
+		todo[i] = i
+	}
+	for attempt := 1; ; attempt++ {
+		var failed []int
+		failed, err = d.xadd(ctx, rows, todo, published)
+		if err == nil {
+			return published, nil
+		}
+		d.log.WarnContext(ctx, "outbox: publish failed", "attempt", attempt, "of", d.cfg.PublishAttempts,
+			"failed", len(failed), "batch", len(rows), "err", err)
+		if attempt >= d.cfg.PublishAttempts {
+			return published, fmt.Errorf("outbox: dispatch: publish %d of %d rows failed after %d attempts: %w",
+				len(failed), len(rows), attempt, err)
+		}
+		if !sleepCtx(ctx, backoff(attempt, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)) {
+			return published, fmt.Errorf("outbox: dispatch: publish: %w (last error: %v)", context.Cause(ctx), err)
+		}
+		todo = failed
+	}
+}
+
+func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, published []bool) (failed []int, err error) {
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
+	defer cancel()
+	cmds := make([]*redis.StringCmd, len(todo))
+	_, err = d.rdb.Pipelined(rctx, func(p redis.Pipeliner) error {
+		for j, i := range todo {
+			r := rows[i]
+			cmds[j] = p.XAdd(rctx, &redis.XAddArgs{
+				Stream: StreamKey(d.cfg.Prefix, r.topic),
+				Values: []any{
+					FieldEventKey, r.eventKey,
+					FieldTopic, r.topic,
+					FieldPayload, r.payload,
+					FieldOutboxID, strconv.FormatInt(r.id, 10),
+					FieldCreatedAt, r.createdAt.UTC().Format(time.RFC3339Nano),
+				},
+			})
+		}
+		return nil
+	})
+	now := time.Now()
+	var firstErr error
+	for j, i := range todo {
+		if cmds[j] == nil || cmds[j].Err() != nil {
+			failed = append(failed, i)
+			if firstErr == nil && cmds[j] != nil {
+				firstErr = cmds[j].Err()
+			}
+			continue
+		}
+		published[i] = true
+		d.metrics.Published.WithLabelValues(rows[i].topic).Inc()
+		d.metrics.Lag.Observe(now.Sub(rows[i].createdAt).Seconds())
+	}
+	if len(failed) == 0 {
+		return nil, nil
+	}
+	if firstErr == nil {
+		firstErr = err
+	}
+	if firstErr == nil {
+		firstErr = errors.New("XADD failed")
+	}
+	return failed, firstErr
+}
+
+func (d *Dispatcher) countRepublished(rows []outboxRow, published []bool) {
+	n := 0
+	for i, ok := range published {
+		if ok {
+			d.metrics.Republished.WithLabelValues(rows[i].topic).Inc()
+			n++
+		}
+	}
+	if n > 0 {
+		d.log.Warn("outbox: batch rolled back after publishing; its events will be published again",
+			"republished", n, "batch", len(rows))
+	}
+}
+
+func (d *Dispatcher) maybeTrim(ctx context.Context, rows []outboxRow) {
+	if d.trimmer == nil {
+		return
+	}
+	now := time.Now()
+	var due []string
+	d.trimMu.Lock()
+	for _, r := range rows {
+		if last, ok := d.lastTrim[r.topic]; !ok || now.Sub(last) >= d.cfg.TrimInterval {
+			d.lastTrim[r.topic] = now
+			due = append(due, r.topic)
+		}
+	}
+	d.trimMu.Unlock()
+	for _, topic := range due {
+		if _, err := d.trimmer.Trim(ctx, topic); err != nil {
+			d.log.WarnContext(ctx, "outbox: trim failed", "topic", topic, "err", err)
+		}
+	}
+}
+
+// Start runs the dispatcher in the background until Stop is called or ctx is done: it
+// dispatches batches until one comes back short, then waits for a NOTIFY on NotifyChannel
+// or the (jittered) PollInterval, whichever comes first. After a failed batch it waits an
+// exponential backoff with jitter and tries again. When LISTEN is enabled, Start opens the
+// dedicated listening connection before it returns (if PostgreSQL answers; otherwise the
+// loop keeps polling and reconnects in the background), so a NOTIFY sent after Start
+// returned is not missed. Calling Start on a running dispatcher does nothing.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done != nil {
+		select {
+		case <-d.done: // the previous run ended with its context; start anew
+		default:
+			return nil
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var conn *pgx.Conn
+	if !d.cfg.DisableNotify {
+		var err error
+		if conn, err = d.listenConn(runCtx); err != nil {
+			d.log.WarnContext(ctx, "outbox: LISTEN failed; polling until it reconnects", "err", err)
+		}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		d.loop(runCtx)
+	}()
+	if !d.cfg.DisableNotify {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d.listen(runCtx, conn)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	d.cancel, d.done = cancel, done
+	return nil
+}
+
+// Stop ends the background loop and waits for it and the listening connection to finish
+// (an in-flight batch completes or rolls back first). Safe to call more than once, and on
+// a dispatcher that was never started.
+func (d *Dispatcher) Stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done == nil {
+		return
+	}
+	d.cancel()
+	<-d.done
+	d.cancel, d.done = nil, nil
+}
+
+func (d *Dispatcher) loop(ctx context.Context) {
+	failures := 0
+	for {
+		n, err := d.DispatchOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if d.cfg.OnBatch != nil {
+			d.cfg.OnBatch(n, err)
+		}
+		if err != nil {
+			failures++
+			wait := backoff(failures, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)
+			d.log.ErrorContext(ctx, "outbox: dispatch batch failed", "failures", failures, "retry_in", wait, "err", err)
+			if !sleepCtx(ctx, wait) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		if n >= d.cfg.BatchSize {
+			continue // a full batch: more rows are probably waiting
+		}
+		t := time.NewTimer(jittered(d.cfg.PollInterval, DefaultPollJitter))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-d.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// poke wakes the loop; a wake-up that is already pending absorbs this one.
+func (d *Dispatcher) poke() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// listenConn opens a connection of its own (not from the pool: it is held for as long as
+// the dispatcher runs) and LISTENs on NotifyChannel.
+func (d *Dispatcher) listenConn(ctx context.Context) (*pgx.Conn, error) {
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(qctx, d.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listen: connect: %w", err)
+	}
+	if _, err := conn.Exec(qctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		closeConn(conn, d.cfg.QueryTimeout)
+		return nil, fmt.Errorf("outbox: listen: %w", err)
+	}
+	return conn, nil
+}
+
+func closeConn(conn *pgx.Conn, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// listen turns notifications into wake-ups, reconnecting with backoff when the connection
+// breaks. The loop keeps polling meanwhile, and is woken after every reconnect because
+// notifications sent while the connection was down are gone.
+func (d *Dispatcher) listen(ctx context.Context, conn *pgx.Conn) {
+	failures := 0
+	defer func() {
+		if conn != nil {
+			closeConn(conn, d.cfg.QueryTimeout)
+		}
+	}()
+	for {
+		if conn == nil {
+			var err error
+			if conn, err = d.listenConn(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				failures++
+				wait := backoff(failures, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)
+				d.log.WarnContext(ctx, "outbox: LISTEN reconnect failed", "failures", failures, "retry_in", wait, "err", err)
+				if !sleepCtx(ctx, wait) {
+					return
+				}
+				continue
+			}
+			failures = 0
+			d.poke()
+		}
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.log.WarnContext(ctx, "outbox: LISTEN connection lost; reconnecting", "err", err)
+			closeConn(conn, d.cfg.QueryTimeout)
+			conn = nil
+			continue
+		}
+		d.poke()
+	}
+}

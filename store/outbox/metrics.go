@@ -1,0 +1,107 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DispatcherMetrics are the collectors a Dispatcher updates. Dispatchers registered on the
+// same Registerer share them.
+type DispatcherMetrics struct {
+	// Published counts XADDs that succeeded, per topic: every copy that reached a stream,
+	// including copies whose batch rolled back afterwards. On a stream nobody trims it adds
+	// up (over all dispatchers) to the stream's length.
+	Published *prometheus.CounterVec
+	// Republished counts rows, per topic, whose XADD succeeded in a batch that then rolled
+	// back (failed mark or commit, AfterPublish failpoint, publish retries exhausted for
+	// other rows of the batch): each is a copy that will be published again, i.e. a
+	// duplicate in the stream. A commit whose outcome is unknown counts too, so it may
+	// over-count by that batch.
+	Republished *prometheus.CounterVec
+	// Lag observes, per published copy, the time from the row's created_at (PostgreSQL
+	// clock) to its XADD (this process's clock).
+	Lag prometheus.Histogram
+}
+
+// ConsumerMetrics are the collectors a Consumer updates, labelled by consumer group.
+// Consumers registered on the same Registerer share them.
+type ConsumerMetrics struct {
+	// Deduplicated counts entries acknowledged without running the handler because the
+	// event key was already handled by the group (ledger mark or inbox row).
+	Deduplicated *prometheus.CounterVec
+	// Claimed counts entries this group's consumers took over with XAUTOCLAIM (entries of
+	// dead consumers, and entries whose handler failed).
+	Claimed *prometheus.CounterVec
+	// Lost counts pending entries that were deleted or trimmed from the stream before they
+	// were acknowledged: events the group never handled.
+	Lost *prometheus.CounterVec
+	// Malformed counts entries that are not outbox events; they are acknowledged and logged.
+	Malformed *prometheus.CounterVec
+}
+
+func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error) {
+	m := &DispatcherMetrics{
+		Published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_outbox_published_total",
+			Help: "Outbox events appended to a Redis stream (every copy, replays included).",
+		}, []string{"topic"}),
+		Republished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_outbox_republished_total",
+			Help: "Outbox events appended in a dispatch batch that then rolled back; each will be appended again.",
+		}, []string{"topic"}),
+		Lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemscrape_outbox_dispatch_lag_seconds",
+			Help:    "Time from an outbox row's created_at to its XADD.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14), // 1 ms … ~2.5 min
+		}),
+	}
+	var err error
+	if m.Published, err = register(reg, m.Published); err != nil {
+		return nil, err
+	}
+	if m.Republished, err = register(reg, m.Republished); err != nil {
+		return nil, err
+	}
+	if m.Lag, err = register(reg, m.Lag); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func newConsumerMetrics(reg prometheus.Registerer) (*ConsumerMetrics, error) {
+	vec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"group"})
+	}
+	m := &ConsumerMetrics{
+		Deduplicated: vec("idemscrape_outbox_deduplicated_total", "Outbox events skipped by a consumer group because their event key was already handled."),
+		Claimed:      vec("idemscrape_outbox_claimed_total", "Stream entries a consumer group reclaimed with XAUTOCLAIM."),
+		Lost:         vec("idemscrape_outbox_lost_total", "Pending stream entries deleted or trimmed before the consumer group acknowledged them."),
+		Malformed:    vec("idemscrape_outbox_malformed_total", "Stream entries that are not outbox events (acknowledged and logged)."),
+	}
+	for _, c := range []**prometheus.CounterVec{&m.Deduplicated, &m.Claimed, &m.Lost, &m.Malformed} {
+		var err error
+		if *c, err = register(reg, *c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// register registers c, or returns the equal collector registered before, so several
+// components can share one Registerer.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	var zero T
+	return zero, fmt.Errorf("outbox: register metrics: %w", err)
+}
