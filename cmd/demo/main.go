@@ -3,7 +3,9 @@
 // of its key fields, and everything twice), and runs a real asynq worker with the runner
 // against a local fake shop behind a local fake residential proxy whose devices disconnect
 // now and then. It prints what happened: deduplicated enqueues, attempts, session replays,
-// quarantined halves, and exactly one result and one outbox event per job.
+// quarantined halves, exactly one result and one outbox event per job — and then publishes
+// the events to a Redis Stream through a dispatcher that crashes once between XADD and
+// mark-sent, and consumes them into a table with exactly-once effect.
 //
 //	make demo            (starts PostgreSQL and Redis if needed)
 //	go run ./cmd/demo -pg postgres://postgres@127.0.0.1:5432/postgres -redis 127.0.0.1:6379
@@ -11,6 +13,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,6 +33,7 @@ import (
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/outbox"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -152,7 +157,86 @@ func run(ctx context.Context, tb *demoTB, adminDSN, redisAddr string, disconnect
 	}
 	fmt.Printf("enqueueing 10 specs again: %v … (%d of 10 already complete)\n\n", res[0].Outcome, countOutcome(res, tasks.AlreadyComplete))
 
-	return report(ctx, pool, proxy)
+	if err := report(ctx, pool, proxy); err != nil {
+		return err
+	}
+	return sideEffects(ctx, pool, rdb)
+}
+
+// sideEffects publishes the committed events to a Redis Stream and consumes them into a
+// "price alerts" table with exactly-once effect, while the dispatcher crashes once between
+// XADD and mark-sent (a failpoint) so that some events reach the stream twice.
+func sideEffects(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) error {
+	if _, err := pool.Exec(ctx, `CREATE TABLE price_alerts (event_key text PRIMARY KEY, sku text NOT NULL, price text NOT NULL)`); err != nil {
+		return err
+	}
+	crashed := false
+	disp, err := outbox.NewDispatcher(pool, rdb, &outbox.DispatcherConfig{
+		Prefix: demoPrefix, BatchSize: 25, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		AfterPublish: func(ids []int64) error {
+			if !crashed {
+				crashed = true
+				return fmt.Errorf("demo: dispatcher crashes after XADD of %d events, before marking them sent", len(ids))
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := disp.Start(ctx); err != nil {
+		return err
+	}
+	defer disp.Stop()
+
+	cons, err := outbox.NewConsumer(rdb, &outbox.ConsumerConfig{
+		Prefix: demoPrefix, Topic: catalog.Kind, Group: "price-alerts", Block: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return err
+	}
+	cctx, stop := context.WithCancel(ctx)
+	consumed := make(chan error, 1)
+	go func() {
+		consumed <- cons.RunTx(cctx, pool, func(ctx context.Context, tx pgx.Tx, ev outbox.Event) error {
+			var e struct {
+				Data catalog.Record `json:"data"`
+			}
+			if err := json.Unmarshal(ev.Payload, &e); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO price_alerts (event_key, sku, price) VALUES ($1, $2, $3)`, ev.EventKey, e.Data.SKU, e.Data.Price)
+			return err
+		})
+	}()
+	for {
+		var unsent, alerts, entries int64
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox WHERE sent_at IS NULL), (SELECT count(*) FROM price_alerts)`).Scan(&unsent, &alerts); err != nil {
+			stop()
+			return err
+		}
+		entries, _ = rdb.XLen(ctx, outbox.StreamKey(demoPrefix, catalog.Kind)).Result()
+		if unsent == 0 && alerts == products && entries > 0 {
+			stop()
+			if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			var inbox int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_inbox`).Scan(&inbox); err != nil {
+				return err
+			}
+			fmt.Printf("\noutbox → Redis Stream %s → consumer (inbox mode):\n", outbox.StreamKey(demoPrefix, catalog.Kind))
+			fmt.Printf("  stream entries %d (the crashed batch was published twice), inbox rows %d, price alerts %d\n", entries, inbox, alerts)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			stop()
+			return fmt.Errorf("side effects did not settle: %d unsent, %d alerts: %w", unsent, alerts, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func countOutcome(res []tasks.Result, o tasks.Outcome) int {
