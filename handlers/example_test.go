@@ -16,7 +16,9 @@ import (
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
-func parsePrice(html json.RawMessage) map[string]string { return map[string]string{"raw": string(html)} }
+func parsePrice(html json.RawMessage) map[string]string {
+	return map[string]string{"raw": string(html)}
+}
 
 // The README's example, kept compiling here (it is not run: it needs a proxy account).
 func Example_registry() {

@@ -181,6 +181,12 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Measured lease lengths shrink down to Min; a fixed renewal interval must stay below
+	// every lease it may be used with, or Keep would refuse attempts once leases shrink.
+	if cfg.KeepOptions != nil && cfg.KeepOptions.Interval >= lengths.cfg.Min {
+		return nil, fmt.Errorf("handlers: KeepOptions.Interval %v must be shorter than the shortest lease (LeaseLengths.Min %v)",
+			cfg.KeepOptions.Interval, lengths.cfg.Min)
+	}
 	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, log: cfg.Logger, kinds: map[string]*kind{}}
 	if cfg.Registerer == nil {
 		reg := prometheus.NewRegistry()

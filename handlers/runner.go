@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -37,13 +38,19 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	k := r.kinds[task.Type()]
 	r.mu.RUnlock()
 	if k == nil {
-		return fmt.Errorf("%w: no kind %q registered", asynq.SkipRetry, task.Type())
+		// Not SkipRetry: an archived task would block the job's key for months, and during
+		// a rolling deploy another worker may know the kind.
+		return fmt.Errorf("handlers: no kind %q registered on worker %s", task.Type(), r.cfg.WorkerID)
 	}
 	job, err := tasks.DecodePayload(task.Payload(), r.cfg.Normalizer)
 	if err != nil {
 		return fmt.Errorf("%w: %w", asynq.SkipRetry, err)
 	}
 	log := r.log.With("job", job.Key, "kind", k.name)
+	// Finish before asynq stops waiting for this delivery, so that the runner — not asynq's
+	// default backoff — decides and records what happens next.
+	ctx, cancel := beforeDeadline(ctx)
+	defer cancel()
 
 	// 1. Lease, then the attempt under its token.
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
@@ -60,8 +67,8 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 2. Keep the lease while we work.
 	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
 	if err != nil {
-		_ = r.leases.Release(context.WithoutCancel(ctx), acq.Lease)
-		return err
+		_ = r.release(ctx, acq.Lease)
+		return r.failed(ctx, k, job, acq, workResult{err: &sessions.FetchError{Category: tasks.CategoryInternal, Err: err}}, log)
 	}
 	jobCtx := keeper.Context()
 	begun := time.Now()
@@ -80,11 +87,14 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 6. Release.
 	lost := keeper.Stop()
 	r.lengths.Observe(k.name, time.Since(begun))
-	if err := r.leases.Release(context.WithoutCancel(ctx), acq.Lease); err != nil && lost == nil {
+	if err := r.release(ctx, acq.Lease); err != nil && lost == nil {
 		log.WarnContext(ctx, "lease release failed", "err", err)
 	}
 	for _, reason := range w.unit.RestartReasons {
 		r.metrics.sessionRestarts.WithLabelValues(k.name, string(reason)).Inc()
+	}
+	if lost != nil {
+		r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
 	}
 
 	switch {
@@ -92,16 +102,46 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 		log.InfoContext(ctx, "job complete", "session", w.session(), "bytes", w.unit.Bytes)
 		return nil
 	case isSuperseded(commitErr):
-		return r.superseded(k, log, commitErr)
+		return r.superseded(k, log, commitErr, nil)
 	case commitErr != nil:
+		// The database refused or failed the commit without a newer attempt owning the job
+		// (e.g. our attempt start was lost in a crash): retry.
 		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: commitErr}
-	case lost != nil:
-		r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
+	case lost != nil && (w.err == nil || k.retry.policy(sessions.CategoryOf(w.err)).Retry):
+		// The lease loss is why the work stopped. A terminal failure (an unsafe step that
+		// ran, bad credentials) stays terminal: losing the lease must not make it retryable.
 		w.err = &sessions.FetchError{Category: tasks.CategoryLeaseLost, Err: lost}
 	case w.err == nil: // not committed because the delivery's context ended (shutdown, deadline)
 		w.err = &sessions.FetchError{Category: tasks.CategoryTimeout, Err: context.Cause(jobCtx)}
 	}
 	return r.failed(ctx, k, job, acq, w, log)
+}
+
+// detachedTimeout bounds writes that must happen even though the delivery's context ended
+// (recording a failure, releasing a lease).
+const detachedTimeout = 15 * time.Second
+
+// detached returns a context that survives ctx's cancellation but not a hung connection.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), detachedTimeout)
+}
+
+// release gives the lease back on a detached context.
+func (r *Registry) release(ctx context.Context, lease lua.Lease) error {
+	rctx, cancel := detached(ctx)
+	defer cancel()
+	return r.leases.Release(rctx, lease)
+}
+
+// beforeDeadline returns a context that ends a little before ctx's deadline (asynq's task
+// deadline): a tenth of the time left, at most 5 s.
+func beforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	margin := min(time.Until(d)/10, 5*time.Second)
+	return context.WithDeadline(ctx, d.Add(-margin))
 }
 
 // workResult is what steps 3 and 4 produced.
@@ -146,7 +186,11 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, attempt
 			if err != nil {
 				return err
 			}
-			return r.cfg.Store.QuarantineInsert(context.WithoutCancel(qctx), store.QuarantineParams{
+			// Evidence, not data: a NUL (which jsonb refuses) becomes U+FFFD.
+			staged = bytes.ReplaceAll(staged, []byte(`\u0000`), []byte(`\ufffd`))
+			qctx, cancel := detached(qctx)
+			defer cancel()
+			return r.cfg.Store.QuarantineInsert(qctx, store.QuarantineParams{
 				Key: job.Key, AttemptNo: attemptNo, SessionID: q.SessionID,
 				Reason: string(q.Reason), Detail: q.Detail, Staged: staged,
 			})
@@ -166,6 +210,9 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, attempt
 	}
 	if w.data, err = json.Marshal(w.obs.Data); err != nil {
 		w.err = &sessions.FetchError{Category: tasks.CategoryParseError, Err: fmt.Errorf("encode observation: %w", err)}
+	} else if bytes.Contains(w.data, []byte(`\u0000`)) {
+		w.err = &sessions.FetchError{Category: tasks.CategoryValidation,
+			Err: errors.New("the record contains a NUL character, which PostgreSQL can not store in jsonb: remove it in the parser")}
 	}
 	return w
 }
@@ -237,10 +284,15 @@ func (r *Registry) notStarted(k *kind, job tasks.Payload, err error, log *slog.L
 	return err // Redis or PostgreSQL unavailable: asynq retries with its own backoff
 }
 
-// superseded: a newer attempt owns the job; this delivery wrote nothing and is done.
-func (r *Registry) superseded(k *kind, log *slog.Logger, err error) error {
+// superseded: a newer attempt owns the job (or it is complete or failed); this delivery
+// wrote nothing and is done. failure is the attempt's own failure, if it had one.
+func (r *Registry) superseded(k *kind, log *slog.Logger, err, failure error) error {
 	r.metrics.attempts.WithLabelValues(k.name, store.OutcomeSuperseded, string(tasks.CategorySuperseded)).Inc()
-	log.Info("attempt superseded; nothing written", "err", err)
+	if failure != nil {
+		log.Info("attempt superseded; nothing written", "err", err, "failure", failure.Error())
+	} else {
+		log.Info("attempt superseded; nothing written", "err", err)
+	}
 	return nil
 }
 
@@ -272,8 +324,9 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		HTTPStatus: fe.Status, Bytes: w.unit.Bytes, SessionID: w.session(),
 	}
 	// The writes below are fenced like the commit: a superseded attempt writes nothing. They
-	// run even if the job context was cancelled (lease lost), on the delivery's context.
-	wctx := context.WithoutCancel(ctx)
+	// run even if the job context was cancelled (lease lost), on a detached context.
+	wctx, cancel := detached(ctx)
+	defer cancel()
 	var err error
 	outcome := store.OutcomeFailed
 	if d.Retry {
@@ -284,10 +337,17 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		err = r.cfg.Store.JobFail(wctx, params)
 	}
 	if isSuperseded(err) {
-		return r.superseded(k, log, err)
+		return r.superseded(k, log, err, fe)
 	}
 	if err != nil {
-		return fmt.Errorf("record failed attempt: %w (after %w)", err, fe)
+		// Not recorded: the database is unreachable, or our own attempt start was lost (the
+		// job's fence is below our token). Keep the task so a later delivery decides again.
+		log.ErrorContext(ctx, "failed attempt not recorded; retrying the delivery", "err", err, "failure", errText)
+		delay := d.Delay
+		if !d.Retry {
+			delay = backoff(k.retry.policy(tasks.CategoryInternal), acq.Attempt.AttemptNo, r.cfg.Rand)
+		}
+		return &retryError{delay: delay, counted: true, err: fmt.Errorf("record failed attempt: %w (after %w)", err, fe)}
 	}
 	r.metrics.attempts.WithLabelValues(k.name, outcome, string(d.Category)).Inc()
 	log.WarnContext(ctx, "attempt failed", "category", string(d.Category), "retry", d.Retry,
@@ -299,9 +359,15 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	return &retryError{delay: d.Delay, counted: true, err: fe}
 }
 
+// isSuperseded tells a refusal that means "another attempt owns the job" — it is complete
+// or failed, or its fence is above our token — from one that means our own start was lost
+// (fence below our token), which must not drop the task.
 func isSuperseded(err error) bool {
-	return errors.Is(err, store.ErrStaleFence) || errors.Is(err, store.ErrJobComplete) ||
-		errors.Is(err, store.ErrJobFailed) || errors.Is(err, store.ErrInvalidTransition)
+	var te *store.TransitionError
+	if !errors.As(err, &te) {
+		return false
+	}
+	return errors.Is(err, store.ErrJobComplete) || errors.Is(err, store.ErrJobFailed) || te.Fence > te.Token
 }
 
 // asFetchError keeps a categorised error as it is and gives any other error category def.

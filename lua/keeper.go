@@ -87,10 +87,14 @@ var errKeeperStopped = errors.New("lua: keeper stopped")
 
 func (k *Keeper) run(l *Leases, lease Lease, o KeepOptions) {
 	defer close(k.done)
-	// The lease is safe until `deadline` on our clock: the last renewal that succeeded was
-	// sent no earlier than `sent`, and the server counted TTL from when it ran, which is
-	// after `sent`. So sent + TTL is a conservative end.
+	// The lease is safe until `deadline` on our clock: the last claim or renewal that
+	// succeeded was sent no earlier than `sent`, and the server counted TTL from when it ran,
+	// which is after `sent`. So sent + TTL is a conservative end. Before the first renewal
+	// that is the claim's send time (work between the claim and Keep counts).
 	deadline := time.Now().Add(lease.TTL)
+	if !lease.Claimed.IsZero() {
+		deadline = lease.Claimed.Add(lease.TTL)
+	}
 	next := jittered(o.Interval, o.Jitter)
 	timer := time.NewTimer(next)
 	defer timer.Stop()

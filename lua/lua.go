@@ -69,6 +69,9 @@ type Lease struct {
 	Owner string
 	Token int64 // fencing token: present it to every write of the attempt
 	TTL   time.Duration
+	// Claimed is when the claim was sent, on the worker's clock: the lease ends no later
+	// than Claimed + TTL, which is what the Keeper counts from.
+	Claimed time.Time
 }
 
 // Defaults of Leases.
@@ -109,6 +112,7 @@ func (l *Leases) Claim(ctx context.Context, key, owner string, ttl time.Duration
 	if floor < 0 {
 		return Lease{}, fmt.Errorf("lua: claim %q: floor %d is negative", key, floor)
 	}
+	sent := time.Now()
 	reply, err := claimScript.Run(ctx, l.rdb,
 		[]string{l.keys.Lease(key), l.keys.Fence(key)},
 		owner, ttl.Milliseconds(), floor, l.counterTTL.Milliseconds(),
@@ -121,7 +125,7 @@ func (l *Leases) Claim(ctx context.Context, key, owner string, ttl time.Duration
 		if !ok || token <= floor {
 			return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", key, reply)
 		}
-		return Lease{Key: key, Owner: owner, Token: token, TTL: ttl}, nil
+		return Lease{Key: key, Owner: owner, Token: token, TTL: ttl, Claimed: sent}, nil
 	}
 	if len(reply) == 3 && reply[0] == int64(0) {
 		holder, _ := reply[1].(string)

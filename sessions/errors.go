@@ -202,10 +202,13 @@ func retryAfter(v string, now time.Time) time.Duration {
 		return 0
 	}
 	if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-		if secs < 0 {
+		switch {
+		case secs < 0:
 			return 0
+		case secs > int64(maxRetryAfter/time.Second): // also keeps the multiplication below from overflowing
+			return maxRetryAfter
 		}
-		return min(time.Duration(secs)*time.Second, maxRetryAfter)
+		return time.Duration(secs) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return max(0, min(t.Sub(now), maxRetryAfter))

@@ -140,3 +140,20 @@ func TestRedactedForms(t *testing.T) {
 		require.NotContains(t, o, "customer-acme-user-cc", "the session username carries the account")
 	}
 }
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 4, 23, 15, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Duration{
+		"":                              0,
+		"120":                           2 * time.Minute,
+		" 7 ":                           7 * time.Second,
+		"-5":                            0,
+		"9999999999":                    24 * time.Hour, // capped, not overflowed
+		"99999999999999999999":          0,              // not a number Go can hold: ignored
+		"Thu, 23 Apr 2026 15:10:00 GMT": 10 * time.Minute,
+		"Thu, 23 Apr 2026 14:00:00 GMT": 0,
+		"soon":                          0,
+	} {
+		require.Equal(t, want, retryAfter(in, now), "Retry-After %q", in)
+	}
+}

@@ -147,6 +147,13 @@ type Result struct {
 // ErrSessionExpired: the session reached its lifetime before the unit finished.
 var ErrSessionExpired = errors.New("sessions: session past its lifetime")
 
+// quarantineFailed keeps the failure's category and says that its staging could not be
+// kept either: the run stops (it would otherwise replay without its evidence).
+func quarantineFailed(fe *FetchError, qerr error) *FetchError {
+	return &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: fe.Step,
+		Err: fmt.Errorf("%v; and its staging could not be quarantined: %w", fe.Err, qerr)}
+}
+
 // replayable categories end a session but not the attempt: the unit restarts on a new one.
 func replayable(c tasks.Category) bool {
 	switch c {
@@ -201,7 +208,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 				if err := u.Validate(staged); err != nil {
 					fe := &FetchError{Category: tasks.CategoryValidation, Err: scrub(err)}
 					if qerr := cfg.Quarantine(ctx, Quarantined{SessionID: sess.ID, Reason: fe.Category, Detail: fe.Error(), Staged: staged}); qerr != nil {
-						return res, fmt.Errorf("sessions: quarantine: %w (after %w)", qerr, fe)
+						return res, quarantineFailed(fe, qerr)
 					}
 					return res, fe
 				}
@@ -212,7 +219,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		if len(staged) > 0 || replayable(failure.Category) {
 			q := Quarantined{SessionID: sess.ID, Step: failure.Step, Reason: failure.Category, Detail: failure.Error(), Staged: staged}
 			if err := cfg.Quarantine(ctx, q); err != nil {
-				return res, fmt.Errorf("sessions: quarantine: %w (after %w)", err, failure)
+				return res, quarantineFailed(failure, err)
 			}
 		}
 		switch {
@@ -229,6 +236,17 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 			"unit", u.Name, "step", failure.Step, "category", string(failure.Category),
 			"old_session", sess.ID, "endpoint", sess.Endpoint, "restart", res.Restarts)
 	}
+}
+
+// runStep runs one step; a panic becomes an error of category panic, so that the unit's
+// rules (quarantine, never replay after an unsafe step) still apply to it.
+func runStep(ctx context.Context, step Step, sc *StepContext) (err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			err = &FetchError{Category: tasks.CategoryPanic, Err: fmt.Errorf("panic in step %s: %v", step.Name, rec)}
+		}
+	}()
+	return step.Run(ctx, sc)
 }
 
 // runOnce runs every step on one session. It returns the staging, the failure (nil on
@@ -255,7 +273,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		// An unsafe step counts as run from the moment it starts: a failure inside it may
 		// already have had its effect.
 		unsafeRan = unsafeRan || !step.Safe
-		if err := step.Run(ctx, sc); err != nil {
+		if err := runStep(ctx, step, sc); err != nil {
 			fe := classify(err, bound.served.Load())
 			fe = &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: step.Name, Err: fe.Err}
 			return staging.Snapshot(), fe, unsafeRan

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -355,4 +356,28 @@ func TestFetchCategories(t *testing.T) {
 		require.Equal(t, tasks.CategoryForbiddenAddress, sessions.CategoryOf(err), "%v", err)
 		require.Zero(t, e.site.TotalHits(), "nothing was sent")
 	})
+}
+
+func TestStepPanicAndQuarantineFailure(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 8}, testutil.FakeSiteConfig{Seed: 8})
+	unit, err := catalog.Unit(e.site.URL, "sku-2")
+	require.NoError(t, err)
+	// A panic in a step after an unsafe one: still never replayed.
+	unit.Steps[0].Safe = false
+	unit.Steps[1].Run = func(context.Context, *sessions.StepContext) error { panic("parser bug") }
+	_, err = unit.Run(context.Background(), e.runCfg())
+	require.Equal(t, tasks.CategoryUnsafeStepIncomplete, sessions.CategoryOf(err), "%v", err)
+	require.ErrorContains(t, err, "parser bug")
+	require.Equal(t, 1, e.site.Hits("/search"))
+
+	// A quarantine that fails stops the run and says so, keeping the failure's category.
+	e2 := setup(t, testutil.FakeProxyConfig{Seed: 9}, testutil.FakeSiteConfig{Seed: 9})
+	unit2, err := catalog.Unit(e2.site.URL, "sku-2")
+	require.NoError(t, err)
+	cfg := e2.runCfg()
+	cfg.Quarantine = func(context.Context, sessions.Quarantined) error { return errors.New("database is down") }
+	e2.proxy.SetDisconnectProb(1)
+	_, err = unit2.Run(context.Background(), cfg)
+	require.Equal(t, tasks.CategorySessionLost, sessions.CategoryOf(err))
+	require.ErrorContains(t, err, "could not be quarantined: database is down")
 }

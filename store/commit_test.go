@@ -110,6 +110,7 @@ func TestCommit(t *testing.T) {
 			"EventPayload":   func(p *store.CommitParams) { p.EventPayload = nil },
 			"negative":       func(p *store.CommitParams) { p.Bytes = -1 },
 			"token":          func(p *store.CommitParams) { p.Token = 0 },
+			"NUL":            func(p *store.CommitParams) { p.Data = json.RawMessage(`{"title":"a\u0000b"}`) },
 		} {
 			p := commitParams("c4", 1)
 			mut(&p)

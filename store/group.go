@@ -275,7 +275,7 @@ CROSS JOIN (SELECT count(*) FROM notify) AS signalled`,
 		case r.done:
 			res[i] = CommitResult{ResultInserted: r.resIns, EventInserted: r.evIns}
 		default:
-			errs[i] = refusal("Commit", p.Key, r.found, r.state, r.fence, p.Token, tasks.JobState(r.state) == tasks.StateRunning)
+			errs[i] = g.st.refusal(ctx, "Commit", p.Key, p.Token, r.found, r.state, r.fence, finishStale)
 		}
 	}
 	return res, errs, nil
@@ -362,7 +362,7 @@ CROSS JOIN async`, keys, tokens, workers, sessions, countries, endpoints)
 			res[i] = StartedAttempt{AttemptNo: int(*r.attemptNo), JobCreatedAt: *r.createdAt, BytesTotal: r.bytes,
 				TookOver: tasks.JobState(r.state) == tasks.StateRunning}
 		default:
-			errs[i] = refusal("JobStart", p.Key, r.found, r.state, r.fence, p.Token, r.fence >= p.Token)
+			errs[i] = g.st.refusal(ctx, "JobStart", p.Key, p.Token, r.found, r.state, r.fence, startStale(p.Token))
 		}
 	}
 	return res, errs, nil

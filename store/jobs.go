@@ -144,7 +144,7 @@ WITH input AS (
 	ON CONFLICT (key) DO NOTHING
 	RETURNING key, state
 )
-SELECT input.key, ins.key IS NOT NULL, COALESCE(ins.state, jobs.state)
+SELECT input.key, ins.key IS NOT NULL, COALESCE(ins.state, jobs.state), jobs.next_attempt_at
 FROM input
 LEFT JOIN ins ON ins.key = input.key
 LEFT JOIN jobs ON jobs.key = input.key AND ins.key IS NULL`,
@@ -156,22 +156,23 @@ LEFT JOIN jobs ON jobs.key = input.key AND ins.key IS NULL`,
 		key     string
 		created bool
 		state   *string
+		nextAt  *time.Time
 	)
-	_, err := pgx.ForEachRow(rows, []any{&key, &created, &state}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&key, &created, &state, &nextAt}, func() error {
 		if state == nil {
 			unseen = append(unseen, key)
 			return nil
 		}
-		byKey[key] = tasks.JobRecordResult{Key: key, Created: created, State: tasks.JobState(*state)}
+		byKey[key] = tasks.JobRecordResult{Key: key, Created: created, State: tasks.JobState(*state), NextAttemptAt: nextAt}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: JobsRecord: %w", err)
 	}
 	if len(unseen) > 0 {
-		rows, _ := s.pool.Query(ctx, `SELECT key, state FROM jobs WHERE key = ANY($1)`, unseen)
-		_, err := pgx.ForEachRow(rows, []any{&key, &state}, func() error {
-			byKey[key] = tasks.JobRecordResult{Key: key, State: tasks.JobState(*state)}
+		rows, _ := s.pool.Query(ctx, `SELECT key, state, next_attempt_at FROM jobs WHERE key = ANY($1)`, unseen)
+		_, err := pgx.ForEachRow(rows, []any{&key, &state, &nextAt}, func() error {
+			byKey[key] = tasks.JobRecordResult{Key: key, State: tasks.JobState(*state), NextAttemptAt: nextAt}
 			return nil
 		})
 		if err != nil {
@@ -268,7 +269,7 @@ FROM (SELECT 1) AS one LEFT JOIN cur ON true, async`,
 		}, nil
 	}
 	// Not applied: a start needs a token above the fence.
-	return StartedAttempt{}, refusal("JobStart", p.Key, found, state, fence, p.Token, fence >= p.Token)
+	return StartedAttempt{}, s.refusal(ctx, "JobStart", p.Key, p.Token, found, state, fence, startStale(p.Token))
 }
 
 // AttemptFinishParams ends the running attempt started with Token.
@@ -353,12 +354,24 @@ FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 		return nil
 	}
 	// Not applied: a running job refused us only because its fence is not our token.
-	return refusal(op, p.Key, found, state, fence, p.Token, tasks.JobState(state) == tasks.StateRunning)
+	return s.refusal(ctx, op, p.Key, p.Token, found, state, fence, finishStale)
 }
 
-// refusal explains a transition the statement did not apply, from the row as the statement
-// saw it. stale tells whether the token, rather than the state, is what was wrong.
-func refusal(op, key string, found bool, state string, fence, token int64, stale bool) *TransitionError {
+// refusal explains a transition the statement did not apply. The statement's own view of
+// the row is its snapshot, taken before it waited for a concurrent writer's lock, so the row
+// is read again in a new statement (this costs a round trip on the refusal path only);
+// the snapshot is the fallback if that read fails. stale tells, from the row, whether the
+// token rather than the state is what was wrong.
+func (s *PG) refusal(ctx context.Context, op, key string, token int64, found bool, state string, fence int64,
+	stale func(state tasks.JobState, fence int64) bool) *TransitionError {
+	var st *string
+	var f int64
+	switch err := s.pool.QueryRow(ctx, `SELECT state, fence FROM jobs WHERE key = $1`, key).Scan(&st, &f); {
+	case err == nil:
+		found, state, fence = true, *st, f
+	case errors.Is(err, pgx.ErrNoRows):
+		found, state, fence = false, "", 0
+	}
 	te := &TransitionError{Op: op, Key: key, State: tasks.JobState(state), Fence: fence, Token: token}
 	switch {
 	case !found:
@@ -367,13 +380,21 @@ func refusal(op, key string, found bool, state string, fence, token int64, stale
 		te.Err = ErrJobComplete
 	case te.State == tasks.StateFailed:
 		te.Err = ErrJobFailed
-	case stale:
+	case stale(te.State, fence):
 		te.Err = ErrStaleFence
 	default:
 		te.Err = ErrInvalidTransition
 	}
 	return te
 }
+
+// startStale: a start is refused for its token when the fence is not below it.
+func startStale(token int64) func(tasks.JobState, int64) bool {
+	return func(_ tasks.JobState, fence int64) bool { return fence >= token }
+}
+
+// finishStale: a finish of a running job is refused only for its token.
+func finishStale(state tasks.JobState, _ int64) bool { return state == tasks.StateRunning }
 
 func nullIfEmpty(s string) *string {
 	if s == "" {
@@ -382,7 +403,10 @@ func nullIfEmpty(s string) *string {
 	return &s
 }
 
+// truncateUTF8 cuts s to at most max bytes at a rune boundary and drops NUL characters,
+// which PostgreSQL text can not hold.
 func truncateUTF8(s string, max int) string {
+	s = strings.ReplaceAll(s, "\x00", "")
 	if len(s) <= max {
 		return s
 	}

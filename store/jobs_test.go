@@ -268,3 +268,30 @@ func TestJobsRecordConcurrent(t *testing.T) {
 	require.Equal(t, 1, created, "exactly one caller creates the row")
 	require.Equal(t, 1, testutil.Count(t, s.Pool(), `SELECT count(*) FROM jobs`))
 }
+
+// TestRefusalSeesConcurrentWriter: a start that waited for a concurrent writer's lock is
+// refused for what the row became, not for the snapshot the statement began with.
+func TestRefusalSeesConcurrentWriter(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+	record(t, s, "k")
+	_, err := start(ctx, s, "k", 5)
+	require.NoError(t, err)
+	tx, err := s.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = tx.Exec(ctx, `UPDATE jobs SET state = 'complete', completed_at = now() WHERE key = 'k'`)
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { _, err := start(ctx, s, "k", 6); errc <- err }()
+	// Wait until the start is blocked on the row lock.
+	require.Eventually(t, func() bool {
+		return testutil.Count(t, s.Pool(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	err = <-errc
+	require.ErrorIs(t, err, store.ErrJobComplete)
+	var te *store.TransitionError
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, tasks.StateComplete, te.State)
+}

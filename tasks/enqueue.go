@@ -84,8 +84,12 @@ func DecodePayload(b []byte, n *Normalizer) (Payload, error) {
 
 // Enqueuer defaults.
 const (
-	DefaultQueue    = "default"
-	DefaultMaxRetry = 25
+	DefaultQueue = "default"
+	// DefaultMaxRetry is effectively unlimited: the runner's policy (attempt cap, time and
+	// bandwidth budgets) ends a job and tells asynq with SkipRetry. A small asynq MaxRetry
+	// would archive tasks behind the runner's back — asynq checks it even for retries the
+	// runner does not count (a busy lease) — and an archived task blocks its key.
+	DefaultMaxRetry = 1 << 30
 	DefaultTimeout  = 30 * time.Minute
 )
 
@@ -97,7 +101,8 @@ type EnqueuerConfig struct {
 	// Normalizer derives keys (URL canonicalisation, tracking parameters). Every process
 	// that enqueues the same kinds must use the same one. Defaults to DefaultNormalizer.
 	Normalizer *Normalizer
-	// MaxRetry is asynq's retry cap per task. Defaults to DefaultMaxRetry.
+	// MaxRetry is asynq's retry cap per task. Defaults to DefaultMaxRetry (unlimited: the
+	// runner decides).
 	MaxRetry int
 	// Timeout is asynq's per-delivery timeout. Defaults to DefaultTimeout.
 	Timeout time.Duration
@@ -224,7 +229,7 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 			continue
 		}
 		done[rec.Key] = true
-		enqueued, err := e.enqueueTask(ctx, rec)
+		enqueued, err := e.enqueueTask(ctx, rec, r.NextAttemptAt)
 		if err != nil {
 			return nil, fmt.Errorf("tasks: enqueue %q: %w", rec.Key, err)
 		}
@@ -241,20 +246,26 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 	return results, nil
 }
 
-// enqueueTask enqueues the asynq task for rec; false means asynq already holds one.
-func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord) (bool, error) {
+// enqueueTask enqueues the asynq task for rec; false means asynq already holds one. A
+// retryable job whose next attempt is in the future (a destination's Retry-After, a
+// backoff) is scheduled for then, not run at once.
+func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *time.Time) (bool, error) {
 	payload, err := json.Marshal(Payload{Key: rec.Key, Spec: rec.Spec})
 	if err != nil {
 		return false, err
 	}
 	task := asynq.NewTask(rec.Spec.Kind, payload)
-	_, err = e.client.EnqueueContext(ctx, task,
+	opts := []asynq.Option{
 		asynq.TaskID(rec.Key),
 		asynq.Retention(0),
 		asynq.Queue(e.cfg.Queue),
 		asynq.MaxRetry(e.cfg.MaxRetry),
 		asynq.Timeout(e.cfg.Timeout),
-	)
+	}
+	if notBefore != nil && notBefore.After(time.Now()) {
+		opts = append(opts, asynq.ProcessAt(*notBefore))
+	}
+	_, err = e.client.EnqueueContext(ctx, task, opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return false, nil
 	}

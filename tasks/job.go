@@ -1,6 +1,9 @@
 package tasks
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // JobState is the state of a logical job in the system of record (the jobs table).
 //
@@ -34,6 +37,8 @@ type JobRecordResult struct {
 	Key     string
 	Created bool     // this call inserted the row
 	State   JobState // the row's state after the call
+	// NextAttemptAt is when a retryable job may run again (nil otherwise).
+	NextAttemptAt *time.Time
 }
 
 // JobRecorder stores jobs rows in the system of record. store.PG implements it.
