@@ -192,3 +192,28 @@ func TestLeaseLengths(t *testing.T) {
 	_, err = NewLeaseLengths(&LeaseLengthConfig{Percentile: 1.5})
 	require.ErrorContains(t, err, "Percentile")
 }
+
+func TestBeforeDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	d, _ := ctx.Deadline()
+	inner, cancelInner := beforeDeadline(ctx)
+	defer cancelInner()
+	di, ok := inner.Deadline()
+	require.True(t, ok)
+	// A tenth of the ~20 s left, at most 5 s: about 2 s earlier than asynq's deadline.
+	require.InDelta(t, 2*time.Second, d.Sub(di), float64(100*time.Millisecond))
+
+	long, cancelLong := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelLong()
+	dl, _ := long.Deadline()
+	inner, cancelInner2 := beforeDeadline(long)
+	defer cancelInner2()
+	di, _ = inner.Deadline()
+	require.Equal(t, 5*time.Second, dl.Sub(di), "the margin is capped at 5 s")
+
+	inner, cancelInner3 := beforeDeadline(context.Background())
+	defer cancelInner3()
+	_, ok = inner.Deadline()
+	require.False(t, ok, "no deadline, none added")
+}

@@ -111,3 +111,26 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 		require.ErrorContains(t, err, "jitter")
 	})
 }
+
+// TestKeeperCountsFromClaim: the keeper's safety deadline starts when the claim was sent,
+// not when Keep was called: time spent between claim and Keep (a slow attempt start) is
+// already gone from the lease.
+func TestKeeperCountsFromClaim(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	defer c.Close()
+	l, err := lua.NewLeases(c, "x:")
+	require.NoError(t, err)
+	lease, err := l.Claim(ctx, "job", "A", 2*time.Second, 0)
+	require.NoError(t, err)
+	require.False(t, lease.Claimed.IsZero())
+	lease.Claimed = lease.Claimed.Add(-1800 * time.Millisecond) // as if the start took 1.8 s
+	srv.Stop()
+	k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 500 * time.Millisecond})
+	require.NoError(t, err)
+	started := time.Now()
+	<-k.Context().Done()
+	require.Less(t, time.Since(started), time.Second, "gave up at claim + TTL, not Keep + TTL")
+	require.ErrorIs(t, k.Stop(), lua.ErrLeaseLost)
+}
