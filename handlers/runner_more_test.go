@@ -14,7 +14,6 @@ import (
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/lua"
-	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -140,17 +139,13 @@ func TestPanicRecorded(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, rigOpts{})
 	key, task := r.job(t, "sku-6")
-	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
-	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL),
+	reg := r.registryKind(t, catalog.Workflow(r.site.URL),
 		func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
 			var m map[string]int
 			m["boom"]++ // nil map: panics
 			return handlers.Observation{}, nil
-		}))
-	err = reg.ProcessTask(ctx, task)
+		})
+	err := reg.ProcessTask(ctx, task)
 	dec := decisionOf(err)
 	require.True(t, dec.Retry && dec.Counted, "a panic leaves the job retryable: %v", err)
 	job, err := r.st.JobGet(ctx, key)

@@ -69,6 +69,18 @@ func (r *rig) registry(t *testing.T, mutate func(*handlers.Config), opts ...hand
 	return reg
 }
 
+// registryKind returns a runner on the rig with the catalog kind built from workflow and
+// parser (for tests that replace one of them).
+func (r *rig) registryKind(t *testing.T, workflow handlers.WorkflowFunc, parser handlers.ParserFunc) *handlers.Registry {
+	t.Helper()
+	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Register(catalog.Kind, workflow, parser))
+	return reg
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
@@ -247,15 +259,11 @@ func TestFailureCategories(t *testing.T) {
 	t.Run("ParseError", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
-		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
-		require.NoError(t, err)
-		t.Cleanup(reg.Close)
-		require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL),
+		reg := r.registryKind(t, catalog.Workflow(r.site.URL),
 			func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
 				return handlers.Observation{}, errors.New("price format 1.234,56 not understood")
-			}))
-		err = reg.ProcessTask(ctx, task)
+			})
+		err := reg.ProcessTask(ctx, task)
 		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryParseError, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 	})
 	t.Run("Validation", func(t *testing.T) {
@@ -315,11 +323,7 @@ func TestFailureCategories(t *testing.T) {
 	t.Run("UnsafeStepIncomplete", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
-		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
-		require.NoError(t, err)
-		t.Cleanup(reg.Close)
-		require.NoError(t, reg.Register(catalog.Kind, func(job tasks.Payload) (*sessions.Unit, error) {
+		reg := r.registryKind(t, func(job tasks.Payload) (*sessions.Unit, error) {
 			u, err := catalog.Workflow(r.site.URL)(job)
 			if err != nil {
 				return nil, err
@@ -332,8 +336,8 @@ func TestFailureCategories(t *testing.T) {
 				return orig(ctx, sc)
 			}
 			return u, nil
-		}, catalog.Parse))
-		err = reg.ProcessTask(ctx, task)
+		}, catalog.Parse)
+		err := reg.ProcessTask(ctx, task)
 		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryUnsafeStepIncomplete, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 	})
 	t.Run("CompleteJobAcknowledgedWithoutWork", func(t *testing.T) {
