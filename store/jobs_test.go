@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/store"
@@ -294,4 +297,41 @@ func TestRefusalSeesConcurrentWriter(t *testing.T) {
 	var te *store.TransitionError
 	require.ErrorAs(t, err, &te)
 	require.Equal(t, tasks.StateComplete, te.State)
+}
+
+// TestMigrateConcurrent: every worker migrates at start; many at once on an empty database
+// all succeed, and the schema is applied exactly once.
+func TestMigrateConcurrent(t *testing.T) {
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testutil.PGAdminDSN())
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	name := "idemscrape_m_" + testutil.RandomID(6)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	cfg, err := pgxpool.ParseConfig(testutil.PGAdminDSN())
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	const workers = 4
+	applied := make([][]int64, workers)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); applied[i], errs[i] = store.Migrate(ctx, pool, nil) }()
+	}
+	wg.Wait()
+	total := 0
+	for i := range errs {
+		require.NoError(t, errs[i])
+		total += len(applied[i])
+	}
+	require.Equal(t, 2, total, "each migration applied once across all workers")
+	_, err = store.New(pool).JobsRecord(ctx, []tasks.JobRecord{{Key: "k", Spec: tasks.Spec{Kind: "k", SourceID: "k", Country: "US", Window: "w", ParserVersion: 1}}})
+	require.NoError(t, err, "the schema works")
 }

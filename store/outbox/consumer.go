@@ -173,15 +173,7 @@ func (c *ConsumerConfig) withDefaults() ConsumerConfig {
 	if out.RedisTimeout == 0 {
 		out.RedisTimeout = DefaultRedisTimeout
 	}
-	if out.RetryBackoff == 0 {
-		out.RetryBackoff = DefaultRetryBackoff
-		if out.RetryBackoffMax > 0 {
-			out.RetryBackoff = min(out.RetryBackoff, out.RetryBackoffMax)
-		}
-	}
-	if out.RetryBackoffMax == 0 {
-		out.RetryBackoffMax = max(DefaultRetryBackoffMax, out.RetryBackoff)
-	}
+	out.RetryBackoff, out.RetryBackoffMax = backoffDefaults(out.RetryBackoff, out.RetryBackoffMax)
 	if out.Registerer == nil {
 		out.Registerer = prometheus.NewRegistry()
 	}

@@ -153,15 +153,7 @@ func (c *DispatcherConfig) withDefaults() DispatcherConfig {
 	if out.PublishAttempts == 0 {
 		out.PublishAttempts = DefaultPublishAttempts
 	}
-	if out.RetryBackoff == 0 {
-		out.RetryBackoff = DefaultRetryBackoff
-		if out.RetryBackoffMax > 0 {
-			out.RetryBackoff = min(out.RetryBackoff, out.RetryBackoffMax)
-		}
-	}
-	if out.RetryBackoffMax == 0 {
-		out.RetryBackoffMax = max(DefaultRetryBackoffMax, out.RetryBackoff)
-	}
+	out.RetryBackoff, out.RetryBackoffMax = backoffDefaults(out.RetryBackoff, out.RetryBackoffMax)
 	if out.QueryTimeout == 0 {
 		out.QueryTimeout = DefaultQueryTimeout
 	}

@@ -117,6 +117,22 @@ func backoff(attempt int, base, max time.Duration) time.Duration {
 }
 
 // jittered varies d by up to ± frac.
+// backoffDefaults fills unset retry backoff settings: the first delay defaults to
+// DefaultRetryBackoff (never above a given max), the max to DefaultRetryBackoffMax (never
+// below the first delay).
+func backoffDefaults(first, maxDelay time.Duration) (time.Duration, time.Duration) {
+	if first == 0 {
+		first = DefaultRetryBackoff
+		if maxDelay > 0 {
+			first = min(first, maxDelay)
+		}
+	}
+	if maxDelay == 0 {
+		maxDelay = max(DefaultRetryBackoffMax, first)
+	}
+	return first, maxDelay
+}
+
 func jittered(d time.Duration, frac float64) time.Duration {
 	return time.Duration(float64(d) * (1 + frac*(2*rand.Float64()-1)))
 }
