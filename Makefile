@@ -5,8 +5,9 @@ BENCHTIME ?= 2s
 
 .PHONY: test check vet fmt demo bench fuzz services tidy
 
-## test: vet, then every test with the race detector against real Redis and PostgreSQL.
-test: vet
+## test: services (and the test browser) up, vet, then every test with the race detector
+## against real Redis and PostgreSQL.
+test: services vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 ## vet: go vet.

@@ -71,7 +71,9 @@ func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParam
 		}
 		// Give the lease back so the next delivery need not wait for it to expire. A
 		// failure here only delays that delivery; the error that matters is err.
-		_ = leases.Release(context.WithoutCancel(ctx), lease)
+		rctx, cancel := detached(ctx)
+		_ = leases.Release(rctx, lease)
+		cancel()
 		if errors.Is(err, store.ErrStaleFence) {
 			return acquired{}, fmt.Errorf("%w: %w", errFenceRace, err)
 		}

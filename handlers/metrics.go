@@ -18,6 +18,10 @@ type metrics struct {
 	sessionRestarts   *prometheus.CounterVec   // kind, reason
 	commitSeconds     prometheus.Histogram
 	acknowledgedNoOps *prometheus.CounterVec // kind, state: deliveries of complete/failed jobs
+	incidentOpen      prometheus.Gauge
+	incidentTrips     *prometheus.CounterVec // category
+	incidentDeferred  *prometheus.CounterVec // kind
+	tasksDropped      *prometheus.CounterVec // kind, reason
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -65,8 +69,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemscrape_deliveries_acknowledged_total",
 			Help: "Deliveries of jobs already complete or failed, acknowledged without work.",
 		}, []string{"kind", "state"}),
+		incidentOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemscrape_incident_open",
+			Help: "1 while a proxy incident (407: credentials, username format, balance) stops this worker taking work.",
+		}),
+		incidentTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_incidents_total",
+			Help: "Proxy incidents that stopped this worker taking work, by category.",
+		}, []string{"category"}),
+		incidentDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_incident_deferred_deliveries_total",
+			Help: "Deliveries handed back to asynq untouched while an incident was open.",
+		}, []string{"kind"}),
+		tasksDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_tasks_dropped_total",
+			Help: "asynq tasks revoked or set aside without an attempt: reason no_job_row (revoked: PostgreSQL has no such job) or undecodable (retried late: a newer worker may read it).",
+		}, []string{"kind", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
+	for _, c := range []prometheus.Collector{m.incidentOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
 		m.jobBytes, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -28,10 +28,13 @@ const (
 )
 
 // DefaultPolicies is the per-category policy unless a kind overrides it. Deterministic
-// failures (bad credentials, robots, forbidden address, a parser that can not read the
-// response, validation, an unsafe step that may have run) are not retried.
+// failures of the job (robots, forbidden address, a name that does not resolve, a parser
+// that can not read the response, validation, an unsafe step that may have run) are not
+// retried. Bad proxy credentials are not the job's failure: they are an incident that stops
+// the worker taking work (incident.go) while the jobs stay retryable.
 var DefaultPolicies = map[tasks.Category]Policy{
-	tasks.CategoryProxyAuth:            {Retry: false},
+	// proxy_auth is an incident (incident.go): the breaker decides the delay, no cap applies.
+	tasks.CategoryProxyAuth:            {Retry: true, Base: DefaultIncidentProbeInterval, Max: DefaultIncidentProbeMax},
 	tasks.CategoryExitUnavailable:      {Retry: true, Base: 30 * time.Second, Max: 10 * time.Minute},
 	tasks.CategorySessionLost:          {Retry: true, Base: 5 * time.Second, Max: 2 * time.Minute},
 	tasks.CategoryThrottled:            {Retry: true, Base: 30 * time.Second, Max: 30 * time.Minute},
@@ -49,6 +52,9 @@ var DefaultPolicies = map[tasks.Category]Policy{
 	tasks.CategoryBudgetExceeded:       {Retry: false},
 	tasks.CategoryPanic:                {Retry: true, Base: 10 * time.Second, Max: 5 * time.Minute},
 	tasks.CategoryInternal:             {Retry: true, Base: 5 * time.Second, Max: 5 * time.Minute},
+	tasks.CategoryInterrupted:          {Retry: true, Base: time.Second, Max: 30 * time.Second},
+	tasks.CategoryNetwork:              {Retry: true, Base: 10 * time.Second, Max: 5 * time.Minute},
+	tasks.CategoryDNSNotFound:          {Retry: false},
 }
 
 // RetryConfig is the retry policy of a job kind.

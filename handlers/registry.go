@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -110,7 +111,16 @@ type Config struct {
 	Now func() time.Time
 	// Rand returns uniform [0,1) for backoff jitter. Defaults to math/rand/v2.
 	Rand func() float64
+	// IncidentProbeInterval is how long the worker takes no work after a proxy incident
+	// (407) before one delivery probes the proxy again; it doubles while the incident lasts.
+	// Defaults to DefaultIncidentProbeInterval.
+	IncidentProbeInterval time.Duration
+	// IncidentProbeMax caps the probe interval. Defaults to DefaultIncidentProbeMax.
+	IncidentProbeMax time.Duration
 }
+
+// ErrIncident: the worker takes no work because of a proxy incident (see Registry.Ready).
+var ErrIncident = errors.New("handlers: proxy incident, not taking work")
 
 // Committer makes an attempt's observation take effect (store.PG, store.GroupCommitter).
 type Committer interface {
@@ -132,6 +142,7 @@ type Registry struct {
 	owned    *store.GroupCommitter // the default committer, closed by Close
 	leases   *lua.Leases
 	lengths  *LeaseLengths
+	breaker  breaker
 	metrics  *metrics
 	gatherer prometheus.Gatherer
 	log      *slog.Logger
@@ -169,6 +180,16 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = defaultRand
 	}
+	if cfg.IncidentProbeInterval == 0 {
+		cfg.IncidentProbeInterval = DefaultIncidentProbeInterval
+	}
+	if cfg.IncidentProbeMax == 0 {
+		cfg.IncidentProbeMax = max(DefaultIncidentProbeMax, cfg.IncidentProbeInterval)
+	}
+	if cfg.IncidentProbeInterval < 0 || cfg.IncidentProbeMax < cfg.IncidentProbeInterval {
+		return nil, fmt.Errorf("handlers: Config: IncidentProbeInterval %v must be > 0 and <= IncidentProbeMax %v",
+			cfg.IncidentProbeInterval, cfg.IncidentProbeMax)
+	}
 	var err error
 	if cfg.Retry, err = cfg.Retry.withDefaults(); err != nil {
 		return nil, err
@@ -181,13 +202,16 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Measured lease lengths shrink down to Min; a fixed renewal interval must stay below
-	// every lease it may be used with, or Keep would refuse attempts once leases shrink.
-	if cfg.KeepOptions != nil && cfg.KeepOptions.Interval >= lengths.cfg.Min {
-		return nil, fmt.Errorf("handlers: KeepOptions.Interval %v must be shorter than the shortest lease (LeaseLengths.Min %v)",
-			cfg.KeepOptions.Interval, lengths.cfg.Min)
+	// Measured lease lengths shrink down to Min; a fixed renewal interval must keep the
+	// shortest lease it may be used with (lua's one rule), or Keep would refuse attempts once
+	// leases shrink — or, worse, jitter would let healthy leases expire.
+	if cfg.KeepOptions != nil && cfg.KeepOptions.Interval != 0 {
+		if err := lua.CheckKeepTiming(lengths.cfg.Min, cfg.KeepOptions.Interval, cfg.KeepOptions.Jitter); err != nil {
+			return nil, fmt.Errorf("handlers: Config.KeepOptions against the shortest lease (LeaseLengths.Min %v): %w", lengths.cfg.Min, err)
+		}
 	}
 	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, log: cfg.Logger, kinds: map[string]*kind{}}
+	r.breaker.interval, r.breaker.max = cfg.IncidentProbeInterval, cfg.IncidentProbeMax
 	if cfg.Registerer == nil {
 		reg := prometheus.NewRegistry()
 		cfg.Registerer, r.gatherer = reg, reg
@@ -242,6 +266,24 @@ func (r *Registry) Close() {
 		r.owned.Close()
 	}
 }
+
+// Kinds returns the names of the registered kinds, sorted. Their queues default to
+// tasks.QueueFor(kind).
+func (r *Registry) Kinds() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.kinds))
+	for name := range r.kinds {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Ready returns nil when the registry takes work, and an error wrapping ErrIncident that
+// says which incident (category, since when, next probe) when a proxy incident has stopped
+// it. It touches no network: serve it on /readyz together with Redis and PostgreSQL checks.
+func (r *Registry) Ready() error { return r.breaker.state() }
 
 // Gatherer returns the private metrics registry, or nil when Config.Registerer was given.
 func (r *Registry) Gatherer() prometheus.Gatherer { return r.gatherer }

@@ -95,7 +95,7 @@ func TestLeaseLossKeepsTerminalFailure(t *testing.T) {
 					return err
 				}
 				<-ctx.Done() // the keeper notices
-				return &sessions.FetchError{Category: tasks.CategoryProxyAuth, Status: 407, Err: errors.New("credentials rotated")}
+				return &sessions.FetchError{Category: tasks.CategoryNotFound, Status: 404, Err: errors.New("product withdrawn")}
 			}
 		})
 	err := reg.ProcessTask(ctx, task)
@@ -110,7 +110,17 @@ func TestRegistryConfigChecks(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	_, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov,
 		KeepOptions: &lua.KeepOptions{Interval: 20 * time.Second}})
-	require.ErrorContains(t, err, "shorter than the shortest lease")
+	require.ErrorContains(t, err, "at most half the lease TTL")
+	// Jitter may not push the worst renewal past half the shortest lease either.
+	_, err = handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov,
+		LeaseLengths: &handlers.LeaseLengthConfig{Min: 10 * time.Second},
+		KeepOptions:  &lua.KeepOptions{Interval: 4500 * time.Millisecond, Jitter: 0.2}})
+	require.ErrorContains(t, err, "KeepOptions.Interval")
+	ok, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov,
+		LeaseLengths: &handlers.LeaseLengthConfig{Min: 10 * time.Second},
+		KeepOptions:  &lua.KeepOptions{Interval: 4 * time.Second, Jitter: 0.2}})
+	require.NoError(t, err)
+	ok.Close()
 	_, err = handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client})
 	require.ErrorContains(t, err, "Provider")
 

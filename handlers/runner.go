@@ -1,7 +1,6 @@
 package handlers
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -33,6 +32,12 @@ import (
 // A failure is classified, recorded on the attempt and the job (retryable with its next
 // attempt time, or failed), and returned to asynq as a retry with that same delay or as
 // SkipRetry. A job already complete or failed is acknowledged without work.
+//
+// A task is archived (SkipRetry) only once PostgreSQL holds its job as failed: an archived
+// task keeps its task id — the job key — taken for months. A task whose job has no row is
+// revoked (deleted, id freed); one whose payload this worker can not read is retried late,
+// uncounted, for a newer worker. While a proxy incident is open (see incident.go) the
+// delivery is handed back untouched.
 func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	r.mu.RLock()
 	k := r.kinds[task.Type()]
@@ -44,9 +49,26 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	}
 	job, err := tasks.DecodePayload(task.Payload(), r.cfg.Normalizer)
 	if err != nil {
-		return fmt.Errorf("%w: %w", asynq.SkipRetry, err)
+		// Not archived: its job may be runnable in PostgreSQL, and a newer worker (rolling
+		// deploy) may read the payload. The reconciler re-enqueues a job whose task is gone.
+		id, _ := asynq.GetTaskID(ctx)
+		r.metrics.tasksDropped.WithLabelValues(k.name, "undecodable").Inc()
+		r.log.ErrorContext(ctx, "task payload not readable by this worker; retrying it late", "task_id", id, "kind", k.name, "err", err)
+		return &retryError{delay: undecodableDelay, counted: false, err: err}
 	}
 	log := r.log.With("job", job.Key, "kind", k.name)
+
+	// 0. An open proxy incident: take no work, touch nothing.
+	adm := r.breaker.admit(r.cfg.Now())
+	if !adm.ok {
+		r.metrics.incidentDeferred.WithLabelValues(k.name).Inc()
+		delay := adm.wait + time.Duration(r.cfg.Rand()*float64(time.Second))
+		return &retryError{delay: delay, counted: false, err: r.breaker.state()}
+	}
+	var w workResult
+	if adm.probe {
+		defer func() { r.probeDone(w, log) }()
+	}
 	// Finish before asynq stops waiting for this delivery, so that the runner — not asynq's
 	// default backoff — decides and records what happens next.
 	ctx, cancel := beforeDeadline(ctx)
@@ -74,7 +96,8 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	begun := time.Now()
 
 	// 3 + 4. Workflow on a sticky session, then parse.
-	w := r.work(jobCtx, k, job, acq.Attempt.AttemptNo, log)
+	w = r.work(jobCtx, k, job, acq, log)
+	w.probe = adm.probe
 
 	// 5. Commit, only while the lease holds.
 	var commitErr error
@@ -87,11 +110,18 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 6. Release.
 	lost := keeper.Stop()
 	r.lengths.Observe(k.name, time.Since(begun))
-	if err := r.release(ctx, acq.Lease); err != nil && lost == nil {
-		log.WarnContext(ctx, "lease release failed", "err", err)
+	if err := r.release(ctx, acq.Lease); err != nil {
+		if lost == nil && (errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner)) {
+			lost = err // expired between the keeper's last renewal and now: a loss, not a release failure
+		} else if lost == nil {
+			log.WarnContext(ctx, "lease release failed", "err", err)
+		}
 	}
 	for _, reason := range w.unit.RestartReasons {
 		r.metrics.sessionRestarts.WithLabelValues(k.name, string(reason)).Inc()
+	}
+	if lost == nil && isSuperseded(commitErr) {
+		lost = commitErr // a newer attempt took the job over: our lease was lost
 	}
 	if lost != nil {
 		r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
@@ -102,7 +132,10 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 		log.InfoContext(ctx, "job complete", "session", w.session(), "bytes", w.unit.Bytes)
 		return nil
 	case isSuperseded(commitErr):
-		return r.superseded(k, log, commitErr, nil)
+		return r.superseded(ctx, k, job, acq, w, log, commitErr, nil)
+	case commitErr != nil && lost != nil:
+		// The commit failed because the keeper cancelled the job context on lease loss.
+		w.err = &sessions.FetchError{Category: tasks.CategoryLeaseLost, Err: fmt.Errorf("%w (commit: %w)", lost, commitErr)}
 	case commitErr != nil:
 		// The database refused or failed the commit without a newer attempt owning the job
 		// (e.g. our attempt start was lost in a crash): retry.
@@ -115,6 +148,23 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 		w.err = &sessions.FetchError{Category: tasks.CategoryTimeout, Err: context.Cause(jobCtx)}
 	}
 	return r.failed(ctx, k, job, acq, w, log)
+}
+
+// undecodableDelay is how long a task whose payload this worker can not read waits before
+// it is offered again (to this or a newer worker).
+const undecodableDelay = 10 * time.Minute
+
+// probeDone reports the outcome of the delivery the incident breaker let through as its
+// probe. A probe that met the incident again was already handled by failed.
+func (r *Registry) probeDone(w workResult, log *slog.Logger) {
+	if w.err != nil && isIncident(sessions.CategoryOf(w.err)) {
+		return
+	}
+	// Bytes moved through the proxy without a 407: the account authenticates again.
+	if r.breaker.probeDone(w.unit.Bytes > 0) {
+		r.metrics.incidentOpen.Set(0)
+		log.Info("proxy incident over: the probe authenticated; taking work again")
+	}
 }
 
 // detachedTimeout bounds writes that must happen even though the delivery's context ended
@@ -140,9 +190,12 @@ func beforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
 	if !ok {
 		return context.WithCancel(ctx)
 	}
-	margin := min(time.Until(d)/10, 5*time.Second)
-	return context.WithDeadline(ctx, d.Add(-margin))
+	return context.WithDeadline(ctx, d.Add(-deadlineMargin(time.Until(d))))
 }
+
+// deadlineMargin is how much earlier than asynq's deadline the runner stops: a tenth of the
+// time left, at most 5 s.
+func deadlineMargin(left time.Duration) time.Duration { return min(left/10, 5*time.Second) }
 
 // workResult is what steps 3 and 4 produced.
 type workResult struct {
@@ -150,6 +203,8 @@ type workResult struct {
 	obs  Observation
 	data json.RawMessage
 	err  error // a *sessions.FetchError
+	// probe: this delivery is the incident breaker's probe.
+	probe bool
 }
 
 func (w *workResult) session() string {
@@ -161,7 +216,8 @@ func (w *workResult) session() string {
 
 // work runs the workflow unit and the parser. A panic in user code becomes an error of
 // category panic: the attempt is recorded and the job stays retryable.
-func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, attemptNo int, log *slog.Logger) (w workResult) {
+func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acquired, log *slog.Logger) (w workResult) {
+	attemptNo := acq.Attempt.AttemptNo
 	defer func() {
 		if rec := recover(); rec != nil {
 			log.ErrorContext(ctx, "panic in workflow or parser", "panic", fmt.Sprint(rec), "stack", string(debug.Stack()))
@@ -178,16 +234,19 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, attempt
 		Country:            job.Spec.Country,
 		SessionLifetime:    k.sessionLifetime,
 		MaxSessionRestarts: r.cfg.MaxSessionRestarts,
-		Collector:          r.cfg.Collector,
-		Now:                r.cfg.Now,
-		Logger:             log,
+		// The job's bandwidth budget is enforced inside the attempt, not only between them.
+		MaxBytes:  max(1, k.retry.BandwidthBudget-acq.Attempt.BytesTotal),
+		Collector: r.cfg.Collector,
+		Now:       r.cfg.Now,
+		Logger:    log,
 		Quarantine: func(qctx context.Context, q sessions.Quarantined) error {
 			staged, err := json.Marshal(q.Staged)
 			if err != nil {
 				return err
 			}
-			// Evidence, not data: a NUL (which jsonb refuses) becomes U+FFFD.
-			staged = bytes.ReplaceAll(staged, []byte(`\u0000`), []byte(`\ufffd`))
+			// Evidence, not data: a NUL (which jsonb refuses) becomes U+FFFD; the text
+			// "\u0000" (an escaped backslash) is left alone.
+			staged = store.JSONReplaceNUL(staged)
 			qctx, cancel := detached(qctx)
 			defer cancel()
 			return r.cfg.Store.QuarantineInsert(qctx, store.QuarantineParams{
@@ -210,7 +269,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, attempt
 	}
 	if w.data, err = json.Marshal(w.obs.Data); err != nil {
 		w.err = &sessions.FetchError{Category: tasks.CategoryParseError, Err: fmt.Errorf("encode observation: %w", err)}
-	} else if bytes.Contains(w.data, []byte(`\u0000`)) {
+	} else if store.JSONHasNUL(w.data) {
 		w.err = &sessions.FetchError{Category: tasks.CategoryValidation,
 			Err: errors.New("the record contains a NUL character, which PostgreSQL can not store in jsonb: remove it in the parser")}
 	}
@@ -237,7 +296,7 @@ func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq a
 		ObservationKey: w.obs.ObservationKey, ParserVersion: job.Spec.ParserVersion,
 		Data: w.data, Fingerprint: fingerprint(w.unit.Staged),
 		EventKey: EventKey(job.Key), Topic: k.topic, EventPayload: payload,
-		HTTPStatus: 200, Bytes: w.unit.Bytes, SessionID: sess.ID, ProxyEndpoint: sess.Endpoint,
+		HTTPStatus: w.unit.LastStatus, Bytes: w.unit.Bytes, SessionID: sess.ID, ProxyEndpoint: sess.Endpoint,
 	})
 	r.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	if err != nil {
@@ -278,16 +337,39 @@ func (r *Registry) notStarted(k *kind, job tasks.Payload, err error, log *slog.L
 		r.metrics.acknowledgedNoOps.WithLabelValues(k.name, string(tasks.StateFailed)).Inc()
 		return nil
 	case errors.Is(err, store.ErrJobNotFound):
-		log.Error("task for a job that has no jobs row", "err", err)
-		return fmt.Errorf("%w: %w", asynq.SkipRetry, err)
+		// Nothing to run and nothing to strand: revoke, which deletes the task and frees
+		// its id (SkipRetry would archive it and keep the key taken for months).
+		r.metrics.tasksDropped.WithLabelValues(k.name, "no_job_row").Inc()
+		log.Error("task for a job that has no jobs row: revoked", "err", err)
+		return fmt.Errorf("%w: %w", asynq.RevokeTask, err)
 	}
 	return err // Redis or PostgreSQL unavailable: asynq retries with its own backoff
 }
 
 // superseded: a newer attempt owns the job (or it is complete or failed); this delivery
-// wrote nothing and is done. failure is the attempt's own failure, if it had one.
-func (r *Registry) superseded(k *kind, log *slog.Logger, err, failure error) error {
+// wrote no result and is done. failure is the attempt's own failure, if it had one. Its
+// evidence — bytes moved, session, error — is still recorded: duplicate work is what the
+// bandwidth figures must show.
+func (r *Registry) superseded(ctx context.Context, k *kind, job tasks.Payload, acq acquired, w workResult, log *slog.Logger, err, failure error) error {
 	r.metrics.attempts.WithLabelValues(k.name, store.OutcomeSuperseded, string(tasks.CategorySuperseded)).Inc()
+	text := err.Error()
+	if failure != nil {
+		text = failure.Error() + "; then: " + text
+	}
+	status := w.unit.LastStatus
+	var fe *sessions.FetchError
+	if errors.As(failure, &fe) && fe.Status != 0 {
+		status = fe.Status
+	}
+	ectx, cancel := detached(ctx)
+	defer cancel()
+	if eerr := r.cfg.Store.AttemptSupersede(ectx, store.AttemptSupersedeParams{
+		Key: job.Key, Token: acq.Lease.Token, Bytes: w.unit.Bytes, HTTPStatus: status,
+		SessionID: w.session(), ProxyEndpoint: r.cfg.Provider.Gateway(),
+		Category: string(tasks.CategorySuperseded), Error: text,
+	}); eerr != nil {
+		log.WarnContext(ctx, "superseded attempt's evidence not recorded", "err", eerr)
+	}
 	if failure != nil {
 		log.Info("attempt superseded; nothing written", "err", err, "failure", failure.Error())
 	} else {
@@ -300,14 +382,30 @@ func (r *Registry) superseded(k *kind, log *slog.Logger, err, failure error) err
 func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq acquired, w workResult, log *slog.Logger) error {
 	fe := asFetchError(w.err, tasks.CategoryInternal)
 	now := r.cfg.Now()
-	d := k.retry.decide(failureInput{
-		Category:   fe.Category,
-		AttemptNo:  acq.Attempt.AttemptNo,
-		RetryAfter: fe.RetryAfter,
-		JobAge:     now.Sub(acq.Attempt.JobCreatedAt),
-		JobBytes:   acq.Attempt.BytesTotal + w.unit.Bytes,
-	}, r.cfg.Rand)
-	if d.Retry {
+	incident := isIncident(fe.Category)
+	var d decision
+	if incident {
+		// The account's failure, not the job's: no cap, no budget, not counted. The job waits
+		// until the breaker's probe may run, spread over one probe interval.
+		opened, wait := r.breaker.trip(fe.Category, fe.Error(), now, w.probe)
+		if opened {
+			r.metrics.incidentOpen.Set(1)
+			r.metrics.incidentTrips.WithLabelValues(string(fe.Category)).Inc()
+			log.ErrorContext(ctx, "proxy incident: the gateway refused the account; taking no work until a probe authenticates",
+				"category", string(fe.Category), "gateway", r.cfg.Provider.Gateway(), "err", fe.Error(), "probe_in", wait)
+		}
+		d = decision{Retry: true, Category: fe.Category,
+			Delay: wait + time.Duration(r.cfg.Rand()*float64(r.cfg.IncidentProbeInterval))}
+	} else {
+		d = k.retry.decide(failureInput{
+			Category:   fe.Category,
+			AttemptNo:  acq.Attempt.AttemptNo,
+			RetryAfter: fe.RetryAfter,
+			JobAge:     now.Sub(acq.Attempt.JobCreatedAt),
+			JobBytes:   acq.Attempt.BytesTotal + w.unit.Bytes,
+		}, r.cfg.Rand)
+	}
+	if d.Retry && !incident {
 		// asynq archives a task past its MaxRetry; fail the job first so the two agree.
 		if retried, ok := asynq.GetRetryCount(ctx); ok {
 			if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && retried >= maxRetry {
@@ -337,7 +435,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		err = r.cfg.Store.JobFail(wctx, params)
 	}
 	if isSuperseded(err) {
-		return r.superseded(k, log, err, fe)
+		return r.superseded(ctx, k, job, acq, w, log, err, fe)
 	}
 	if err != nil {
 		// Not recorded: the database is unreachable, or our own attempt start was lost (the
@@ -356,7 +454,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		r.metrics.jobBytes.WithLabelValues(k.name).Observe(float64(acq.Attempt.BytesTotal + w.unit.Bytes))
 		return fmt.Errorf("%w: %s: %w", asynq.SkipRetry, d.Category, fe)
 	}
-	return &retryError{delay: d.Delay, counted: true, err: fe}
+	return &retryError{delay: d.Delay, counted: !incident, err: fe}
 }
 
 // isSuperseded tells a refusal that means "another attempt owns the job" — it is complete

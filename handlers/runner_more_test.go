@@ -114,17 +114,18 @@ func TestLeaseLossAbortsWithoutCommit(t *testing.T) {
 	key, task := r.job(t, "sku-5")
 	reg := r.registry(t, func(c *handlers.Config) {
 		c.KeepOptions = &lua.KeepOptions{Interval: 50 * time.Millisecond}
-		c.Collector.RequestTimeout = 10 * time.Second
+		c.Collector.RequestTimeout = time.Hour
 	})
-	r.site.SetSlow(2 * time.Second) // the workflow is mid-request when the lease goes
+	// The workflow is mid-request when the lease goes, and the request would take an hour:
+	// only the keeper cancelling the job context can end this delivery (else the test
+	// times out — no wall-clock assert needed).
+	r.site.SetSlow(time.Hour)
 	done := make(chan error, 1)
 	go func() { done <- reg.ProcessTask(ctx, task) }()
 	leaseKey := r.ns.Prefix + "{" + key + "}:lease"
 	require.Eventually(t, func() bool { return r.ns.Client.Exists(ctx, leaseKey).Val() == 1 }, 5*time.Second, time.Millisecond)
-	started := time.Now()
 	require.NoError(t, r.ns.Client.Del(ctx, leaseKey).Err())
 	err := <-done
-	require.Less(t, time.Since(started), 1500*time.Millisecond, "the job context was cancelled, not waited out")
 	dec := decisionOf(err)
 	require.True(t, dec.Retry && dec.Counted, "%v", err)
 	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))

@@ -216,8 +216,17 @@ func TestFailureCategories(t *testing.T) {
 	t.Run("ProxyAuth", func(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: "rotated"}})
 		key, task := r.job(t, "sku-1")
-		err := r.registry(t, nil).ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryProxyAuth, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		reg := r.registry(t, nil)
+		err := reg.ProcessTask(ctx, task)
+		// An incident, not the job's failure: retryable, uncounted, after the probe interval.
+		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryProxyAuth, outcome: store.OutcomeRetryable,
+			decision: asynqDecision{Retry: true}, minD: handlers.DefaultIncidentProbeInterval, maxD: 2*handlers.DefaultIncidentProbeInterval + time.Second})
+		require.ErrorIs(t, reg.Ready(), handlers.ErrIncident)
+		// While it is open the next delivery is handed back untouched.
+		attempts := testutil.Count(t, r.st.Pool(), `SELECT count(*)::int FROM attempts`)
+		dec := decisionOf(reg.ProcessTask(ctx, task))
+		require.True(t, dec.Retry && !dec.Counted)
+		require.Equal(t, attempts, testutil.Count(t, r.st.Pool(), `SELECT count(*)::int FROM attempts`))
 	})
 	t.Run("ExitUnavailable", func(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, UnavailableCountries: []string{"US"}}})

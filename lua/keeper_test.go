@@ -3,44 +3,83 @@ package lua_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
+// guard bounds a wait on an event that must come; it is a hang guard, never a timing
+// assertion (every event waited for here is due in well under a second).
+const guard = 30 * time.Second
+
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(guard):
+		t.Fatalf("no %s within %v", what, guard)
+		panic("unreachable")
+	}
+}
+
+func waitDone(t *testing.T, ctx context.Context, what string) {
+	t.Helper()
+	recv(t, ctx.Done(), what)
+}
+
+// renewals returns a KeepOptions.OnRenew that sends every renewal's outcome on a channel
+// (never blocking the keeper: the buffer is larger than any test needs).
+func renewals() (chan error, func(error)) {
+	ch := make(chan error, 10000)
+	return ch, func(err error) { ch <- err }
+}
+
 func TestKeeperCancelsOnLoss(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("LeaseDeleted", func(t *testing.T) {
 		l, ns := realLeases(t)
-		lease, err := l.Claim(ctx, "job", "A", 900*time.Millisecond, 0)
+		// The keeper's clock stands still, so only the lease's loss in Redis can end it.
+		clock := testutil.NewClock(time.Now())
+		lease, err := l.Claim(ctx, "job", "A", 5*time.Second, 0)
 		require.NoError(t, err)
-		renewed := make(chan error, 100)
-		const interval = 300 * time.Millisecond
-		k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: interval, OnRenew: func(err error) { renewed <- err }})
+		lease.Claimed = clock.Now()
+		renewed, onRenew := renewals()
+		k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 100 * time.Millisecond, Clock: clock, OnRenew: onRenew})
 		require.NoError(t, err)
 		// Renewals go through.
-		require.NoError(t, <-renewed)
-		require.NoError(t, <-renewed)
+		require.NoError(t, recv(t, renewed, "first renewal"))
+		require.NoError(t, recv(t, renewed, "second renewal"))
 		require.NoError(t, k.Context().Err())
 
 		require.NoError(t, ns.Client.Del(ctx, l.Keys().Lease("job")).Err())
-		deleted := time.Now()
-		select {
-		case <-k.Context().Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("keeper did not cancel the job context after the lease was deleted")
+		// Within one renewal: at most one renewal already run before the DEL reports
+		// success late; the next one reports the loss and cancels the job context.
+		succeededAfterDel := 0
+		for {
+			err := recv(t, renewed, "renewal after the lease was deleted")
+			if err == nil {
+				succeededAfterDel++
+				continue
+			}
+			require.ErrorIs(t, err, lua.ErrLeaseLost)
+			break
 		}
-		// Within one renewal interval (plus jitter and scheduling slack).
-		require.Less(t, time.Since(deleted), interval*11/10+300*time.Millisecond)
+		assert.LessOrEqual(t, succeededAfterDel, 1)
+		waitDone(t, k.Context(), "job context cancelled after the lease was deleted")
 		require.ErrorIs(t, context.Cause(k.Context()), lua.ErrLeaseLost)
 		require.ErrorIs(t, k.Stop(), lua.ErrLeaseLost)
 		require.ErrorIs(t, k.Stop(), lua.ErrLeaseLost, "Stop twice")
+		assert.Empty(t, renewed, "no renewal after the loss")
 	})
 
 	t.Run("LeaseTakenOver", func(t *testing.T) {
@@ -53,7 +92,7 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 		require.NoError(t, ns.Client.Del(ctx, l.Keys().Lease("job")).Err())
 		_, err = l.Claim(ctx, "job", "B", time.Minute, 0)
 		require.NoError(t, err)
-		<-k.Context().Done()
+		waitDone(t, k.Context(), "job context cancelled after a takeover")
 		cause := context.Cause(k.Context())
 		require.True(t, errors.Is(cause, lua.ErrNotOwner) || errors.Is(cause, lua.ErrLeaseLost), "cause: %v", cause)
 		require.Error(t, k.Stop())
@@ -66,17 +105,25 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 		l, err := lua.NewLeases(c, "x:")
 		require.NoError(t, err)
 		const ttl = time.Second
+		clock := testutil.NewClock(time.Now())
 		lease, err := l.Claim(ctx, "job", "A", ttl, 0)
 		require.NoError(t, err)
-		claimed := time.Now()
-		k, err := l.Keep(ctx, lease, nil)
-		require.NoError(t, err)
+		lease.Claimed = clock.Now()
 		srv.Stop()
-		<-k.Context().Done()
-		// The keeper gives up no later than the lease would expire; the worker must not
-		// keep writing past the point where another may hold the job.
-		require.Less(t, time.Since(claimed), ttl+300*time.Millisecond)
+		renewed, onRenew := renewals()
+		k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 50 * time.Millisecond, Clock: clock, OnRenew: onRenew})
+		require.NoError(t, err)
+		// While the lease may still hold (by the keeper's clock) failed renewals are retried
+		// and the work goes on.
+		require.Error(t, recv(t, renewed, "failed renewal"))
+		require.Error(t, recv(t, renewed, "retried renewal"))
+		require.NoError(t, k.Context().Err(), "gave up while the lease still held")
+		// The moment the lease would have expired, counted from the claim, the keeper stops
+		// the work: another worker may hold the job from then on.
+		clock.Advance(ttl)
+		waitDone(t, k.Context(), "job context cancelled at the lease's end")
 		require.ErrorIs(t, k.Stop(), lua.ErrLeaseLost)
+		require.ErrorContains(t, context.Cause(k.Context()), "not renewed before expiry")
 	})
 
 	t.Run("StopWhileHeld", func(t *testing.T) {
@@ -98,7 +145,7 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 		k, err := l.Keep(parent, lease, nil)
 		require.NoError(t, err)
 		cancel()
-		<-k.Context().Done()
+		waitDone(t, k.Context(), "job context cancelled with its parent")
 		require.NoError(t, k.Stop(), "a cancelled parent is not a lost lease")
 	})
 
@@ -106,31 +153,148 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 		l, _ := realLeases(t)
 		lease := lua.Lease{Key: "job", Owner: "A", Token: 1, TTL: time.Second}
 		_, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 2 * time.Second})
-		require.ErrorContains(t, err, "shorter than the lease")
+		require.ErrorContains(t, err, `keep "job"`)
+		require.ErrorContains(t, err, "half the lease TTL")
 		_, err = l.Keep(ctx, lease, &lua.KeepOptions{Jitter: 0.7})
-		require.ErrorContains(t, err, "jitter")
+		require.ErrorContains(t, err, "KeepOptions.Jitter 0.7")
+		_, err = l.Keep(ctx, lua.Lease{Key: "job", Owner: "A", Token: 1}, nil)
+		require.ErrorContains(t, err, "TTL")
 	})
 }
 
-// TestKeeperCountsFromClaim: the keeper's safety deadline starts when the claim was sent,
-// not when Keep was called: time spent between claim and Keep (a slow attempt start) is
-// already gone from the lease.
+// TestKeeperCountsFromClaim: the keeper counts the lease from when the claim was sent, not
+// from when Keep was called: time spent between claim and Keep (a slow attempt start) is
+// already gone from the lease, both for when it gives up and for when it renews.
 func TestKeeperCountsFromClaim(t *testing.T) {
 	ctx := context.Background()
-	srv := testutil.StartRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
-	defer c.Close()
-	l, err := lua.NewLeases(c, "x:")
-	require.NoError(t, err)
-	lease, err := l.Claim(ctx, "job", "A", 2*time.Second, 0)
-	require.NoError(t, err)
-	require.False(t, lease.Claimed.IsZero())
-	lease.Claimed = lease.Claimed.Add(-1800 * time.Millisecond) // as if the start took 1.8 s
-	srv.Stop()
-	k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 500 * time.Millisecond})
-	require.NoError(t, err)
-	started := time.Now()
-	<-k.Context().Done()
-	require.Less(t, time.Since(started), time.Second, "gave up at claim + TTL, not Keep + TTL")
-	require.ErrorIs(t, k.Stop(), lua.ErrLeaseLost)
+
+	t.Run("GivesUpAtClaimPlusTTL", func(t *testing.T) {
+		l, ns := realLeases(t)
+		clock := testutil.NewClock(time.Now())
+		lease, err := l.Claim(ctx, "job", "A", 2*time.Second, 0)
+		require.NoError(t, err)
+		require.False(t, lease.Claimed.IsZero())
+		lease.Claimed = clock.Now().Add(-2 * time.Second) // as if the start took the whole lease
+		renewed, onRenew := renewals()
+		k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 500 * time.Millisecond, Clock: clock, OnRenew: onRenew})
+		require.NoError(t, err)
+		waitDone(t, k.Context(), "job context cancelled")
+		require.ErrorIs(t, k.Stop(), lua.ErrLeaseLost)
+		assert.Empty(t, renewed, "no renewal once the lease is over by the keeper's count")
+		// Redis would still have renewed (its TTL ran from the real claim): the keeper gave
+		// up on its own count, which is the conservative one.
+		assert.Equal(t, int64(1), ns.Client.Exists(ctx, l.Keys().Lease("job")).Val())
+	})
+
+	t.Run("FirstRenewalScheduledFromClaim", func(t *testing.T) {
+		l, _ := realLeases(t)
+		clock := testutil.NewClock(time.Now())
+		lease, err := l.Claim(ctx, "job", "A", 5*time.Minute, 0)
+		require.NoError(t, err)
+		// Two minutes went by since the claim; renewals are due every minute: the first one
+		// is overdue and runs at once (counted from Keep it would wait a minute, and the
+		// hang guard would fail the test).
+		lease.Claimed = clock.Now().Add(-2 * time.Minute)
+		renewed, onRenew := renewals()
+		k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: time.Minute, Clock: clock, OnRenew: onRenew})
+		require.NoError(t, err)
+		require.NoError(t, recv(t, renewed, "overdue first renewal"))
+		require.NoError(t, k.Stop())
+	})
+}
+
+// TestKeeperWorstAllowedTiming is the probe of issue 15 item 6: with the old rule
+// (interval < TTL) jitter pushed renewals past the lease and 12 of 20 healthy leases were
+// declared lost before any renewal. With the slowest schedule CheckKeepTiming allows, 20
+// healthy leases each renew several times and none is lost (counted by renewal outcomes).
+func TestKeeperWorstAllowedTiming(t *testing.T) {
+	ctx := context.Background()
+	l, _ := realLeases(t)
+	const (
+		ttl      = 3 * time.Second
+		jitter   = 0.49
+		leases   = 20
+		renewals = 2
+	)
+	jit := jitter // a variable: the constant expression is not an integral duration
+	interval := time.Duration(float64(ttl) / 2 / (1 + jit))
+	require.NoError(t, lua.CheckKeepTiming(ttl, interval, jitter), "the probe uses the worst allowed setting")
+	require.Error(t, lua.CheckKeepTiming(ttl, interval+time.Millisecond, jitter), "and nothing worse is allowed")
+
+	type probe struct {
+		k  *lua.Keeper
+		ok chan struct{}
+	}
+	lost := make(chan error, leases*100)
+	probes := make([]probe, leases)
+	for i := range probes {
+		lease, err := l.Claim(ctx, fmt.Sprintf("job-%d", i), "A", ttl, 0)
+		require.NoError(t, err)
+		p := probe{ok: make(chan struct{}, 100)}
+		p.k, err = l.Keep(ctx, lease, &lua.KeepOptions{Interval: interval, Jitter: jitter, OnRenew: func(err error) {
+			if err != nil {
+				lost <- err
+				return
+			}
+			p.ok <- struct{}{}
+		}})
+		require.NoError(t, err)
+		probes[i] = p
+		t.Cleanup(func() { _ = p.k.Stop() })
+	}
+	for i, p := range probes {
+		for n := range renewals {
+			select {
+			case <-p.ok:
+			case err := <-lost:
+				t.Fatalf("lease %d lost before renewal %d: %v", i, n+1, err)
+			case <-p.k.Context().Done():
+				t.Fatalf("lease %d lost before renewal %d: %v", i, n+1, context.Cause(p.k.Context()))
+			case <-time.After(guard):
+				t.Fatalf("lease %d: no renewal %d within %v", i, n+1, guard)
+			}
+		}
+	}
+	for i, p := range probes {
+		assert.NoError(t, p.k.Stop(), "lease %d", i)
+	}
+	assert.Empty(t, lost, "failed renewals")
+}
+
+func TestCheckKeepTiming(t *testing.T) {
+	tests := []struct {
+		name     string
+		ttl      time.Duration
+		interval time.Duration
+		jitter   float64
+		wantErr  string // empty: allowed
+	}{
+		{name: "Defaults", ttl: time.Second},
+		{name: "DefaultsShortestLease", ttl: time.Millisecond},
+		{name: "ExactlyHalf", ttl: 3 * time.Second, interval: 1200 * time.Millisecond, jitter: 0.25},
+		{name: "JustOverHalf", ttl: 3 * time.Second, interval: 1200*time.Millisecond + 1, jitter: 0.25,
+			wantErr: "KeepOptions.Interval 1.200000001s × (1 + Jitter 0.25) = 1.500000001s must be at most half the lease TTL 3s"},
+		{name: "OldRuleAccepted", ttl: time.Second, interval: 950 * time.Millisecond, jitter: 0.1,
+			wantErr: "use Interval <= 454.545454ms"},
+		{name: "DefaultJitterApplied", ttl: time.Second, interval: 500 * time.Millisecond,
+			wantErr: "Jitter 0.1"},
+		{name: "IntervalLongerThanLease", ttl: time.Second, interval: 2 * time.Second, jitter: 0.1,
+			wantErr: "half the lease TTL 1s"},
+		{name: "NegativeInterval", ttl: time.Second, interval: -time.Second, wantErr: "KeepOptions.Interval -1s must be positive"},
+		{name: "NegativeJitter", ttl: time.Second, jitter: -0.1, wantErr: "KeepOptions.Jitter -0.1 must be in [0, 0.5)"},
+		{name: "JitterTooLarge", ttl: time.Second, jitter: 0.5, wantErr: "KeepOptions.Jitter 0.5"},
+		{name: "JitterNaN", ttl: time.Second, jitter: math.NaN(), wantErr: "KeepOptions.Jitter NaN"},
+		{name: "ZeroTTL", ttl: 0, wantErr: "lease TTL 0s is below 1ms"},
+		{name: "NegativeTTL", ttl: -time.Second, interval: time.Millisecond, wantErr: "lease TTL -1s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := lua.CheckKeepTiming(tt.ttl, tt.interval, tt.jitter)
+			if tt.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.wantErr)
+		})
+	}
 }

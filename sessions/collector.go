@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -42,14 +41,20 @@ type CollectorConfig struct {
 	IgnoreRobotsTxt bool
 	// UserAgent sent with every request. Defaults to DefaultUserAgent.
 	UserAgent string
-	// Guard checks every request and redirect target. Defaults to a Guard that refuses
-	// every forbidden range.
+	// Guard checks every request, redirect target and robots.txt fetch. Build it with
+	// NewGuard from the same tasks.DestinationPolicy the Enqueuer uses. Defaults to a Guard
+	// with the strict policy.
 	Guard *Guard
 	// TLSConfig for HTTPS destinations (tests pass their server's roots). Defaults to nil
 	// (system roots).
 	TLSConfig *tls.Config
 	// Now is the clock for Retry-After dates. Defaults to time.Now.
 	Now func() time.Time
+
+	// budget is how many bytes this collector may move before its reads fail with
+	// ErrBudgetExceeded (set by Unit.Run from RunConfig.MaxBytes); only if budgetSet.
+	budgetSet bool
+	budget    int64
 }
 
 func (c *CollectorConfig) withDefaults() CollectorConfig {
@@ -85,10 +90,11 @@ type Bound struct {
 	Collector *colly.Collector
 	Session   *Session
 
-	cfg       CollectorConfig
-	transport *http.Transport
-	bytes     atomic.Int64
-	served    atomic.Bool // the session answered at least one request
+	cfg        CollectorConfig
+	transport  *http.Transport
+	bytes      atomic.Int64
+	served     atomic.Bool  // the session answered at least one request
+	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
 }
 
 const responseKey = "idemscrape.response"
@@ -159,11 +165,25 @@ func (b *Bound) Get(rawURL string) (*colly.Response, error) {
 // (compressed, if they were).
 func (b *Bound) Bytes() int64 { return b.bytes.Load() }
 
+// LastStatus is the HTTP status of the last response this collector received — every
+// hop counts, redirects and robots.txt included, and a proxy's refusal — or 0 if none.
+func (b *Bound) LastStatus() int { return int(b.lastStatus.Load()) }
+
+// overBudget reports whether the collector moved more bytes than its budget.
+func (b *Bound) overBudget() bool {
+	return b.cfg.budgetSet && b.bytes.Load() > b.cfg.budget
+}
+
+func (b *Bound) budgetError() error {
+	return &budgetExceededError{moved: b.bytes.Load(), budget: b.cfg.budget}
+}
+
 // Close drops the session's idle connections.
 func (b *Bound) Close() { b.transport.CloseIdleConnections() }
 
 func (b *Bound) onConnectResponse(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
 	b.bytes.Add(headerBytes(res.Header) + 64)
+	b.lastStatus.Store(int32(res.StatusCode))
 	if res.StatusCode == http.StatusOK {
 		return nil
 	}
@@ -184,6 +204,9 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	}
 	if err := b.cfg.Guard.Check(req.Context(), req.URL.String()); err != nil {
 		return nil, err
+	}
+	if b.overBudget() {
+		return nil, b.budgetError()
 	}
 	out := req.Clone(req.Context())
 	switch req.URL.Scheme {
@@ -209,12 +232,13 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	// headers to every callback.
 	res.Request = req
 	b.bytes.Add(headerBytes(res.Header) + 32)
+	b.lastStatus.Store(int32(res.StatusCode))
 	if req.URL.Scheme == "http" && isProxyRefusal(res) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
 		res.Body.Close()
 		return nil, &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
 	}
-	var body io.Reader = &countingReader{r: res.Body, n: &b.bytes}
+	var body io.Reader = &countingReader{r: res.Body, bound: b}
 	if strings.EqualFold(strings.TrimSpace(res.Header.Get("Content-Encoding")), "gzip") {
 		gz, err := gzip.NewReader(body)
 		if err != nil {
@@ -254,16 +278,45 @@ func headerBytes(h http.Header) int64 {
 	return n
 }
 
+// countingReader counts wire bytes and aborts the read once the collector's bandwidth
+// budget is spent.
 type countingReader struct {
-	r io.Reader
-	n *atomic.Int64
+	r     io.Reader
+	bound *Bound
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	if c.bound.overBudget() {
+		return 0, c.bound.budgetError()
+	}
+	if c.bound.cfg.budgetSet {
+		// Read at most one byte past the budget, so the abort comes at the budget and
+		// not a socket buffer later.
+		if left := c.bound.cfg.budget - c.bound.bytes.Load(); int64(len(p)) > left+1 {
+			p = p[:max(left+1, 1)]
+		}
+	}
 	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
+	c.bound.bytes.Add(int64(n))
+	if c.bound.overBudget() {
+		return n, c.bound.budgetError()
+	}
 	return n, err
 }
+
+// ErrBudgetExceeded: the run moved more bytes than RunConfig.MaxBytes; the response being
+// read was aborted (category budget_exceeded).
+var ErrBudgetExceeded = errors.New("sessions: bandwidth budget exceeded")
+
+// budgetExceededError says how much was moved against which budget; errors.Is(err,
+// ErrBudgetExceeded) holds.
+type budgetExceededError struct{ moved, budget int64 }
+
+func (e *budgetExceededError) Error() string {
+	return fmt.Sprintf("%v: this session moved %d bytes, the run had %d left", ErrBudgetExceeded, e.moved, e.budget)
+}
+
+func (e *budgetExceededError) Is(target error) bool { return target == ErrBudgetExceeded }
 
 // cappedBody fails with ErrBodyTooLarge once more than left bytes were read.
 type cappedBody struct {
@@ -298,8 +351,3 @@ func (e *bodyTooLargeError) Error() string {
 func (e *bodyTooLargeError) Is(target error) bool { return target == ErrBodyTooLarge }
 
 func (c *cappedBody) Close() error { return c.closer.Close() }
-
-// LoopbackGuard is a Guard that allows 127.0.0.0/8 and ::1 — for tests against local fakes.
-func LoopbackGuard() *Guard {
-	return &Guard{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}}
-}

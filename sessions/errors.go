@@ -53,7 +53,8 @@ func (e *FetchError) Error() string {
 func (e *FetchError) Unwrap() error { return e.Err }
 
 // CategoryOf returns the category of err: the FetchError's if there is one, else
-// CategoryTimeout for deadlines, else CategoryInternal.
+// CategoryTimeout for deadlines, CategoryInterrupted for cancellation, else
+// CategoryInternal.
 func CategoryOf(err error) tasks.Category {
 	var fe *FetchError
 	if errors.As(err, &fe) {
@@ -61,6 +62,9 @@ func CategoryOf(err error) tasks.Category {
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return tasks.CategoryTimeout
+	}
+	if errors.Is(err, context.Canceled) {
+		return tasks.CategoryInterrupted
 	}
 	return tasks.CategoryInternal
 }
@@ -127,10 +131,23 @@ func classify(err error, started bool) *FetchError {
 	if errors.As(err, &fe) {
 		return fe
 	}
-	var pe *proxyStatusError
+	var (
+		pe *proxyStatusError
+		re *ResolveError
+		de *net.DNSError
+	)
 	switch {
 	case errors.As(err, &pe):
+		if c := proxyDNSCategory(pe.header); c != "" {
+			return &FetchError{Category: c, Status: pe.status, Err: pe}
+		}
 		return &FetchError{Category: classifyProxyStatus(pe.status, started), Status: pe.status, Err: pe}
+	case errors.Is(err, ErrBudgetExceeded):
+		var be *budgetExceededError
+		if errors.As(err, &be) {
+			return &FetchError{Category: tasks.CategoryBudgetExceeded, Err: be}
+		}
+		return &FetchError{Category: tasks.CategoryBudgetExceeded, Err: ErrBudgetExceeded}
 	case errors.Is(err, ErrBodyTooLarge):
 		var btl *bodyTooLargeError
 		if errors.As(err, &btl) {
@@ -141,6 +158,21 @@ func classify(err error, started bool) *FetchError {
 		return &FetchError{Category: tasks.CategoryForbiddenAddress, Err: scrub(err)}
 	case errors.Is(err, colly.ErrRobotsTxtBlocked):
 		return &FetchError{Category: tasks.CategoryRobotsDisallowed, Err: colly.ErrRobotsTxtBlocked}
+	case errors.As(err, &re):
+		// The guard's lookup of the destination: a name that does not exist is terminal,
+		// anything else (SERVFAIL, timeout) transient.
+		// re itself is kept (it holds a host name and a *net.DNSError, never a URL).
+		if re.NotFound() {
+			return &FetchError{Category: tasks.CategoryDNSNotFound, Err: re}
+		}
+		return &FetchError{Category: tasks.CategoryNetwork, Err: re}
+	case errors.As(err, &de):
+		// The transport resolves only the proxy gateway's name: whatever the answer, it is
+		// not the job's fault, so even NXDOMAIN is retryable here (a wrong gateway is a
+		// configuration incident for the operator, not a terminal failure of every job).
+		return &FetchError{Category: tasks.CategoryNetwork, Err: scrub(err)}
+	case errors.Is(err, context.Canceled):
+		return &FetchError{Category: tasks.CategoryInterrupted, Err: scrub(err)}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded), isTimeout(err):
 		return &FetchError{Category: tasks.CategoryTimeout, Err: scrub(err)}
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET),
@@ -151,6 +183,25 @@ func classify(err error, started bool) *FetchError {
 		return &FetchError{Category: tasks.CategoryExitUnavailable, Err: scrub(err)}
 	}
 	return &FetchError{Category: tasks.CategoryInternal, Err: scrub(err)}
+}
+
+// proxyDNSCategory reads an RFC 9209 Proxy-Status header for the proxy's own DNS failure
+// on the destination's name: error=dns_error with rcode NXDOMAIN is dns_not_found, other
+// dns_error and dns_timeout are network. "" when the header says something else.
+func proxyDNSCategory(h http.Header) tasks.Category {
+	v := strings.ToLower(h.Get("Proxy-Status"))
+	switch {
+	case v == "":
+		return ""
+	case strings.Contains(v, "error=dns_error"):
+		if strings.Contains(v, "rcode=nxdomain") || strings.Contains(v, `rcode="nxdomain"`) {
+			return tasks.CategoryDNSNotFound
+		}
+		return tasks.CategoryNetwork
+	case strings.Contains(v, "error=dns_timeout"):
+		return tasks.CategoryNetwork
+	}
+	return ""
 }
 
 func isTimeout(err error) bool {

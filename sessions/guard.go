@@ -9,51 +9,76 @@ import (
 	"strings"
 
 	whatwg "github.com/nlnwa/whatwg-url/url"
+
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 // ErrForbiddenAddress: a URL's host is, or resolves to, an address a scraper must not
-// reach (loopback, private, link-local, CGNAT, cloud metadata, multicast, reserved).
+// reach (loopback, private, link-local, CGNAT, cloud metadata, multicast, reserved), or
+// its port is not in the destination policy's allow-list.
 var ErrForbiddenAddress = errors.New("sessions: forbidden destination address")
 
-// forbidden are the ranges the guard refuses, beyond what netip's predicates cover.
-var forbidden = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),       // "this network"
-	netip.MustParsePrefix("100.64.0.0/10"),   // CGNAT (also Alibaba metadata 100.100.100.200)
-	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments
-	netip.MustParsePrefix("192.0.2.0/24"),    // TEST-NET-1
-	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking
-	netip.MustParsePrefix("198.51.100.0/24"), // TEST-NET-2
-	netip.MustParsePrefix("203.0.113.0/24"),  // TEST-NET-3
-	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, broadcast
-	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use NAT64
-	netip.MustParsePrefix("100::/64"),        // discard-only
-	netip.MustParsePrefix("2001:db8::/32"),   // documentation
-	netip.MustParsePrefix("fec0::/10"),       // deprecated site-local
-}
+// strictPolicy is what a Guard without a Policy applies.
+var strictPolicy = tasks.StrictDestinationPolicy()
 
 // Resolver resolves host names; *net.Resolver implements it.
 type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
-// Guard refuses job URLs whose host is, or resolves to, a forbidden address. It resolves
-// names itself: behind a residential proxy the exit would resolve them inside someone's
-// home network, where "router.local" or a rebinding name reaches a private device.
-// The zero value refuses every forbidden range and uses net.DefaultResolver.
+// Guard refuses job URLs that the destination policy refuses: a port outside the
+// allow-list, a host that is a forbidden address in any spelling, localhost, or a name any
+// of whose addresses is forbidden. It resolves names itself: behind a residential proxy
+// the exit would resolve them inside someone's home network, where "router.local" or a
+// rebinding name reaches a private device. The collector runs it on every hop, redirects
+// and robots.txt included.
+//
+// The zero value applies the strict tasks.DestinationPolicy and uses net.DefaultResolver.
+// Build it with NewGuard from the same policy value the Enqueuer uses.
 //
 // Limit: the proxy resolves the name again; a name that answers differently the second
 // time (DNS rebinding) is out of the guard's reach.
 type Guard struct {
-	// Allow lists ranges that are allowed even though forbidden (tests allow loopback).
-	Allow []netip.Prefix
+	// Policy is the destination policy. Defaults to the strict tasks.DestinationPolicy.
+	Policy *tasks.DestinationPolicy
 	// Resolver resolves host names. Defaults to net.DefaultResolver.
 	Resolver Resolver
 }
 
+// NewGuard returns a Guard that applies policy (nil: the strict default) and resolves with
+// net.DefaultResolver.
+func NewGuard(policy *tasks.DestinationPolicy) *Guard { return &Guard{Policy: policy} }
+
+// LoopbackGuard is NewGuard(tasks.LoopbackPolicy()): loopback addresses and localhost on
+// any port, for tests and the demo against local fakes.
+func LoopbackGuard() *Guard { return NewGuard(tasks.LoopbackPolicy()) }
+
+// ResolveError is a failed lookup of a destination's name. Its category is
+// dns_not_found when the name does not exist, network otherwise (see CategoryOf).
+type ResolveError struct {
+	Host string
+	Err  error
+}
+
+func (e *ResolveError) Error() string { return fmt.Sprintf("sessions: resolve %q: %v", e.Host, e.Err) }
+
+func (e *ResolveError) Unwrap() error { return e.Err }
+
+// NotFound reports whether the name does not exist (NXDOMAIN).
+func (e *ResolveError) NotFound() bool {
+	var de *net.DNSError
+	return errors.As(e.Err, &de) && de.IsNotFound
+}
+
 // Check parses rawURL the way browsers do (so decimal, octal, hex and shortened IPv4
-// forms become dotted quads), then refuses it if its host is a forbidden address or a
-// name any of whose addresses is forbidden.
+// forms become dotted quads) and applies the policy: port, literal address and localhost
+// first, then every address of a name. A refusal wraps ErrForbiddenAddress; a failed
+// lookup is a *ResolveError.
 func (g *Guard) Check(ctx context.Context, rawURL string) error {
+	policy := g.Policy
+	if policy == nil {
+		policy = strictPolicy
+	}
 	u, err := whatwg.Parse(rawURL)
 	if err != nil {
 		return fmt.Errorf("%w: unparsable URL", ErrForbiddenAddress)
@@ -62,8 +87,15 @@ func (g *Guard) Check(ctx context.Context, rawURL string) error {
 	if host == "" {
 		return fmt.Errorf("%w: URL has no host", ErrForbiddenAddress)
 	}
+	if err := policy.CheckURL(rawURL); err != nil {
+		var fe *tasks.FieldError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("%w: %q: %s", ErrForbiddenAddress, host, fe.Reason)
+		}
+		return fmt.Errorf("%w: %q", ErrForbiddenAddress, host)
+	}
 	if addr, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return g.checkAddr(host, addr)
+		return g.checkAddr(policy, host, addr)
 	}
 	resolver := g.Resolver
 	if resolver == nil {
@@ -71,60 +103,23 @@ func (g *Guard) Check(ctx context.Context, rawURL string) error {
 	}
 	addrs, err := resolver.LookupNetIP(ctx, "ip", strings.TrimSuffix(host, "."))
 	if err != nil {
-		return fmt.Errorf("sessions: resolve %q: %w", host, err)
+		return &ResolveError{Host: host, Err: err}
 	}
 	if len(addrs) == 0 {
-		return fmt.Errorf("sessions: resolve %q: no addresses", host)
+		return &ResolveError{Host: host, Err: errors.New("no addresses")}
 	}
 	for _, a := range addrs {
-		if err := g.checkAddr(host, a); err != nil {
+		if err := g.checkAddr(policy, host, a); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (g *Guard) checkAddr(host string, addr netip.Addr) error {
-	addr = addr.Unmap() // ::ffff:127.0.0.1 is 127.0.0.1
-	// Addresses embedded in IPv6 transition prefixes reach the embedded IPv4 host.
-	if addr.Is6() {
-		b := addr.As16()
-		switch {
-		case netip.MustParsePrefix("64:ff9b::/96").Contains(addr): // NAT64
-			addr = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
-		case netip.MustParsePrefix("2002::/16").Contains(addr): // 6to4
-			addr = netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]})
-		case netip.MustParsePrefix("::/96").Contains(addr) && !addr.IsUnspecified() && !addr.IsLoopback(): // IPv4-compatible
-			addr = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
-		}
-	}
-	for _, p := range g.Allow {
-		if p.Contains(addr) {
-			return nil
-		}
-	}
-	reason := ""
-	switch {
-	case addr.IsLoopback():
-		reason = "loopback"
-	case addr.IsPrivate():
-		reason = "private"
-	case addr.IsLinkLocalUnicast():
-		reason = "link-local (cloud metadata lives here)"
-	case addr.IsMulticast(), addr.IsLinkLocalMulticast(), addr.IsInterfaceLocalMulticast():
-		reason = "multicast"
-	case addr.IsUnspecified():
-		reason = "unspecified"
-	default:
-		for _, p := range forbidden {
-			if p.Contains(addr) {
-				reason = "reserved range " + p.String()
-				break
-			}
-		}
-	}
+func (g *Guard) checkAddr(policy *tasks.DestinationPolicy, host string, addr netip.Addr) error {
+	reason := policy.ForbiddenReason(addr)
 	if reason == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: %q is %s (%s)", ErrForbiddenAddress, host, addr, reason)
+	return fmt.Errorf("%w: %q is %s (%s)", ErrForbiddenAddress, host, tasks.EmbeddedAddr(addr), reason)
 }

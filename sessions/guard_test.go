@@ -3,10 +3,16 @@ package sessions
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
+	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 type fakeResolver map[string][]netip.Addr
@@ -35,16 +41,13 @@ func TestSSRFGuard(t *testing.T) {
 		"http://169.254.169.254/latest/meta-data/", "http://[fe80::1]/", "http://100.64.0.1/",
 		"http://100.100.100.200/", "http://224.0.0.1/", "http://[ff02::1]/", "http://0.0.0.0/",
 		"http://[::]/", "http://255.255.255.255/", "http://[fd00:ec2::254]/", "http://[64:ff9b::a00:1]/",
-		"http://[2002:c0a8:101::1]/", "https://localhost./", /* not in the resolver: refused on lookup */
+		"http://[2002:c0a8:101::1]/", "https://localhost./", /* refused by name, before any lookup */
 		"http://router.example/", "http://metadata.example/", "http://v6private.example/",
 		"http://rebind.example/",
 	}
 	for _, u := range forbidden {
 		err := g.Check(ctx, u)
-		require.Error(t, err, u)
-		if u != "https://localhost./" {
-			require.ErrorIs(t, err, ErrForbiddenAddress, u)
-		}
+		require.ErrorIs(t, err, ErrForbiddenAddress, u)
 	}
 	for _, u := range []string{"https://public.example/p/1", "http://93.184.215.14/", "http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]/"} {
 		require.NoError(t, g.Check(ctx, u), u)
@@ -59,4 +62,28 @@ func TestSSRFGuard(t *testing.T) {
 	require.NoError(t, lg.Check(ctx, "http://127.0.0.1:8080/"))
 	require.NoError(t, lg.Check(ctx, "http://2130706433/"))
 	require.ErrorIs(t, lg.Check(ctx, "http://10.0.0.1/"), ErrForbiddenAddress)
+}
+
+func TestClassifyNetworkFailures(t *testing.T) {
+	cases := []struct {
+		name string
+		err  error
+		want tasks.Category
+	}{
+		{"GuardNXDOMAIN", &ResolveError{Host: "gone.example", Err: &net.DNSError{IsNotFound: true}}, tasks.CategoryDNSNotFound},
+		{"GuardTemporary", &ResolveError{Host: "flaky.example", Err: &net.DNSError{IsTemporary: true}}, tasks.CategoryNetwork},
+		{"GuardTimeoutIsNetwork", &ResolveError{Host: "slow.example", Err: &net.DNSError{IsTimeout: true}}, tasks.CategoryNetwork},
+		// The transport resolves only the proxy gateway: never terminal for the job.
+		{"GatewayNXDOMAIN", &url.Error{Op: "Get", URL: "http://x/", Err: &net.OpError{Op: "dial", Err: &net.DNSError{IsNotFound: true, Name: "gw.example"}}}, tasks.CategoryNetwork},
+		{"ProxyStatusNXDOMAIN", &proxyStatusError{status: 502, header: http.Header{"Proxy-Status": {`brd; error=dns_error; rcode="NXDOMAIN"`}}}, tasks.CategoryDNSNotFound},
+		{"ProxyStatusDNSTimeout", &proxyStatusError{status: 504, header: http.Header{"Proxy-Status": {`brd; error=dns_timeout`}}}, tasks.CategoryNetwork},
+		{"ProxyStatusOther", &proxyStatusError{status: 502, header: http.Header{"Proxy-Status": {`brd; error=destination_unreachable`}}}, tasks.CategoryExitUnavailable},
+		{"Canceled", fmt.Errorf("get: %w", context.Canceled), tasks.CategoryInterrupted},
+		{"Budget", fmt.Errorf("read: %w", &budgetExceededError{moved: 10, budget: 5}), tasks.CategoryBudgetExceeded},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, classify(tc.err, false).Category)
+		})
+	}
 }

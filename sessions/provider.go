@@ -35,7 +35,10 @@ const redacted = "[REDACTED]"
 //	{country}       requested country, lower case ("us"); {COUNTRY} upper case ("US")
 //	{session}       the session id (8 characters [a-z0-9])
 //	{minutes} {seconds} {lifetime}  session lifetime: whole minutes, whole seconds,
-//	                and "<n><unit>" with the largest exact unit of s, m, h, d ("30m")
+//	                and "<n><unit>" with the largest exact unit of s, m, h, d ("30m").
+//	                Each is rounded UP to its unit (90 s is 2 minutes), so the provider
+//	                keeps the exit at least as long as our session lasts; minutes are
+//	                capped at MaxProviderMinutes.
 //
 // A part in square brackets is dropped when a placeholder inside it is empty, e.g.
 // "[-country-{country}]" for a session without a requested country.
@@ -57,6 +60,9 @@ const (
 	DefaultSessionLifetime = 10 * time.Minute
 	// MaxStickyLifetime is the longest sticky session idemscrape asks any provider for.
 	MaxStickyLifetime = 60 * time.Minute
+	// MaxProviderMinutes is the largest minute count the minute-based formats accept
+	// (Oxylabs sesstime, Decodo sessionduration: 1440).
+	MaxProviderMinutes = 1440
 )
 
 var (
@@ -207,8 +213,8 @@ func (p *Provider) credentialsFor(country, sessionID string, lifetime time.Durat
 		"user": accountUser, "pass": accountPass,
 		"country": strings.ToLower(country), "COUNTRY": strings.ToUpper(country),
 		"session":  sessionID,
-		"minutes":  strconv.Itoa(max(1, int(lifetime/time.Minute))),
-		"seconds":  strconv.Itoa(max(1, int(lifetime/time.Second))),
+		"minutes":  strconv.FormatInt(min(ceilUnits(lifetime, time.Minute), MaxProviderMinutes), 10),
+		"seconds":  strconv.FormatInt(ceilUnits(lifetime, time.Second), 10),
 		"lifetime": lifetimeString(lifetime),
 	}
 	fill := func(tmpl string) string {
@@ -226,9 +232,16 @@ func (p *Provider) credentialsFor(country, sessionID string, lifetime time.Durat
 	return fill(p.userTmpl), fill(p.passTmpl)
 }
 
-// lifetimeString renders d with the largest unit that divides it exactly: 30m, 2h, 1d, 45s.
+// ceilUnits is d in whole units, rounded up, at least 1: the provider's session must
+// outlive ours, never end before it.
+func ceilUnits(d, unit time.Duration) int64 {
+	return max(1, int64((d+unit-1)/unit))
+}
+
+// lifetimeString renders d, rounded up to whole seconds, with the largest unit that
+// divides it exactly: 30m, 2h, 1d, 90s.
 func lifetimeString(d time.Duration) string {
-	s := max(1, int64(d/time.Second))
+	s := ceilUnits(d, time.Second)
 	switch {
 	case s%86400 == 0:
 		return strconv.FormatInt(s/86400, 10) + "d"

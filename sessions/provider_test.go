@@ -44,6 +44,22 @@ func TestProviderUsernames(t *testing.T) {
 			`^acme$`, `^` + canary + `_country-us_session-SID_lifetime-90s$`, "geo.iproyal.com:12321"},
 		{"soax", mk(SOAX("123456", canary)), "us", 10 * time.Minute,
 			`^package-123456-country-us-sessionid-SID-sessionlength-600$`, `^` + canary + `$`, "proxy.soax.com:5000"},
+		// Lifetimes are rounded UP to the provider's unit, so the provider's session
+		// outlives ours: 90 s is 2 minutes, never 1.
+		{"oxylabs 90s rounds up", mk(Oxylabs("acme", canary)), "US", 90 * time.Second,
+			`^customer-acme-cc-US-sessid-SID-sesstime-2$`, `^` + canary + `$`, "pr.oxylabs.io:7777"},
+		{"oxylabs 30s is 1 minute", mk(Oxylabs("acme", canary)), "US", 30 * time.Second,
+			`^customer-acme-cc-US-sessid-SID-sesstime-1$`, `^` + canary + `$`, "pr.oxylabs.io:7777"},
+		{"oxylabs 10m1s rounds up", mk(Oxylabs("acme", canary)), "US", 10*time.Minute + time.Second,
+			`^customer-acme-cc-US-sessid-SID-sesstime-11$`, `^` + canary + `$`, "pr.oxylabs.io:7777"},
+		{"decodo 59m30s rounds up", mk(Decodo("acme", canary)), "de", 59*time.Minute + 30*time.Second,
+			`^user-acme-country-de-session-SID-sessionduration-60$`, `^` + canary + `$`, "gate.decodo.com:7000"},
+		{"soax 1500ms rounds up", mk(SOAX("123456", canary)), "us", 1500 * time.Millisecond,
+			`^package-123456-country-us-sessionid-SID-sessionlength-2$`, `^` + canary + `$`, "proxy.soax.com:5000"},
+		{"iproyal 90500ms rounds up", mk(IPRoyal("acme", canary)), "US", 90*time.Second + 500*time.Millisecond,
+			`^acme$`, `^` + canary + `_country-us_session-SID_lifetime-91s$`, "geo.iproyal.com:12321"},
+		{"iproyal 59m59.5s is 1h", mk(IPRoyal("acme", canary)), "US", time.Hour - 500*time.Millisecond,
+			`^acme$`, `^` + canary + `_country-us_session-SID_lifetime-1h$`, "geo.iproyal.com:12321"},
 		{"lifetime capped at 60 min", mk(Oxylabs("acme", canary)), "US", 5 * time.Hour,
 			`^customer-acme-cc-US-sessid-SID-sesstime-60$`, `^` + canary + `$`, "pr.oxylabs.io:7777"},
 		{"generic", mk(NewProvider("generic", "gw.example:8000", "{user}[-country-{country}]-session-{session}", "{pass}", "bob", canary, 0)), "fr", time.Minute,
@@ -63,6 +79,10 @@ func TestProviderUsernames(t *testing.T) {
 			require.Equal(t, strings.ToUpper(tc.country), s.Country)
 		})
 	}
+	t.Run("MinutesClampedToProviderMax", func(t *testing.T) {
+		user, _ := mk(Oxylabs("acme", canary)).credentialsFor("US", "abcdefgh", 48*time.Hour)
+		require.Equal(t, "customer-acme-cc-US-sessid-abcdefgh-sesstime-1440", user)
+	})
 	t.Run("SessionIDsDiffer", func(t *testing.T) {
 		p := mk(Oxylabs("acme", canary))
 		seen := map[string]bool{}

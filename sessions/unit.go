@@ -122,6 +122,10 @@ type RunConfig struct {
 	// MaxSessionRestarts is how many new sessions one run may start after session loss.
 	// Defaults to DefaultMaxSessionRestarts; -1 means none.
 	MaxSessionRestarts int
+	// MaxBytes is the run's bandwidth budget: once the bytes of all its sessions (counted
+	// as Result.Bytes counts them) exceed it, the response being read is aborted and the
+	// run stops with category budget_exceeded, without replay. Defaults to 0: unlimited.
+	MaxBytes int64
 	// Collector configures each session's collector.
 	Collector CollectorConfig
 	// Quarantine receives the staging of every run that did not finish. Required: the
@@ -133,15 +137,21 @@ type RunConfig struct {
 	Logger *slog.Logger
 }
 
-// Result is a unit's successful run.
+// Result is what a unit's run did. Run fills it on error too, except Staged: Session,
+// Sessions, Restarts, Bytes and LastStatus are the evidence of a failed attempt.
 type Result struct {
-	Staged   map[string]json.RawMessage // everything staged, all from Session
-	Session  *Session                   // the session the observation came from
-	Sessions []string                   // ids of every session this run used, in order
-	Restarts int                        // sessions restarted after loss
+	Staged map[string]json.RawMessage // everything staged, all from Session (success only)
+	// Session is the last session the run used: on success the one the observation came
+	// from. nil only if no session could be started.
+	Session  *Session
+	Sessions []string // ids of every session this run used, in order
+	Restarts int      // sessions restarted after loss
 	// RestartReasons holds the category of each session loss that caused a restart.
 	RestartReasons []tasks.Category
 	Bytes          int64 // bytes moved through the proxy, all sessions
+	// LastStatus is the HTTP status of the last response the run received — the
+	// destination's, or the proxy's own refusal (407, 502, …) — 0 if none arrived.
+	LastStatus int
 }
 
 // ErrSessionExpired: the session reached its lifetime before the unit finished.
@@ -166,8 +176,10 @@ func replayable(c tasks.Category) bool {
 // Run runs the unit: on a new session, every step in order, then validation. On session
 // loss it quarantines the staging, starts a new session and replays from the first step,
 // up to MaxSessionRestarts times. If an unsafe step ran in a run that then failed, it does
-// not replay: the error has category unsafe_step_incomplete. The returned error is a
-// *FetchError; Result.Bytes counts every session's bytes even on error.
+// not replay: the error has category unsafe_step_incomplete. A cancelled ctx ends the run
+// with category interrupted (wrapping context.Cause), a passed deadline with timeout;
+// neither replays. The returned error is a *FetchError; on error Result still carries
+// Session, Sessions, Bytes (every session's) and LastStatus.
 func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	if cfg.Provider == nil || cfg.Quarantine == nil {
 		return Result{}, errors.New("sessions: RunConfig needs Provider and Quarantine")
@@ -202,7 +214,13 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 			return res, &FetchError{Category: tasks.CategoryInternal, Err: err}
 		}
 		res.Sessions = append(res.Sessions, sess.ID)
-		staged, failure, unsafeRan := u.runOnce(ctx, sess, &collectorCfg, now, &res)
+		res.Session = sess
+		runCfg := collectorCfg
+		if cfg.MaxBytes > 0 {
+			// What earlier sessions of this run moved counts against the same budget.
+			runCfg.budgetSet, runCfg.budget = true, cfg.MaxBytes-res.Bytes
+		}
+		staged, failure, unsafeRan := u.runOnce(ctx, sess, &runCfg, now, &res)
 		if failure == nil {
 			if u.Validate != nil {
 				if err := u.Validate(staged); err != nil {
@@ -213,7 +231,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 					return res, fe
 				}
 			}
-			res.Staged, res.Session = staged, sess
+			res.Staged = staged
 			return res, nil
 		}
 		if len(staged) > 0 || replayable(failure.Category) {
@@ -258,6 +276,9 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 	}
 	defer func() {
 		res.Bytes += bound.Bytes()
+		if st := bound.LastStatus(); st != 0 {
+			res.LastStatus = st
+		}
 		bound.Close()
 	}()
 	staging := newStaging()
@@ -267,17 +288,51 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		if sess.Expired(now()) {
 			return staging.Snapshot(), &FetchError{Category: tasks.CategorySessionLost, Step: step.Name, Err: ErrSessionExpired}, unsafeRan
 		}
-		if err := ctx.Err(); err != nil {
-			return staging.Snapshot(), &FetchError{Category: tasks.CategoryTimeout, Step: step.Name, Err: scrub(err)}, unsafeRan
+		if fe := contextFailure(ctx); fe != nil {
+			fe.Step = step.Name
+			return staging.Snapshot(), fe, unsafeRan
+		}
+		if bound.overBudget() {
+			return staging.Snapshot(), &FetchError{Category: tasks.CategoryBudgetExceeded, Step: step.Name, Err: bound.budgetError()}, unsafeRan
 		}
 		// An unsafe step counts as run from the moment it starts: a failure inside it may
 		// already have had its effect.
 		unsafeRan = unsafeRan || !step.Safe
 		if err := runStep(ctx, step, sc); err != nil {
 			fe := classify(err, bound.served.Load())
+			if cf := contextFailure(ctx); cf != nil && fe.Status == 0 && transportCategory(fe.Category) {
+				// The attempt's context ended while the step ran: whatever the transport
+				// made of it (a reset, an EOF, "context canceled"), that is the reason.
+				fe = cf
+			}
 			fe = &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: step.Name, Err: fe.Err}
 			return staging.Snapshot(), fe, unsafeRan
 		}
 	}
 	return staging.Snapshot(), nil, unsafeRan
+}
+
+// contextFailure classifies an ended ctx: a cancellation (lease lost, shutdown) is
+// interrupted and wraps context.Cause, so the error says why; a passed deadline is
+// timeout. nil while ctx is live.
+func contextFailure(ctx context.Context) *FetchError {
+	err := ctx.Err()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return &FetchError{Category: tasks.CategoryTimeout, Err: scrub(context.Cause(ctx))}
+	}
+	return &FetchError{Category: tasks.CategoryInterrupted, Err: context.Cause(ctx)}
+}
+
+// transportCategory reports whether c is what a transport makes of a connection torn
+// down under it, which an ended context explains better.
+func transportCategory(c tasks.Category) bool {
+	switch c {
+	case tasks.CategoryInternal, tasks.CategoryTimeout, tasks.CategorySessionLost, tasks.CategoryNetwork,
+		tasks.CategoryExitUnavailable, tasks.CategoryInterrupted:
+		return true
+	}
+	return false
 }

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,7 +55,7 @@ func (p *CommitParams) Validate() error {
 		return fmt.Errorf("store: commit %q: ParserVersion %d must be >= 1", p.Key, p.ParserVersion)
 	case !json.Valid(p.Data):
 		return fmt.Errorf("store: commit %q: Data is not valid JSON", p.Key)
-	case bytes.Contains(p.Data, []byte(`\u0000`)) || bytes.Contains(p.EventPayload, []byte(`\u0000`)):
+	case JSONHasNUL(p.Data) || JSONHasNUL(p.EventPayload):
 		return fmt.Errorf("store: commit %q: Data or EventPayload contains a NUL character (\\u0000), which PostgreSQL jsonb refuses", p.Key)
 	case p.EventKey == "" || p.Topic == "":
 		return fmt.Errorf("store: commit %q: EventKey and Topic are required", p.Key)
@@ -122,7 +121,7 @@ FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 		return CommitResult{}, fmt.Errorf("store: Commit %q: %w", p.Key, err)
 	}
 	if !done {
-		return CommitResult{}, s.refusal(ctx, "Commit", p.Key, p.Token, found, state, fence, finishStale)
+		return CommitResult{}, s.refusal(ctx, "Commit", p.Key, p.Token, found, state, fence, finishStale(p.Token))
 	}
 	return CommitResult{ResultInserted: resIns, EventInserted: evIns}, nil
 }

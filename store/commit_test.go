@@ -126,6 +126,22 @@ func TestCommit(t *testing.T) {
 		require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key = 'observed:c4'`))
 	})
 
+	t.Run("EscapedNULTextAccepted", func(t *testing.T) {
+		// Scraped inline JavaScript often holds the six characters \u0000; encoded, they are
+		// `\\u0000`, which is no NUL and must commit.
+		record(t, s, "c6")
+		_, err := start(ctx, s, "c6", 1)
+		require.NoError(t, err)
+		p := commitParams("c6", 1)
+		p.Data = json.RawMessage(`{"script":"s.split(\"\\u0000\")"}`)
+		p.EventPayload = json.RawMessage(`{"note":"\\u0000"}`)
+		_, err = s.Commit(ctx, p)
+		require.NoError(t, err)
+		var got string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT data->>'script' FROM results WHERE job_key = 'c6'`).Scan(&got))
+		require.Equal(t, `s.split("\u0000")`, got, "the text survives as written")
+	})
+
 	t.Run("Quarantine", func(t *testing.T) {
 		record(t, s, "c5")
 		require.NoError(t, s.QuarantineInsert(ctx, store.QuarantineParams{
@@ -140,50 +156,6 @@ func TestCommit(t *testing.T) {
 		require.JSONEq(t, `{"search":{"exit":"127.0.0.3"}}`, string(q.Staged))
 		require.ErrorContains(t, s.QuarantineInsert(ctx, store.QuarantineParams{Key: "c5", Reason: "x", Staged: json.RawMessage(`{`)}), "not valid JSON")
 	})
-}
-
-// TestLostAttemptStartIsHarmless: JobStart commits without waiting for its WAL flush, so a
-// crash can lose it. A lost start leaves the row as it was before; the worker that thinks
-// it started then can not commit, because the commit requires fence = its token exactly.
-func TestLostAttemptStartIsHarmless(t *testing.T) {
-	ctx := context.Background()
-	pool := testutil.PG(t)
-	s := store.New(pool)
-	record(t, s, "lost")
-	_, err := start(ctx, s, "lost", 4)
-	require.NoError(t, err)
-	p := store.AttemptFinishParams{Key: "lost", Token: 4, NextAttemptAt: time.Now(), Category: "timeout"}
-	require.NoError(t, s.JobMarkRetryable(ctx, p))
-	before := testutil.TableSnapshot(t, pool, "jobs")
-	var saved []byte
-	require.NoError(t, pool.QueryRow(ctx, `SELECT to_jsonb(j) FROM jobs j WHERE key = 'lost'`).Scan(&saved))
-
-	// The start with token 5 "happens" and is then lost in a crash: restore exactly the
-	// row as it was before, as crash recovery would.
-	_, err = start(ctx, s, "lost", 5)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `
-UPDATE jobs SET (state, fence, attempts, next_attempt_at, last_category, bytes_total, updated_at, completed_at) =
-	(SELECT state, fence, attempts, next_attempt_at, last_category, bytes_total, updated_at, completed_at
-	 FROM jsonb_populate_record(NULL::jobs, $1))
-WHERE key = 'lost'`, saved)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `DELETE FROM attempts WHERE job_key = 'lost' AND fence = 5`)
-	require.NoError(t, err)
-	require.Equal(t, before, testutil.TableSnapshot(t, pool, "jobs"))
-
-	// The worker that holds token 5 finishes its work and commits: refused, nothing written.
-	_, err = s.Commit(ctx, commitParams("lost", 5))
-	require.ErrorIs(t, err, store.ErrInvalidTransition, "the job is not running under any token")
-	require.Equal(t, before, testutil.TableSnapshot(t, pool, "jobs"))
-	require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM results`))
-	require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM outbox`))
-	// Same if another worker has since started with a higher token.
-	_, err = start(ctx, s, "lost", 6)
-	require.NoError(t, err)
-	_, err = s.Commit(ctx, commitParams("lost", 5))
-	require.ErrorIs(t, err, store.ErrStaleFence)
-	require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM results`))
 }
 
 func TestStats(t *testing.T) {
@@ -205,16 +177,99 @@ func TestStats(t *testing.T) {
 	_, err = start(ctx, s, "s2", 1)
 	require.NoError(t, err)
 	require.NoError(t, s.JobFail(ctx, store.AttemptFinishParams{Key: "s2", Token: 1, Category: "proxy_auth", Bytes: 52}))
+	// A retryable attempt with no category (NULL): counted under StatsNoCategory, and it
+	// does not break the whole query (jsonb_object_agg refuses a NULL key).
+	_, err = start(ctx, s, "s3", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "s3", Token: 1, NextAttemptAt: time.Now()}))
+	require.NoError(t, s.CountersAdd(ctx, map[string]int64{"jobs_rescued": 2}))
 
 	st, err := s.StatsGet(ctx)
 	require.NoError(t, err)
-	require.Equal(t, map[string]int64{"complete": 1, "failed": 1, "pending": 1}, st.JobsByState)
-	require.Equal(t, int64(4), st.Attempts)
+	require.Equal(t, map[string]int64{"complete": 1, "failed": 1, "retryable": 1}, st.JobsByState)
+	require.Equal(t, int64(5), st.Attempts)
 	require.Equal(t, 3.0, st.AttemptsPerCompletedJob)
 	require.Equal(t, int64(1), st.CompletedAfterTakeover)
 	require.Equal(t, int64(1), st.SupersededAttempts)
 	require.Equal(t, float64(100+2048+52)/2, st.BytesPerLogicalJob)
-	require.Equal(t, map[string]int64{"throttled": 1}, st.RetriesByCategory)
+	require.Equal(t, map[string]int64{"throttled": 1, store.StatsNoCategory: 1}, st.RetriesByCategory)
 	require.Equal(t, map[string]int64{"proxy_auth": 1}, st.FailuresByCategory)
 	require.Equal(t, int64(1), st.OutboxUnsent)
+	require.Equal(t, map[string]int64{"jobs_rescued": 2}, st.Maintenance)
+
+	// A failed job without category (written by an older version) is counted the same way.
+	_, err = pool.Exec(ctx, `UPDATE jobs SET last_category = NULL WHERE key = 's2'`)
+	require.NoError(t, err)
+	st, err = s.StatsGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{store.StatsNoCategory: 1}, st.FailuresByCategory)
+}
+
+// TestAttemptEvidence: every way an attempt ends records the evidence it is given: the
+// retryable and failed finishes and the commit (alone and batched) write the session, the
+// HTTP status and the bytes from their params, not a fixed value.
+func TestAttemptEvidence(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	g := s.NewGroupCommitter(0, 0)
+	defer g.Close()
+
+	type ev struct {
+		Outcome, Category, SessionID, ProxyEndpoint string
+		HTTPStatus                                  int
+		Bytes, JobBytes                             int64
+	}
+	got := func(key string) ev {
+		atts, err := s.AttemptList(ctx, key)
+		require.NoError(t, err)
+		require.Len(t, atts, 1)
+		a := atts[0]
+		require.NotNil(t, a.FinishedAt)
+		return ev{a.Outcome, a.Category, a.SessionID, a.ProxyEndpoint, a.HTTPStatus, a.Bytes, view(t, s, key).Bytes}
+	}
+	fin := func(key string) store.AttemptFinishParams {
+		return store.AttemptFinishParams{Key: key, Token: 1, NextAttemptAt: time.Now(), Category: "throttled",
+			HTTPStatus: 429, Bytes: 321, SessionID: "sessr001", ProxyEndpoint: "gw9.example:1"}
+	}
+	cases := []struct {
+		name string
+		do   func(key string) error
+		want ev
+	}{
+		{"Retryable", func(key string) error { return s.JobMarkRetryable(ctx, fin(key)) },
+			ev{"retryable", "throttled", "sessr001", "gw9.example:1", 429, 321, 321}},
+		{"Failed", func(key string) error {
+			p := fin(key)
+			p.Category, p.HTTPStatus = "parse_error", 404
+			return s.JobFail(ctx, p)
+		}, ev{"failed", "parse_error", "sessr001", "gw9.example:1", 404, 321, 321}},
+		{"RetryableNoStatusKeepsStartEvidence", func(key string) error {
+			p := fin(key)
+			p.HTTPStatus, p.SessionID, p.ProxyEndpoint = 0, "", ""
+			return s.JobMarkRetryable(ctx, p)
+		}, ev{"retryable", "throttled", "", "gw.example:7777", 0, 321, 321}},
+		{"Commit", func(key string) error {
+			p := commitParams(key, 1)
+			p.HTTPStatus = 206
+			_, err := s.Commit(ctx, p)
+			return err
+		}, ev{"complete", "", "abcd1234", "gw.example:7777", 206, 2048, 2048}},
+		{"GroupCommit", func(key string) error {
+			p := commitParams(key, 1)
+			p.HTTPStatus, p.Bytes = 203, 99
+			_, err := g.Commit(ctx, p)
+			return err
+		}, ev{"complete", "", "abcd1234", "gw.example:7777", 203, 99, 99}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "ev-" + tc.name
+			record(t, s, key)
+			_, err := start(ctx, s, key, 1)
+			require.NoError(t, err)
+			require.NoError(t, tc.do(key))
+			require.Equal(t, tc.want, got(key))
+		})
+	}
 }

@@ -275,7 +275,7 @@ CROSS JOIN (SELECT count(*) FROM notify) AS signalled`,
 		case r.done:
 			res[i] = CommitResult{ResultInserted: r.resIns, EventInserted: r.evIns}
 		default:
-			errs[i] = g.st.refusal(ctx, "Commit", p.Key, p.Token, r.found, r.state, r.fence, finishStale)
+			errs[i] = g.st.refusal(ctx, "Commit", p.Key, p.Token, r.found, r.state, r.fence, finishStale(p.Token))
 		}
 	}
 	return res, errs, nil
@@ -316,7 +316,8 @@ WITH async AS (
 	FROM input i JOIN upd u USING (key)
 	RETURNING job_key, attempt_no
 ), superseded AS (
-	UPDATE attempts a SET outcome = 'superseded', category = 'superseded', finished_at = now()
+	UPDATE attempts a SET outcome = 'superseded', category = 'superseded', finished_at = now(),
+		evidence_due = true
 	FROM input i JOIN upd USING (key)
 	WHERE a.job_key = i.key AND a.outcome = 'running' AND a.fence < i.token
 )

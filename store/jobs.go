@@ -216,8 +216,9 @@ type StartedAttempt struct {
 // JobStart moves the job to running under p.Token and records attempt number
 // attempts+1, in one statement. Allowed from pending, retryable, and running with a lower
 // fence (a takeover after the previous holder's lease expired; that holder's attempt is
-// marked superseded). The job's fence is raised to p.Token only if p.Token is higher, so
-// fences never go backwards.
+// marked superseded, and its worker's bytes are added later by AttemptSupersede). The
+// job's fence is raised to p.Token only if p.Token is higher, so fences never go
+// backwards.
 //
 // The statement commits without waiting for its WAL flush (synchronous_commit = off for
 // this transaction only): a start lost in a crash is harmless, because every later write
@@ -251,7 +252,8 @@ WITH async AS (
 	SELECT $1, attempts, $2, $3, $4, $5, $6 FROM upd
 	RETURNING attempt_no
 ), superseded AS (
-	UPDATE attempts SET outcome = 'superseded', category = 'superseded', finished_at = now()
+	UPDATE attempts SET outcome = 'superseded', category = 'superseded', finished_at = now(),
+		evidence_due = true
 	WHERE job_key = $1 AND outcome = 'running' AND fence < $2 AND EXISTS (SELECT 1 FROM upd)
 )
 SELECT (SELECT attempt_no FROM ins), (SELECT created_at FROM upd), COALESCE((SELECT bytes_total FROM upd), 0),
@@ -287,15 +289,18 @@ type AttemptFinishParams struct {
 
 // JobComplete moves the job from running to complete, only if its fence still equals
 // p.Token, and closes the attempt, in one statement. A refused call writes nothing at all.
-// (The attempt of a worker that lost its job to a takeover was already marked superseded
-// by the takeover's JobStart.)
+// (The attempt of a worker that lost its job to a takeover was already closed by the
+// takeover's JobStart or the reconciler's JobRescue; that worker records its bytes with
+// AttemptSupersede.)
 func (s *PG) JobComplete(ctx context.Context, p AttemptFinishParams) error {
 	return s.finish(ctx, "JobComplete", tasks.StateComplete, p)
 }
 
 // JobMarkRetryable moves the job from running to retryable with p.NextAttemptAt, only if
-// its fence still equals p.Token. The reconciler uses it with the fence of an expired
-// lease (category "lease_expired").
+// its fence still equals p.Token, and closes the attempt with p's evidence. It is the
+// worker's own finish of a failed attempt. (The reconciler does not use it: a job whose
+// worker's lease expired is rescued with JobRescue, which raises the fence so that the
+// stale worker is refused later.)
 func (s *PG) JobMarkRetryable(ctx context.Context, p AttemptFinishParams) error {
 	if p.NextAttemptAt.IsZero() {
 		return fmt.Errorf("store: JobMarkRetryable %q: NextAttemptAt is required", p.Key)
@@ -354,7 +359,7 @@ FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 		return nil
 	}
 	// Not applied: a running job refused us only because its fence is not our token.
-	return s.refusal(ctx, op, p.Key, p.Token, found, state, fence, finishStale)
+	return s.refusal(ctx, op, p.Key, p.Token, found, state, fence, finishStale(p.Token))
 }
 
 // refusal explains a transition the statement did not apply. The statement's own view of
@@ -393,8 +398,13 @@ func startStale(token int64) func(tasks.JobState, int64) bool {
 	return func(_ tasks.JobState, fence int64) bool { return fence >= token }
 }
 
-// finishStale: a finish of a running job is refused only for its token.
-func finishStale(state tasks.JobState, _ int64) bool { return state == tasks.StateRunning }
+// finishStale: a finish is refused for its token when the job runs under another one, or
+// when the job's fence has moved past the token (a rescue or a newer attempt took it over,
+// whatever the state now). A job that is not running and whose fence is not above the
+// token (e.g. the attempt start was lost in a crash) is an invalid transition instead.
+func finishStale(token int64) func(tasks.JobState, int64) bool {
+	return func(state tasks.JobState, fence int64) bool { return state == tasks.StateRunning || fence > token }
+}
 
 func nullIfEmpty(s string) *string {
 	if s == "" {

@@ -27,7 +27,9 @@ func Migrations() fs.FS {
 }
 
 // migrateLockID is the Postgres advisory lock that serialises concurrent Migrate calls
-// (every worker migrates at start). crc32("idemscrape-migrate").
+// (every worker migrates at start). The value is the ASCII bytes "idms" read as a
+// big-endian integer; it only has to differ from the other advisory lock ids the
+// project uses (testutil's template lock is "idtp").
 const migrateLockID = 0x69646d73
 
 // Migrate applies every pending embedded migration to the database behind pool and returns

@@ -27,7 +27,8 @@ var (
 	// ErrJobFailed: the job failed terminally; it needs review or a new job.
 	ErrJobFailed = errors.New("store: job failed terminally")
 	// ErrStaleFence: the caller's fencing token is not the job's current one (attempt
-	// finish) or not higher than it (attempt start). A late worker gets this.
+	// finish: the job runs under another token, or its fence moved past ours, e.g. after a
+	// rescue) or not higher than it (attempt start). A late worker gets this.
 	ErrStaleFence = errors.New("store: stale fencing token")
 	// ErrInvalidTransition: the job's state does not allow the transition.
 	ErrInvalidTransition = errors.New("store: invalid state transition")

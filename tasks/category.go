@@ -21,6 +21,17 @@ const (
 	CategoryThrottled Category = "throttled"
 	// CategoryTimeout: a deadline passed (request timeout, unit deadline).
 	CategoryTimeout Category = "timeout"
+	// CategoryInterrupted: the attempt's context was cancelled — its lease was lost or the
+	// worker is shutting down — before a deadline passed. Not the destination's fault; the
+	// error wraps context.Cause, which says why.
+	CategoryInterrupted Category = "interrupted"
+	// CategoryDNSNotFound: the destination's name does not exist (NXDOMAIN: a
+	// *net.DNSError with IsNotFound). Terminal: retrying an unknown name is a retry storm.
+	CategoryDNSNotFound Category = "dns_not_found"
+	// CategoryNetwork: a transient network failure that is not the session's: a temporary
+	// or timed-out DNS lookup (of the destination or of the proxy gateway), or the
+	// destination refusing or resetting the connection. Retryable.
+	CategoryNetwork Category = "network"
 	// CategoryDestinationError: the destination answered another 5xx.
 	CategoryDestinationError Category = "destination_error"
 	// CategoryNotFound: the destination answered 404 or 410. Terminal.
@@ -29,8 +40,9 @@ const (
 	CategoryBlocked Category = "blocked"
 	// CategoryRobotsDisallowed: robots.txt disallows the URL. Terminal.
 	CategoryRobotsDisallowed Category = "robots_disallowed"
-	// CategoryForbiddenAddress: the URL resolves to a loopback, private, link-local,
-	// CGNAT, metadata or multicast address (SSRF guard). Terminal.
+	// CategoryForbiddenAddress: the URL's host is, or resolves to, a loopback, private,
+	// link-local, CGNAT, metadata or multicast address, or its port is not in the
+	// destination policy's allow-list (SSRF guard, see DestinationPolicy). Terminal.
 	CategoryForbiddenAddress Category = "forbidden_address"
 	// CategoryBodyTooLarge: a response exceeded the size cap (decompressed). Terminal.
 	CategoryBodyTooLarge Category = "body_too_large"
@@ -48,7 +60,8 @@ const (
 	CategoryLeaseLost Category = "lease_lost"
 	// CategorySuperseded: a newer attempt took the job over; this one wrote nothing.
 	CategorySuperseded Category = "superseded"
-	// CategoryBudgetExceeded: the job's attempt, time or bandwidth budget is spent.
+	// CategoryBudgetExceeded: the job's attempt, time or bandwidth budget is spent (the
+	// bandwidth budget also stops a run mid-response: sessions.RunConfig.MaxBytes).
 	CategoryBudgetExceeded Category = "budget_exceeded"
 	// CategoryPanic: user code panicked; the attempt is recorded and the job retryable.
 	CategoryPanic Category = "panic"

@@ -17,8 +17,10 @@ type Outcome int
 const (
 	// Created: a new jobs row and a new asynq task.
 	Created Outcome = iota + 1
-	// AlreadyQueued: the job existed and asynq already holds a task with its id (pending,
-	// scheduled, active, retry — or archived, see Enqueuer). Nothing was written.
+	// AlreadyQueued: the job existed and asynq already holds a live task with its id
+	// (pending, scheduled, active, retry, aggregating). Nothing was written. Without
+	// EnqueuerConfig.Inspector an archived task is also reported so (it can not be told
+	// apart), although it will never run.
 	AlreadyQueued
 	// Requeued: the job existed in a runnable state (pending, retryable, running) and this
 	// call enqueued its task, because asynq held none: an earlier Enqueue failed between the
@@ -31,6 +33,11 @@ const (
 	// AlreadyFailed: the job failed terminally; nothing was enqueued. It needs review or a
 	// new job (a new parser version or window gives a new key).
 	AlreadyFailed
+	// Repaired: the job is runnable (pending or retryable) but asynq held its task id in
+	// the archive, where the task would never run and the id would stay taken for up to 90
+	// days; Enqueue deleted the archived task and enqueued the job's task again. Needs
+	// EnqueuerConfig.Inspector.
+	Repaired
 )
 
 func (o Outcome) String() string {
@@ -45,6 +52,8 @@ func (o Outcome) String() string {
 		return "already_complete"
 	case AlreadyFailed:
 		return "already_failed"
+	case Repaired:
+		return "repaired: archived task deleted and enqueued again"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -82,8 +91,16 @@ func DecodePayload(b []byte, n *Normalizer) (Payload, error) {
 	return p, nil
 }
 
+// QueueFor is the asynq queue of a job kind when nothing else is configured: the kind's
+// name. asynq checks task ids per queue, so a kind must always use one queue; the enqueuer,
+// the worker (cmd/worker serves one queue per registered kind), the scheduler and the CLI
+// all default to this function, so a job lands where a worker listens.
+func QueueFor(kind string) string { return kind }
+
 // Enqueuer defaults.
 const (
+	// DefaultQueue is asynq's default queue. Enqueuers no longer default to it (see
+	// QueueFor); it is kept for callers that name it.
 	DefaultQueue = "default"
 	// DefaultMaxRetry is effectively unlimited: the runner's policy (attempt cap, time and
 	// bandwidth budgets) ends a job and tells asynq with SkipRetry. A small asynq MaxRetry
@@ -95,8 +112,9 @@ const (
 
 // EnqueuerConfig configures an Enqueuer.
 type EnqueuerConfig struct {
-	// Queue is the asynq queue tasks go to. asynq checks task ids per queue, so one job kind
-	// must always use one queue. Defaults to DefaultQueue.
+	// Queue is the asynq queue every task goes to. asynq checks task ids per queue, so one
+	// job kind must always use one queue. Defaults to "": each task goes to its kind's queue,
+	// QueueFor(kind).
 	Queue string
 	// Normalizer derives keys (URL canonicalisation, tracking parameters). Every process
 	// that enqueues the same kinds must use the same one. Defaults to DefaultNormalizer.
@@ -106,13 +124,21 @@ type EnqueuerConfig struct {
 	MaxRetry int
 	// Timeout is asynq's per-delivery timeout. Defaults to DefaultTimeout.
 	Timeout time.Duration
+	// Inspector lets Enqueue look at the task that holds a job's id when asynq reports a
+	// task-id conflict, so that an archived task (which never runs and keeps the id taken
+	// for up to 90 days) is deleted and the job enqueued again (Outcome Repaired). Every
+	// binary idemscrape ships sets it. Defaults to nil: an archived task can then not be
+	// detected and is reported as AlreadyQueued.
+	Inspector *asynq.Inspector
+	// Destinations is the policy a spec's URL must pass before anything is stored (ports,
+	// literal loopback/private/metadata addresses, localhost). Use the same value for the
+	// fetch guard (sessions.NewGuard). Defaults to the strict policy (the zero
+	// DestinationPolicy); tests and the demo pass LoopbackPolicy().
+	Destinations *DestinationPolicy
 }
 
 // Validate checks the config and fills in defaults.
 func (c *EnqueuerConfig) Validate() error {
-	if c.Queue == "" {
-		c.Queue = DefaultQueue
-	}
 	if c.Normalizer == nil {
 		c.Normalizer = DefaultNormalizer
 	}
@@ -128,6 +154,12 @@ func (c *EnqueuerConfig) Validate() error {
 	if c.Timeout < 0 {
 		return fmt.Errorf("tasks: EnqueuerConfig.Timeout %v is negative", c.Timeout)
 	}
+	if c.Destinations == nil {
+		c.Destinations = StrictDestinationPolicy()
+	}
+	if err := c.Destinations.Validate(); err != nil {
+		return fmt.Errorf("tasks: EnqueuerConfig.Destinations: %w", err)
+	}
 	return nil
 }
 
@@ -139,14 +171,19 @@ func (c *EnqueuerConfig) Validate() error {
 //   - a task id is taken while asynq holds the task in any state of its queue: pending,
 //     scheduled, active, retry, aggregating, archived, and completed while a Retention holds
 //     it. A second enqueue gets asynq.ErrTaskIDConflict, which Enqueue reports as
-//     AlreadyQueued — a dedup hit, not an error.
+//     AlreadyQueued — a dedup hit, not an error — unless the task is archived (see below).
 //   - with Retention(0) the id is freed the moment the handler succeeds (the task is
 //     deleted). By then the runner has committed the job as complete in Postgres, so a later
 //     Enqueue sees AlreadyComplete and enqueues nothing.
 //   - an archived task (SkipRetry, or MaxRetry exhausted) blocks its id until it is deleted
-//     from the archive (asynq trims archives after 90 days or 10,000 tasks per queue). The
-//     runner marks such jobs failed in Postgres first, and Enqueue never re-enqueues a failed
-//     job.
+//     from the archive (asynq trims archives after 90 days or 10,000 tasks per queue). A
+//     failed job is never enqueued again, whatever asynq holds. For a runnable job
+//     (pending, retryable, running) a conflict is inspected (EnqueuerConfig.Inspector): an
+//     archived task is deleted and the task enqueued again (Repaired); a task that vanished
+//     between the conflict and the inspection is enqueued again (Requeued); a live task is
+//     AlreadyQueued. asynq has no conditional delete: when two Enqueues repair the same
+//     job at once, one may delete the task the other has just enqueued, and then enqueues
+//     it again itself, so one task remains either way.
 //   - ids are per queue: the same key enqueued to two queues is two tasks. Keep one queue
 //     per kind.
 //
@@ -158,6 +195,14 @@ type Enqueuer struct {
 	client *asynq.Client
 	rec    JobRecorder
 	cfg    EnqueuerConfig
+	insp   taskInspector // nil without EnqueuerConfig.Inspector
+}
+
+// taskInspector is the part of *asynq.Inspector the Enqueuer uses (tests wrap it to
+// inject races).
+type taskInspector interface {
+	GetTaskInfo(queue, id string) (*asynq.TaskInfo, error)
+	DeleteTask(queue, id string) error
 }
 
 // NewEnqueuer returns an Enqueuer writing rows through rec and tasks through client.
@@ -172,12 +217,16 @@ func NewEnqueuer(client *asynq.Client, rec JobRecorder, cfg *EnqueuerConfig) (*E
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	return &Enqueuer{client: client, rec: rec, cfg: c}, nil
+	e := &Enqueuer{client: client, rec: rec, cfg: c}
+	if c.Inspector != nil {
+		e.insp = c.Inspector
+	}
+	return e, nil
 }
 
 // Enqueue records one job and enqueues its task unless it is already queued, complete or
-// failed. An invalid spec returns an error naming the field (errors.Is ErrInvalidSpec) and
-// stores nothing.
+// failed. An invalid spec, or a URL the destination policy refuses, returns an error
+// naming the field (errors.Is ErrInvalidSpec) and stores nothing.
 func (e *Enqueuer) Enqueue(ctx context.Context, spec Spec) (Result, error) {
 	res, err := e.EnqueueMany(ctx, []Spec{spec})
 	if err != nil {
@@ -201,6 +250,11 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 		key, err := e.cfg.Normalizer.Key(norm)
 		if err != nil {
 			return nil, fmt.Errorf("spec %d of %d: %w", i, len(specs), err)
+		}
+		if norm.URL != "" {
+			if err := e.cfg.Destinations.CheckURL(norm.URL); err != nil {
+				return nil, fmt.Errorf("spec %d of %d: %w", i, len(specs), err)
+			}
 		}
 		records[i] = JobRecord{Key: key, Spec: norm}
 	}
@@ -234,10 +288,12 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 			return nil, fmt.Errorf("tasks: enqueue %q: %w", rec.Key, err)
 		}
 		switch {
+		case enqueued == taskRepaired:
+			results[i].Outcome = Repaired
 		case r.Created:
 			// Ours even if a concurrent duplicate enqueued the task a moment before us.
 			results[i].Outcome = Created
-		case enqueued:
+		case enqueued == taskEnqueued:
 			results[i].Outcome = Requeued
 		default:
 			results[i].Outcome = AlreadyQueued
@@ -246,31 +302,84 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 	return results, nil
 }
 
-// enqueueTask enqueues the asynq task for rec; false means asynq already holds one. A
-// retryable job whose next attempt is in the future (a destination's Retry-After, a
-// backoff) is scheduled for then, not run at once.
-func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *time.Time) (bool, error) {
+// taskResult is what enqueueTask did.
+type taskResult int
+
+const (
+	taskQueued   taskResult = iota // asynq already holds a live task with the id
+	taskEnqueued                   // a new task was enqueued
+	taskRepaired                   // an archived task was deleted and a new one enqueued
+)
+
+// maxConflictRounds bounds how often enqueueTask inspects and retries one conflict: each
+// extra round needs a concurrent actor to change the task under us, so running out of
+// rounds means something keeps interfering.
+const maxConflictRounds = 4
+
+// queueOf is the queue of kind's tasks: the configured one, or QueueFor(kind).
+func (e *Enqueuer) queueOf(kind string) string {
+	if e.cfg.Queue != "" {
+		return e.cfg.Queue
+	}
+	return QueueFor(kind)
+}
+
+// enqueueTask enqueues the asynq task for rec. A retryable job whose next attempt is in
+// the future (a destination's Retry-After, a backoff) is scheduled for then, not run at
+// once. On a task-id conflict it inspects the task (when it has an Inspector): archived
+// ⇒ deleted and enqueued again; gone ⇒ enqueued again; live ⇒ taskQueued.
+func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *time.Time) (taskResult, error) {
 	payload, err := json.Marshal(Payload{Key: rec.Key, Spec: rec.Spec})
 	if err != nil {
-		return false, err
+		return taskQueued, err
 	}
 	task := asynq.NewTask(rec.Spec.Kind, payload)
 	opts := []asynq.Option{
 		asynq.TaskID(rec.Key),
 		asynq.Retention(0),
-		asynq.Queue(e.cfg.Queue),
+		asynq.Queue(e.queueOf(rec.Spec.Kind)),
 		asynq.MaxRetry(e.cfg.MaxRetry),
 		asynq.Timeout(e.cfg.Timeout),
 	}
 	if notBefore != nil && notBefore.After(time.Now()) {
 		opts = append(opts, asynq.ProcessAt(*notBefore))
 	}
-	_, err = e.client.EnqueueContext(ctx, task, opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		return false, nil
+	repaired := false
+	var lastErr error // why the previous round did not settle the conflict
+	for range maxConflictRounds {
+		_, err := e.client.EnqueueContext(ctx, task, opts...)
+		switch {
+		case err == nil && repaired:
+			return taskRepaired, nil
+		case err == nil:
+			return taskEnqueued, nil
+		case !errors.Is(err, asynq.ErrTaskIDConflict):
+			return taskQueued, err
+		case e.insp == nil:
+			return taskQueued, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return taskQueued, err
+		}
+		// asynq's Inspector takes no context; its calls are single Redis round trips.
+		info, err := e.insp.GetTaskInfo(e.queueOf(rec.Spec.Kind), rec.Key)
+		switch {
+		case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+			lastErr = err
+			continue // the task went away since the conflict: enqueue again
+		case err != nil:
+			return taskQueued, fmt.Errorf("inspect the task holding the id: %w", err)
+		case info.State != asynq.TaskStateArchived:
+			return taskQueued, nil
+		}
+		// Archived: it would never run and keeps the id taken. Delete it, enqueue again.
+		if err := e.insp.DeleteTask(e.queueOf(rec.Spec.Kind), rec.Key); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			// The task changed state under us (a concurrent repair's new task may be
+			// active, which can not be deleted): inspect again.
+			lastErr = err
+			continue
+		}
+		repaired = true
 	}
-	if err != nil {
-		return false, err
-	}
-	return true, nil
+	return taskQueued, fmt.Errorf("task id still in conflict after %d inspections (last: %v)", maxConflictRounds, lastErr)
 }

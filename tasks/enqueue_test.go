@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/store"
@@ -20,6 +21,7 @@ type enqueueBundle struct {
 	store  *store.PG
 	ns     *testutil.RedisNS
 	client *asynq.Client
+	insp   *asynq.Inspector
 	enq    *tasks.Enqueuer
 }
 
@@ -29,9 +31,11 @@ func setupEnqueue(t testing.TB) *enqueueBundle {
 	ns := testutil.Redis(t)
 	client := asynq.NewClient(ns.AsynqOpt())
 	t.Cleanup(func() { _ = client.Close() })
-	enq, err := tasks.NewEnqueuer(client, pg, &tasks.EnqueuerConfig{Queue: ns.Queue})
+	insp := asynq.NewInspector(ns.AsynqOpt())
+	t.Cleanup(func() { _ = insp.Close() })
+	enq, err := tasks.NewEnqueuer(client, pg, &tasks.EnqueuerConfig{Queue: ns.Queue, Inspector: insp})
 	require.NoError(t, err)
-	return &enqueueBundle{store: pg, ns: ns, client: client, enq: enq}
+	return &enqueueBundle{store: pg, ns: ns, client: client, insp: insp, enq: enq}
 }
 
 var productSpec = tasks.Spec{
@@ -224,6 +228,138 @@ func TestEnqueueOutcomes(t *testing.T) {
 		_, err := tasks.DecodePayload([]byte(`{"key":"catalog:forged","spec":{"Kind":"catalog","SourceID":"a","Country":"US","Window":"w","ParserVersion":1}}`), nil)
 		require.ErrorContains(t, err, "does not match")
 	})
+}
+
+func TestEnqueueRepairsArchivedTask(t *testing.T) {
+	ctx := context.Background()
+	other := productSpec
+	other.Country = "DE"
+
+	// archived enqueues spec, then archives its task as asynq does on SkipRetry or
+	// MaxRetry: the job row stays pending, the task id stays taken.
+	archived := func(t *testing.T, b *enqueueBundle) string {
+		t.Helper()
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		require.Equal(t, tasks.Created, res.Outcome)
+		require.NoError(t, b.insp.ArchiveTask(b.ns.Queue, res.Key))
+		info, err := b.insp.GetTaskInfo(b.ns.Queue, res.Key)
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStateArchived, info.State)
+		require.Zero(t, b.ns.AsynqPending(t))
+		return res.Key
+	}
+	requirePending := func(t *testing.T, b *enqueueBundle, key string) {
+		t.Helper()
+		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
+		require.NoError(t, err)
+		assert.Equal(t, asynq.TaskStatePending, info.State)
+	}
+
+	t.Run("Enqueue", func(t *testing.T) {
+		b := setupEnqueue(t)
+		key := archived(t, b)
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.Repaired, res.Outcome, "got %v", res.Outcome)
+		assert.Equal(t, "repaired: archived task deleted and enqueued again", res.Outcome.String())
+		assert.Equal(t, tasks.StatePending, res.State)
+		requirePending(t, b, key)
+		assert.Equal(t, 1, b.ns.AsynqPending(t))
+
+		// Repaired once: the next Enqueue finds the live task.
+		res, err = b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.AlreadyQueued, res.Outcome)
+		assert.Equal(t, 1, b.ns.AsynqPending(t))
+	})
+
+	t.Run("EnqueueMany", func(t *testing.T) {
+		b := setupEnqueue(t)
+		key := archived(t, b)
+		res, err := b.enq.EnqueueMany(ctx, []tasks.Spec{other, productSpec, productSpec})
+		require.NoError(t, err)
+		assert.Equal(t, []tasks.Outcome{tasks.Created, tasks.Repaired, tasks.AlreadyQueued},
+			[]tasks.Outcome{res[0].Outcome, res[1].Outcome, res[2].Outcome})
+		requirePending(t, b, key)
+		requirePending(t, b, res[0].Key)
+		assert.Equal(t, 2, b.ns.AsynqPending(t))
+	})
+
+	t.Run("RetryableJobRepaired", func(t *testing.T) {
+		b := setupEnqueue(t)
+		key := archived(t, b)
+		_, err := b.store.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1})
+		require.NoError(t, err)
+		require.NoError(t, b.store.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "timeout", NextAttemptAt: time.Now()}))
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.Repaired, res.Outcome)
+		assert.Equal(t, tasks.StateRetryable, res.State)
+		assert.True(t, b.ns.AsynqTaskExists(t, key))
+		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
+		require.NoError(t, err)
+		assert.NotEqual(t, asynq.TaskStateArchived, info.State)
+	})
+
+	t.Run("FailedJobArchiveLeftAlone", func(t *testing.T) {
+		b := setupEnqueue(t)
+		key := archived(t, b)
+		_, err := b.store.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1})
+		require.NoError(t, err)
+		require.NoError(t, b.store.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "not_found"}))
+		res, err := b.enq.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.AlreadyFailed, res.Outcome)
+		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
+		require.NoError(t, err)
+		assert.Equal(t, asynq.TaskStateArchived, info.State, "a failed job's archive is evidence, not repaired")
+	})
+
+	t.Run("WithoutInspectorReportsAlreadyQueued", func(t *testing.T) {
+		b := setupEnqueue(t)
+		key := archived(t, b)
+		blind, err := tasks.NewEnqueuer(b.client, b.store, &tasks.EnqueuerConfig{Queue: b.ns.Queue})
+		require.NoError(t, err)
+		res, err := blind.Enqueue(ctx, productSpec)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.AlreadyQueued, res.Outcome, "documented limit without an Inspector")
+		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
+		require.NoError(t, err)
+		assert.Equal(t, asynq.TaskStateArchived, info.State)
+	})
+}
+
+func TestEnqueueRefusesDestination(t *testing.T) {
+	ctx := context.Background()
+	b := setupEnqueue(t)
+	for _, u := range []string{
+		"http://127.0.0.1:8080/p", "http://2130706433/", "http://localhost/", "https://user:hunter2@[::1]/",
+		"http://shop.example.com:6379/", "http://169.254.169.254/latest/meta-data/",
+	} {
+		t.Run(u, func(t *testing.T) {
+			s := productSpec
+			s.URL = u
+			_, err := b.enq.EnqueueMany(ctx, []tasks.Spec{productSpec, s})
+			require.ErrorIs(t, err, tasks.ErrInvalidSpec)
+			var fe *tasks.FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, "URL", fe.Field)
+			assert.ErrorContains(t, err, "spec 1")
+			assert.NotContains(t, err.Error(), "hunter2")
+		})
+	}
+	require.Zero(t, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs`), "a refused URL is never stored")
+	require.Zero(t, b.ns.AsynqPending(t))
+
+	// The one explicit relaxation: loopback on any port.
+	loop, err := tasks.NewEnqueuer(b.client, b.store, &tasks.EnqueuerConfig{Queue: b.ns.Queue, Destinations: tasks.LoopbackPolicy()})
+	require.NoError(t, err)
+	s := productSpec
+	s.URL = "http://127.0.0.1:39999/p"
+	res, err := loop.Enqueue(ctx, s)
+	require.NoError(t, err)
+	assert.Equal(t, tasks.Created, res.Outcome)
 }
 
 func BenchmarkEnqueue(b *testing.B) {

@@ -645,7 +645,7 @@ func TestFakeProxyCloseEndsGoroutines(t *testing.T) {
 		_, _, _, err := fpGet(c, slow.URL+"/")
 		stuck <- err
 	}()
-	require.Eventually(t, func() bool { return p.Requests() == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return p.Requests() == 2 }, 30*time.Second, 5*time.Millisecond, "hang guard")
 	p.Close()
 	require.Error(t, <-stuck, "Close cuts the request in flight")
 	p.Close() // idempotent

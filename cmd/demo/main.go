@@ -95,7 +95,12 @@ func run(ctx context.Context, tb *demoTB, adminDSN, redisAddr string, disconnect
 	// 1. Enqueue: every product under two spellings, the whole plan twice.
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redisAddr})
 	defer client.Close()
-	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: demoQueue})
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: redisAddr})
+	defer insp.Close()
+	// The demo's shop and proxy live on loopback: relax the destination policy here, in
+	// one place, for the enqueuer and the fetch guard alike.
+	destinations := tasks.LoopbackPolicy()
+	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: demoQueue, Inspector: insp, Destinations: destinations})
 	if err != nil {
 		return err
 	}
@@ -125,7 +130,7 @@ func run(ctx context.Context, tb *demoTB, adminDSN, redisAddr string, disconnect
 	// 2. Work: a real asynq server, the runner in front of every catalog task.
 	reg, err := handlers.NewRegistry(handlers.Config{
 		Store: st, Redis: rdb, Provider: provider, KeyPrefix: demoPrefix,
-		Collector:          sessions.CollectorConfig{Guard: sessions.LoopbackGuard()},
+		Collector:          sessions.CollectorConfig{Guard: sessions.NewGuard(destinations)},
 		MaxSessionRestarts: 3,
 		Retry:              handlers.RetryConfig{Policies: map[tasks.Category]handlers.Policy{tasks.CategorySessionLost: {Retry: true, Base: 50 * time.Millisecond, Max: 200 * time.Millisecond}}},
 		Logger:             slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -8,7 +8,7 @@
 //
 // Connections: IDEMSCRAPE_PG (libpq URL, default postgres://postgres@127.0.0.1:5432/postgres)
 // and IDEMSCRAPE_REDIS (host:port, default 127.0.0.1:6379); IDEMSCRAPE_QUEUE names the asynq
-// queue (default "default").
+// queue (default: the kind's name, tasks.QueueFor, where cmd/worker listens).
 package main
 
 import (
@@ -116,9 +116,13 @@ func enqueue(ctx context.Context, args []string, keyOnly bool) error {
 		return err
 	}
 	defer pool.Close()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: env("IDEMSCRAPE_REDIS", "127.0.0.1:6379")})
+	redisOpt := asynq.RedisClientOpt{Addr: env("IDEMSCRAPE_REDIS", "127.0.0.1:6379")}
+	client := asynq.NewClient(redisOpt)
 	defer client.Close()
-	enq, err := tasks.NewEnqueuer(client, store.New(pool), &tasks.EnqueuerConfig{Queue: env("IDEMSCRAPE_QUEUE", tasks.DefaultQueue)})
+	insp := asynq.NewInspector(redisOpt)
+	defer insp.Close()
+	// The queue defaults to the kind's (tasks.QueueFor), where cmd/worker listens.
+	enq, err := tasks.NewEnqueuer(client, store.New(pool), &tasks.EnqueuerConfig{Queue: os.Getenv("IDEMSCRAPE_QUEUE"), Inspector: insp})
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -193,6 +194,9 @@ type Consumer struct {
 	log     *slog.Logger
 	metrics *ConsumerMetrics
 	running atomic.Bool
+	// noReplayColumn is set once outbox_inbox turned out to lack the replays column (a
+	// database not yet migrated): RunTx then stops recording replays in PostgreSQL.
+	noReplayColumn atomic.Bool
 }
 
 // NewConsumer returns a consumer on rdb. It does no I/O; the group is created when Run or
@@ -253,8 +257,10 @@ func (c *Consumer) Run(ctx context.Context, handler Handler) error {
 // runs in one transaction on pool that inserts (group, event_key) into the inbox and, if
 // the row is new, calls handler with the transaction, then commits; the entry is
 // acknowledged after the commit. A replay finds the row and is acknowledged without
-// calling handler. Effect: exactly once for side effects written through tx. Returns as
-// Run does.
+// calling handler. Effect: exactly once for side effects written through tx. Every replay
+// recognised is also added to its inbox row's replays column (before the replay is
+// acknowledged), so PostgreSQL can count the events deduplicated downstream:
+// `SELECT sum(replays) FROM outbox_inbox`. Returns as Run does.
 func (c *Consumer) RunTx(ctx context.Context, pool *pgxpool.Pool, handler TxHandler) error {
 	if pool == nil || handler == nil {
 		return errors.New("outbox: RunTx: nil pool or handler")
@@ -603,7 +609,7 @@ func (c *Consumer) processInbox(ctx context.Context, pool *pgxpool.Pool, evs []E
 		// Only an optimisation: the per-event insert decides.
 		c.log.WarnContext(ctx, "outbox: inbox lookup failed", "err", err)
 	}
-	var ack []string
+	var ack, replays []string
 	for _, ev := range evs {
 		if ctx.Err() != nil {
 			break
@@ -611,6 +617,7 @@ func (c *Consumer) processInbox(ctx context.Context, pool *pgxpool.Pool, evs []E
 		if seen[ev.EventKey] {
 			rep.Deduplicated++
 			c.metrics.Deduplicated.WithLabelValues(c.cfg.Group).Inc()
+			replays = append(replays, ev.EventKey)
 			ack = append(ack, ev.StreamID)
 			continue
 		}
@@ -624,13 +631,49 @@ func (c *Consumer) processInbox(ctx context.Context, pool *pgxpool.Pool, evs []E
 		case dup:
 			rep.Deduplicated++
 			c.metrics.Deduplicated.WithLabelValues(c.cfg.Group).Inc()
+			replays = append(replays, ev.EventKey)
 		default:
 			rep.Handled++
 		}
 		seen[ev.EventKey] = true
 		ack = append(ack, ev.StreamID)
 	}
+	c.recordReplays(ctx, pool, replays)
 	return ack
+}
+
+// recordReplays adds the batch's replays to their inbox rows' replays counters, in one
+// statement. It runs before the batch is acknowledged: a crash in between redelivers the
+// entries, and each redelivery is a replay of its own, counted again. Counting is evidence,
+// not part of the effect: a failure is logged and the batch is acknowledged anyway. Rows
+// are locked in event_key order, so consumers of one group recording overlapping replays
+// at the same moment wait for each other instead of deadlocking.
+func (c *Consumer) recordReplays(ctx context.Context, pool *pgxpool.Pool, keys []string) {
+	if len(keys) == 0 || c.noReplayColumn.Load() {
+		return
+	}
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.QueryTimeout)
+	defer cancel()
+	_, err := pool.Exec(qctx, `
+WITH d AS (
+	SELECT k, count(*) AS n FROM unnest($2::text[]) AS k GROUP BY k
+), l AS (
+	SELECT i.event_key FROM outbox_inbox AS i JOIN d ON i.event_key = d.k
+	WHERE i.consumer_group = $1 ORDER BY i.event_key FOR UPDATE OF i
+)
+UPDATE outbox_inbox AS i SET replays = i.replays + d.n
+FROM d JOIN l ON l.event_key = d.k
+WHERE i.consumer_group = $1 AND i.event_key = d.k`, c.cfg.Group, keys)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column
+		if c.noReplayColumn.CompareAndSwap(false, true) {
+			c.log.WarnContext(ctx, "outbox: outbox_inbox has no replays column (database not migrated?): replays are not counted in PostgreSQL until the consumer restarts on a migrated database", "err", err)
+		}
+	case err != nil:
+		c.log.WarnContext(ctx, "outbox: recording replays in the inbox failed; they stay uncounted in PostgreSQL (the metric counted them)",
+			"replays", len(keys), "err", err)
+	}
 }
 
 func (c *Consumer) handleTx(ctx context.Context, pool *pgxpool.Pool, ev Event, h TxHandler) (dup bool, err error) {

@@ -69,7 +69,17 @@
 //     runs the handler with that transaction; a replay finds the row and is skipped. The
 //     handler's writes and the "seen" mark commit or roll back together: the effect is
 //     exactly once, as long as the handler's side effect is written through the
-//     transaction it is given.
+//     transaction it is given. Each replay it recognises is added to its inbox row's
+//     replays column (migration adding outbox_inbox.replays), so the events deduplicated
+//     downstream can be counted from PostgreSQL; on a database without that column it
+//     consumes as before and only the metric counts them.
+//
+// # Maintenance
+//
+// [Lag] reports unsent rows older than a threshold (no dispatcher running); [PruneSent]
+// and [InboxPrune] delete sent outbox rows and inbox rows older than their retention in
+// bounded batches (call until a short batch). [Maintainer] binds the three to a pool for a
+// reconciler.
 //
 // # Failpoints
 //

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -10,19 +9,27 @@ import (
 )
 
 // InboxPrune deletes up to limit outbox_inbox rows (of every group) seen more than
-// olderThan ago and returns how many it deleted; call it until it returns less than
-// limit. A replay of a pruned event would take effect again, so olderThan must exceed the
-// longest time an event can be replayed after its first delivery (in practice: longer
-// than streams are kept). The statement is bounded by DefaultQueryTimeout and ctx.
+// olderThan ago, oldest first, and returns how many it deleted; call it until it returns
+// less than limit. Rows locked by someone else (another pruner, a consumer recording a
+// replay) are skipped, not waited for (SKIP LOCKED): pruners running side by side take
+// disjoint batches, so a short batch means no old row was free. A replay of a pruned
+// event would take effect again, so olderThan must exceed the longest time an event can be
+// replayed after its first delivery (in practice: longer than streams are kept). The
+// statement walks the index outbox_inbox_seen_at_idx (migration 00002) and is bounded by
+// DefaultQueryTimeout and ctx.
 func InboxPrune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, limit int) (int64, error) {
 	if olderThan <= 0 || limit <= 0 {
-		return 0, errors.New("outbox: InboxPrune: olderThan and limit must be positive")
+		return 0, fmt.Errorf("outbox: InboxPrune: olderThan (%v) and limit (%d) must be positive", olderThan, limit)
 	}
 	ctx, cancel := context.WithTimeout(ctx, DefaultQueryTimeout)
 	defer cancel()
 	tag, err := pool.Exec(ctx, `
-DELETE FROM outbox_inbox WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM outbox_inbox WHERE seen_at < now() - $1::interval LIMIT $2))`, olderThan, limit)
+DELETE FROM outbox_inbox WHERE (consumer_group, event_key) IN (
+	SELECT consumer_group, event_key FROM outbox_inbox
+	WHERE seen_at < now() - $1::interval
+	ORDER BY seen_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`, olderThan, limit)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: InboxPrune: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,7 +297,7 @@ func TestDispatchExactlyOnceEffect(t *testing.T) {
 		}()
 	}
 
-	waitFor(t, time.Minute, progress, "every event handled and acknowledged", func() bool {
+	waitFor(t, 3*time.Minute, progress, "every event handled and acknowledged", func() bool {
 		return count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`) == 0 &&
 			count(t, b.pool, `SELECT count(*) FROM side_effects`) == events &&
 			groupDone(t, b.rdb, stream, group)
@@ -482,7 +483,7 @@ func TestDispatcher(t *testing.T) {
 		d.Stop() // returns: the loop and the listener ended with the context
 		insertEvents(t, b.pool, "t", 1, 1)
 		require.NoError(t, d.Start(ctx), "a dispatcher whose context ended can start again")
-		waitFor(t, 10*time.Second, nil, "the row sent", func() bool {
+		waitFor(t, 30*time.Second, nil, "the row sent", func() bool {
 			return count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`) == 0
 		})
 	})
@@ -584,8 +585,8 @@ func TestNotifyWakesDispatcher(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
 
-		res, err := b.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{stream, last}, Count: 100, Block: 10 * time.Second}).Result()
-		require.NoError(t, err, "event %d not dispatched within 10s of its NOTIFY", i)
+		res, err := b.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{stream, last}, Count: 100, Block: 30 * time.Second}).Result()
+		require.NoError(t, err, "event %d not dispatched within 30s of its NOTIFY (hang guard)", i)
 		require.Len(t, res, 1)
 		require.Len(t, res[0].Messages, 1)
 		require.Equal(t, fmt.Sprintf("ev:%d", i), res[0].Messages[0].Values[outbox.FieldEventKey])
@@ -630,23 +631,27 @@ func TestPendingReclaimed(t *testing.T) {
 
 	// A reads the whole batch; its first handler call "crashes" the consumer.
 	dead := b.consumer(t, outbox.ConsumerConfig{Topic: topic, Group: group, Consumer: "A", MinIdle: time.Hour})
-	var aCalls int
+	var aCalls atomic.Int32
+	aCalled := make(chan struct{}, events)
 	stopA := runConsumer(t, func(ctx context.Context) error {
 		ctx, die := context.WithCancel(ctx)
 		defer die()
 		return dead.Run(ctx, func(context.Context, outbox.Event) error {
-			aCalls++
+			aCalls.Add(1)
 			die()
+			aCalled <- struct{}{}
 			return errInjected
 		})
 	})
 	stream := outbox.StreamKey(b.prefix, topic)
-	waitFor(t, 10*time.Second, nil, "A holds every entry", func() bool {
-		p, err := b.rdb.XPending(context.Background(), stream, group).Result()
-		return err == nil && p.Consumers["A"] == events
-	})
+	// Wait for the handler call itself: XREADGROUP hands A every entry before its handler
+	// runs, so "A holds every entry" alone can be seen with no call made yet.
+	recv(t, aCalled, "A's handler call")
 	stopA()
-	require.Equal(t, 1, aCalls)
+	require.Equal(t, int32(1), aCalls.Load(), "A stops after its first (failed) call")
+	p, err := b.rdb.XPending(context.Background(), stream, group).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(events), p.Consumers["A"], "A died holding every entry")
 
 	got := make(chan outbox.Event, events)
 	heir := b.consumer(t, outbox.ConsumerConfig{Topic: topic, Group: group, Consumer: "B",
@@ -663,7 +668,7 @@ func TestPendingReclaimed(t *testing.T) {
 		seen[ev.EventKey]++
 		require.Equal(t, 2, ev.Delivery, "delivered to A, then claimed by B: %+v", ev)
 	}
-	waitFor(t, 10*time.Second, nil, "B acknowledged everything", func() bool { return groupDone(t, b.rdb, stream, group) })
+	waitFor(t, 30*time.Second, nil, "B acknowledged everything", func() bool { return groupDone(t, b.rdb, stream, group) })
 	stopB()
 	for k, n := range seen {
 		require.Equal(t, 1, n, k)
@@ -717,7 +722,7 @@ func TestConsumerLedgerMarksAfterSuccess(t *testing.T) {
 		t.Fatalf("handler calls (-want +got):\n%s", diff)
 	}
 	stream := outbox.StreamKey(b.prefix, topic)
-	waitFor(t, 10*time.Second, nil, "all acknowledged", func() bool { return groupDone(t, b.rdb, stream, group) })
+	waitFor(t, 30*time.Second, nil, "all acknowledged", func() bool { return groupDone(t, b.rdb, stream, group) })
 	for i := 1; i <= 5; i++ {
 		key := outbox.LedgerKey(b.prefix, group, fmt.Sprintf("ev:%d", i))
 		ttl, err := b.rdb.TTL(ctx, key).Result()
@@ -779,7 +784,7 @@ func TestConsumerRunTx(t *testing.T) {
 		recv(t, handled, "handled event")
 	}
 	stream := outbox.StreamKey(b.prefix, topic)
-	waitFor(t, 10*time.Second, nil, "all acknowledged", func() bool { return groupDone(t, b.rdb, stream, group) })
+	waitFor(t, 30*time.Second, nil, "all acknowledged", func() bool { return groupDone(t, b.rdb, stream, group) })
 	stop()
 	require.Equal(t, []string{"ev:1", "ev:2", "ev:3", "ev:2"}, calls)
 	require.Equal(t, []string{"(ev:1)", "(ev:2)", "(ev:3)"}, testutil.TableSnapshot(t, b.pool, "side_effects"))
@@ -902,7 +907,7 @@ func TestTrimKeepsPending(t *testing.T) {
 		})
 		require.Equal(t, []string{msgs[1].ID}, recv(t, lost, "OnLost"))
 		require.ElementsMatch(t, []string{"ev:1", "ev:3"}, []string{recv(t, handled, "event"), recv(t, handled, "event")})
-		waitFor(t, 10*time.Second, nil, "nothing pending", func() bool {
+		waitFor(t, 30*time.Second, nil, "nothing pending", func() bool {
 			p, err := b.rdb.XPending(ctx, stream, group).Result()
 			return err == nil && p.Count == 0
 		})
@@ -936,14 +941,14 @@ func TestConsumerConfig(t *testing.T) {
 	require.Error(t, c.Run(context.Background(), nil))
 }
 
-// recv receives from ch, or fails the test after 10 s.
+// recv receives from ch, or fails the test after 30 s (a hang guard, not a timing check).
 func recv[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out after 10s waiting for %s", what)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out after 30s waiting for %s", what)
 		panic("unreachable")
 	}
 }

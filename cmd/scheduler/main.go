@@ -1,0 +1,275 @@
+// Command scheduler runs idemscrape's periodic job templates and the reconciler.
+//
+//	scheduler -config scheduler.yaml [flags]
+//
+// It migrates PostgreSQL (safe from many processes), validates the YAML configuration
+// (see examples/scheduler.yaml; an invalid one exits 2 with an error naming the template
+// and field, before anything runs), then runs every template's ticks and, unless
+// reconciler.disabled, the reconciler, until SIGTERM or SIGINT: the loops stop at their
+// next statement (a half-done tick is completed by the next start's catch-up) and the
+// process exits 0. Any number of schedulers may run with the same configuration.
+//
+// HTTP (-http): /metrics (Prometheus) and /healthz (PostgreSQL and Redis answer).
+// Every flag is also read from the environment variable shown in -help (IDEMSCRAPE_*, the
+// same names as cmd/worker and cmd/idemscrape: IDEMSCRAPE_PG, IDEMSCRAPE_REDIS, ...).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/scheduler"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/outbox"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+const envPrefix = "IDEMSCRAPE_"
+
+type config struct {
+	configPath    string
+	pg            string
+	redis         string
+	httpAddr      string
+	keyPrefix     string
+	id            string
+	allowLoopback bool
+	noScheduler   bool
+	noReconciler  bool
+	logFormat     string
+	logLevel      string
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("scheduler", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c config
+	var envErrs []error
+	env := func(name string) (string, bool) { v, ok := os.LookupEnv(envPrefix + name); return v, ok && v != "" }
+	str := func(p *string, name, envName, def, usage string) {
+		if v, ok := env(envName); ok {
+			def = v
+		}
+		fs.StringVar(p, name, def, usage+" ($"+envPrefix+envName+")")
+	}
+	boolean := func(p *bool, name, envName, usage string) {
+		def := false
+		if v, ok := env(envName); ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a boolean", envPrefix, envName, v))
+			}
+			def = b
+		}
+		fs.BoolVar(p, name, def, usage+" ($"+envPrefix+envName+")")
+	}
+	str(&c.configPath, "config", "SCHEDULER_CONFIG", "", "YAML configuration: templates, kinds, reconciler (required)")
+	str(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
+	str(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
+	str(&c.httpAddr, "http", "SCHEDULER_HTTP_ADDR", "127.0.0.1:8081", "HTTP listen address for /metrics and /healthz (empty: no HTTP)")
+	str(&c.keyPrefix, "key-prefix", "KEY_PREFIX", "idemscrape:", "prefix of the lease keys in Redis (the workers' -key-prefix)")
+	str(&c.id, "id", "SCHEDULER_ID", "", "this process's name in the reconciler's lease owner (default host/pid)")
+	boolean(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow source URLs on 127.0.0.0/8 and ::1 (demos and tests only)")
+	boolean(&c.noScheduler, "no-scheduler", "NO_SCHEDULER", "do not run the templates in this process")
+	boolean(&c.noReconciler, "no-reconciler", "NO_RECONCILER", "do not run the reconciler in this process (also: reconciler.disabled)")
+	str(&c.logFormat, "log-format", "LOG_FORMAT", "text", "log format: text or json")
+	str(&c.logLevel, "log-level", "LOG_LEVEL", "info", "least log level: debug, info, warn, error")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: scheduler -config FILE [flags]
+
+Runs periodic job templates (window-keyed jobs: a tick enqueues each window's jobs once,
+however many schedulers run) and the reconciler (stranded running jobs, lost asynq tasks,
+outbox lag and pruning) until SIGTERM or SIGINT.
+
+Flags (each also read from the environment variable shown; the flag wins):
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %q (every setting is a flag)", fs.Args())
+	}
+	if err := errors.Join(envErrs...); err != nil {
+		return c, err
+	}
+	var lvl slog.Level
+	switch {
+	case c.configPath == "":
+		return c, errors.New("-config ($IDEMSCRAPE_SCHEDULER_CONFIG) is required")
+	case c.logFormat != "text" && c.logFormat != "json":
+		return c, fmt.Errorf("-log-format %q must be text or json", c.logFormat)
+	case lvl.UnmarshalText([]byte(c.logLevel)) != nil:
+		return c, fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	return c, nil
+}
+
+func newLogger(c config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.logLevel))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func main() {
+	c, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scheduler:", err)
+		os.Exit(2)
+	}
+	log := newLogger(c, os.Stderr)
+	slog.SetDefault(log)
+	file, err := scheduler.LoadFile(c.configPath)
+	if err != nil {
+		// Nothing has started: a bad configuration never half-runs.
+		log.Error("invalid configuration", "err", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, c, file, log); err != nil {
+		log.Error("scheduler failed", "err", err)
+		os.Exit(1)
+	}
+	log.Info("scheduler stopped")
+}
+
+func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) error {
+	pool, err := pgxpool.New(ctx, c.pg)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer pool.Close()
+	mctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	applied, err := store.Migrate(mctx, pool, nil)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if len(applied) > 0 {
+		log.Info("applied migrations", "versions", applied)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: c.redis})
+	defer rdb.Close()
+	connOpt := asynq.RedisClientOpt{Addr: c.redis}
+	client := asynq.NewClient(connOpt)
+	defer client.Close()
+	insp := asynq.NewInspector(connOpt)
+	defer insp.Close()
+
+	dest := tasks.StrictDestinationPolicy()
+	if c.allowLoopback {
+		dest = tasks.LoopbackPolicy()
+		log.Warn("loopback source URLs allowed (-allow-loopback): for demos and tests only")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	st := store.New(pool)
+
+	var sched *scheduler.Scheduler
+	if !c.noScheduler && len(file.Templates) > 0 {
+		sched, err = scheduler.New(scheduler.Config{
+			File: file, Client: client, Redis: rdb, Store: st, Inspector: insp, Destinations: dest,
+			Registerer: reg, Logger: log,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	var rec *scheduler.Reconciler
+	if !c.noReconciler && !file.Reconciler.Disabled {
+		maint, err := outbox.NewMaintainer(pool)
+		if err != nil {
+			return err
+		}
+		rec, err = scheduler.NewReconciler(scheduler.ReconcilerConfig{
+			File: file, Store: st, Outbox: maint, Redis: rdb, Client: client, Inspector: insp,
+			KeyPrefix: c.keyPrefix, ID: c.id, Destinations: dest, Registerer: reg, Logger: log,
+		})
+		if err != nil {
+			return err
+		}
+	}
+
+	var srv *http.Server
+	if c.httpAddr != "" {
+		ln, err := net.Listen("tcp", c.httpAddr)
+		if err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+			hctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			defer cancel()
+			if err := pool.Ping(hctx); err != nil {
+				http.Error(w, "postgres: unavailable", http.StatusServiceUnavailable)
+				return
+			}
+			if err := rdb.Ping(hctx).Err(); err != nil {
+				http.Error(w, "redis: unavailable", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server failed", "err", err)
+			}
+		}()
+		log.Info("http listening", "addr", ln.Addr().String())
+	}
+
+	if sched != nil {
+		if err := sched.Start(ctx); err != nil {
+			return err
+		}
+	}
+	if rec != nil {
+		if err := rec.Start(ctx); err != nil {
+			return err
+		}
+	}
+	log.Info("scheduler running", "templates", len(file.Templates), "scheduler", sched != nil, "reconciler", rec != nil)
+	<-ctx.Done()
+	log.Info("shutting down")
+	if sched != nil {
+		sched.Stop()
+	}
+	if rec != nil {
+		rec.Stop()
+	}
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}
+	return nil
+}

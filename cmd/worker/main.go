@@ -1,0 +1,352 @@
+// Command worker is idemscrape's reference worker: it migrates the database, registers the
+// example job kind (examples/catalog) and runs the service entry point (package service):
+// the asynq server with the runner, the outbox dispatcher, and one HTTP server with
+// /metrics, /healthz, /readyz, asynqmon at /monitoring and the job pages at /jobs.
+//
+// Every setting is a flag, and every flag has an environment variable (the flag wins):
+//
+//	worker -catalog-base https://shop.example            (see worker -h for the rest)
+//
+// Proxy credentials come only from the environment (IDEMSCRAPE_PROXY_PROVIDER, _USER,
+// _PASSWORD, _ZONE, _GATEWAY; see sessions.ProviderFromEnv), and so do the HTTP basic-auth
+// credentials (IDEMSCRAPE_HTTP_USER, IDEMSCRAPE_HTTP_PASSWORD): none of them is ever
+// logged. SIGTERM or SIGINT shut the worker down gracefully (see service.Service.Shutdown);
+// it exits 0 after a clean shutdown, 1 on an error, 2 on a bad configuration.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/service"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/outbox"
+)
+
+// config is everything the worker reads from flags and the environment.
+type config struct {
+	pg, redis         string
+	httpAddr          string
+	concurrency       int
+	queues            string
+	keyPrefix         string
+	streamPrefix      string
+	workerID          string
+	leaseDefault      time.Duration
+	leaseMin          time.Duration
+	leaseMax          time.Duration
+	leaseMargin       float64
+	shutdownTimeout   time.Duration
+	drainTimeout      time.Duration
+	requestTimeout    time.Duration
+	readOnly          bool
+	noDispatcher      bool
+	allowLoopback     bool
+	ignoreRobots      bool
+	logFormat         string
+	logLevel          string
+	catalogBase       string
+	maxSessionRestart int
+}
+
+// envPrefix is the prefix of every environment variable of the worker.
+const envPrefix = "IDEMSCRAPE_"
+
+// flagSpec binds one flag to its environment variable.
+type flagSpec struct {
+	name, env, usage string
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c config
+	var envErrs []error
+	env := func(name string) (string, bool) { v, ok := os.LookupEnv(envPrefix + name); return v, ok && v != "" }
+	str := func(p *string, name, envName, def, usage string) {
+		if v, ok := env(envName); ok {
+			def = v
+		}
+		fs.StringVar(p, name, def, usage+" ($"+envPrefix+envName+")")
+	}
+	integer := func(p *int, name, envName string, def int, usage string) {
+		if v, ok := env(envName); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not an integer", envPrefix, envName, v))
+			}
+			def = n
+		}
+		fs.IntVar(p, name, def, usage+" ($"+envPrefix+envName+")")
+	}
+	float := func(p *float64, name, envName string, def float64, usage string) {
+		if v, ok := env(envName); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a number", envPrefix, envName, v))
+			}
+			def = n
+		}
+		fs.Float64Var(p, name, def, usage+" ($"+envPrefix+envName+")")
+	}
+	dur := func(p *time.Duration, name, envName string, def time.Duration, usage string) {
+		if v, ok := env(envName); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a duration (e.g. 30s)", envPrefix, envName, v))
+			}
+			def = d
+		}
+		fs.DurationVar(p, name, def, usage+" ($"+envPrefix+envName+")")
+	}
+	boolean := func(p *bool, name, envName, usage string) {
+		def := false
+		if v, ok := env(envName); ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a boolean", envPrefix, envName, v))
+			}
+			def = b
+		}
+		fs.BoolVar(p, name, def, usage+" ($"+envPrefix+envName+")")
+	}
+
+	str(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
+	str(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
+	str(&c.httpAddr, "http", "HTTP_ADDR", service.DefaultHTTPAddr, "HTTP listen address for /metrics, /healthz, /readyz, /monitoring, /jobs")
+	integer(&c.concurrency, "concurrency", "CONCURRENCY", service.DefaultConcurrency, "jobs run at once")
+	str(&c.queues, "queues", "QUEUES", "", "asynq queues and weights, name:weight,… (default: one queue per registered kind, named like the kind, weight 1)")
+	str(&c.keyPrefix, "key-prefix", "KEY_PREFIX", handlers.DefaultKeyPrefix, "prefix of the lease keys in Redis")
+	str(&c.streamPrefix, "stream-prefix", "STREAM_PREFIX", outbox.DefaultPrefix, "prefix of the outbox stream keys (<prefix>stream:<topic>)")
+	str(&c.workerID, "worker-id", "WORKER_ID", "", "this worker's name in attempts rows (default host/pid)")
+	dur(&c.leaseDefault, "lease-default", "LEASE_DEFAULT", handlers.DefaultLeaseLength, "lease length of a kind until enough durations were measured")
+	dur(&c.leaseMin, "lease-min", "LEASE_MIN", handlers.DefaultLeaseMin, "shortest lease")
+	dur(&c.leaseMax, "lease-max", "LEASE_MAX", handlers.DefaultLeaseMax, "longest lease")
+	float(&c.leaseMargin, "lease-margin", "LEASE_MARGIN", handlers.DefaultLeaseMargin, "measured lease = p95 of job durations × this margin (>= 1)")
+	dur(&c.shutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", service.DefaultShutdownTimeout, "on SIGTERM, how long in-flight jobs may finish before they are handed back to the queue")
+	dur(&c.drainTimeout, "drain-timeout", "DRAIN_TIMEOUT", service.DefaultDrainTimeout, "after that, how long to wait for handed-back jobs to record their attempt and release their lease")
+	dur(&c.requestTimeout, "request-timeout", "REQUEST_TIMEOUT", sessions.DefaultRequestTimeout, "bound of each destination request")
+	integer(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default)")
+	boolean(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "mount asynqmon read-only (its API refuses everything but GET)")
+	boolean(&c.noDispatcher, "no-dispatcher", "NO_DISPATCHER", "do not run the outbox dispatcher in this process")
+	boolean(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow destinations on 127.0.0.0/8 and ::1 (demos and tests only; never in production)")
+	boolean(&c.ignoreRobots, "ignore-robots", "IGNORE_ROBOTS", "do not fetch or respect robots.txt")
+	str(&c.logFormat, "log-format", "LOG_FORMAT", "text", "log format: text or json")
+	str(&c.logLevel, "log-level", "LOG_LEVEL", "info", "least log level: debug, info, warn, error")
+	str(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes (required)")
+
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: worker [flags]
+
+Runs idemscrape's reference worker: migrates PostgreSQL, registers the example kind
+%q, and serves it until SIGTERM or SIGINT (graceful: in-flight jobs finish or are handed
+back, leases are released, exit 0).
+
+Secrets come only from the environment and are never logged:
+  $%s, $%s, $%s, $%s, $%s
+      the residential proxy account (brightdata | oxylabs | decodo | iproyal | soax)
+  $%s, $%s
+      HTTP basic auth for /monitoring and /jobs (both set: required; both unset: none)
+
+Flags (each also read from the environment variable shown; the flag wins):
+`, catalog.Kind, sessions.EnvProvider, sessions.EnvUser, sessions.EnvPassword, sessions.EnvZone, sessions.EnvGateway,
+			service.EnvBasicAuthUser, service.EnvBasicAuthPassword)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %q (every setting is a flag)", fs.Args())
+	}
+	if err := errors.Join(envErrs...); err != nil {
+		return c, err
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.catalogBase == "":
+		return errors.New("-catalog-base ($IDEMSCRAPE_CATALOG_BASE) is required: the shop the example kind scrapes")
+	case !strings.HasPrefix(c.catalogBase, "http://") && !strings.HasPrefix(c.catalogBase, "https://"):
+		return fmt.Errorf("-catalog-base %q must start with http:// or https://", c.catalogBase)
+	case c.logFormat != "text" && c.logFormat != "json":
+		return fmt.Errorf("-log-format %q must be text or json", c.logFormat)
+	case c.concurrency < 1:
+		return fmt.Errorf("-concurrency %d must be >= 1", c.concurrency)
+	case c.shutdownTimeout <= 0 || c.drainTimeout <= 0:
+		return errors.New("-shutdown-timeout and -drain-timeout must be positive")
+	case c.leaseMargin < 1:
+		return fmt.Errorf("-lease-margin %v must be >= 1", c.leaseMargin)
+	}
+	if _, err := parseQueues(c.queues); err != nil {
+		return err
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	return nil
+}
+
+// parseQueues reads "name:weight,name2:weight2" ("name" alone means weight 1); "" is nil.
+func parseQueues(s string) (map[string]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := map[string]int{}
+	for _, part := range strings.Split(s, ",") {
+		name, weight, hasWeight := strings.Cut(strings.TrimSpace(part), ":")
+		w := 1
+		if hasWeight {
+			var err error
+			if w, err = strconv.Atoi(weight); err != nil || w < 1 {
+				return nil, fmt.Errorf("-queues: %q: weight must be an integer >= 1", part)
+			}
+		}
+		if name == "" {
+			return nil, fmt.Errorf("-queues: %q: empty queue name", part)
+		}
+		out[name] = w
+	}
+	return out, nil
+}
+
+func newLogger(c config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.logLevel))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func main() {
+	c, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
+	log := newLogger(c, os.Stderr)
+	slog.SetDefault(log)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		// After the first signal, a second one kills the process the default way.
+		<-ctx.Done()
+		stop()
+	}()
+	if err := run(ctx, c, log); err != nil {
+		log.Error("worker failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, c config, log *slog.Logger) error {
+	provider, err := sessions.ProviderFromEnv()
+	if err != nil {
+		return err
+	}
+	auth, err := service.BasicAuthFromEnv()
+	if err != nil {
+		return err
+	}
+
+	pool, err := pgxpool.New(ctx, c.pg)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer pool.Close()
+	mctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	applied, err := store.Migrate(mctx, pool, nil)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if len(applied) > 0 {
+		log.Info("applied migrations", "versions", applied)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: c.redis})
+	defer rdb.Close()
+
+	collector := sessions.CollectorConfig{RequestTimeout: c.requestTimeout, IgnoreRobotsTxt: c.ignoreRobots}
+	if c.allowLoopback {
+		// TODO(destination policy): switch to tasks.DestinationPolicy when it lands.
+		collector.Guard = sessions.LoopbackGuard()
+		log.Warn("loopback destinations allowed (-allow-loopback): for demos and tests only")
+	}
+	reg, err := handlers.NewRegistry(handlers.Config{
+		Store: store.New(pool), Redis: rdb, Provider: provider,
+		KeyPrefix: c.keyPrefix, WorkerID: c.workerID, Collector: collector,
+		MaxSessionRestarts: c.maxSessionRestart,
+		LeaseLengths: &handlers.LeaseLengthConfig{
+			Default: c.leaseDefault, Min: c.leaseMin, Max: c.leaseMax, Margin: c.leaseMargin,
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	kinds := []string{catalog.Kind}
+	if err := reg.Register(catalog.Kind, catalog.Workflow(c.catalogBase), catalog.Parse); err != nil {
+		return err
+	}
+
+	queues, _ := parseQueues(c.queues)
+	if queues == nil {
+		queues = map[string]int{}
+		for _, k := range kinds {
+			queues[k] = 1
+		}
+	}
+	svc, err := service.New(service.Config{
+		Registry:           reg,
+		Store:              store.New(pool),
+		Redis:              rdb,
+		RedisConnOpt:       asynq.RedisClientOpt{Addr: c.redis},
+		Queues:             queues,
+		Concurrency:        c.concurrency,
+		ShutdownTimeout:    c.shutdownTimeout,
+		DrainTimeout:       c.drainTimeout,
+		NoDispatcher:       c.noDispatcher,
+		Dispatcher:         &outbox.DispatcherConfig{Prefix: c.streamPrefix},
+		HTTPAddr:           c.httpAddr,
+		MonitoringReadOnly: c.readOnly,
+		BasicAuth:          auth,
+		Logger:             log,
+	})
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(queues))
+	for q := range queues {
+		names = append(names, q)
+	}
+	sort.Strings(names)
+	log.Info("worker starting", "kinds", kinds, "queues", names, "proxy", provider.Name(), "gateway", provider.Gateway())
+	return svc.Run(ctx)
+}

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+const proxyPassword = "pw-never-logged-7f3a"
+
+// buildWorker builds this command into a temporary directory.
+func buildWorker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "worker")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+// dsnOf returns the URL of the test database behind pool.
+func dsnOf(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	u, err := url.Parse(testutil.PGAdminDSN())
+	require.NoError(t, err, "IDEMSCRAPE_TEST_PG must be a URL for this test")
+	u.Path = "/" + pool.Config().ConnConfig.Database
+	return u.String()
+}
+
+// gate is the shop as the worker sees it: it forwards to the fake site, but holds every
+// price request until release is closed, and reports each held request on held.
+type gate struct {
+	srv     *httptest.Server
+	held    chan string
+	release chan struct{}
+	once    sync.Once
+}
+
+func newGate(t *testing.T, site *testutil.FakeSite) *gate {
+	target, err := url.Parse(site.URL)
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	g := &gate{held: make(chan string, 100), release: make(chan struct{})}
+	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/api/price/") {
+			g.held <- r.URL.Path
+			select {
+			case <-g.release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(g.srv.Close)
+	t.Cleanup(g.open) // runs before Close: no handler stays blocked
+	return g
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// waitHeld waits until n price requests are held.
+func (g *gate) waitHeld(t *testing.T, n int) {
+	t.Helper()
+	timeout := time.After(60 * time.Second)
+	for i := 0; i < n; i++ {
+		select {
+		case <-g.held:
+		case <-timeout:
+			t.Fatalf("only %d of %d jobs reached the price step", i, n)
+		}
+	}
+}
+
+// worker is a running worker subprocess.
+type worker struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	stderr bytes.Buffer
+	lines  chan string
+	done   chan error
+}
+
+func startWorker(t *testing.T, bin string, args []string, env []string) *worker {
+	t.Helper()
+	w := &worker{cmd: exec.Command(bin, args...), lines: make(chan string, 1000), done: make(chan error, 1)}
+	w.cmd.Env = append(os.Environ(), env...)
+	pipe, err := w.cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, w.cmd.Start())
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			w.mu.Lock()
+			w.stderr.WriteString(sc.Text() + "\n")
+			w.mu.Unlock()
+			select {
+			case w.lines <- sc.Text():
+			default:
+			}
+		}
+		w.done <- w.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if w.cmd.ProcessState == nil {
+			_ = w.cmd.Process.Kill() // our own child, by pid
+			<-w.done
+		}
+		if t.Failed() {
+			t.Logf("worker stderr:\n%s", w.log())
+		}
+	})
+	return w
+}
+
+func (w *worker) log() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stderr.String()
+}
+
+// waitLine waits for a log line containing s.
+func (w *worker) waitLine(t *testing.T, s string) {
+	t.Helper()
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case line := <-w.lines:
+			if strings.Contains(line, s) {
+				return
+			}
+		case err := <-w.done:
+			w.done <- err
+			t.Fatalf("worker exited (%v) before logging %q", err, s)
+		case <-timeout:
+			t.Fatalf("worker did not log %q", s)
+		}
+	}
+}
+
+// wait waits for the worker to exit and returns its exit code.
+func (w *worker) wait(t *testing.T, within time.Duration) int {
+	t.Helper()
+	select {
+	case err := <-w.done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		require.NoError(t, err)
+		return 0
+	case <-time.After(within):
+		t.Fatalf("worker still running %v after SIGTERM", within)
+		return -1
+	}
+}
+
+type world struct {
+	pool  *pgxpool.Pool
+	st    *store.PG
+	ns    *testutil.RedisNS
+	gate  *gate
+	proxy *testutil.FakeProxy
+	keys  []string
+}
+
+func newWorld(t *testing.T, jobs int) *world {
+	t.Helper()
+	w := &world{pool: testutil.PG(t), ns: testutil.Redis(t)}
+	w.st = store.New(w.pool)
+	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 3, Products: jobs})
+	w.gate = newGate(t, site)
+	w.proxy = testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Seed: 3, Format: testutil.ProxyFormatOxylabs, User: "acct", Password: proxyPassword})
+
+	client := asynq.NewClient(w.ns.AsynqOpt())
+	t.Cleanup(func() { _ = client.Close() })
+	enq, err := tasks.NewEnqueuer(client, w.st, &tasks.EnqueuerConfig{Queue: w.ns.Queue})
+	require.NoError(t, err)
+	for i := 1; i <= jobs; i++ {
+		res, err := enq.Enqueue(context.Background(), tasks.Spec{
+			Kind: catalog.Kind, SourceID: fmt.Sprintf("sku-%d", i), Country: "US", Window: "2026-04-23", ParserVersion: 1,
+		})
+		require.NoError(t, err)
+		w.keys = append(w.keys, res.Key)
+	}
+	return w
+}
+
+func (w *world) args(concurrency int, shutdown time.Duration) []string {
+	return []string{
+		"-queues", w.ns.Queue, "-key-prefix", w.ns.Prefix, "-stream-prefix", w.ns.Prefix,
+		"-concurrency", fmt.Sprint(concurrency), "-shutdown-timeout", shutdown.String(),
+		"-http", "127.0.0.1:0", "-catalog-base", w.gate.srv.URL, "-allow-loopback", "-log-format", "json",
+		"-request-timeout", "2m",
+	}
+}
+
+func (w *world) env(t *testing.T) []string {
+	return []string{
+		"IDEMSCRAPE_PG=" + dsnOf(t, w.pool), "IDEMSCRAPE_REDIS=" + w.ns.Addr,
+		"IDEMSCRAPE_PROXY_PROVIDER=oxylabs", "IDEMSCRAPE_PROXY_USER=acct",
+		"IDEMSCRAPE_PROXY_PASSWORD=" + proxyPassword, "IDEMSCRAPE_PROXY_GATEWAY=" + w.proxy.Addr,
+		"IDEMSCRAPE_HTTP_USER=", "IDEMSCRAPE_HTTP_PASSWORD=", "IDEMSCRAPE_QUEUES=", "IDEMSCRAPE_HTTP_ADDR=",
+	}
+}
+
+// states returns the state of every job.
+func (w *world) states(t *testing.T) map[string]tasks.JobState {
+	t.Helper()
+	out := map[string]tasks.JobState{}
+	for _, k := range w.keys {
+		j, err := w.st.JobGet(context.Background(), k)
+		require.NoError(t, err)
+		out[k] = j.State
+	}
+	return out
+}
+
+// leaseKeys lists the lease keys left in the namespace.
+func (w *world) leaseKeys(t *testing.T) []string {
+	t.Helper()
+	keys, err := w.ns.Client.Keys(context.Background(), w.ns.Prefix+"*:lease").Result()
+	require.NoError(t, err)
+	return keys
+}
+
+func TestWorkerSIGTERM(t *testing.T) {
+	bin := buildWorker(t)
+
+	t.Run("InFlightJobsFinish", func(t *testing.T) {
+		// 5 jobs, 3 at a time: 3 are held at their last step when SIGTERM arrives and are
+		// let through after the worker said it stopped taking work; they complete within
+		// the shutdown timeout, the 2 others stay pending with their tasks.
+		w := newWorld(t, 5)
+		wk := startWorker(t, bin, w.args(3, 2*time.Minute), w.env(t))
+		w.gate.waitHeld(t, 3)
+		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+		wk.waitLine(t, "stopped taking work")
+		w.gate.open()
+		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
+
+		counts := map[tasks.JobState]int{}
+		for k, s := range w.states(t) {
+			counts[s]++
+			if s != tasks.StateComplete {
+				assert.Equal(t, tasks.StatePending, s, k)
+				assert.True(t, w.ns.AsynqTaskExists(t, k), "job %s is %s without its asynq task", k, s)
+			}
+		}
+		assert.Equal(t, map[tasks.JobState]int{tasks.StateComplete: 3, tasks.StatePending: 2}, counts)
+		assert.Empty(t, w.leaseKeys(t))
+		assert.Equal(t, 3, testutil.Count(t, w.pool, `SELECT count(*) FROM results`))
+		assert.NotContains(t, wk.log(), proxyPassword)
+	})
+
+	t.Run("HeldJobsHandedBack", func(t *testing.T) {
+		// The held jobs never finish: after the shutdown timeout asynq hands their tasks
+		// back, the runner records the attempts and releases the leases, and the worker
+		// exits 0 with every job runnable again.
+		w := newWorld(t, 4)
+		wk := startWorker(t, bin, w.args(3, time.Second), w.env(t))
+		w.gate.waitHeld(t, 3)
+		require.Equal(t, 3, testutil.Count(t, w.pool, `SELECT count(*) FROM attempts WHERE outcome = 'running'`))
+		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
+
+		for k, s := range w.states(t) {
+			assert.Contains(t, []tasks.JobState{tasks.StatePending, tasks.StateRetryable}, s, k)
+			assert.True(t, w.ns.AsynqTaskExists(t, k), "job %s is %s without its asynq task", k, s)
+		}
+		assert.Equal(t, 0, testutil.Count(t, w.pool, `SELECT count(*) FROM attempts WHERE outcome = 'running'`),
+			"an attempt was left running")
+		assert.Equal(t, 3, testutil.Count(t, w.pool, `SELECT count(*) FROM attempts WHERE outcome = 'retryable'`))
+		assert.Empty(t, w.leaseKeys(t))
+		assert.NotContains(t, wk.log(), proxyPassword)
+	})
+}
+
+func TestFlags(t *testing.T) {
+	for _, name := range []string{"IDEMSCRAPE_CATALOG_BASE", "IDEMSCRAPE_CONCURRENCY", "IDEMSCRAPE_QUEUES", "IDEMSCRAPE_LOG_FORMAT"} {
+		t.Setenv(name, "")
+	}
+	t.Run("EnvIsTheDefaultFlagWins", func(t *testing.T) {
+		t.Setenv("IDEMSCRAPE_CATALOG_BASE", "https://shop.example")
+		t.Setenv("IDEMSCRAPE_CONCURRENCY", "7")
+		c, err := parseFlags([]string{"-concurrency", "9"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, "https://shop.example", c.catalogBase)
+		assert.Equal(t, 9, c.concurrency)
+		assert.False(t, c.allowLoopback, "loopback must be off by default")
+	})
+	t.Run("Queues", func(t *testing.T) {
+		q, err := parseQueues("a:3, b")
+		require.NoError(t, err)
+		assert.Equal(t, map[string]int{"a": 3, "b": 1}, q)
+		_, err = parseQueues("a:0")
+		assert.ErrorContains(t, err, "weight")
+	})
+	t.Run("Refused", func(t *testing.T) {
+		for name, args := range map[string][]string{
+			"NoCatalogBase": {},
+			"StrayArgument": {"-catalog-base", "https://s.example", "extra"},
+			"BadLogFormat":  {"-catalog-base", "https://s.example", "-log-format", "xml"},
+			"BadQueues":     {"-catalog-base", "https://s.example", "-queues", "a:x"},
+		} {
+			t.Run(name, func(t *testing.T) {
+				_, err := parseFlags(args, &bytes.Buffer{})
+				assert.Error(t, err)
+			})
+		}
+	})
+	t.Run("BadEnv", func(t *testing.T) {
+		t.Setenv("IDEMSCRAPE_CONCURRENCY", "many")
+		_, err := parseFlags([]string{"-catalog-base", "https://s.example"}, &bytes.Buffer{})
+		assert.ErrorContains(t, err, "IDEMSCRAPE_CONCURRENCY")
+	})
+	t.Run("HelpDocumentsSecretsFromEnv", func(t *testing.T) {
+		var out bytes.Buffer
+		_, err := parseFlags([]string{"-h"}, &out)
+		assert.ErrorIs(t, err, flag.ErrHelp)
+		for _, s := range []string{"IDEMSCRAPE_PROXY_PASSWORD", "IDEMSCRAPE_HTTP_PASSWORD", "-shutdown-timeout", "-allow-loopback", "$IDEMSCRAPE_PG"} {
+			assert.Contains(t, out.String(), s)
+		}
+	})
+}

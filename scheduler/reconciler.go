@@ -1,0 +1,734 @@
+package scheduler
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// ReconcileStore is what the reconciler needs from the system of record.
+type ReconcileStore interface {
+	tasks.JobRecorder
+	JobsListRunning(ctx context.Context, p store.JobsListParams) ([]store.RunningJob, error)
+	JobsListRunnable(ctx context.Context, p store.JobsListParams) ([]store.Job, error)
+	JobsRescue(ctx context.Context, ps []store.JobRescueParams) ([]error, error)
+	CountersAdd(ctx context.Context, deltas map[string]int64) error
+}
+
+var _ ReconcileStore = (*store.PG)(nil)
+
+// OutboxMaintainer reports outbox lag and prunes old outbox and inbox rows (PGOutbox).
+type OutboxMaintainer interface {
+	// Lag reports the unsent outbox rows older than olderThan and the oldest one's time.
+	Lag(ctx context.Context, olderThan time.Duration) (unsent int64, oldest time.Time, err error)
+	// PruneSent deletes at most limit sent outbox rows sent more than olderThan ago.
+	PruneSent(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
+	// PruneInbox deletes at most limit inbox rows seen more than olderThan ago.
+	PruneInbox(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
+}
+
+// Reconciler defaults.
+const (
+	// DefaultRescueLease is how long the reconciler holds a job's lease while it moves the
+	// job back to retryable.
+	DefaultRescueLease = 30 * time.Second
+	// DefaultConcurrency is how many lease claims and releases of a page's stranded jobs
+	// are in flight at once, and how many re-enqueue batches run at once.
+	DefaultConcurrency = 16
+	// minRequeueChunk is the smallest re-enqueue batch worth its own jobs statement.
+	minRequeueChunk = 32
+	// DefaultMaxPruneBatches bounds the delete statements per table per sweep.
+	DefaultMaxPruneBatches = 100
+	// rescuePagesInFlight is how many pages of stranded running jobs are rescued at once.
+	rescuePagesInFlight = 2
+	// dueSlack widens DueBefore so jobs rescued moments ago (next_attempt_at = the
+	// database's now) are re-enqueued in the same sweep despite clock skew.
+	dueSlack = 5 * time.Second
+)
+
+// Counter names the reconciler adds to (store.CountersAdd, shown by `idemscrape stats`);
+// without the "reconciler_" prefix they are the action label of
+// idemscrape_reconciler_actions_total.
+const (
+	ActionRescued        = "reconciler_rescued"           // running → retryable after its lease expired
+	ActionRescueRefused  = "reconciler_rescue_refused"    // the job moved on before the fenced rescue
+	ActionLeaseHeld      = "reconciler_lease_held"        // an old attempt whose worker still holds the lease: left alone
+	ActionRequeued       = "reconciler_requeued"          // runnable job without an asynq task: enqueued again
+	ActionArchivedRepair = "reconciler_archived_repaired" // runnable job whose task asynq archived: deleted and enqueued again
+	ActionAlreadyQueued  = "reconciler_already_queued"    // raced with a live enqueue: nothing to do
+	ActionOutboxPruned   = "reconciler_outbox_pruned"     // sent outbox rows deleted
+	ActionInboxPruned    = "reconciler_inbox_pruned"      // inbox rows deleted
+	ActionOutboxLagging  = "reconciler_outbox_lag_reports"
+	ActionSweepErrors    = "reconciler_sweep_errors"
+)
+
+// ReconcilerConfig configures a Reconciler.
+type ReconcilerConfig struct {
+	// File gives the kinds' queues and longest leases and the reconciler settings
+	// (interval, batch size, thresholds, retentions). Required.
+	File *File
+	// Store is the system of record (store.PG). Required.
+	Store ReconcileStore
+	// Outbox reports lag and prunes (PGOutbox). Optional: without it that part is skipped.
+	Outbox OutboxMaintainer
+	// Redis holds the leases and asynq's tasks (the same server as Client). Required.
+	Redis redis.UniversalClient
+	// Client enqueues tasks. Required.
+	Client *asynq.Client
+	// Inspector repairs archived tasks of runnable jobs. Optional; without it such a task
+	// is counted as already queued.
+	Inspector *asynq.Inspector
+	// KeyPrefix of the lease keys: the workers' handlers.Config.KeyPrefix. Defaults to
+	// "idemscrape:".
+	KeyPrefix string
+	// ID names this reconciler; its lease owner is "reconciler/<ID>". Defaults to
+	// hostname/pid.
+	ID string
+	// RescueLease is the lease the reconciler holds while rescuing. Defaults to
+	// DefaultRescueLease.
+	RescueLease time.Duration
+	// Concurrency is how many lease claims and releases are in flight at once and how many
+	// re-enqueue batches run at once. Defaults to DefaultConcurrency.
+	Concurrency int
+	// Normalizer of the enqueuers. Defaults to tasks.DefaultNormalizer.
+	Normalizer *tasks.Normalizer
+	// Destinations of the enqueuers. Defaults to tasks' strict policy.
+	Destinations *tasks.DestinationPolicy
+	// QueryTimeout bounds each page's statements and round trips. Defaults to
+	// DefaultQueryTimeout.
+	QueryTimeout time.Duration
+	// Registerer receives the metrics. Defaults to a private registry (Gatherer).
+	Registerer prometheus.Registerer
+	// Logger. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+	// TestSignal, when set, receives the report of every sweep of the loop (tests only).
+	TestSignal chan<- SweepReport
+}
+
+// Validate checks c and fills in defaults.
+func (c *ReconcilerConfig) Validate() error {
+	switch {
+	case c.File == nil:
+		return errors.New("scheduler: ReconcilerConfig.File is required")
+	case c.Store == nil:
+		return errors.New("scheduler: ReconcilerConfig.Store is required")
+	case c.Redis == nil:
+		return errors.New("scheduler: ReconcilerConfig.Redis is required")
+	case c.Client == nil:
+		return errors.New("scheduler: ReconcilerConfig.Client is required")
+	case c.RescueLease < 0:
+		return fmt.Errorf("scheduler: ReconcilerConfig.RescueLease %v is negative", c.RescueLease)
+	case c.Concurrency < 0:
+		return fmt.Errorf("scheduler: ReconcilerConfig.Concurrency %d is negative", c.Concurrency)
+	case c.QueryTimeout < 0:
+		return fmt.Errorf("scheduler: ReconcilerConfig.QueryTimeout %v is negative", c.QueryTimeout)
+	}
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = "idemscrape:"
+	}
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	if c.RescueLease == 0 {
+		c.RescueLease = DefaultRescueLease
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Normalizer == nil {
+		c.Normalizer = tasks.DefaultNormalizer
+	}
+	if c.QueryTimeout == 0 {
+		c.QueryTimeout = DefaultQueryTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// SweepReport counts what one sweep did, by action (the Action* names).
+type SweepReport struct {
+	Actions map[string]int64
+	// OutboxUnsent is the number of unsent outbox rows older than the threshold.
+	OutboxUnsent int64
+	// Statements counts PostgreSQL statements, RedisTrips Redis round trips (pipelines
+	// count once).
+	Statements, RedisTrips int64
+	// Time spent in each part of the sweep.
+	RescueTime, RequeueTime, OutboxTime time.Duration
+	Err                                 error
+}
+
+// Reconciler repairs what a lost Redis or a dead worker leaves behind, from PostgreSQL,
+// in keyset-paged sweeps; any number of reconcilers may sweep at once:
+//
+//   - a running job whose attempt is older than its kind's longest lease: the reconciler
+//     claims the job's lease itself (floor = the job's fence). If a worker holds it, the
+//     job is left alone — a live worker is never robbed. Otherwise it holds a token above
+//     the fence and moves the job to retryable with store.JobsRescue (one statement per
+//     page), fenced per job on the fence it listed and raising it to its token, so a stale worker's commit is refused and a
+//     second reconciler's rescue is refused; then it releases the lease;
+//   - a due pending or retryable job (rescued ones included) whose asynq task is missing or
+//     archived: its task is enqueued again (TaskID = key deduplicates a race with a live
+//     enqueue; the Inspector deletes an archived task first);
+//   - unsent outbox rows older than the threshold are reported (metric, log); sent outbox
+//     rows and inbox rows older than their retention are deleted in bounded batches.
+//
+// Every action is counted in Prometheus metrics and in store.CountersAdd.
+type Reconciler struct {
+	cfg     ReconcilerConfig
+	leases  *lua.Leases
+	enq     *enqueuers
+	metrics *reconcilerMetrics
+	gath    prometheus.Gatherer
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	done    chan struct{}
+	running bool
+}
+
+// NewReconciler validates cfg and returns a stopped Reconciler.
+func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	leases, err := lua.NewLeases(cfg.Redis, cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reconciler{cfg: cfg, leases: leases}
+	if r.metrics, r.gath, err = newReconcilerMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	r.enq = newEnqueuers(Config{Client: cfg.Client, Store: cfg.Store, Normalizer: cfg.Normalizer,
+		Inspector: cfg.Inspector, Destinations: cfg.Destinations})
+	return r, nil
+}
+
+// Gatherer returns the private metrics registry, or nil when ReconcilerConfig.Registerer
+// was given.
+func (r *Reconciler) Gatherer() prometheus.Gatherer { return r.gath }
+
+// Start runs a sweep at once and then every File.Reconciler.Interval ± 10 %. Calling
+// Start on a started Reconciler does nothing.
+func (r *Reconciler) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		return nil
+	}
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.done = make(chan struct{})
+	r.running = true
+	go func() {
+		defer close(r.done)
+		for {
+			rep := r.Sweep(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if r.cfg.TestSignal != nil {
+				select {
+				case r.cfg.TestSignal <- rep:
+				case <-ctx.Done():
+					return
+				}
+			}
+			if !sleepCtx(ctx, jitter(r.cfg.File.Reconciler.Interval)) {
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+// Stop ends the loop (a sweep in progress stops at its next statement) and waits for it.
+// Calling Stop on a stopped Reconciler does nothing.
+func (r *Reconciler) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.running {
+		return
+	}
+	r.cancel()
+	<-r.done
+	r.running = false
+}
+
+// Sweep runs one sweep synchronously: stranded running jobs, runnable jobs without a
+// task, outbox lag and pruning. It stops at the first error (reported in SweepReport.Err
+// and counted), keeping the counts of what it did before.
+func (r *Reconciler) Sweep(ctx context.Context) SweepReport {
+	rep := SweepReport{Actions: map[string]int64{}}
+	begun := time.Now()
+	err := r.rescueRunning(ctx, &rep)
+	rep.RescueTime = time.Since(begun)
+	if err == nil {
+		err = r.requeueRunnable(ctx, &rep)
+		rep.RequeueTime = time.Since(begun) - rep.RescueTime
+	}
+	if err == nil && r.cfg.Outbox != nil {
+		err = r.outbox(ctx, &rep)
+		rep.OutboxTime = time.Since(begun) - rep.RescueTime - rep.RequeueTime
+	}
+	if err != nil {
+		rep.Err = err
+		rep.Actions[ActionSweepErrors]++
+		if ctx.Err() == nil {
+			r.cfg.Logger.ErrorContext(ctx, "reconciler sweep failed", "err", err)
+		}
+	}
+	for a, n := range rep.Actions {
+		r.metrics.actions.WithLabelValues(strings.TrimPrefix(a, "reconciler_")).Add(float64(n))
+	}
+	r.metrics.sweepSeconds.Observe(time.Since(begun).Seconds())
+	if counts := nonZero(rep.Actions); len(counts) > 0 {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
+		if cerr := r.cfg.Store.CountersAdd(cctx, counts); cerr != nil {
+			r.cfg.Logger.WarnContext(ctx, "reconciler counters not recorded", "err", cerr)
+		}
+		cancel()
+		rep.Statements++
+		r.cfg.Logger.InfoContext(ctx, "reconciler sweep", "actions", counts, "statements", rep.Statements,
+			"redis_round_trips", rep.RedisTrips, "seconds", time.Since(begun).Seconds())
+	}
+	return rep
+}
+
+func nonZero(m map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for k, v := range m {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// minMaxLease is the shortest longest-lease of any kind: the page filter; each job is then
+// held to its own kind's lease.
+func (r *Reconciler) minMaxLease() time.Duration {
+	d := r.cfg.File.MaxLeaseFor("")
+	for kind := range r.cfg.File.Kinds {
+		d = min(d, r.cfg.File.MaxLeaseFor(kind))
+	}
+	return d
+}
+
+func (r *Reconciler) rescueRunning(ctx context.Context, rep *SweepReport) error {
+	now := r.cfg.Now()
+	limit := r.cfg.File.Reconciler.BatchSize
+	after := ""
+	// rescuePagesInFlight pages are rescued at once, so one page's statement overlaps
+	// another's Redis round trips. Pages hold disjoint keys and each statement locks its
+	// rows in key order: they can not deadlock with each other.
+	var (
+		mu       sync.Mutex // guards rep and firstErr across the pages
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	inflight := make(chan struct{}, rescuePagesInFlight)
+	failed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr
+	}
+	defer wg.Wait()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		page, err := r.cfg.Store.JobsListRunning(pctx, store.JobsListParams{
+			AfterKey: after, Limit: limit, StartedBefore: now.Add(-r.minMaxLease()),
+		})
+		cancel()
+		mu.Lock()
+		rep.Statements++
+		mu.Unlock()
+		if err != nil {
+			wg.Wait()
+			return err
+		}
+		var stranded []store.RunningJob
+		for _, job := range page {
+			if !job.AttemptStartedAt.After(now.Add(-r.cfg.File.MaxLeaseFor(job.Kind))) {
+				stranded = append(stranded, job)
+			}
+		}
+		for len(stranded) > 0 {
+			n := min(len(stranded), store.MaxRescueBatch)
+			jobs := stranded[:n]
+			stranded = stranded[n:]
+			inflight <- struct{}{}
+			if err := failed(); err != nil {
+				<-inflight
+				wg.Wait()
+				return err
+			}
+			wg.Add(1)
+			go func() {
+				defer func() { <-inflight; wg.Done() }()
+				if err := r.rescuePage(ctx, jobs, rep, &mu); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		if len(page) < limit {
+			wg.Wait()
+			return failed()
+		}
+		after = page[len(page)-1].Key
+	}
+}
+
+// claimed is a stranded job whose lease the reconciler holds.
+type claimed struct {
+	job   store.RunningJob
+	lease lua.Lease
+}
+
+// rescuePage moves the stranded running jobs of one page back to retryable: it claims
+// their leases (Concurrency claims at once; a job whose lease a worker holds is left
+// alone), rescues every claimed job in one fenced store.JobsRescue statement, then
+// releases the leases (Concurrency at once), whatever the statement did: they only
+// guarded the transition. A claim error stops the sweep after the claimed jobs are rescued
+// and released.
+func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, rep *SweepReport, mu *sync.Mutex) error {
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	var (
+		held     []claimed // guarded by mu, as rep is
+		claimErr error
+	)
+	forEach(r.cfg.Concurrency, len(jobs), func(i int) {
+		job := jobs[i]
+		// A nonce per claim: two reconcilers configured with the same ID must not
+		// re-claim each other's lease as its owner.
+		owner := "reconciler/" + r.cfg.ID + "/" + nonce()
+		lease, err := r.leases.Claim(pctx, job.Key, owner, r.cfg.RescueLease, job.Fence)
+		mu.Lock()
+		defer mu.Unlock()
+		rep.RedisTrips++
+		switch {
+		case errors.Is(err, lua.ErrLeaseHeld):
+			rep.Actions[ActionLeaseHeld]++
+		case err != nil:
+			if claimErr == nil {
+				claimErr = fmt.Errorf("scheduler: reconciler claim %q: %w", job.Key, err)
+			}
+		default:
+			held = append(held, claimed{job, lease})
+		}
+	})
+	if len(held) == 0 {
+		return claimErr
+	}
+	params := make([]store.JobRescueParams, len(held))
+	for i, c := range held {
+		params[i] = store.JobRescueParams{Key: c.job.Key, ExpectFence: c.job.Fence, Token: c.lease.Token,
+			Error: fmt.Sprintf("lease expired (attempt %d by %s); rescued by %s", c.job.AttemptNo, c.job.Worker, c.lease.Owner)}
+	}
+	errs, err := r.cfg.Store.JobsRescue(pctx, params)
+	mu.Lock()
+	rep.Statements++
+	mu.Unlock()
+
+	// Released whatever happened, on a context the sweep's cancellation does not end.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
+	defer rcancel()
+	forEach(r.cfg.Concurrency, len(held), func(i int) {
+		rerr := r.leases.Release(rctx, held[i].lease)
+		if rerr != nil && !errors.Is(rerr, lua.ErrLeaseLost) && !errors.Is(rerr, lua.ErrNotOwner) {
+			r.cfg.Logger.WarnContext(ctx, "reconciler lease release failed", "job", held[i].job.Key, "err", rerr)
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	rep.RedisTrips += int64(len(held))
+	if err != nil {
+		return fmt.Errorf("scheduler: reconciler rescue of %d jobs: %w", len(held), err)
+	}
+	var firstErr error
+	for i, c := range held {
+		var te *store.TransitionError
+		switch {
+		case errs[i] == nil:
+			rep.Actions[ActionRescued]++
+			r.cfg.Logger.InfoContext(ctx, "stranded job rescued", "job", c.job.Key, "kind", c.job.Kind,
+				"attempt", c.job.AttemptNo, "worker", c.job.Worker, "fence", c.job.Fence, "token", c.lease.Token)
+		case errors.As(errs[i], &te):
+			rep.Actions[ActionRescueRefused]++
+		case firstErr == nil:
+			firstErr = fmt.Errorf("scheduler: reconciler rescue %q: %w", c.job.Key, errs[i])
+		}
+	}
+	if claimErr != nil {
+		return claimErr
+	}
+	return firstErr
+}
+
+// forEach calls f(0..n-1) with at most limit calls at once and returns when all are done.
+func forEach(limit, n int, f func(i int)) {
+	sem := make(chan struct{}, limit)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Reconciler) requeueRunnable(ctx context.Context, rep *SweepReport) error {
+	limit := r.cfg.File.Reconciler.BatchSize
+	due := r.cfg.Now().Add(dueSlack)
+	after := ""
+	for {
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		page, err := r.cfg.Store.JobsListRunnable(pctx, store.JobsListParams{AfterKey: after, Limit: limit, DueBefore: due})
+		cancel()
+		rep.Statements++
+		if err != nil {
+			return err
+		}
+		if len(page) > 0 {
+			if err := r.requeuePage(ctx, page, rep); err != nil {
+				return err
+			}
+		}
+		if len(page) < limit {
+			return nil
+		}
+		after = page[len(page)-1].Key
+	}
+}
+
+// requeuePage checks the asynq task of every job of the page in one pipelined round trip
+// and enqueues again those without a live task, one EnqueueMany per queue.
+func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *SweepReport) error {
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	pipe := r.cfg.Redis.Pipeline()
+	cmds := make([]*redis.StringCmd, len(page))
+	for i, j := range page {
+		cmds[i] = pipe.HGet(pctx, AsynqTaskKey(r.cfg.File.QueueFor(j.Kind), j.Key), "state")
+	}
+	rep.RedisTrips++
+	if _, err := pipe.Exec(pctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("scheduler: reconciler read task states: %w", err)
+	}
+	byQueue := map[string][]tasks.Spec{}
+	for i, j := range page {
+		state, err := cmds[i].Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("scheduler: reconciler read task state: %w", err)
+		}
+		if state != "" && state != asynqArchived {
+			continue
+		}
+		q := r.cfg.File.QueueFor(j.Kind)
+		byQueue[q] = append(byQueue[q], tasks.Spec{Kind: j.Kind, URL: j.URL, SourceID: j.SourceID, Country: j.Country,
+			Window: j.Window, ParserVersion: j.ParserVersion, Scope: j.Scope})
+	}
+	queues := slices.Sorted(func(yield func(string) bool) {
+		for q := range byQueue {
+			if !yield(q) {
+				return
+			}
+		}
+	})
+	// EnqueueMany enqueues one task after another; chunks of a page run concurrently so a
+	// page costs about one chunk's round trips.
+	type chunk struct {
+		enq   *tasks.Enqueuer
+		specs []tasks.Spec
+	}
+	var chunks []chunk
+	for _, q := range queues {
+		enq, err := r.enq.get(q)
+		if err != nil {
+			return err
+		}
+		specs := byQueue[q]
+		size := max(minRequeueChunk, (len(specs)+r.cfg.Concurrency-1)/r.cfg.Concurrency)
+		for len(specs) > 0 {
+			n := min(size, len(specs))
+			chunks = append(chunks, chunk{enq, specs[:n]})
+			specs = specs[n:]
+		}
+	}
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		firstErr error
+	)
+	sem := make(chan struct{}, r.cfg.Concurrency)
+	for _, c := range chunks {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			cctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+			defer cancel()
+			res, err := c.enq.EnqueueMany(cctx, c.specs)
+			mu.Lock()
+			defer mu.Unlock()
+			rep.Statements++
+			rep.RedisTrips += int64(len(c.specs))
+			if err != nil {
+				if firstErr == nil {
+					firstErr = fmt.Errorf("scheduler: reconciler re-enqueue: %w", err)
+				}
+				return
+			}
+			for _, x := range res {
+				switch x.Outcome {
+				case tasks.Created, tasks.Requeued:
+					rep.Actions[ActionRequeued]++
+				case tasks.Repaired:
+					rep.Actions[ActionArchivedRepair]++
+				default:
+					rep.Actions[ActionAlreadyQueued]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+func (r *Reconciler) outbox(ctx context.Context, rep *SweepReport) error {
+	rc := r.cfg.File.Reconciler
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	unsent, oldest, err := r.cfg.Outbox.Lag(qctx, rc.OutboxLagThreshold)
+	cancel()
+	rep.Statements++
+	if err != nil {
+		return fmt.Errorf("scheduler: reconciler outbox lag: %w", err)
+	}
+	rep.OutboxUnsent = unsent
+	r.metrics.outboxUnsent.Set(float64(unsent))
+	if unsent > 0 {
+		age := r.cfg.Now().Sub(oldest)
+		r.metrics.outboxOldest.Set(age.Seconds())
+		rep.Actions[ActionOutboxLagging]++
+		r.cfg.Logger.WarnContext(ctx, "outbox lagging: rows unsent past the threshold (is a dispatcher running?)",
+			"unsent", unsent, "oldest_age", age.Round(time.Second), "threshold", rc.OutboxLagThreshold)
+	} else {
+		r.metrics.outboxOldest.Set(0)
+	}
+	for _, p := range []struct {
+		action string
+		prune  func(context.Context, time.Duration, int) (int64, error)
+		age    time.Duration
+	}{
+		{ActionOutboxPruned, r.cfg.Outbox.PruneSent, rc.OutboxRetention},
+		{ActionInboxPruned, r.cfg.Outbox.PruneInbox, rc.InboxRetention},
+	} {
+		for range DefaultMaxPruneBatches {
+			qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+			n, err := p.prune(qctx, p.age, rc.PruneBatch)
+			cancel()
+			rep.Statements++
+			if err != nil {
+				return fmt.Errorf("scheduler: reconciler prune: %w", err)
+			}
+			rep.Actions[p.action] += n
+			if n < int64(rc.PruneBatch) {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// nonce returns 8 random hex digits.
+func nonce() string {
+	var b [4]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// jitter returns d ± 10 %.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
+}
+
+// sleepCtx sleeps for d; false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+type reconcilerMetrics struct {
+	actions      *prometheus.CounterVec
+	sweepSeconds prometheus.Histogram
+	outboxUnsent prometheus.Gauge
+	outboxOldest prometheus.Gauge
+}
+
+func newReconcilerMetrics(reg prometheus.Registerer) (*reconcilerMetrics, prometheus.Gatherer, error) {
+	var gath prometheus.Gatherer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg, gath = r, r
+	}
+	m := &reconcilerMetrics{
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_reconciler_actions_total", Help: "Reconciler actions (rescued, rescue_refused, lease_held, requeued, archived_repaired, already_queued, outbox_pruned, inbox_pruned, outbox_lag_reports, sweep_errors).",
+		}, []string{"action"}),
+		sweepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "idemscrape_reconciler_sweep_seconds", Help: "Duration of one reconciler sweep.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
+		outboxUnsent: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemscrape_reconciler_outbox_unsent", Help: "Unsent outbox rows older than the lag threshold, at the last sweep.",
+		}),
+		outboxOldest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemscrape_reconciler_outbox_oldest_unsent_seconds", Help: "Age of the oldest unsent outbox row past the threshold (0: none).",
+		}),
+	}
+	var err error
+	m.actions = register(reg, m.actions, &err)
+	m.sweepSeconds = register(reg, m.sweepSeconds, &err)
+	m.outboxUnsent = register(reg, m.outboxUnsent, &err)
+	m.outboxOldest = register(reg, m.outboxOldest, &err)
+	return m, gath, err
+}

@@ -1,0 +1,294 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/scheduler"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/outbox"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// recordJobs records n pending catalog jobs (rows only, no asynq task) and returns them.
+func (b *bundle) recordJobs(t testing.TB, prefix string, n int) []tasks.JobRecord {
+	t.Helper()
+	recs := make([]tasks.JobRecord, n)
+	for i := range recs {
+		spec, err := tasks.Spec{Kind: "catalog", SourceID: fmt.Sprintf("%s-%04d", prefix, i), Country: "US",
+			Window: "2026-04-23", ParserVersion: 1}.Normalize()
+		require.NoError(t, err)
+		key, err := spec.Key()
+		require.NoError(t, err)
+		recs[i] = tasks.JobRecord{Key: key, Spec: spec}
+	}
+	_, err := b.st.JobsRecord(context.Background(), recs)
+	require.NoError(t, err)
+	return recs
+}
+
+// run starts an attempt of key as a worker would: lease claimed, attempt started under its
+// token. It returns the lease.
+func (b *bundle) run(t testing.TB, leases *lua.Leases, key, owner string) lua.Lease {
+	t.Helper()
+	ctx := context.Background()
+	job, err := b.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	lease, err := leases.Claim(ctx, key, owner, time.Minute, job.Fence)
+	require.NoError(t, err)
+	_, err = b.st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: lease.Token, Worker: owner})
+	require.NoError(t, err)
+	return lease
+}
+
+// die simulates the death of the worker holding lease: its lease expires (deleted).
+func (b *bundle) die(t testing.TB, leases *lua.Leases, lease lua.Lease) {
+	t.Helper()
+	require.NoError(t, b.ns.Client.Del(context.Background(), leases.Keys().Lease(lease.Key)).Err())
+}
+
+type recOpts struct {
+	now    func() time.Time
+	id     string
+	outbox scheduler.OutboxMaintainer
+	insp   *asynq.Inspector
+	yaml   string // reconciler section
+}
+
+func (b *bundle) reconciler(t testing.TB, o recOpts) *scheduler.Reconciler {
+	t.Helper()
+	f, err := scheduler.ParseFile([]byte("kinds:\n  catalog: {queue: "+b.ns.Queue+", max_lease: 10m}\nreconciler: {"+o.yaml+"}\n"), "", nil)
+	require.NoError(t, err)
+	if o.now == nil {
+		// An hour later: every attempt started by the test looks older than its lease.
+		o.now = func() time.Time { return time.Now().Add(time.Hour) }
+	}
+	r, err := scheduler.NewReconciler(scheduler.ReconcilerConfig{
+		File: f, Store: b.st, Outbox: o.outbox, Redis: b.ns.Client, Client: b.client, Inspector: o.insp,
+		KeyPrefix: b.ns.Prefix, ID: o.id, Logger: quietLogger(), Now: o.now,
+	})
+	require.NoError(t, err)
+	return r
+}
+
+func (b *bundle) leases(t testing.TB) *lua.Leases {
+	t.Helper()
+	l, err := lua.NewLeases(b.ns.Client, b.ns.Prefix)
+	require.NoError(t, err)
+	return l
+}
+
+func TestReconcilerNeverStealsLiveJob(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	leases := b.leases(t)
+	recs := b.recordJobs(t, "live", 2)
+	live, dead := recs[0].Key, recs[1].Key
+	liveLease := b.run(t, leases, live, "slow-worker")
+	deadLease := b.run(t, leases, dead, "dead-worker")
+	b.die(t, leases, deadLease)
+
+	t.Run("YoungAttemptsNotExamined", func(t *testing.T) {
+		r := b.reconciler(t, recOpts{now: time.Now})
+		rep := r.Sweep(ctx)
+		require.NoError(t, rep.Err)
+		assert.Zero(t, rep.Actions[scheduler.ActionRescued]+rep.Actions[scheduler.ActionLeaseHeld])
+		job, err := b.st.JobGet(ctx, dead)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateRunning, job.State, "an attempt younger than its kind's lease is left alone")
+	})
+
+	r := b.reconciler(t, recOpts{})
+	rep := r.Sweep(ctx)
+	require.NoError(t, rep.Err)
+
+	t.Run("SlowLiveWorkerLeftAlone", func(t *testing.T) {
+		assert.EqualValues(t, 1, rep.Actions[scheduler.ActionLeaseHeld])
+		job, err := b.st.JobGet(ctx, live)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateRunning, job.State)
+		assert.Equal(t, liveLease.Token, job.Fence)
+		assert.False(t, b.ns.AsynqTaskExists(t, live), "no task enqueued for a job a worker is running")
+		// The live worker still holds its lease and commits.
+		require.NoError(t, leases.Renew(ctx, liveLease, time.Minute))
+		_, err = b.st.Commit(ctx, store.CommitParams{Key: live, Token: liveLease.Token, ObservationKey: live, ParserVersion: 1,
+			Data: []byte(`{}`), EventKey: "observed:" + live, Topic: "catalog", EventPayload: []byte(`{}`)})
+		require.NoError(t, err)
+	})
+	t.Run("DeadWorkersJobRescuedAndFenced", func(t *testing.T) {
+		assert.EqualValues(t, 1, rep.Actions[scheduler.ActionRescued])
+		assert.EqualValues(t, 1, rep.Actions[scheduler.ActionRequeued])
+		job, err := b.st.JobGet(ctx, dead)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateRetryable, job.State)
+		assert.Greater(t, job.Fence, deadLease.Token)
+		assert.True(t, b.ns.AsynqTaskExists(t, dead), "the rescued job is enqueued again")
+		// The dead worker wakes up: its commit is refused.
+		_, err = b.st.Commit(ctx, store.CommitParams{Key: dead, Token: deadLease.Token, ObservationKey: dead, ParserVersion: 1,
+			Data: []byte(`{}`), EventKey: "observed:" + dead, Topic: "catalog", EventPayload: []byte(`{}`)})
+		assert.ErrorIs(t, err, store.ErrStaleFence)
+		// The reconciler released the lease it claimed: a worker can claim at once.
+		l, err := leases.Claim(ctx, dead, "next-worker", time.Minute, job.Fence)
+		require.NoError(t, err)
+		assert.Greater(t, l.Token, job.Fence)
+	})
+	t.Run("CountedInStats", func(t *testing.T) {
+		st, err := b.st.StatsGet(ctx)
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, st.Maintenance[scheduler.ActionRescued])
+		assert.EqualValues(t, 1, st.Maintenance[scheduler.ActionLeaseHeld])
+		assert.EqualValues(t, 1, testutil.ToFloat64(metricOf(t, r, scheduler.ActionRescued)))
+	})
+}
+
+func TestReconcilerConcurrent(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	leases := b.leases(t)
+	const stranded, lost = 40, 40
+	running := b.recordJobs(t, "run", stranded)
+	fences := map[string]int64{}
+	for _, rec := range running {
+		l := b.run(t, leases, rec.Key, "dead-worker")
+		b.die(t, leases, l)
+		fences[rec.Key] = l.Token
+	}
+	pending := b.recordJobs(t, "pend", lost) // rows whose task was never enqueued (or lost)
+
+	// Three reconcilers, small pages, sweeping the same jobs at once.
+	recs := make([]*scheduler.Reconciler, 3)
+	for i := range recs {
+		recs[i] = b.reconciler(t, recOpts{id: fmt.Sprintf("r%d", i), yaml: "batch_size: 7"})
+	}
+	reports := make([]scheduler.SweepReport, len(recs))
+	var wg sync.WaitGroup
+	for i, r := range recs {
+		wg.Add(1)
+		go func() { defer wg.Done(); reports[i] = r.Sweep(ctx) }()
+	}
+	wg.Wait()
+
+	total := map[string]int64{}
+	for _, rep := range reports {
+		require.NoError(t, rep.Err)
+		for a, n := range rep.Actions {
+			total[a] += n
+		}
+	}
+	assert.EqualValues(t, stranded, total[scheduler.ActionRescued], "each stranded job rescued exactly once: %v", total)
+	for _, rec := range running {
+		job, err := b.st.JobGet(ctx, rec.Key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateRetryable, job.State)
+		assert.Equal(t, fences[rec.Key]+1, job.Fence, "%s: one transition, fenced by the first rescuer's token", rec.Key)
+		attempts, err := b.st.AttemptList(ctx, rec.Key)
+		require.NoError(t, err)
+		require.Len(t, attempts, 1, "a rescue is not an attempt")
+		assert.Equal(t, store.OutcomeRetryable, attempts[0].Outcome)
+	}
+	assert.EqualValues(t, stranded+lost, b.ns.AsynqPending(t), "one task per job, no duplicate")
+	for _, rec := range append(running, pending...) {
+		assert.True(t, b.ns.AsynqTaskExists(t, rec.Key))
+	}
+	// A reconciler that re-enqueues a job another one has just re-enqueued is refused by
+	// asynq's TaskID and counts it as already queued: each task is created exactly once.
+	assert.EqualValues(t, stranded+lost, total[scheduler.ActionRequeued], "every job enqueued once: %v", total)
+
+	t.Run("NextSweepFindsNothing", func(t *testing.T) {
+		rep := recs[0].Sweep(ctx)
+		require.NoError(t, rep.Err)
+		assert.Zero(t, rep.Actions[scheduler.ActionRescued]+rep.Actions[scheduler.ActionRequeued], "%v", rep.Actions)
+	})
+}
+
+func TestReconcilerArchivedTask(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	insp := asynq.NewInspector(b.ns.AsynqOpt())
+	t.Cleanup(func() { _ = insp.Close() })
+	enq, err := tasks.NewEnqueuer(b.client, b.st, &tasks.EnqueuerConfig{Queue: b.ns.Queue})
+	require.NoError(t, err)
+	recs := b.recordJobs(t, "arch", 1)
+	res, err := enq.Enqueue(ctx, recs[0].Spec)
+	require.NoError(t, err)
+	require.NoError(t, insp.ArchiveTask(b.ns.Queue, res.Key))
+
+	t.Run("WithoutInspectorCountedNotRepaired", func(t *testing.T) {
+		rep := b.reconciler(t, recOpts{}).Sweep(ctx)
+		require.NoError(t, rep.Err)
+		assert.EqualValues(t, 1, rep.Actions[scheduler.ActionAlreadyQueued])
+	})
+	t.Run("Repaired", func(t *testing.T) {
+		rep := b.reconciler(t, recOpts{insp: insp}).Sweep(ctx)
+		require.NoError(t, rep.Err)
+		assert.EqualValues(t, 1, rep.Actions[scheduler.ActionArchivedRepair], "%v", rep.Actions)
+		info, err := insp.GetTaskInfo(b.ns.Queue, res.Key)
+		require.NoError(t, err)
+		assert.Equal(t, asynq.TaskStatePending, info.State)
+	})
+}
+
+func TestReconcilerOutbox(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	pool := b.st.Pool()
+	_, err := pool.Exec(ctx, `
+INSERT INTO outbox (event_key, topic, payload, created_at, sent_at)
+SELECT 'old-sent-' || i, 't', '{}', now() - interval '30 days', now() - interval '30 days' FROM generate_series(1, 25) i;
+INSERT INTO outbox (event_key, topic, payload, created_at, sent_at)
+SELECT 'new-sent-' || i, 't', '{}', now(), now() FROM generate_series(1, 3) i;
+INSERT INTO outbox (event_key, topic, payload, created_at) VALUES ('stuck', 't', '{}', now() - interval '1 hour'), ('fresh', 't', '{}', now());
+INSERT INTO outbox_inbox (consumer_group, event_key, seen_at)
+SELECT 'g', 'old-' || i, now() - interval '90 days' FROM generate_series(1, 12) i;
+INSERT INTO outbox_inbox (consumer_group, event_key) VALUES ('g', 'new');`)
+	require.NoError(t, err)
+	maint, err := outbox.NewMaintainer(pool)
+	require.NoError(t, err)
+	r := b.reconciler(t, recOpts{outbox: maint, yaml: "prune_batch: 10"})
+	rep := r.Sweep(ctx)
+	require.NoError(t, rep.Err)
+	assert.EqualValues(t, 1, rep.OutboxUnsent, "only the row unsent past the threshold is reported")
+	assert.EqualValues(t, 1, rep.Actions[scheduler.ActionOutboxLagging])
+	assert.EqualValues(t, 25, rep.Actions[scheduler.ActionOutboxPruned])
+	assert.EqualValues(t, 12, rep.Actions[scheduler.ActionInboxPruned])
+	assert.Equal(t, 5, countRows(t, b, `SELECT count(*) FROM outbox`), "3 recent sent + 2 unsent remain")
+	assert.Equal(t, 1, countRows(t, b, `SELECT count(*) FROM outbox_inbox`))
+}
+
+func TestReconcilerLoop(t *testing.T) {
+	b := setup(t)
+	leases := b.leases(t)
+	rec := b.recordJobs(t, "loop", 1)[0]
+	b.die(t, leases, b.run(t, leases, rec.Key, "dead"))
+	f, err := scheduler.ParseFile([]byte("kinds:\n  catalog: {queue: "+b.ns.Queue+"}\nreconciler: {interval: 1ms}\n"), "", nil)
+	require.NoError(t, err)
+	signal := make(chan scheduler.SweepReport)
+	r, err := scheduler.NewReconciler(scheduler.ReconcilerConfig{File: f, Store: b.st, Redis: b.ns.Client, Client: b.client,
+		KeyPrefix: b.ns.Prefix, Logger: quietLogger(), TestSignal: signal,
+		Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	require.NoError(t, r.Start(context.Background()), "Start twice is a no-op")
+	first := <-signal
+	second := <-signal
+	r.Stop()
+	r.Stop()
+	assert.EqualValues(t, 1, first.Actions[scheduler.ActionRescued])
+	assert.Zero(t, second.Actions[scheduler.ActionRescued]+second.Actions[scheduler.ActionRequeued], "the second sweep finds it done")
+}
+
+func countRows(t *testing.T, b *bundle, q string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.st.Pool().QueryRow(context.Background(), q).Scan(&n))
+	return n
+}

@@ -1,0 +1,474 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// Scheduler defaults.
+const (
+	// DefaultTickBatch is how many specs one EnqueueMany (one jobs statement) carries.
+	DefaultTickBatch = 500
+	// DefaultQueryTimeout bounds every statement and Redis round trip of a tick batch or a
+	// reconciler page.
+	DefaultQueryTimeout = 30 * time.Second
+)
+
+// Config wires a Scheduler (and a Reconciler) to its services.
+type Config struct {
+	// File is the validated configuration (LoadFile / ParseFile). Required.
+	File *File
+	// Client enqueues tasks. Required.
+	Client *asynq.Client
+	// Redis is the asynq Redis, read to skip specs whose task already exists (one
+	// pipelined round trip per batch). Required.
+	Redis redis.UniversalClient
+	// Store records jobs rows (store.PG). Required.
+	Store tasks.JobRecorder
+	// Inspector lets the enqueuers repair an archived task of a runnable job. Optional.
+	Inspector *asynq.Inspector
+	// Destinations is the policy every source URL must pass (tasks.EnqueuerConfig).
+	// Defaults to tasks' strict policy; tests pass tasks.LoopbackPolicy().
+	Destinations *tasks.DestinationPolicy
+	// Normalizer derives keys; it must be the workers' normalizer. Defaults to
+	// tasks.DefaultNormalizer.
+	Normalizer *tasks.Normalizer
+	// TickBatch is the number of specs per EnqueueMany. Defaults to DefaultTickBatch.
+	TickBatch int
+	// QueryTimeout bounds each batch's statements and round trips. Defaults to
+	// DefaultQueryTimeout.
+	QueryTimeout time.Duration
+	// Registerer receives the metrics. Defaults to a private registry (Gatherer).
+	Registerer prometheus.Registerer
+	// Logger. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+	// TestSignal, when set, receives the report of every tick (tests only; the loop blocks
+	// until it is read or the scheduler stops).
+	TestSignal chan<- TickReport
+}
+
+// Validate checks cfg and fills in defaults.
+func (c *Config) Validate() error {
+	switch {
+	case c.File == nil:
+		return errors.New("scheduler: Config.File is required")
+	case c.Client == nil:
+		return errors.New("scheduler: Config.Client is required")
+	case c.Redis == nil:
+		return errors.New("scheduler: Config.Redis is required")
+	case c.Store == nil:
+		return errors.New("scheduler: Config.Store is required")
+	case c.TickBatch < 0:
+		return fmt.Errorf("scheduler: Config.TickBatch %d is negative", c.TickBatch)
+	case c.QueryTimeout < 0:
+		return fmt.Errorf("scheduler: Config.QueryTimeout %v is negative", c.QueryTimeout)
+	}
+	if c.Normalizer == nil {
+		c.Normalizer = tasks.DefaultNormalizer
+	}
+	if c.TickBatch == 0 {
+		c.TickBatch = DefaultTickBatch
+	}
+	if c.QueryTimeout == 0 {
+		c.QueryTimeout = DefaultQueryTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Destinations == nil {
+		c.Destinations = tasks.StrictDestinationPolicy()
+	}
+	return nil
+}
+
+// TickReport is what one tick of a template did.
+type TickReport struct {
+	Template string
+	At       time.Time // the scheduled instant
+	Window   string
+	CatchUp  bool // the start-up catch-up of a missed window
+	Specs    int  // sources × countries
+	Invalid  int  // sources (from the file) that make no valid spec; logged and skipped
+	// Outcomes counts specs per tasks.Outcome name; "already_queued" includes specs skipped
+	// because their task already exists.
+	Outcomes map[string]int
+	Err      error
+}
+
+// Scheduler runs the templates' ticks: each tick expands template × sources × countries
+// into specs whose Window is the tick's window and enqueues them, so a tick fired twice, by
+// two instances or after a restart enqueues nothing new (the keys exist). Any number of
+// Schedulers may run with the same configuration. It does not use asynq's Scheduler.
+type Scheduler struct {
+	cfg     Config
+	enq     *enqueuers
+	metrics *metrics
+	gath    prometheus.Gatherer
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	running bool
+}
+
+// New validates cfg and returns a stopped Scheduler.
+func New(cfg Config) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Scheduler{cfg: cfg}
+	var err error
+	if s.metrics, s.gath, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	s.enq = newEnqueuers(cfg)
+	return s, nil
+}
+
+// Gatherer returns the private metrics registry, or nil when Config.Registerer was given.
+func (s *Scheduler) Gatherer() prometheus.Gatherer { return s.gath }
+
+// Start starts one loop per template: the catch-up tick first (catchup: last), then a tick
+// at every scheduled time. Calling Start on a started Scheduler does nothing.
+func (s *Scheduler) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running {
+		return nil
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.running = true
+	for i := range s.cfg.File.Templates {
+		t := &s.cfg.File.Templates[i]
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.loop(ctx, t)
+		}()
+	}
+	return nil
+}
+
+// Stop cancels the loops (a tick in progress ends at its next statement; what it enqueued
+// stays, and the next start's catch-up completes the window) and waits for them. Calling
+// Stop on a stopped Scheduler does nothing.
+func (s *Scheduler) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.running {
+		return
+	}
+	s.cancel()
+	s.wg.Wait()
+	s.running = false
+}
+
+func (s *Scheduler) loop(ctx context.Context, t *Template) {
+	now := s.cfg.Now()
+	next := t.sched.Next(now)
+	if t.CatchUp == CatchUpLast {
+		if last := lastFire(t, now); !last.IsZero() {
+			s.runTick(ctx, t, last, true)
+		}
+	}
+	for {
+		if !sleepUntil(ctx, next, s.cfg.Now) {
+			return
+		}
+		s.runTick(ctx, t, next, false)
+		at := next
+		next = t.sched.Next(at)
+		if now := s.cfg.Now(); !next.After(now) {
+			// The tick outlasted the period: run the latest missed window next, not every one.
+			next = lastFire(t, now)
+		}
+		if next.IsZero() {
+			return
+		}
+	}
+}
+
+func (s *Scheduler) runTick(ctx context.Context, t *Template, at time.Time, catchUp bool) {
+	rep := s.Tick(ctx, t.Name, at)
+	rep.CatchUp = catchUp
+	if ctx.Err() != nil && rep.Err != nil {
+		return // stopping
+	}
+	if s.cfg.TestSignal != nil {
+		select {
+		case s.cfg.TestSignal <- rep:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// Tick runs one tick of the named template for the scheduled instant at, synchronously,
+// and reports what it did. It is what the loop calls; tests and benchmarks call it
+// directly. Sources that make no valid spec (a bad line in the source file) are logged and
+// counted; the rest of the tick goes on.
+func (s *Scheduler) Tick(ctx context.Context, name string, at time.Time) TickReport {
+	t := s.template(name)
+	rep := TickReport{Template: name, At: at, Outcomes: map[string]int{}}
+	if t == nil {
+		rep.Err = fmt.Errorf("scheduler: no template %q", name)
+		return rep
+	}
+	begun := time.Now()
+	log := s.cfg.Logger.With("template", name, "at", at)
+	rep.Err = s.tick(ctx, t, at, &rep)
+	s.metrics.tickSeconds.WithLabelValues(name).Observe(time.Since(begun).Seconds())
+	for o, n := range rep.Outcomes {
+		s.metrics.jobs.WithLabelValues(name, o).Add(float64(n))
+	}
+	if rep.Invalid > 0 {
+		s.metrics.jobs.WithLabelValues(name, "invalid").Add(float64(rep.Invalid))
+	}
+	if rep.Err != nil {
+		s.metrics.ticks.WithLabelValues(name, "error").Inc()
+		if ctx.Err() == nil {
+			log.ErrorContext(ctx, "tick failed", "window", rep.Window, "err", rep.Err)
+		}
+		return rep
+	}
+	s.metrics.ticks.WithLabelValues(name, "ok").Inc()
+	s.metrics.lastTick.WithLabelValues(name).Set(float64(at.Unix()))
+	log.InfoContext(ctx, "tick", "window", rep.Window, "specs", rep.Specs, "outcomes", rep.Outcomes, "invalid", rep.Invalid)
+	return rep
+}
+
+func (s *Scheduler) template(name string) *Template {
+	for i := range s.cfg.File.Templates {
+		if s.cfg.File.Templates[i].Name == name {
+			return &s.cfg.File.Templates[i]
+		}
+	}
+	return nil
+}
+
+func (s *Scheduler) tick(ctx context.Context, t *Template, at time.Time, rep *TickReport) error {
+	win, err := t.Window.Window(at, t.loc)
+	if err != nil {
+		return err
+	}
+	rep.Window = win
+	srcs := make([]source, 0, len(t.Sources.URLs)+len(t.Sources.IDs))
+	for _, u := range t.Sources.URLs {
+		srcs = append(srcs, source{url: u})
+	}
+	for _, id := range t.Sources.IDs {
+		srcs = append(srcs, source{id: id})
+	}
+	if t.filePath != "" {
+		fromFile, err := readSourceFile(t.filePath)
+		if err != nil {
+			return fmt.Errorf("scheduler: template %q: sources.file: %w", t.Name, err)
+		}
+		srcs = append(srcs, fromFile...)
+	}
+	queue := s.cfg.File.QueueFor(t.Kind)
+	enq, err := s.enq.get(queue)
+	if err != nil {
+		return err
+	}
+	batch := make([]keyedSpec, 0, s.cfg.TickBatch)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := s.enqueueBatch(ctx, enq, queue, batch, rep)
+		batch = batch[:0]
+		return err
+	}
+	for _, src := range srcs {
+		for _, c := range t.Countries {
+			rep.Specs++
+			spec := tasks.Spec{Kind: t.Kind, URL: src.url, SourceID: src.id, Country: c, Window: win,
+				ParserVersion: t.ParserVersion, Scope: t.Scope}
+			norm, err := s.cfg.Normalizer.Normalize(spec)
+			var key string
+			if err == nil {
+				key, err = s.cfg.Normalizer.Key(norm)
+			}
+			if err == nil && norm.URL != "" {
+				err = s.cfg.Destinations.CheckURL(norm.URL)
+			}
+			if err != nil {
+				rep.Invalid++
+				s.cfg.Logger.WarnContext(ctx, "invalid source skipped", "template", t.Name, "line", src.line, "err", err)
+				continue
+			}
+			batch = append(batch, keyedSpec{key: key, spec: norm})
+			if len(batch) == cap(batch) {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return flush()
+}
+
+type keyedSpec struct {
+	key  string
+	spec tasks.Spec
+}
+
+// enqueueBatch enqueues the specs of one batch whose asynq task does not exist. The task
+// check is a shortcut only (one pipelined round trip instead of a jobs statement plus a
+// Redis call per spec in the steady state): a spec whose task exists would be reported
+// AlreadyQueued by EnqueueMany anyway, and the task is created only after its jobs row.
+func (s *Scheduler) enqueueBatch(ctx context.Context, enq *tasks.Enqueuer, queue string, batch []keyedSpec, rep *TickReport) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	exists, err := taskStates(ctx, s.cfg.Redis, queue, keysOf(batch))
+	if err != nil {
+		return err
+	}
+	var todo []tasks.Spec
+	for i, ks := range batch {
+		if exists[i] != "" && exists[i] != asynqArchived {
+			rep.Outcomes[tasks.AlreadyQueued.String()]++
+			continue
+		}
+		todo = append(todo, ks.spec)
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	res, err := enq.EnqueueMany(ctx, todo)
+	if err != nil {
+		return fmt.Errorf("scheduler: enqueue: %w", err)
+	}
+	for _, r := range res {
+		rep.Outcomes[outcomeLabel(r.Outcome)]++
+	}
+	return nil
+}
+
+// outcomeLabel names an enqueue outcome in reports and metric labels.
+func outcomeLabel(o tasks.Outcome) string {
+	if o == tasks.Repaired {
+		return "repaired"
+	}
+	return o.String()
+}
+
+func keysOf(b []keyedSpec) []string {
+	out := make([]string, len(b))
+	for i, ks := range b {
+		out[i] = ks.key
+	}
+	return out
+}
+
+// asynqArchived is the state asynq records for an archived task.
+const asynqArchived = "archived"
+
+// AsynqTaskKey is asynq's key of the task with id in queue (asynq v0.26
+// internal/base.TaskKey): a HASH whose field "state" is pending, active, scheduled, retry,
+// archived, completed or aggregating.
+func AsynqTaskKey(queue, id string) string { return "asynq:{" + queue + "}:t:" + id }
+
+// taskStates returns the asynq state of each task id in queue ("" when asynq holds none),
+// in one pipelined round trip.
+func taskStates(ctx context.Context, rdb redis.UniversalClient, queue string, ids []string) ([]string, error) {
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.HGet(ctx, AsynqTaskKey(queue, id), "state")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("scheduler: read asynq task states: %w", err)
+	}
+	out := make([]string, len(ids))
+	for i, c := range cmds {
+		v, err := c.Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return nil, fmt.Errorf("scheduler: read asynq task state: %w", err)
+		default:
+			out[i] = v
+		}
+	}
+	return out, nil
+}
+
+// lastFire returns the latest scheduled instant of t at or before now (zero if none in the
+// last five years).
+func lastFire(t *Template, now time.Time) time.Time {
+	for d := time.Minute; d <= 5*366*24*time.Hour; d *= 4 {
+		at := t.sched.Next(now.Add(-d))
+		if at.IsZero() || at.After(now) {
+			continue
+		}
+		for {
+			n := t.sched.Next(at)
+			if n.IsZero() || n.After(now) {
+				return at
+			}
+			at = n
+		}
+	}
+	return time.Time{}
+}
+
+// sleepUntil waits until the clock reaches at; false when ctx ended first. It re-reads the
+// clock after each wake-up, so a clock that jumps is followed.
+func sleepUntil(ctx context.Context, at time.Time, now func() time.Time) bool {
+	for {
+		d := at.Sub(now())
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return false
+		case <-timer.C:
+		}
+	}
+}
+
+// enqueuers holds one tasks.Enqueuer per queue (asynq task ids are per queue).
+type enqueuers struct {
+	cfg Config
+	mu  sync.Mutex
+	m   map[string]*tasks.Enqueuer
+}
+
+func newEnqueuers(cfg Config) *enqueuers {
+	return &enqueuers{cfg: cfg, m: map[string]*tasks.Enqueuer{}}
+}
+
+func (e *enqueuers) get(queue string) (*tasks.Enqueuer, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if enq, ok := e.m[queue]; ok {
+		return enq, nil
+	}
+	enq, err := tasks.NewEnqueuer(e.cfg.Client, e.cfg.Store, &tasks.EnqueuerConfig{
+		Queue: queue, Normalizer: e.cfg.Normalizer, Inspector: e.cfg.Inspector, Destinations: e.cfg.Destinations,
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.m[queue] = enq
+	return enq, nil
+}

@@ -1,0 +1,243 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/outbox"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// Config defaults.
+const (
+	// DefaultConcurrency is how many jobs the asynq server runs at once.
+	DefaultConcurrency = 10
+	// DefaultShutdownTimeout is how long in-flight jobs may keep running after Shutdown
+	// began, before asynq hands their tasks back to the queue (asynq's ShutdownTimeout).
+	DefaultShutdownTimeout = 25 * time.Second
+	// DefaultDrainTimeout is how long Shutdown waits, after asynq handed tasks back, for
+	// the handlers of those tasks to record their attempt and release their lease. It is
+	// above the runner's 15 s bound on those writes.
+	DefaultDrainTimeout = 20 * time.Second
+	// DefaultHTTPAddr is the address of the HTTP server: loopback only, so that asynqmon
+	// is not exposed by accident.
+	DefaultHTTPAddr = "127.0.0.1:8080"
+	// DefaultReadyTimeout bounds each readiness check of /readyz.
+	DefaultReadyTimeout = 2 * time.Second
+	// DefaultMonitoringPath is where asynqmon is mounted.
+	DefaultMonitoringPath = "/monitoring"
+	// DefaultJobListLimit is how many jobs /jobs lists.
+	DefaultJobListLimit = 100
+	// EnvBasicAuthUser and EnvBasicAuthPassword hold the HTTP basic-auth credentials that
+	// BasicAuthFromEnv reads. The password is never logged.
+	EnvBasicAuthUser     = "IDEMSCRAPE_HTTP_USER"
+	EnvBasicAuthPassword = "IDEMSCRAPE_HTTP_PASSWORD"
+)
+
+// ReadyCheck is one extra readiness check of /readyz: Check returns nil when the
+// dependency it names is healthy. It must honour ctx (the service bounds it with
+// Config.ReadyTimeout).
+type ReadyCheck struct {
+	// Name appears in /readyz's answer, e.g. "proxy".
+	Name string
+	// Check returns nil when healthy; its error text is shown on /readyz, so it must not
+	// contain secrets.
+	Check func(ctx context.Context) error
+}
+
+// BasicAuth holds the credentials that protect asynqmon and the job pages. They are
+// compared in constant time and never logged (String and LogValue hide the password).
+type BasicAuth struct {
+	User     string
+	Password string
+}
+
+// String implements fmt.Stringer without the password.
+func (b BasicAuth) String() string {
+	return fmt.Sprintf("BasicAuth{User: %q, Password: <redacted>}", b.User)
+}
+
+// GoString implements fmt.GoStringer without the password.
+func (b BasicAuth) GoString() string { return b.String() }
+
+// LogValue implements slog.LogValuer without the password.
+func (b BasicAuth) LogValue() slog.Value { return slog.StringValue(b.String()) }
+
+// BasicAuthFromEnv reads EnvBasicAuthUser and EnvBasicAuthPassword. Both unset means no
+// authentication (nil, nil); only one of them set is an error naming the missing variable
+// (never a value).
+func BasicAuthFromEnv() (*BasicAuth, error) {
+	user, pass := os.Getenv(EnvBasicAuthUser), os.Getenv(EnvBasicAuthPassword)
+	switch {
+	case user == "" && pass == "":
+		return nil, nil
+	case user == "":
+		return nil, fmt.Errorf("service: %s is set but %s is empty", EnvBasicAuthPassword, EnvBasicAuthUser)
+	case pass == "":
+		return nil, fmt.Errorf("service: %s is set but %s is empty", EnvBasicAuthUser, EnvBasicAuthPassword)
+	}
+	return &BasicAuth{User: user, Password: pass}, nil
+}
+
+// Config configures a Service.
+type Config struct {
+	// Registry runs the jobs: its kinds must be registered before New. The service never
+	// closes it; close it after Shutdown (or Run) returned. Required.
+	Registry *handlers.Registry
+	// Store is the system of record: the dispatcher, /readyz and the job pages read it.
+	// Required.
+	Store *store.PG
+	// Redis is pinged by /readyz and used by the outbox dispatcher. Required.
+	Redis redis.UniversalClient
+	// RedisConnOpt connects the asynq server and asynqmon (each opens its own
+	// connections). Required.
+	RedisConnOpt asynq.RedisConnOpt
+	// Queues are the asynq queues served, with their priority weights. Defaults to one
+	// queue per registered kind, tasks.QueueFor(kind) (the kind's name), weight 1: where the
+	// enqueuer, the scheduler and the CLI send a kind's tasks by default.
+	Queues map[string]int
+	// StrictPriority makes asynq drain higher-weight queues first. Defaults to false.
+	StrictPriority bool
+	// Concurrency is how many jobs run at once. Defaults to DefaultConcurrency.
+	Concurrency int
+	// ShutdownTimeout is how long in-flight jobs may run on after Shutdown began; then
+	// asynq puts their tasks back to pending and cancels their context, and the runner
+	// records the attempt as retryable and releases its lease. Defaults to
+	// DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// DrainTimeout bounds the wait, after asynq handed tasks back, for their handlers to
+	// return. Defaults to DefaultDrainTimeout.
+	DrainTimeout time.Duration
+
+	// NoDispatcher turns the outbox dispatcher off (run it elsewhere). Defaults to false.
+	NoDispatcher bool
+	// Dispatcher configures the outbox dispatcher. Its Registerer and Logger default to the
+	// service's. Defaults to outbox's defaults.
+	Dispatcher *outbox.DispatcherConfig
+
+	// HTTPAddr is the listen address of the HTTP server (/metrics, /healthz, /readyz,
+	// asynqmon, job pages). "127.0.0.1:0" picks a free port (see Service.HTTPAddr).
+	// Defaults to DefaultHTTPAddr.
+	HTTPAddr string
+	// MonitoringReadOnly mounts asynqmon read-only: its API refuses every request but GET.
+	// Defaults to false.
+	MonitoringReadOnly bool
+	// BasicAuth, when set, protects asynqmon and the job pages (not /metrics, /healthz,
+	// /readyz, which probes and scrapers reach). See BasicAuthFromEnv. Defaults to nil: no
+	// authentication.
+	BasicAuth *BasicAuth
+	// ReadyTimeout bounds each readiness check. Defaults to DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// ReadyChecks are extra readiness checks, besides Redis, PostgreSQL, the asynq server
+	// and Registry.Ready. Defaults to none.
+	ReadyChecks []ReadyCheck
+	// JobListLimit is how many jobs /jobs lists. Defaults to DefaultJobListLimit.
+	JobListLimit int
+
+	// Gatherer is served on /metrics besides the registry's own gatherer (give the
+	// registry's Registerer here if you set handlers.Config.Registerer) and the service's
+	// (dispatcher, Go runtime, process). Defaults to nil.
+	Gatherer prometheus.Gatherer
+	// Logger receives the service's and asynq's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// AsynqLogLevel is the least level of asynq's own logs. Defaults to asynq.InfoLevel.
+	AsynqLogLevel asynq.LogLevel
+}
+
+// Validate reports the first invalid field. Zero values of optional fields are valid
+// (they mean the default).
+func (c *Config) Validate() error {
+	switch {
+	case c.Registry == nil:
+		return errors.New("service: Config.Registry is required")
+	case c.Store == nil:
+		return errors.New("service: Config.Store is required")
+	case c.Redis == nil:
+		return errors.New("service: Config.Redis is required")
+	case c.RedisConnOpt == nil:
+		return errors.New("service: Config.RedisConnOpt is required")
+	case c.Concurrency < 0:
+		return fmt.Errorf("service: Config.Concurrency %d is negative", c.Concurrency)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("service: Config.ShutdownTimeout %v is negative", c.ShutdownTimeout)
+	case c.DrainTimeout < 0:
+		return fmt.Errorf("service: Config.DrainTimeout %v is negative", c.DrainTimeout)
+	case c.ReadyTimeout < 0:
+		return fmt.Errorf("service: Config.ReadyTimeout %v is negative", c.ReadyTimeout)
+	case c.JobListLimit < 0:
+		return fmt.Errorf("service: Config.JobListLimit %d is negative", c.JobListLimit)
+	case c.BasicAuth != nil && (c.BasicAuth.User == "" || c.BasicAuth.Password == ""):
+		return errors.New("service: Config.BasicAuth needs a User and a Password")
+	case c.BasicAuth != nil && strings.Contains(c.BasicAuth.User, ":"):
+		return errors.New("service: Config.BasicAuth.User may not contain ':'")
+	}
+	for q, w := range c.Queues {
+		if q == "" || strings.ContainsAny(q, "{}") {
+			return fmt.Errorf("service: Config.Queues: queue name %q must be non-empty without braces", q)
+		}
+		if w < 1 {
+			return fmt.Errorf("service: Config.Queues: queue %q has weight %d, must be >= 1", q, w)
+		}
+	}
+	if len(c.Queues) == 0 && len(c.Registry.Kinds()) == 0 {
+		return errors.New("service: Config.Queues is empty and no kind is registered")
+	}
+	for i, rc := range c.ReadyChecks {
+		if rc.Name == "" || rc.Check == nil {
+			return fmt.Errorf("service: Config.ReadyChecks[%d] needs a Name and a Check", i)
+		}
+	}
+	if c.Dispatcher != nil {
+		if err := c.Dispatcher.Validate(); err != nil {
+			return fmt.Errorf("service: Config.Dispatcher: %w", err)
+		}
+	}
+	return nil
+}
+
+// withDefaults returns a copy of c with every default filled in. c must be valid.
+func (c *Config) withDefaults() Config {
+	o := *c
+	if len(o.Queues) == 0 {
+		o.Queues = map[string]int{}
+		for _, k := range o.Registry.Kinds() {
+			o.Queues[tasks.QueueFor(k)] = 1
+		}
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.HTTPAddr == "" {
+		o.HTTPAddr = DefaultHTTPAddr
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = DefaultReadyTimeout
+	}
+	if o.JobListLimit == 0 {
+		o.JobListLimit = DefaultJobListLimit
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.AsynqLogLevel == 0 {
+		o.AsynqLogLevel = asynq.InfoLevel
+	}
+	return o
+}

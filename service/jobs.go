@@ -1,0 +1,269 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/store"
+)
+
+// pageTimeout bounds the queries of one page.
+const pageTimeout = 5 * time.Second
+
+// resultRow is one results row of a job, as the job page shows it.
+type resultRow struct {
+	ObservationKey string
+	ParserVersion  int
+	Fingerprint    string
+	CreatedAt      time.Time
+}
+
+// outboxRow is the outbox event of a job, as the job page shows it.
+type outboxRow struct {
+	EventKey  string
+	Topic     string
+	CreatedAt time.Time
+	SentAt    *time.Time // nil: not dispatched yet
+}
+
+// jobListRow is one row of /jobs.
+type jobListRow struct {
+	Key           string
+	Kind          string
+	State         string
+	Attempts      int
+	Category      string
+	UpdatedAt     time.Time
+	NextAttemptAt *time.Time
+}
+
+// The queries below are read-only and belong in store (ResultListByJob, OutboxGetByEventKey,
+// JobListProblems) once store grows them.
+
+func resultsOf(ctx context.Context, st *store.PG, key string) ([]resultRow, error) {
+	rows, _ := st.Pool().Query(ctx, `
+SELECT observation_key, parser_version, response_fingerprint, created_at
+FROM results WHERE job_key = $1 ORDER BY created_at, observation_key`, key)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (resultRow, error) {
+		var x resultRow
+		err := r.Scan(&x.ObservationKey, &x.ParserVersion, &x.Fingerprint, &x.CreatedAt)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("service: results of %q: %w", key, err)
+	}
+	return out, nil
+}
+
+func outboxOf(ctx context.Context, st *store.PG, eventKey string) (*outboxRow, error) {
+	var x outboxRow
+	err := st.Pool().QueryRow(ctx, `SELECT event_key, topic, created_at, sent_at FROM outbox WHERE event_key = $1`, eventKey).
+		Scan(&x.EventKey, &x.Topic, &x.CreatedAt, &x.SentAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("service: outbox event %q: %w", eventKey, err)
+	}
+	return &x, nil
+}
+
+func problemJobs(ctx context.Context, st *store.PG, limit int) ([]jobListRow, error) {
+	rows, _ := st.Pool().Query(ctx, `
+SELECT key, kind, state, attempts, COALESCE(last_category, ''), updated_at, next_attempt_at
+FROM jobs WHERE state IN ('failed', 'retryable')
+ORDER BY updated_at DESC, key LIMIT $1`, limit)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (jobListRow, error) {
+		var x jobListRow
+		err := r.Scan(&x.Key, &x.Kind, &x.State, &x.Attempts, &x.Category, &x.UpdatedAt, &x.NextAttemptAt)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("service: list failed and retryable jobs: %w", err)
+	}
+	return out, nil
+}
+
+// attemptView is one attempt on the timeline.
+type attemptView struct {
+	store.Attempt
+	Duration string
+}
+
+type jobPage struct {
+	Job      store.Job
+	Attempts []attemptView
+	Results  []resultRow
+	EventKey string
+	Outbox   *outboxRow
+}
+
+type listPage struct {
+	Jobs  []jobListRow
+	Limit int
+}
+
+func (s *Service) serveJob(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	job, err := s.cfg.Store.JobGet(ctx, key)
+	if errors.Is(err, store.ErrJobNotFound) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusNotFound)
+		_ = pages.ExecuteTemplate(w, "notfound", key)
+		return
+	}
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	p := jobPage{Job: job, EventKey: handlers.EventKey(key)}
+	attempts, err := s.cfg.Store.AttemptList(ctx, key)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	for _, a := range attempts {
+		v := attemptView{Attempt: a, Duration: "running"}
+		if a.FinishedAt != nil {
+			v.Duration = a.FinishedAt.Sub(a.StartedAt).Round(time.Millisecond).String()
+		}
+		p.Attempts = append(p.Attempts, v)
+	}
+	if p.Results, err = resultsOf(ctx, s.cfg.Store, key); err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	if p.Outbox, err = outboxOf(ctx, s.cfg.Store, p.EventKey); err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	render(w, "job", p)
+}
+
+func (s *Service) serveJobList(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	jobs, err := problemJobs(ctx, s.cfg.Store, s.cfg.JobListLimit)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	render(w, "list", listPage{Jobs: jobs, Limit: s.cfg.JobListLimit})
+}
+
+func (s *Service) pageError(w http.ResponseWriter, r *http.Request, err error) {
+	s.log.ErrorContext(r.Context(), "job page failed", "path", r.URL.Path, "err", err)
+	http.Error(w, "the job store did not answer; see the worker's log", http.StatusInternalServerError)
+}
+
+func render(w http.ResponseWriter, name string, data any) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = pages.ExecuteTemplate(w, name, data)
+}
+
+func jobURL(key string) string { return "/jobs/" + url.PathEscape(key) }
+
+func fmtTime(t any) string {
+	switch v := t.(type) {
+	case time.Time:
+		return v.UTC().Format("2006-01-02 15:04:05.000 UTC")
+	case *time.Time:
+		if v == nil {
+			return "—"
+		}
+		return v.UTC().Format("2006-01-02 15:04:05.000 UTC")
+	}
+	return fmt.Sprint(t)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
+	"jobURL": jobURL, "time": fmtTime, "orDash": orDash,
+}).Parse(`
+{{define "head"}}<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{{.}} · idemscrape</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}
+.complete{color:#176f2c}.failed{color:#b00020}.retryable{color:#a15c00}.superseded{color:#666}.running{color:#0b57d0}
+code{font-size:13px}
+nav a{margin-right:1em}
+</style></head><body>
+<nav><a href="/jobs">failed &amp; retryable jobs</a><a href="/monitoring/">queues (asynqmon)</a><a href="/metrics">metrics</a></nav>
+{{end}}
+
+{{define "notfound"}}{{template "head" "job not found"}}
+<h1>No job with key <code>{{.}}</code></h1>
+</body></html>
+{{end}}
+
+{{define "job"}}{{template "head" .Job.Key}}
+<h1>Job <code id="job-key">{{.Job.Key}}</code></h1>
+<table id="job">
+<tr><th>state</th><td class="{{.Job.State}}" id="job-state">{{.Job.State}}</td></tr>
+<tr><th>kind</th><td>{{.Job.Kind}}</td></tr>
+<tr><th>source</th><td>{{if .Job.URL}}{{.Job.URL}}{{else}}{{.Job.SourceID}}{{end}}</td></tr>
+<tr><th>country · window · parser</th><td>{{.Job.Country}} · {{.Job.Window}} · v{{.Job.ParserVersion}}</td></tr>
+<tr><th>scope</th><td>{{orDash .Job.Scope}}</td></tr>
+<tr><th>attempts · fence</th><td>{{.Job.Attempts}} · {{.Job.Fence}}</td></tr>
+<tr><th>last category</th><td>{{orDash .Job.LastCategory}}</td></tr>
+<tr><th>next attempt</th><td>{{time .Job.NextAttemptAt}}</td></tr>
+<tr><th>bytes, all attempts</th><td>{{.Job.BytesTotal}}</td></tr>
+<tr><th>created · updated · completed</th><td>{{time .Job.CreatedAt}} · {{time .Job.UpdatedAt}} · {{time .Job.CompletedAt}}</td></tr>
+</table>
+
+<h2>Attempts</h2>
+{{if .Attempts}}<table id="attempts">
+<tr><th>#</th><th>started</th><th>duration</th><th>worker</th><th>session</th><th>proxy endpoint</th><th>fence</th><th>outcome</th><th>category</th><th>HTTP</th><th>bytes</th><th>error</th></tr>
+{{range .Attempts}}<tr class="attempt">
+<td>{{.AttemptNo}}</td><td>{{time .StartedAt}}</td><td>{{.Duration}}</td><td>{{orDash .Worker}}</td><td><code>{{orDash .SessionID}}</code></td>
+<td>{{orDash .ProxyEndpoint}}</td><td>{{.Fence}}</td><td class="{{.Outcome}}">{{.Outcome}}</td><td class="category">{{orDash .Category}}</td>
+<td>{{if .HTTPStatus}}{{.HTTPStatus}}{{else}}—{{end}}</td><td>{{.Bytes}}</td><td>{{orDash .Error}}</td></tr>
+{{end}}</table>{{else}}<p>No attempt yet.</p>{{end}}
+
+<h2>Result</h2>
+{{if .Results}}<table id="results">
+<tr><th>observation key</th><th>parser version</th><th>response fingerprint</th><th>created</th></tr>
+{{range .Results}}<tr><td><code>{{.ObservationKey}}</code></td><td>v{{.ParserVersion}}</td><td><code>{{orDash .Fingerprint}}</code></td><td>{{time .CreatedAt}}</td></tr>
+{{end}}</table>{{else}}<p>No result.</p>{{end}}
+
+<h2>Outbox event</h2>
+{{with .Outbox}}<table id="outbox">
+<tr><th>event key</th><td><code>{{.EventKey}}</code></td></tr>
+<tr><th>topic</th><td>{{.Topic}}</td></tr>
+<tr><th>created</th><td>{{time .CreatedAt}}</td></tr>
+<tr><th>sent</th><td id="outbox-sent">{{if .SentAt}}sent {{time .SentAt}}{{else}}not sent yet{{end}}</td></tr>
+</table>{{else}}<p>No outbox event <code>{{.EventKey}}</code>.</p>{{end}}
+</body></html>
+{{end}}
+
+{{define "list"}}{{template "head" "failed and retryable jobs"}}
+<h1>Failed and retryable jobs</h1>
+<p>The {{.Limit}} most recently updated, newest first.</p>
+{{if .Jobs}}<table id="jobs">
+<tr><th>key</th><th>kind</th><th>state</th><th>attempts</th><th>category</th><th>updated</th><th>next attempt</th></tr>
+{{range .Jobs}}<tr><td><a href="{{jobURL .Key}}"><code>{{.Key}}</code></a></td><td>{{.Kind}}</td><td class="{{.State}}">{{.State}}</td>
+<td>{{.Attempts}}</td><td class="category">{{orDash .Category}}</td><td>{{time .UpdatedAt}}</td><td>{{time .NextAttemptAt}}</td></tr>
+{{end}}</table>{{else}}<p>None.</p>{{end}}
+</body></html>
+{{end}}
+`))

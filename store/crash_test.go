@@ -1,0 +1,176 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestLostAttemptStartIsHarmless: JobStart commits without waiting for its WAL flush
+// (synchronous_commit off), so a crash can lose it. On a throwaway server, attempts are
+// started and the server is killed as `pg_ctl stop -m immediate` does before their WAL
+// reaches the disk. After crash recovery, every start either survived whole or is gone
+// whole; the worker holding a lost start's token can not commit (the commit needs fence =
+// its token exactly, which the lost start never set); a new start and commit proceed; what
+// was committed synchronously before the crash is intact.
+func TestLostAttemptStartIsHarmless(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartPostgres(t)
+
+	// Keep an async commit's WAL in shared memory until the crash: a process crash loses
+	// only WAL not yet handed to the kernel, which the WAL writer does every
+	// wal_writer_delay (and the background writer or autovacuum can force earlier).
+	admin := srv.Pool(t, "postgres")
+	for _, set := range []string{
+		`ALTER SYSTEM SET wal_writer_delay = '10s'`,
+		`ALTER SYSTEM SET bgwriter_lru_maxpages = 0`,
+		`ALTER SYSTEM SET autovacuum = off`,
+	} {
+		_, err := admin.Exec(ctx, set)
+		require.NoError(t, err)
+	}
+	admin.Close()
+	srv.Restart()
+	pool := srv.MigratedPool(t)
+	s := store.New(pool)
+
+	const jobs = 100
+	key := func(i int) string { return fmt.Sprintf("crash-%03d", i) }
+	recs := make([]tasks.JobRecord, jobs)
+	for i := range recs {
+		recs[i] = tasks.JobRecord{Key: key(i), Spec: tasks.Spec{Kind: "catalog", SourceID: key(i), Country: "US", Window: "w", ParserVersion: 3}}
+	}
+	_, err := s.JobsRecord(ctx, recs)
+	require.NoError(t, err)
+	// Committed synchronously before the crash: jobs 0-9 complete, 10-19 retryable.
+	for i := 0; i < 20; i++ {
+		_, err := start(ctx, s, key(i), 1)
+		require.NoError(t, err)
+		if i < 10 {
+			_, err = s.Commit(ctx, commitParams(key(i), 1))
+		} else {
+			err = s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: key(i), Token: 1, NextAttemptAt: time.Now(), Category: "timeout"})
+		}
+		require.NoError(t, err)
+	}
+	beforeStarts := map[string][]string{}
+	for _, tbl := range []string{"results", "outbox"} {
+		beforeStarts[tbl] = testutil.TableSnapshot(t, pool, tbl)
+	}
+	type rowState struct {
+		State    tasks.JobState
+		Fence    int64
+		Attempts int
+		Outcomes string // outcome@fence of every attempt, in order
+	}
+	read := func(k string) rowState {
+		t.Helper()
+		j, err := s.JobGet(ctx, k)
+		require.NoError(t, err)
+		atts, err := s.AttemptList(ctx, k)
+		require.NoError(t, err)
+		rs := rowState{State: j.State, Fence: j.Fence, Attempts: j.Attempts}
+		for _, a := range atts {
+			rs.Outcomes += fmt.Sprintf("%s@%d ", a.Outcome, a.Fence)
+		}
+		return rs
+	}
+	before := map[string]rowState{}
+	for i := 10; i < jobs; i++ {
+		before[key(i)] = read(key(i))
+	}
+
+	// The starts that may be lost: token 5 for jobs 10-99, alone and batched.
+	for i := 10; i < 55; i++ {
+		_, err := start(ctx, s, key(i), 5)
+		require.NoError(t, err)
+	}
+	g := s.NewGroupCommitter(0, 0)
+	var wg sync.WaitGroup
+	errs := make([]error, jobs)
+	for i := 55; i < jobs; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = g.JobStart(ctx, store.AttemptStartParams{Key: key(i), Token: 5, Worker: "w1", Country: "US"})
+		}()
+	}
+	wg.Wait()
+	g.Close()
+	for i := 55; i < jobs; i++ {
+		require.NoError(t, errs[i], key(i))
+	}
+
+	srv.Crash()
+	srv.Start()
+	pool.Reset()
+
+	// Each start survived whole or was lost whole.
+	var lost, survived []string
+	for i := 10; i < jobs; i++ {
+		k := key(i)
+		got, was := read(k), before[k]
+		startedWant := rowState{State: tasks.StateRunning, Fence: 5, Attempts: was.Attempts + 1,
+			Outcomes: was.Outcomes + "running@5 "}
+		switch got {
+		case was:
+			lost = append(lost, k)
+		case startedWant:
+			survived = append(survived, k)
+		default:
+			t.Fatalf("%s: half-applied start after the crash:\n%s", k, cmp.Diff(was, got))
+		}
+	}
+	t.Logf("after the crash: %d starts lost, %d survived", len(lost), len(survived))
+	require.NotEmpty(t, lost, "the fixture must lose at least one start in the crash (WAL of async commits still in memory)")
+	for tbl, rows := range beforeStarts {
+		require.Equal(t, rows, testutil.TableSnapshot(t, pool, tbl), "%s committed before the crash changed", tbl)
+	}
+
+	for _, k := range lost {
+		// The worker that believes it started with 5 finishes and commits: refused, and
+		// nothing is written; recording its bytes writes nothing either.
+		jobsBefore := testutil.TableSnapshot(t, pool, "jobs")
+		attsBefore := testutil.TableSnapshot(t, pool, "attempts")
+		_, err := s.Commit(ctx, commitParams(k, 5))
+		require.ErrorIs(t, err, store.ErrInvalidTransition, "%s: the job is not running under any token", k)
+		require.NoError(t, s.AttemptSupersede(ctx, store.AttemptSupersedeParams{Key: k, Token: 5, Bytes: 10}))
+		require.Equal(t, jobsBefore, testutil.TableSnapshot(t, pool, "jobs"), k)
+		require.Equal(t, attsBefore, testutil.TableSnapshot(t, pool, "attempts"), k)
+		require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM results WHERE job_key = $1`, k))
+
+		// The next claim's token starts the job again and completes it.
+		n, err := start(ctx, s, k, 6)
+		require.NoError(t, err, k)
+		require.Equal(t, before[k].Attempts+1, n, k)
+		_, err = s.Commit(ctx, commitParams(k, 6))
+		require.NoError(t, err, k)
+		// And the old token stays refused.
+		_, err = s.Commit(ctx, commitParams(k, 5))
+		require.ErrorIs(t, err, store.ErrJobComplete, k)
+	}
+	for _, k := range survived {
+		_, err := s.Commit(ctx, commitParams(k, 5))
+		require.NoError(t, err, k)
+	}
+
+	// Every job complete, exactly one result and one event each, attempts consistent.
+	require.Equal(t, jobs, testutil.Count(t, pool, `SELECT count(*) FROM jobs WHERE state = 'complete'`))
+	require.Equal(t, jobs, testutil.Count(t, pool, `SELECT count(DISTINCT job_key) FROM results`))
+	require.Equal(t, jobs, testutil.Count(t, pool, `SELECT count(*) FROM results`))
+	require.Equal(t, jobs, testutil.Count(t, pool, `SELECT count(*) FROM outbox`))
+	require.Zero(t, testutil.Count(t, pool, `
+SELECT count(*) FROM jobs j
+WHERE j.attempts <> (SELECT count(*) FROM attempts a WHERE a.job_key = j.key)
+	OR NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence AND a.outcome = 'complete')
+	OR NOT EXISTS (SELECT 1 FROM results r WHERE r.job_key = j.key AND r.fence = j.fence)`), "a job whose rows disagree")
+}

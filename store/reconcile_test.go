@@ -1,0 +1,483 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// testNow is the database's clock, against which the rows' timestamps are written.
+func testNow(t *testing.T, s *store.PG) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, s.Pool().QueryRow(context.Background(), `SELECT now()`).Scan(&now))
+	return now
+}
+
+func TestJobRescue(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+
+	t.Run("HappyPath", func(t *testing.T) {
+		const key = "rescue-ok"
+		record(t, s, key)
+		_, err := start(ctx, s, key, 5)
+		require.NoError(t, err)
+		before := testNow(t, s)
+		require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: key, ExpectFence: 5, Token: 6, Error: "lease expired; rescued by r1"}))
+
+		j, err := s.JobGet(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, jobView{tasks.StateRetryable, 6, 1, "lease_expired", 0}, view(t, s, key), "fence raised to the rescuer's token; not an attempt")
+		require.NotNil(t, j.NextAttemptAt)
+		assert.False(t, j.NextAttemptAt.Before(before), "due now")
+		assert.False(t, j.NextAttemptAt.After(testNow(t, s)), "due now")
+		assert.Equal(t, attemptEvidence{Outcome: "retryable", Category: "lease_expired", ProxyEndpoint: "gw.example:7777",
+			Error: "lease expired; rescued by r1", Finished: true}, evidenceOf(t, s, key, 1))
+
+		// The stale worker holding 5 is refused from now on, and writes nothing.
+		snap := testutil.TableSnapshot(t, pool, "jobs")
+		_, err = s.Commit(ctx, commitParams(key, 5))
+		require.ErrorIs(t, err, store.ErrStaleFence)
+		require.Equal(t, snap, testutil.TableSnapshot(t, pool, "jobs"))
+		require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM results WHERE job_key = $1`, key))
+		// A start must now exceed the rescuer's token.
+		_, err = start(ctx, s, key, 6)
+		require.ErrorIs(t, err, store.ErrStaleFence)
+		n, err := start(ctx, s, key, 7)
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		_, err = s.Commit(ctx, commitParams(key, 7))
+		require.NoError(t, err)
+	})
+
+	t.Run("Refused", func(t *testing.T) {
+		record(t, s, "rr-rescued")
+		_, err := start(ctx, s, "rr-rescued", 5)
+		require.NoError(t, err)
+		require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: "rr-rescued", ExpectFence: 5, Token: 6}))
+		record(t, s, "rr-running")
+		_, err = start(ctx, s, "rr-running", 8)
+		require.NoError(t, err)
+		record(t, s, "rr-pending")
+		record(t, s, "rr-complete")
+		_, err = start(ctx, s, "rr-complete", 2)
+		require.NoError(t, err)
+		_, err = s.Commit(ctx, commitParams("rr-complete", 2))
+		require.NoError(t, err)
+		record(t, s, "rr-failed")
+		_, err = start(ctx, s, "rr-failed", 2)
+		require.NoError(t, err)
+		p := finish("rr-failed", 2)
+		p.Category = "parse_error"
+		require.NoError(t, s.JobFail(ctx, p))
+
+		cases := []struct {
+			name string
+			p    store.JobRescueParams
+			want error
+		}{
+			{"SecondRescueSameExpectFence", store.JobRescueParams{Key: "rr-rescued", ExpectFence: 5, Token: 7}, store.ErrStaleFence},
+			{"RunningUnderNewerFence", store.JobRescueParams{Key: "rr-running", ExpectFence: 7, Token: 9}, store.ErrStaleFence},
+			{"RunningUnderOlderFence", store.JobRescueParams{Key: "rr-running", ExpectFence: 9, Token: 10}, store.ErrStaleFence},
+			{"Pending", store.JobRescueParams{Key: "rr-pending", ExpectFence: 1, Token: 2}, store.ErrInvalidTransition},
+			{"Complete", store.JobRescueParams{Key: "rr-complete", ExpectFence: 2, Token: 3}, store.ErrJobComplete},
+			{"Failed", store.JobRescueParams{Key: "rr-failed", ExpectFence: 2, Token: 3}, store.ErrJobFailed},
+			{"NotFound", store.JobRescueParams{Key: "rr-nope", ExpectFence: 2, Token: 3}, store.ErrJobNotFound},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				jobs := testutil.TableSnapshot(t, pool, "jobs")
+				atts := testutil.TableSnapshot(t, pool, "attempts")
+				err := s.JobRescue(ctx, tc.p)
+				require.ErrorIs(t, err, tc.want)
+				var te *store.TransitionError
+				require.ErrorAs(t, err, &te)
+				assert.Equal(t, "JobRescue", te.Op)
+				assert.Equal(t, tc.p.Token, te.Token)
+				if diff := cmp.Diff(jobs, testutil.TableSnapshot(t, pool, "jobs")); diff != "" {
+					t.Fatalf("refused rescue changed jobs (-before +after):\n%s", diff)
+				}
+				if diff := cmp.Diff(atts, testutil.TableSnapshot(t, pool, "attempts")); diff != "" {
+					t.Fatalf("refused rescue changed attempts (-before +after):\n%s", diff)
+				}
+			})
+		}
+	})
+
+	t.Run("BadInput", func(t *testing.T) {
+		for field, p := range map[string]store.JobRescueParams{
+			"Key":         {ExpectFence: 1, Token: 2},
+			"ExpectFence": {Key: "k", ExpectFence: 0, Token: 2},
+			"Token":       {Key: "k", ExpectFence: 3, Token: 3},
+		} {
+			require.ErrorContains(t, s.JobRescue(ctx, p), field)
+		}
+	})
+
+	// raceOutcome checks that exactly one of a live worker's commit and a rescue won, and
+	// that the rows say so.
+	raceOutcome := func(t *testing.T, key string, token int64, commitErr, rescueErr error) string {
+		t.Helper()
+		jv := view(t, s, key)
+		results := testutil.Count(t, pool, `SELECT count(*) FROM results WHERE job_key = $1`, key)
+		events := testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key = $1`, "observed:"+key)
+		switch {
+		case commitErr == nil && rescueErr != nil:
+			require.ErrorIs(t, rescueErr, store.ErrJobComplete)
+			require.Equal(t, jobView{tasks.StateComplete, token, 1, "", 2048}, jv)
+			require.Equal(t, 1, results)
+			require.Equal(t, 1, events)
+			return "commit"
+		case rescueErr == nil && commitErr != nil:
+			require.ErrorIs(t, commitErr, store.ErrStaleFence)
+			require.Equal(t, jobView{tasks.StateRetryable, token + 1, 1, "lease_expired", 0}, jv)
+			require.Zero(t, results)
+			require.Zero(t, events)
+			require.Equal(t, "retryable", evidenceOf(t, s, key, 1).Outcome)
+			return "rescue"
+		default:
+			t.Fatalf("%s: want exactly one winner; commit: %v, rescue: %v", key, commitErr, rescueErr)
+			return ""
+		}
+	}
+
+	t.Run("RaceWithLiveCommit", func(t *testing.T) {
+		// Both statements wait on the jobs row lock held by another transaction, then run
+		// one after the other against the row the first one left.
+		const key = "race-locked"
+		record(t, s, key)
+		_, err := start(ctx, s, key, 3)
+		require.NoError(t, err)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE key = $1 FOR UPDATE`, key)
+		require.NoError(t, err)
+		waiting := func(n int) func() bool {
+			return func() bool {
+				return testutil.Count(t, pool, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock'`) == n
+			}
+		}
+		commitErr, rescueErr := make(chan error, 1), make(chan error, 1)
+		go func() { _, err := s.Commit(ctx, commitParams(key, 3)); commitErr <- err }()
+		require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
+		go func() { rescueErr <- s.JobRescue(ctx, store.JobRescueParams{Key: key, ExpectFence: 3, Token: 4}) }()
+		require.Eventually(t, waiting(2), 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, tx.Commit(ctx))
+		raceOutcome(t, key, 3, <-commitErr, <-rescueErr)
+	})
+
+	t.Run("RaceManyJobs", func(t *testing.T) {
+		const jobs = 30
+		var wg sync.WaitGroup
+		type pair struct{ commit, rescue error }
+		got := make([]pair, jobs)
+		release := make(chan struct{})
+		for i := 0; i < jobs; i++ {
+			key := fmt.Sprintf("race-%02d", i)
+			record(t, s, key)
+			_, err := start(ctx, s, key, 10)
+			require.NoError(t, err)
+			wg.Add(2)
+			go func() { defer wg.Done(); <-release; _, got[i].commit = s.Commit(ctx, commitParams(key, 10)) }()
+			go func() {
+				defer wg.Done()
+				<-release
+				got[i].rescue = s.JobRescue(ctx, store.JobRescueParams{Key: key, ExpectFence: 10, Token: 11})
+			}()
+		}
+		close(release)
+		wg.Wait()
+		wins := map[string]int{}
+		for i, p := range got {
+			wins[raceOutcome(t, fmt.Sprintf("race-%02d", i), 10, p.commit, p.rescue)]++
+		}
+		t.Logf("winners: %v", wins)
+		require.Equal(t, jobs, wins["commit"]+wins["rescue"])
+	})
+}
+
+func TestJobsListRunning(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+
+	// Fixture: 23 running jobs whose attempts started an hour ago (every third one was
+	// taken over a moment ago, so its current attempt is recent), interleaved with jobs in
+	// every other state.
+	var wantOld, wantAll []string
+	for i := 0; i < 23; i++ {
+		key := fmt.Sprintf("run-%02d", i)
+		record(t, s, key)
+		_, err := start(ctx, s, key, 1)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `UPDATE attempts SET started_at = now() - interval '1 hour' WHERE job_key = $1`, key)
+		require.NoError(t, err)
+		if i%3 == 0 {
+			_, err = start(ctx, s, key, 2)
+			require.NoError(t, err)
+		} else {
+			wantOld = append(wantOld, key)
+		}
+		wantAll = append(wantAll, key)
+
+		other := fmt.Sprintf("run-%02d-x", i)
+		record(t, s, other)
+		switch i % 3 {
+		case 0: // pending
+		case 1:
+			_, err = start(ctx, s, other, 1)
+			require.NoError(t, err)
+			_, err = s.Commit(ctx, commitParams(other, 1))
+			require.NoError(t, err)
+		case 2:
+			_, err = start(ctx, s, other, 1)
+			require.NoError(t, err)
+			require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: other, ExpectFence: 1, Token: 2}))
+		}
+	}
+	sweep := func(t *testing.T, p store.JobsListParams) ([]string, int) {
+		t.Helper()
+		var keys []string
+		pages := 0
+		for {
+			page, err := s.JobsListRunning(ctx, p)
+			require.NoError(t, err)
+			pages++
+			for _, j := range page {
+				keys = append(keys, j.Key)
+			}
+			if len(page) < p.Limit {
+				return keys, pages
+			}
+			p.AfterKey = page[len(page)-1].Key
+		}
+	}
+
+	t.Run("KeysetPagesOfStartedBefore", func(t *testing.T) {
+		keys, pages := sweep(t, store.JobsListParams{Limit: 4, StartedBefore: testNow(t, s).Add(-30 * time.Minute)})
+		require.Equal(t, wantOld, keys)
+		require.Equal(t, len(wantOld)/4+1, pages)
+	})
+
+	t.Run("NoBound", func(t *testing.T) {
+		keys, _ := sweep(t, store.JobsListParams{Limit: 5})
+		require.Equal(t, wantAll, keys)
+	})
+
+	t.Run("Fields", func(t *testing.T) {
+		page, err := s.JobsListRunning(ctx, store.JobsListParams{AfterKey: "run-02-x", Limit: 2})
+		require.NoError(t, err)
+		require.Len(t, page, 2)
+		require.Equal(t, "run-03", page[0].Key)
+		require.Equal(t, store.RunningJob{Key: "run-03", Kind: "catalog", Fence: 2, AttemptNo: 2, Worker: "w1",
+			AttemptStartedAt: page[0].AttemptStartedAt}, page[0], "the current attempt, after a takeover")
+		require.WithinDuration(t, testNow(t, s), page[0].AttemptStartedAt, time.Minute)
+		require.Equal(t, 1, page[1].AttemptNo)
+	})
+
+	t.Run("BadLimit", func(t *testing.T) {
+		_, err := s.JobsListRunning(ctx, store.JobsListParams{Limit: -1})
+		require.ErrorContains(t, err, "Limit")
+		_, err = s.JobsListRunnable(ctx, store.JobsListParams{Limit: store.MaxListLimit + 1})
+		require.ErrorContains(t, err, "Limit")
+	})
+
+	t.Run("DefaultLimit", func(t *testing.T) {
+		page, err := s.JobsListRunning(ctx, store.JobsListParams{})
+		require.NoError(t, err)
+		require.Len(t, page, len(wantAll))
+	})
+}
+
+func TestJobsListRunnable(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	now := testNow(t, s)
+
+	var wantDue, wantAll []string
+	for i := 0; i < 17; i++ {
+		key := fmt.Sprintf("rn-%02d", i)
+		record(t, s, key)
+		switch i % 5 {
+		case 0: // pending, never started
+			wantDue, wantAll = append(wantDue, key), append(wantAll, key)
+		case 1: // retryable, due a minute ago
+			_, err := start(ctx, s, key, 1)
+			require.NoError(t, err)
+			p := finish(key, 1)
+			p.Category, p.NextAttemptAt = "timeout", now.Add(-time.Minute)
+			require.NoError(t, s.JobMarkRetryable(ctx, p))
+			wantDue, wantAll = append(wantDue, key), append(wantAll, key)
+		case 2: // retryable, due in an hour
+			_, err := start(ctx, s, key, 1)
+			require.NoError(t, err)
+			p := finish(key, 1)
+			p.Category, p.NextAttemptAt = "throttled", now.Add(time.Hour)
+			require.NoError(t, s.JobMarkRetryable(ctx, p))
+			wantAll = append(wantAll, key)
+		case 3: // running
+			_, err := start(ctx, s, key, 1)
+			require.NoError(t, err)
+		case 4: // complete
+			_, err := start(ctx, s, key, 1)
+			require.NoError(t, err)
+			_, err = s.Commit(ctx, commitParams(key, 1))
+			require.NoError(t, err)
+		}
+	}
+	sweep := func(t *testing.T, p store.JobsListParams) []string {
+		t.Helper()
+		var keys []string
+		for {
+			page, err := s.JobsListRunnable(ctx, p)
+			require.NoError(t, err)
+			for _, j := range page {
+				require.Contains(t, []tasks.JobState{tasks.StatePending, tasks.StateRetryable}, j.State)
+				keys = append(keys, j.Key)
+			}
+			if len(page) < p.Limit {
+				return keys
+			}
+			p.AfterKey = page[len(page)-1].Key
+		}
+	}
+
+	t.Run("KeysetPagesOfDueJobs", func(t *testing.T) {
+		require.Equal(t, wantDue, sweep(t, store.JobsListParams{Limit: 3, DueBefore: now}))
+	})
+	t.Run("ExactPageBoundary", func(t *testing.T) {
+		require.Equal(t, wantDue, sweep(t, store.JobsListParams{Limit: len(wantDue), DueBefore: now}))
+	})
+	t.Run("NoBound", func(t *testing.T) {
+		require.Equal(t, wantAll, sweep(t, store.JobsListParams{Limit: 2}))
+	})
+	t.Run("SpecFields", func(t *testing.T) {
+		page, err := s.JobsListRunnable(ctx, store.JobsListParams{AfterKey: "rn-00", Limit: 1, DueBefore: now})
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		j := page[0]
+		spec := tasks.Spec{Kind: j.Kind, URL: j.URL, SourceID: j.SourceID, Country: j.Country, Window: j.Window,
+			ParserVersion: j.ParserVersion, Scope: j.Scope}
+		require.Equal(t, tasks.Spec{Kind: "catalog", SourceID: "rn-01", Country: "US", Window: "2026-04-23", ParserVersion: 3}, spec)
+		require.Equal(t, "timeout", j.LastCategory)
+	})
+}
+
+func TestCountersAdd(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+
+	require.NoError(t, s.CountersAdd(ctx, nil), "nothing to add")
+	const callers = 10
+	errs := make(chan error, callers)
+	release := make(chan struct{})
+	for i := 0; i < callers; i++ {
+		go func() {
+			<-release
+			// Overlapping names in different map orders: no lost update, no deadlock.
+			errs <- s.CountersAdd(ctx, map[string]int64{"jobs_rescued": 1, "tasks_reenqueued": 2, fmt.Sprintf("own_%d", i%2): 5})
+		}()
+	}
+	close(release)
+	for i := 0; i < callers; i++ {
+		require.NoError(t, <-errs)
+	}
+	require.ErrorContains(t, s.CountersAdd(ctx, map[string]int64{"": 1}), "empty counter name")
+	st, err := s.StatsGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"jobs_rescued": 10, "tasks_reenqueued": 20, "own_0": 25, "own_1": 25}, st.Maintenance)
+	require.NoError(t, s.CountersAdd(ctx, map[string]int64{"jobs_rescued": -3}))
+	st, err = s.StatsGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), st.Maintenance["jobs_rescued"])
+}
+
+// TestSweepUsesPartialIndexes: on a table that is mostly complete rows, the sweep queries
+// read through the partial indexes of running and runnable jobs (so a sweep costs in
+// proportion to those rows), never a scan of the table or of its primary key. The plans
+// are the ones the methods really ran, captured by auto_explain.
+func TestSweepUsesPartialIndexes(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	_, err := pool.Exec(ctx, `
+INSERT INTO jobs (key, kind, source_id, country, "window", parser_version, state, fence, attempts, completed_at, next_attempt_at)
+SELECT 'k' || lpad(g::text, 6, '0'), 'catalog', 's' || g, 'US', 'w', 1,
+	CASE g % 100 WHEN 0 THEN 'running' WHEN 1 THEN 'pending' WHEN 2 THEN 'retryable' ELSE 'complete' END,
+	CASE g % 100 WHEN 1 THEN 0 ELSE 1 END, CASE g % 100 WHEN 1 THEN 0 ELSE 1 END,
+	CASE WHEN g % 100 > 2 THEN now() END, CASE g % 100 WHEN 2 THEN now() - interval '1 minute' END
+FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `
+INSERT INTO attempts (job_key, attempt_no, fence, started_at, outcome)
+SELECT key, 1, 1, now() - interval '1 hour', CASE state WHEN 'running' THEN 'running' WHEN 'complete' THEN 'complete' ELSE 'retryable' END
+FROM jobs WHERE fence = 1`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE jobs, attempts`)
+	require.NoError(t, err)
+
+	// One connection that reports the plan of every statement it runs as a notice.
+	var mu sync.Mutex
+	var plans []string
+	cfg := pool.Config().Copy()
+	cfg.MaxConns = 1
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;
+			SET auto_explain.log_level = notice; SET auto_explain.log_nested_statements = on`)
+		return err
+	}
+	explained, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer explained.Close()
+	s := store.New(explained)
+	lastPlan := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		require.NotEmpty(t, plans)
+		p := plans[len(plans)-1]
+		plans = nil
+		return p
+	}
+
+	for _, after := range []string{"", "k010000", "k019900"} {
+		t.Run("Running/after="+after, func(t *testing.T) {
+			page, err := s.JobsListRunning(ctx, store.JobsListParams{AfterKey: after, Limit: 100, StartedBefore: time.Now()})
+			require.NoError(t, err)
+			require.NotEmpty(t, page)
+			plan := lastPlan()
+			require.Contains(t, plan, "jobs_running_key_idx", plan)
+			require.False(t, strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "jobs_pkey"), plan)
+		})
+		t.Run("Runnable/after="+after, func(t *testing.T) {
+			page, err := s.JobsListRunnable(ctx, store.JobsListParams{AfterKey: after, Limit: 100, DueBefore: time.Now()})
+			require.NoError(t, err)
+			require.NotEmpty(t, page)
+			plan := lastPlan()
+			require.Contains(t, plan, "jobs_runnable_key_idx", plan)
+			require.False(t, strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "jobs_pkey"), plan)
+		})
+	}
+}
