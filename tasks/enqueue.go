@@ -65,18 +65,86 @@ type Result struct {
 	State   JobState // the jobs row's state as recorded
 }
 
-// Payload is the body of every asynq task idemscrape enqueues. The task id is Key.
+// Payload is the job a task carries. The task id is Key.
+//
+// On the wire (what asynqmon shows) it is one flat JSON object with snake_case fields and
+// a format version, PayloadV2:
+//
+//	{"v":2,"key":"catalog:sku-42:US:2026-04-23:v3","kind":"catalog","source_id":"sku-42",
+//	 "country":"US","window":"2026-04-23","parser_version":3}
+//
+// (url, scope and meta when set). Workers read both formats — PayloadV1, the older
+// {"key":…,"spec":{"Kind":…}} form, and PayloadV2 — so a fleet upgrades workers first,
+// then enqueuers; EnqueuerConfig.PayloadVersion = PayloadV1 keeps writing the old format
+// while workers of a release that can not read V2 still run.
 type Payload struct {
 	Key  string `json:"key"`
 	Spec Spec   `json:"spec"`
 }
 
-// DecodePayload reads a task payload and checks that its key matches its spec, so a task
-// edited by hand or written by another version can not run under a foreign key.
+// Payload format versions.
+const (
+	// PayloadV1 is {"key":…,"spec":{Go field names}}, written before v2.
+	PayloadV1 = 1
+	// PayloadV2 is the flat snake_case form with "v":2.
+	PayloadV2 = 2
+	// DefaultPayloadVersion is what Enqueuers write.
+	DefaultPayloadVersion = PayloadV2
+)
+
+// payloadV2 is the wire form of PayloadV2.
+type payloadV2 struct {
+	V             int               `json:"v"`
+	Key           string            `json:"key"`
+	Kind          string            `json:"kind"`
+	URL           string            `json:"url,omitempty"`
+	SourceID      string            `json:"source_id,omitempty"`
+	Country       string            `json:"country"`
+	Window        string            `json:"window"`
+	ParserVersion int               `json:"parser_version"`
+	Scope         string            `json:"scope,omitempty"`
+	Meta          map[string]string `json:"meta,omitempty"`
+}
+
+// EncodePayload writes p in format version (PayloadV1 or PayloadV2).
+func EncodePayload(p Payload, version int) ([]byte, error) {
+	switch version {
+	case PayloadV1:
+		return json.Marshal(p)
+	case PayloadV2:
+		s := p.Spec
+		return json.Marshal(payloadV2{V: PayloadV2, Key: p.Key, Kind: s.Kind, URL: s.URL, SourceID: s.SourceID,
+			Country: s.Country, Window: s.Window, ParserVersion: s.ParserVersion, Scope: s.Scope, Meta: s.Meta})
+	}
+	return nil, fmt.Errorf("tasks: payload version %d unknown (want %d or %d)", version, PayloadV1, PayloadV2)
+}
+
+// DecodePayload reads a task payload of either format version and checks that its key
+// matches its spec, so a task edited by hand or written by another version can not run
+// under a foreign key. A payload of a newer format version is refused with an error that
+// names the version (a newer worker may read it).
 func DecodePayload(b []byte, n *Normalizer) (Payload, error) {
-	var p Payload
-	if err := json.Unmarshal(b, &p); err != nil {
+	var head struct {
+		V *int `json:"v"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
 		return Payload{}, fmt.Errorf("tasks: decode payload: %w", err)
+	}
+	var p Payload
+	switch {
+	case head.V == nil: // PayloadV1 carries no version
+		if err := json.Unmarshal(b, &p); err != nil {
+			return Payload{}, fmt.Errorf("tasks: decode payload v1: %w", err)
+		}
+	case *head.V == PayloadV2:
+		var w payloadV2
+		if err := json.Unmarshal(b, &w); err != nil {
+			return Payload{}, fmt.Errorf("tasks: decode payload v2: %w", err)
+		}
+		p = Payload{Key: w.Key, Spec: Spec{Kind: w.Kind, URL: w.URL, SourceID: w.SourceID, Country: w.Country,
+			Window: w.Window, ParserVersion: w.ParserVersion, Scope: w.Scope, Meta: w.Meta}}
+	default:
+		return Payload{}, fmt.Errorf("tasks: decode payload: format version %d is not one this worker reads (%d, %d)", *head.V, PayloadV1, PayloadV2)
 	}
 	if n == nil {
 		n = DefaultNormalizer
@@ -102,11 +170,13 @@ const (
 	// DefaultQueue is asynq's default queue. Enqueuers no longer default to it (see
 	// QueueFor); it is kept for callers that name it.
 	DefaultQueue = "default"
-	// DefaultMaxRetry is effectively unlimited: the runner's policy (attempt cap, time and
-	// bandwidth budgets) ends a job and tells asynq with SkipRetry. A small asynq MaxRetry
-	// would archive tasks behind the runner's back — asynq checks it even for retries the
-	// runner does not count (a busy lease) — and an archived task blocks its key.
-	DefaultMaxRetry = 1 << 30
+	// DefaultMaxRetry is asynq's cap on a task's counted retries: a backstop, not the
+	// policy. The runner's policy (attempt cap, time and bandwidth budgets) ends a job and
+	// tells asynq with SkipRetry, and deliveries that are not failures (a busy lease, an
+	// open incident) do not count. A small asynq MaxRetry would archive tasks behind the
+	// runner's back, and an archived task blocks its key; the runner fails the job itself
+	// (budget_exceeded) on the delivery that reaches this cap, so the two agree.
+	DefaultMaxRetry = 1000
 	DefaultTimeout  = 30 * time.Minute
 )
 
@@ -130,6 +200,9 @@ type EnqueuerConfig struct {
 	// binary idemscrape ships sets it. Defaults to nil: an archived task can then not be
 	// detected and is reported as AlreadyQueued.
 	Inspector *asynq.Inspector
+	// PayloadVersion is the task payload format written (PayloadV1 or PayloadV2). Defaults
+	// to DefaultPayloadVersion; set PayloadV1 while workers that can not read V2 still run.
+	PayloadVersion int
 	// Destinations is the policy a spec's URL must pass before anything is stored (ports,
 	// literal loopback/private/metadata addresses, localhost). Use the same value for the
 	// fetch guard (sessions.NewGuard). Defaults to the strict policy (the zero
@@ -141,6 +214,12 @@ type EnqueuerConfig struct {
 func (c *EnqueuerConfig) Validate() error {
 	if c.Normalizer == nil {
 		c.Normalizer = DefaultNormalizer
+	}
+	if c.PayloadVersion == 0 {
+		c.PayloadVersion = DefaultPayloadVersion
+	}
+	if c.PayloadVersion != PayloadV1 && c.PayloadVersion != PayloadV2 {
+		return fmt.Errorf("tasks: EnqueuerConfig.PayloadVersion %d must be %d or %d", c.PayloadVersion, PayloadV1, PayloadV2)
 	}
 	if c.MaxRetry == 0 {
 		c.MaxRetry = DefaultMaxRetry
@@ -329,7 +408,7 @@ func (e *Enqueuer) queueOf(kind string) string {
 // once. On a task-id conflict it inspects the task (when it has an Inspector): archived
 // ⇒ deleted and enqueued again; gone ⇒ enqueued again; live ⇒ taskQueued.
 func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *time.Time) (taskResult, error) {
-	payload, err := json.Marshal(Payload{Key: rec.Key, Spec: rec.Spec})
+	payload, err := EncodePayload(Payload{Key: rec.Key, Spec: rec.Spec}, e.cfg.PayloadVersion)
 	if err != nil {
 		return taskQueued, err
 	}
