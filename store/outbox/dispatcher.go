@@ -468,8 +468,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the background loop and waits for it and the listening connection to finish
-// (an in-flight batch completes or rolls back first). Safe to call more than once, and on
+// Stop ends the background loop after its in-flight batch (which completes: its rows are
+// marked sent rather than rolled back and published again) and waits for it and the
+// listening connection to finish. Safe to call more than once, and on
 // a dispatcher that was never started.
 func (d *Dispatcher) Stop() {
 	d.mu.Lock()
@@ -484,8 +485,13 @@ func (d *Dispatcher) Stop() {
 
 func (d *Dispatcher) loop(ctx context.Context) {
 	failures := 0
+	// A batch runs to its end even when Stop (or the caller's context) ends the loop: its
+	// rows are published already, and cutting it short would roll back the mark and publish
+	// them again. Every step of a batch is bounded by QueryTimeout / RedisTimeout and
+	// PublishAttempts, so Stop still returns promptly.
+	batchCtx := context.WithoutCancel(ctx)
 	for {
-		n, err := d.DispatchOnce(ctx)
+		n, err := d.DispatchOnce(batchCtx)
 		if ctx.Err() != nil {
 			return
 		}

@@ -972,3 +972,27 @@ func TestInboxPrune(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"new:1"}, keys, "recent marks stay")
 }
+
+// TestStopFinishesInFlightBatch: stopping the dispatcher mid-batch (a worker's SIGTERM)
+// lets the batch finish: its rows, already on the stream, are marked sent, not rolled back
+// and published a second time.
+func TestStopFinishesInFlightBatch(t *testing.T) {
+	b := setup(t)
+	insertEvents(t, b.pool, "stop", 1, 5)
+	inBatch, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	d := b.dispatcher(t, outbox.DispatcherConfig{DisableNotify: true, AfterPublish: func([]int64) error {
+		once.Do(func() { close(inBatch) })
+		<-proceed
+		return nil
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, d.Start(ctx))
+	<-inBatch // the batch is on the stream, not yet marked sent
+	cancel()  // shutdown: the loop's context ends mid-batch
+	close(proceed)
+	d.Stop()
+	require.Equal(t, 5, count(t, b.pool, `SELECT count(*)::int FROM outbox WHERE sent_at IS NOT NULL`), "the in-flight batch was marked sent")
+	require.Equal(t, 5, xlen(t, b.rdb, outbox.StreamKey(b.prefix, "stop")), "published once")
+	require.Zero(t, ptu.ToFloat64(d.Metrics().Republished.WithLabelValues("stop")))
+}
