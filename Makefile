@@ -21,9 +21,12 @@ check: vet
 	  if ! cmp -s go.mod /tmp/idemscrape.go.mod.$$$$ || ! cmp -s go.sum /tmp/idemscrape.go.sum.$$$$; then \
 	    echo "go mod tidy changed go.mod/go.sum: commit the result"; exit 1; fi
 
-## demo: start the services if needed, then run the demo (migrate, enqueue with duplicates, show the dedup).
+## demo: start the services if needed, then run the demo: a fake shop and a fake residential
+## proxy with faults, the worker service with its dispatcher, a scheduler tick, a consumer;
+## a summary; exit 1 if an invariant breaks. UI=1 keeps asynqmon and the job pages up.
+UI ?=
 demo: services
-	$(GO) run ./cmd/demo
+	IDEMSCRAPE_DEMO_UI=$(UI) $(GO) run ./cmd/demo
 
 ## bench: every benchmark, with memory statistics.
 bench: services

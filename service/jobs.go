@@ -9,87 +9,32 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/ops"
 )
 
 // pageTimeout bounds the queries of one page.
 const pageTimeout = 5 * time.Second
 
-// resultRow is one results row of a job, as the job page shows it.
-type resultRow struct {
-	ObservationKey string
-	ParserVersion  int
-	Fingerprint    string
-	CreatedAt      time.Time
-}
-
-// outboxRow is the outbox event of a job, as the job page shows it.
-type outboxRow struct {
-	EventKey  string
-	Topic     string
-	CreatedAt time.Time
-	SentAt    *time.Time // nil: not dispatched yet
-}
-
-// jobListRow is one row of /jobs.
-type jobListRow struct {
-	Key           string
-	Kind          string
-	State         string
-	Attempts      int
-	Category      string
-	UpdatedAt     time.Time
-	NextAttemptAt *time.Time
-}
-
-// The queries below are read-only and belong in store (ResultListByJob, OutboxGetByEventKey,
-// JobListProblems) once store grows them.
+// The job pages read through store/ops, the operator's read-only queries (the CLI's
+// `status` shows the same).
+type (
+	resultRow  = ops.Result      // one results row of a job
+	outboxRow  = ops.OutboxEvent // the outbox event of a job
+	jobListRow = ops.ProblemJob  // one row of /jobs
+)
 
 func resultsOf(ctx context.Context, st *store.PG, key string) ([]resultRow, error) {
-	rows, _ := st.Pool().Query(ctx, `
-SELECT observation_key, parser_version, response_fingerprint, created_at
-FROM results WHERE job_key = $1 ORDER BY created_at, observation_key`, key)
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (resultRow, error) {
-		var x resultRow
-		err := r.Scan(&x.ObservationKey, &x.ParserVersion, &x.Fingerprint, &x.CreatedAt)
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("service: results of %q: %w", key, err)
-	}
-	return out, nil
+	return ops.New(st.Pool()).ResultListByJob(ctx, key)
 }
 
 func outboxOf(ctx context.Context, st *store.PG, eventKey string) (*outboxRow, error) {
-	var x outboxRow
-	err := st.Pool().QueryRow(ctx, `SELECT event_key, topic, created_at, sent_at FROM outbox WHERE event_key = $1`, eventKey).
-		Scan(&x.EventKey, &x.Topic, &x.CreatedAt, &x.SentAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("service: outbox event %q: %w", eventKey, err)
-	}
-	return &x, nil
+	return ops.New(st.Pool()).OutboxGetByEventKey(ctx, eventKey)
 }
 
 func problemJobs(ctx context.Context, st *store.PG, limit int) ([]jobListRow, error) {
-	rows, _ := st.Pool().Query(ctx, `
-SELECT key, kind, state, attempts, COALESCE(last_category, ''), updated_at, next_attempt_at
-FROM jobs WHERE state IN ('failed', 'retryable')
-ORDER BY updated_at DESC, key LIMIT $1`, limit)
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (jobListRow, error) {
-		var x jobListRow
-		err := r.Scan(&x.Key, &x.Kind, &x.State, &x.Attempts, &x.Category, &x.UpdatedAt, &x.NextAttemptAt)
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("service: list failed and retryable jobs: %w", err)
-	}
-	return out, nil
+	return ops.New(st.Pool()).JobListProblems(ctx, limit)
 }
 
 // attemptView is one attempt on the timeline.

@@ -106,6 +106,12 @@ WITH cur AS (
 		bytes = $11, session_id = COALESCE(NULLIF($12, ''), session_id),
 		proxy_endpoint = COALESCE(NULLIF($13, ''), proxy_endpoint)
 	WHERE job_key = $1 AND fence = $2 AND EXISTS (SELECT 1 FROM upd)
+), dup AS (
+	-- A duplicate result write rejected (the job committed but its observation key existed)
+	-- is counted here, in the commit itself, so idemscrape stats reads it from PostgreSQL.
+	INSERT INTO maintenance_counters (name, n, updated_at)
+	SELECT $15, 1, now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res)
+	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + 1, updated_at = now()
 ), notify AS (
 	SELECT pg_notify($14, '') FROM ev
 )
@@ -115,7 +121,7 @@ SELECT EXISTS (SELECT 1 FROM upd), EXISTS (SELECT 1 FROM res), EXISTS (SELECT 1 
 FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 		p.Key, p.Token, p.ObservationKey, p.ParserVersion, p.Data, p.Fingerprint,
 		p.EventKey, p.Topic, p.EventPayload, p.HTTPStatus, p.Bytes, p.SessionID, p.ProxyEndpoint,
-		OutboxNotifyChannel,
+		OutboxNotifyChannel, CounterDuplicateResults,
 	).Scan(&done, &resIns, &evIns, new(bool), &found, &state, &fence)
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("store: Commit %q: %w", p.Key, err)

@@ -231,6 +231,13 @@ WITH input AS (
 		proxy_endpoint = COALESCE(NULLIF(i.endpoint, ''), a.proxy_endpoint)
 	FROM input i JOIN upd USING (key)
 	WHERE a.job_key = i.key AND a.fence = i.token
+), dup AS (
+	-- Duplicate result writes rejected (committed jobs whose observation key existed) are
+	-- counted in the commit itself, as in Commit.
+	INSERT INTO maintenance_counters (name, n, updated_at)
+	SELECT $15, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
+	HAVING count(*) > 0
+	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + EXCLUDED.n, updated_at = now()
 ), notify AS (
 	SELECT pg_notify($14, '') WHERE EXISTS (SELECT 1 FROM ev)
 )
@@ -243,7 +250,7 @@ LEFT JOIN ev ON ev.event_key = i.event_key
 LEFT JOIN cur ON cur.key = i.key
 CROSS JOIN (SELECT count(*) FROM notify) AS signalled`,
 		cols.key, cols.token, cols.obs, cols.pv, cols.data, cols.fp, cols.evKey, cols.topic,
-		cols.payload, cols.status, cols.bytes, cols.session, cols.endpoint, OutboxNotifyChannel)
+		cols.payload, cols.status, cols.bytes, cols.session, cols.endpoint, OutboxNotifyChannel, CounterDuplicateResults)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -309,7 +316,9 @@ WITH async AS (
 		next_attempt_at = NULL, updated_at = now()
 	FROM input i
 	WHERE j.key = i.key AND j.state IN ('pending', 'retryable', 'running') AND j.fence < i.token
-	RETURNING j.key, j.attempts, j.created_at, j.bytes_total
+	RETURNING j.key, j.attempts, j.created_at, j.bytes_total,
+		j.attempts - j.budget_attempts AS budget_no, j.bytes_total - j.budget_bytes AS budget_bytes,
+		COALESCE(j.budget_since, j.created_at) AS budget_since
 ), ins AS (
 	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
 	SELECT i.key, u.attempts, i.token, i.worker, i.session_id, i.country, i.endpoint
@@ -322,6 +331,7 @@ WITH async AS (
 	WHERE a.job_key = i.key AND a.outcome = 'running' AND a.fence < i.token
 )
 SELECT i.key, ins.attempt_no, upd.created_at, COALESCE(upd.bytes_total, 0),
+	COALESCE(upd.budget_no, 0), COALESCE(upd.budget_bytes, 0), upd.budget_since,
 	cur.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM input i
 LEFT JOIN upd USING (key)
@@ -332,18 +342,21 @@ CROSS JOIN async`, keys, tokens, workers, sessions, countries, endpoints)
 		return nil, nil, err
 	}
 	type row struct {
-		attemptNo *int32
-		createdAt *time.Time
-		bytes     int64
-		found     bool
-		state     string
-		fence     int64
+		attemptNo   *int32
+		createdAt   *time.Time
+		bytes       int64
+		budgetNo    int32
+		budgetBytes int64
+		budgetSince *time.Time
+		found       bool
+		state       string
+		fence       int64
 	}
 	got := make(map[string]row, n)
 	for rows.Next() {
 		var key string
 		var r row
-		if err := rows.Scan(&key, &r.attemptNo, &r.createdAt, &r.bytes, &r.found, &r.state, &r.fence); err != nil {
+		if err := rows.Scan(&key, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince, &r.found, &r.state, &r.fence); err != nil {
 			rows.Close()
 			return nil, nil, err
 		}
@@ -361,7 +374,8 @@ CROSS JOIN async`, keys, tokens, workers, sessions, countries, endpoints)
 			errs[i] = fmt.Errorf("store: group start: no row for %q", p.Key)
 		case r.attemptNo != nil:
 			res[i] = StartedAttempt{AttemptNo: int(*r.attemptNo), JobCreatedAt: *r.createdAt, BytesTotal: r.bytes,
-				TookOver: tasks.JobState(r.state) == tasks.StateRunning}
+				TookOver:        tasks.JobState(r.state) == tasks.StateRunning,
+				BudgetAttemptNo: int(r.budgetNo), BudgetBytes: r.budgetBytes, BudgetSince: *r.budgetSince}
 		default:
 			errs[i] = g.st.refusal(ctx, "JobStart", p.Key, p.Token, r.found, r.state, r.fence, startStale(p.Token))
 		}

@@ -208,9 +208,16 @@ type AttemptStartParams struct {
 // StartedAttempt is what JobStart reports about the attempt it started.
 type StartedAttempt struct {
 	AttemptNo    int       // 1 for the first attempt of the job
-	JobCreatedAt time.Time // for the job's total time budget
-	BytesTotal   int64     // bytes of the job's earlier attempts, for its bandwidth budget
+	JobCreatedAt time.Time // when the job was created
+	BytesTotal   int64     // bytes of the job's earlier attempts (all of them: evidence)
 	TookOver     bool      // the job was running under an older token whose lease expired
+
+	// The job's current retry budget, which an operator's requeue (store/ops.JobRequeue)
+	// starts afresh; equal to the fields above until then. The runner applies its attempt
+	// cap, bandwidth and total time budgets to these.
+	BudgetAttemptNo int       // this attempt's number within the budget, from 1
+	BudgetBytes     int64     // bytes of earlier attempts within the budget
+	BudgetSince     time.Time // when the budget started (creation or the last requeue)
 }
 
 // JobStart moves the job to running under p.Token and records attempt number
@@ -230,12 +237,15 @@ func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
 	}
 	var (
-		attemptNo *int32
-		createdAt *time.Time
-		bytes     int64
-		found     bool
-		state     string
-		fence     int64
+		attemptNo   *int32
+		createdAt   *time.Time
+		bytes       int64
+		budgetNo    int32
+		budgetBytes int64
+		budgetSince *time.Time
+		found       bool
+		state       string
+		fence       int64
 	)
 	err := s.pool.QueryRow(ctx, `
 WITH async AS (
@@ -246,7 +256,9 @@ WITH async AS (
 	UPDATE jobs SET state = 'running', fence = $2, attempts = attempts + 1,
 		next_attempt_at = NULL, updated_at = now()
 	WHERE key = $1 AND state IN ('pending', 'retryable', 'running') AND fence < $2
-	RETURNING attempts, created_at, bytes_total
+	RETURNING attempts, created_at, bytes_total,
+		attempts - budget_attempts AS budget_no, bytes_total - budget_bytes AS budget_bytes,
+		COALESCE(budget_since, created_at) AS budget_since
 ), ins AS (
 	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
 	SELECT $1, attempts, $2, $3, $4, $5, $6 FROM upd
@@ -257,17 +269,19 @@ WITH async AS (
 	WHERE job_key = $1 AND outcome = 'running' AND fence < $2 AND EXISTS (SELECT 1 FROM upd)
 )
 SELECT (SELECT attempt_no FROM ins), (SELECT created_at FROM upd), COALESCE((SELECT bytes_total FROM upd), 0),
+	COALESCE((SELECT budget_no FROM upd), 0), COALESCE((SELECT budget_bytes FROM upd), 0), (SELECT budget_since FROM upd),
 	cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM (SELECT 1) AS one LEFT JOIN cur ON true, async`,
 		p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint,
-	).Scan(&attemptNo, &createdAt, &bytes, &found, &state, &fence)
+	).Scan(&attemptNo, &createdAt, &bytes, &budgetNo, &budgetBytes, &budgetSince, &found, &state, &fence)
 	if err != nil {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: %w", p.Key, err)
 	}
 	if attemptNo != nil {
 		return StartedAttempt{
 			AttemptNo: int(*attemptNo), JobCreatedAt: *createdAt, BytesTotal: bytes,
-			TookOver: tasks.JobState(state) == tasks.StateRunning,
+			TookOver:        tasks.JobState(state) == tasks.StateRunning,
+			BudgetAttemptNo: int(budgetNo), BudgetBytes: budgetBytes, BudgetSince: *budgetSince,
 		}, nil
 	}
 	// Not applied: a start needs a token above the fence.

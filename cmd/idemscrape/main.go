@@ -1,64 +1,218 @@
 // Command idemscrape is the operator's CLI.
 //
-//	idemscrape migrate                       apply pending migrations
-//	idemscrape enqueue -kind K (-url U | -source-id S) -country CC -window W -parser-version N [-scope S]
-//	idemscrape key     (same flags as enqueue) print the job key without storing anything
-//	idemscrape status  KEY                   the job row and its attempts
-//	idemscrape stats                         duplicate work: attempts per job, retries by category, bytes per job
+//	idemscrape migrate                  apply pending migrations
+//	idemscrape enqueue -kind K ...      record one job and enqueue its task
+//	idemscrape enqueue -f FILE|-        the same for JSON lines, one spec a line
+//	idemscrape key -kind K ...          print the job key without storing anything
+//	idemscrape status [-json] KEY       the job, its attempt timeline, result and outbox event
+//	idemscrape stats [-json]            the six duplicate-work measures, maintenance, diagnosis
+//	idemscrape audit [-json] ...        check the invariants; exit 1 naming each broken one
+//	idemscrape requeue [-by WHO] KEY    a failed job back to pending with a fresh retry budget
 //
-// Connections: IDEMSCRAPE_PG (libpq URL, default postgres://postgres@127.0.0.1:5432/postgres)
-// and IDEMSCRAPE_REDIS (host:port, default 127.0.0.1:6379); IDEMSCRAPE_QUEUE names the asynq
-// queue (default: the kind's name, tasks.QueueFor, where cmd/worker listens).
+// Every command takes -h. Connections: IDEMSCRAPE_PG (libpq URL, default
+// postgres://postgres@127.0.0.1:5432/postgres) and IDEMSCRAPE_REDIS (host:port, default
+// 127.0.0.1:6379); IDEMSCRAPE_QUEUE overrides the asynq queue (default: the kind's,
+// tasks.QueueFor, where cmd/worker listens).
+//
+// Exit status: 0 success, 1 failure (or a broken invariant for audit), 2 a usage error.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
+	"io"
 	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemscrape/idemscrape/store"
-	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/store/ops"
 )
 
+// command is one subcommand.
+type command struct {
+	name     string
+	args     string // positional arguments in the usage line, e.g. "KEY"
+	summary  string
+	db       bool // needs a migrated database
+	setFlags func(fs *flag.FlagSet) func(ctx context.Context, c *cli, pos []string) error
+	npos     int // exact number of positional arguments
+}
+
+var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, statsCmd, auditCmd, requeueCmd}
+
+// cli is what every command gets: its output streams and, for db commands, the pool.
+type cli struct {
+	stdout, stderr io.Writer
+	stdin          io.Reader
+	pool           *pgxpool.Pool
+}
+
+// usageError is a mistake in the command line: exit 2, with the command's usage.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// exitError ends the command with a status and no further message (the command printed
+// what went wrong).
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
 func main() {
-	if len(os.Args) < 2 {
-		usage()
-		os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func mainUsage(w io.Writer) {
+	fmt.Fprintln(w, "usage: idemscrape COMMAND [flags] [args]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "commands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var err error
-	switch os.Args[1] {
-	case "migrate":
-		err = migrate(ctx)
-	case "enqueue":
-		err = enqueue(ctx, os.Args[2:], false)
-	case "key":
-		err = enqueue(ctx, os.Args[2:], true)
-	case "status":
-		err = status(ctx, os.Args[2:])
-	case "stats":
-		err = stats(ctx)
-	default:
-		usage()
-		os.Exit(2)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "`idemscrape COMMAND -h` shows a command's flags.")
+	fmt.Fprintln(w, "environment: IDEMSCRAPE_PG (PostgreSQL URL), IDEMSCRAPE_REDIS (host:port), IDEMSCRAPE_QUEUE (asynq queue override)")
+}
+
+// run executes one command line and returns the exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		mainUsage(stderr)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		if len(args) > 1 && args[0] == "help" {
+			return run(ctx, []string{args[1], "-h"}, stdin, stdout, stderr)
+		}
+		mainUsage(stdout)
+		return 0
+	}
+	var cmd *command
+	for i := range commands {
+		if commands[i].name == args[0] {
+			cmd = &commands[i]
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "idemscrape: unknown command %q\n\n", args[0])
+		mainUsage(stderr)
+		return 2
+	}
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors and usage are printed below, to the right stream
+	exec := cmd.setFlags(fs)
+	pos, err := parseArgs(fs, args[1:], cmd.npos, cmd.args)
+	if errors.Is(err, flag.ErrHelp) {
+		cmdUsage(stdout, cmd, fs)
+		return 0
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "idemscrape:", err)
-		os.Exit(1)
+		fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
+		cmdUsage(stderr, cmd, fs)
+		return 2
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	c := &cli{stdout: stdout, stderr: stderr, stdin: stdin}
+	if cmd.db {
+		pool, err := connect(ctx)
+		if err != nil {
+			fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
+			return 1
+		}
+		defer pool.Close()
+		if err := ops.New(pool).CheckMigrated(ctx); err != nil {
+			fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
+			return 1
+		}
+		c.pool = pool
+	}
+	err = exec(ctx, c, pos)
+	var ue usageError
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
+		cmdUsage(stderr, cmd, fs)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
+		return 1
 	}
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: idemscrape migrate | enqueue FLAGS | key FLAGS | status KEY | stats")
+func cmdUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
+	line := "usage: idemscrape " + cmd.name
+	hasFlags := false
+	fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+	if hasFlags {
+		line += " [flags]"
+	}
+	if cmd.args != "" {
+		line += " " + cmd.args
+	}
+	fmt.Fprintln(w, line)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, cmd.summary)
+	if hasFlags {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "flags:")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+}
+
+// parseArgs parses flags and positional arguments in any order (`status KEY -json` and
+// `status -json KEY` alike; after `--` everything is positional) and requires exactly n
+// positional arguments: extra ones are refused by name, never ignored.
+func parseArgs(fs *flag.FlagSet, args []string, n int, names string) ([]string, error) {
+	var pos []string
+	for {
+		before := len(args)
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		// flag stops at the first non-flag, or after "--" (which it consumes).
+		if len(rest) < before && args[before-len(rest)-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	switch {
+	case len(pos) > n:
+		extra := pos[n:]
+		quoted := make([]string, len(extra))
+		for i, a := range extra {
+			quoted[i] = fmt.Sprintf("%q", a)
+		}
+		return nil, fmt.Errorf("unexpected argument(s): %s", strings.Join(quoted, " "))
+	case len(pos) < n:
+		return nil, fmt.Errorf("missing %s", names)
+	}
+	return pos, nil
 }
 
 func env(name, def string) string {
@@ -71,106 +225,19 @@ func env(name, def string) string {
 func connect(ctx context.Context) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, env("IDEMSCRAPE_PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
+		return nil, fmt.Errorf("postgres (IDEMSCRAPE_PG): %w", err)
 	}
 	return pool, nil
 }
 
-func migrate(ctx context.Context) error {
-	pool, err := connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	applied, err := store.Migrate(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	if err != nil {
-		return err
-	}
-	fmt.Printf("applied %d migration(s): %v\n", len(applied), applied)
-	return nil
-}
+func redisAddr() string { return env("IDEMSCRAPE_REDIS", "127.0.0.1:6379") }
 
-func enqueue(ctx context.Context, args []string, keyOnly bool) error {
-	fs := flag.NewFlagSet("enqueue", flag.ContinueOnError)
-	var s tasks.Spec
-	fs.StringVar(&s.Kind, "kind", "", "job kind (workflow type)")
-	fs.StringVar(&s.URL, "url", "", "source URL (or -source-id)")
-	fs.StringVar(&s.SourceID, "source-id", "", "source record id (or -url)")
-	fs.StringVar(&s.Country, "country", "", "ISO 3166-1 alpha-2 exit country")
-	fs.StringVar(&s.Window, "window", "", "collection window, e.g. 2026-04-23")
-	fs.IntVar(&s.ParserVersion, "parser-version", 0, "parser version (>= 1)")
-	fs.StringVar(&s.Scope, "scope", "", "customer / data product scope (optional)")
-	if err := fs.Parse(args); err != nil {
-		return err
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	if keyOnly {
-		key, err := s.Key()
-		if err != nil {
-			return err
-		}
-		fmt.Println(key)
-		return nil
-	}
-	pool, err := connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	redisOpt := asynq.RedisClientOpt{Addr: env("IDEMSCRAPE_REDIS", "127.0.0.1:6379")}
-	client := asynq.NewClient(redisOpt)
-	defer client.Close()
-	insp := asynq.NewInspector(redisOpt)
-	defer insp.Close()
-	// The queue defaults to the kind's (tasks.QueueFor), where cmd/worker listens.
-	enq, err := tasks.NewEnqueuer(client, store.New(pool), &tasks.EnqueuerConfig{Queue: os.Getenv("IDEMSCRAPE_QUEUE"), Inspector: insp})
-	if err != nil {
-		return err
-	}
-	res, err := enq.Enqueue(ctx, s)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("%s %s (state %s)\n", res.Outcome, res.Key, res.State)
-	return nil
-}
-
-func status(ctx context.Context, args []string) error {
-	if len(args) != 1 {
-		return errors.New("status takes one job key")
-	}
-	pool, err := connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	st := store.New(pool)
-	job, err := st.JobGet(ctx, args[0])
-	if err != nil {
-		return err
-	}
-	attempts, err := st.AttemptList(ctx, args[0])
-	if err != nil {
-		return err
-	}
-	out := json.NewEncoder(os.Stdout)
-	out.SetIndent("", "  ")
-	return out.Encode(struct {
-		Job      store.Job       `json:"job"`
-		Attempts []store.Attempt `json:"attempts"`
-	}{job, attempts})
-}
-
-func stats(ctx context.Context) error {
-	pool, err := connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	st, err := store.New(pool).StatsGet(ctx)
-	if err != nil {
-		return err
-	}
-	out := json.NewEncoder(os.Stdout)
-	out.SetIndent("", "  ")
-	return out.Encode(st)
+	sort.Strings(keys)
+	return keys
 }

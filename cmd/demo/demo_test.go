@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestDemo runs the demo's run function, as `make demo` does but with a smaller catalog,
+// against the test servers, and checks what a newcomer is promised: every fault of the mix
+// happened at least once and is shown, every invariant holds, the exit is clean, and
+// nothing of the run is left in PostgreSQL or Redis; a broken invariant fails the run; and
+// the cleanup never touches a database or key that is not the run's own.
+func TestDemo(t *testing.T) {
+	setup := func(t *testing.T) (options, *bytes.Buffer, *names) {
+		var out bytes.Buffer
+		var n names
+		o := defaultOptions()
+		o.AdminDSN = testutil.PGAdminDSN()
+		o.RedisAddr = testutil.RedisAddr()
+		o.Products = 8
+		o.Countries = []string{"US"}
+		o.UnavailableJobs = 2
+		// 8 jobs make ~40 sticky requests: at 0.2 a disconnect is all but certain (1 − 0.8^40),
+		// and with 6 sessions per attempt and 3 attempts no job of a served country fails.
+		o.Disconnect = 0.2
+		o.Throttled = 5 // a 429 lost to a disconnect is not seen as one: 5 make one certain
+		o.Timeout = 90 * time.Second
+		o.Progress = progressPlain
+		o.Out = &out
+		o.onNames = func(got names) { n = got }
+		return o, &out, &n
+	}
+	ctx := context.Background()
+
+	t.Run("HappyPath", func(t *testing.T) {
+		o, out, n := setup(t)
+		err := run(ctx, t, o)
+		t.Log("\n" + out.String())
+		require.NoError(t, err)
+		text := out.String()
+
+		for _, f := range []struct{ name, evidence string }{
+			{"device disconnects", `(\d+) at the proxy; (\d+) half-done units quarantined \(session_lost\)`},
+			{"429 with Retry-After", `(\d+) attempts throttled`},
+			{"no proxy peers in JP", `(\d+) jobs, \d+ attempts \((\d+) failed exit_unavailable\): failed (\d+)`},
+			{"shop schema change", `(\d+) jobs: failed/validation (\d+), not retried; (\d+) stagings quarantined as validation failures, 0 results written`},
+			{"dispatcher crash after XADD", `its batch \((\d+) events?\) was published again; the consumer skipped (\d+) replays?`},
+		} {
+			m := regexp.MustCompile(`(?m)^  ok\s+` + regexp.QuoteMeta(f.name) + `\s+` + f.evidence).FindStringSubmatch(text)
+			require.NotNil(t, m, "fault line %q missing or not ok", f.name)
+			for _, num := range m[1:] {
+				k, err := strconv.Atoi(num)
+				require.NoError(t, err)
+				assert.GreaterOrEqual(t, k, 1, "fault %q: %s", f.name, m[0])
+			}
+		}
+		assert.Regexp(t, `(?m)^  jobs by state\s+complete 8 · failed 4 \(of 12\)$`, text)
+		assert.Regexp(t, `(?m)^  outbox replays deduplicated\s+[1-9]\d* \(8 events, \d+ stream entries, 8 took effect\)$`, text)
+		assert.Regexp(t, `(?m)^  duplicates rejected\s+15 enqueues`, text) // 10 on the second tick, 5 by hand
+		assert.Regexp(t, `(?m)^\[\s*\d+\.\ds\] jobs 12/12 done`, text)
+		assert.Equal(t, 6, len(regexp.MustCompile(`(?m)^  ok\s+(every complete|every outbox|every event|no result|no outbox) `).FindAllString(text, -1)), "six invariants shown as ok")
+		assert.NotContains(t, text, "FAIL")
+		assert.NotContains(t, text, proxyPassword)
+		assertRunGone(t, *n)
+	})
+
+	t.Run("BrokenInvariantFails", func(t *testing.T) {
+		o, out, n := setup(t)
+		// No slow faults: this run only has to reach the checks.
+		o.UnavailableJobs, o.Throttled = 0, 0
+		o.afterSettled = func(ctx context.Context, pool *pgxpool.Pool) error {
+			// The consumer's effect taking place twice for one event.
+			_, err := pool.Exec(ctx, `INSERT INTO price_alerts (event_key, sku, price)
+				SELECT event_key, sku, price FROM price_alerts ORDER BY id LIMIT 1`)
+			return err
+		}
+		err := run(ctx, t, o)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "invariant broken: every event took effect exactly once (price alerts) (1 violations")
+		assert.Regexp(t, `(?m)^  FAIL\s+every event took effect exactly once \(price alerts\)\s+BROKEN for 1: observed:catalog:sku-`, out.String())
+		assertRunGone(t, *n)
+	})
+
+	t.Run("DropRefusesDatabaseWithoutItsMark", func(t *testing.T) {
+		n := newNames(testutil.RandomID(4))
+		admin := adminConn(t)
+		ident := pgx.Identifier{n.Database}.Sanitize()
+		_, err := admin.Exec(ctx, `CREATE DATABASE `+ident)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = adminConn(t).Exec(context.Background(), `DROP DATABASE IF EXISTS `+ident+` WITH (FORCE)`)
+		})
+
+		// No comment at all: a database of the demo's name that the demo did not create.
+		err = dropDatabase(ctx, testutil.PGAdminDSN(), n)
+		require.ErrorIs(t, err, errNotOurs)
+		assert.True(t, databaseExists(t, n.Database))
+
+		// Another run's mark.
+		_, err = admin.Exec(ctx, `COMMENT ON DATABASE `+ident+` IS '`+dbMarkPrefix+`00000000'`)
+		require.NoError(t, err)
+		err = dropDatabase(ctx, testutil.PGAdminDSN(), n)
+		require.ErrorIs(t, err, errNotOurs)
+		assert.True(t, databaseExists(t, n.Database))
+
+		// Its own mark: dropped.
+		_, err = admin.Exec(ctx, `COMMENT ON DATABASE `+ident+` IS '`+n.Mark+`'`)
+		require.NoError(t, err)
+		require.NoError(t, dropDatabase(ctx, testutil.PGAdminDSN(), n))
+		assert.False(t, databaseExists(t, n.Database))
+	})
+
+	t.Run("CreateRefusesExistingDatabase", func(t *testing.T) {
+		n := newNames(testutil.RandomID(4))
+		ident := pgx.Identifier{n.Database}.Sanitize()
+		_, err := adminConn(t).Exec(ctx, `CREATE DATABASE `+ident)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = adminConn(t).Exec(context.Background(), `DROP DATABASE IF EXISTS `+ident+` WITH (FORCE)`)
+		})
+
+		_, err = createDatabase(ctx, testutil.PGAdminDSN(), n)
+		require.Error(t, err)
+		var comment *string
+		require.NoError(t, adminConn(t).QueryRow(ctx, `SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1`,
+			n.Database).Scan(&comment))
+		assert.Nil(t, comment, "an existing database is not adopted (marked)")
+	})
+
+	t.Run("RedisCleanupDeletesOnlyItsOwnKeys", func(t *testing.T) {
+		ns := testutil.Redis(t) // a foreign namespace, cleaned by testutil
+		rdb := ns.Client
+		n := newNames(testutil.RandomID(4))
+		other := newNames(testutil.RandomID(4)) // another demo run's keys
+		t.Cleanup(func() { _ = cleanupRedis(context.Background(), rdb, other) })
+		own := []string{n.Prefix + "{catalog:sku-1:US:2026-12-03:v1}:fence", n.Prefix + "stream:catalog", "asynq:{" + n.Queue + "}:t:x"}
+		foreign := []string{ns.Prefix + "x", other.Prefix + "stream:catalog", "asynq:{" + other.Queue + "}:t:x", "asynq:{" + ns.Queue + "}:t:x"}
+		for _, k := range append(append([]string{}, own...), foreign...) {
+			require.NoError(t, rdb.Set(ctx, k, "1", time.Hour).Err())
+		}
+		require.NoError(t, rdb.SAdd(ctx, "asynq:queues", n.Queue, other.Queue).Err())
+
+		require.NoError(t, cleanupRedis(ctx, rdb, n))
+		for _, k := range own {
+			assert.Zero(t, rdb.Exists(ctx, k).Val(), "own key %s deleted", k)
+		}
+		for _, k := range foreign {
+			assert.Equal(t, int64(1), rdb.Exists(ctx, k).Val(), "foreign key %s kept", k)
+		}
+		assert.False(t, rdb.SIsMember(ctx, "asynq:queues", n.Queue).Val())
+		assert.True(t, rdb.SIsMember(ctx, "asynq:queues", other.Queue).Val())
+	})
+}
+
+// assertRunGone checks that the run left nothing behind: no database, no Redis key under its
+// prefix or queue, no entry in asynq's set of queues.
+func assertRunGone(t *testing.T, n names) {
+	t.Helper()
+	require.NotEmpty(t, n.RunID)
+	assert.False(t, databaseExists(t, n.Database), "database %s dropped", n.Database)
+	ns := testutil.Redis(t)
+	var keys []string
+	iter := ns.Client.Scan(context.Background(), 0, "*"+n.RunID+"*", 1000).Iterator()
+	for iter.Next(context.Background()) {
+		keys = append(keys, iter.Val())
+	}
+	require.NoError(t, iter.Err())
+	assert.Empty(t, keys, "Redis keys of the run left behind")
+	assert.False(t, ns.Client.SIsMember(context.Background(), "asynq:queues", n.Queue).Val())
+}
+
+func adminConn(t *testing.T) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), testutil.PGAdminDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func databaseExists(t *testing.T, name string) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, adminConn(t).QueryRow(context.Background(), `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&n))
+	return n == 1
+}

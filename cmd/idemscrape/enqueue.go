@@ -1,0 +1,306 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+var migrateCmd = command{
+	name: "migrate", summary: "Apply the pending database migrations (safe to run from many processes at once).",
+	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+		return func(ctx context.Context, c *cli, _ []string) error {
+			pool, err := connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := store.Migrate(ctx, pool, slog.New(slog.NewTextHandler(c.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.stdout, "applied %d migration(s): %v\n", len(applied), applied)
+			return nil
+		}
+	},
+}
+
+// specFlags registers the flags of one spec.
+func specFlags(fs *flag.FlagSet, s *tasks.Spec) {
+	fs.StringVar(&s.Kind, "kind", "", "job kind (workflow type)")
+	fs.StringVar(&s.URL, "url", "", "source URL (or -source-id)")
+	fs.StringVar(&s.SourceID, "source-id", "", "source record id (or -url)")
+	fs.StringVar(&s.Country, "country", "", "ISO 3166-1 alpha-2 exit country")
+	fs.StringVar(&s.Window, "window", "", "collection window, e.g. 2026-04-23")
+	fs.IntVar(&s.ParserVersion, "parser-version", 0, "parser version (>= 1)")
+	fs.StringVar(&s.Scope, "scope", "", "customer / data product scope (optional)")
+}
+
+var keyCmd = command{
+	name: "key", summary: "Print the job key of a spec without storing anything.",
+	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+		var s tasks.Spec
+		specFlags(fs, &s)
+		return func(_ context.Context, c *cli, _ []string) error {
+			key, err := s.Key()
+			if err != nil {
+				return flagSpecError(err)
+			}
+			fmt.Fprintln(c.stdout, key)
+			return nil
+		}
+	},
+}
+
+var enqueueCmd = command{
+	name: "enqueue", db: true,
+	summary: "Record jobs and enqueue their tasks: one spec from the flags, or JSON lines from -f FILE (- for stdin),\n" +
+		"one spec a line with the fields kind, url | source_id, country, window, parser_version, scope.\n" +
+		"Every line is checked first; bad lines are reported by number and field and not stored, the good ones are.\n" +
+		"Tasks go to the kind's queue (tasks.QueueFor) unless -queue or IDEMSCRAPE_QUEUE names one.",
+	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+		var s tasks.Spec
+		specFlags(fs, &s)
+		file := fs.String("f", "", "read JSON-lines specs from `FILE` (- for stdin) instead of the spec flags")
+		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue (default: the kind's, where cmd/worker listens)")
+		asJSON := fs.Bool("json", false, "print one JSON object per spec instead of text")
+		return func(ctx context.Context, c *cli, _ []string) error {
+			var specs []tasks.Spec
+			var lines []int // line number of each spec (0: from flags)
+			var bad []lineError
+			if *file != "" {
+				set := ""
+				fs.Visit(func(f *flag.Flag) {
+					if f.Name != "f" && f.Name != "queue" && f.Name != "json" {
+						set += " -" + f.Name
+					}
+				})
+				if set != "" {
+					return usageError{"-f reads the specs from a file: the spec flag(s)" + set + " can not be combined with it"}
+				}
+				var err error
+				specs, lines, bad, err = readSpecs(c, *file)
+				if err != nil {
+					return err
+				}
+			} else {
+				if err := checkSpec(s); err != nil {
+					return flagSpecError(err)
+				}
+				specs, lines = []tasks.Spec{s}, []int{0}
+			}
+			for _, b := range bad {
+				fmt.Fprintf(c.stderr, "line %d: %s\n", b.line, b.msg)
+			}
+			if len(specs) > 0 {
+				if err := enqueueSpecs(ctx, c, specs, lines, *queue, *asJSON); err != nil {
+					return err
+				}
+			}
+			if len(bad) > 0 {
+				fmt.Fprintf(c.stderr, "idemscrape enqueue: %d line(s) refused, %d stored\n", len(bad), len(specs))
+				return exitError{1}
+			}
+			return nil
+		}
+	},
+}
+
+// lineError is one refused line of a JSON-lines file.
+type lineError struct {
+	line int
+	msg  string
+}
+
+// specLine is one JSON line: a spec in snake_case.
+type specLine struct {
+	Kind          string `json:"kind"`
+	URL           string `json:"url"`
+	SourceID      string `json:"source_id"`
+	Country       string `json:"country"`
+	Window        string `json:"window"`
+	ParserVersion int    `json:"parser_version"`
+	Scope         string `json:"scope"`
+}
+
+// jsonField is the JSON-lines name of each tasks.Spec field (FieldError.Field).
+var jsonField = map[string]string{
+	"Kind": "kind", "URL": "url", "SourceID": "source_id", "Country": "country", "Window": "window",
+	"ParserVersion": "parser_version", "Scope": "scope",
+}
+
+// flagField is the flag of each tasks.Spec field.
+var flagField = map[string]string{
+	"Kind": "-kind", "URL": "-url", "SourceID": "-source-id", "Country": "-country", "Window": "-window",
+	"ParserVersion": "-parser-version", "Scope": "-scope",
+}
+
+// checkSpec validates s as Enqueue would (normalisation, key, destination policy), so that
+// nothing reaches the store unless it would be accepted.
+func checkSpec(s tasks.Spec) error {
+	norm, err := s.Normalize()
+	if err != nil {
+		return err
+	}
+	if _, err := norm.Key(); err != nil {
+		return err
+	}
+	if norm.URL != "" {
+		return tasks.StrictDestinationPolicy().CheckURL(norm.URL)
+	}
+	return nil
+}
+
+// fieldMessage renders a spec error with the field named as names maps it.
+func fieldMessage(err error, names map[string]string) string {
+	var fe *tasks.FieldError
+	if errors.As(err, &fe) {
+		name := names[fe.Field]
+		if name == "" {
+			name = fe.Field
+		}
+		return fmt.Sprintf("field %s: %s", name, fe.Reason)
+	}
+	return err.Error()
+}
+
+func flagSpecError(err error) error {
+	return usageError{"invalid spec: " + fieldMessage(err, flagField)}
+}
+
+// readSpecs reads and checks every line of file; blank lines and lines starting with #
+// are skipped.
+func readSpecs(c *cli, file string) (specs []tasks.Spec, lines []int, bad []lineError, err error) {
+	var r io.Reader = c.stdin
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("-f: %w", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		s, msg := parseSpecLine(line)
+		if msg != "" {
+			bad = append(bad, lineError{n, msg})
+			continue
+		}
+		specs = append(specs, s)
+		lines = append(lines, n)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, nil, nil, fmt.Errorf("-f %s: line %d: %w", file, n+1, err)
+	}
+	if len(specs) == 0 && len(bad) == 0 {
+		return nil, nil, nil, fmt.Errorf("-f %s: no specs", file)
+	}
+	return specs, lines, bad, nil
+}
+
+// parseSpecLine decodes and checks one line; msg names the field that is wrong.
+func parseSpecLine(line []byte) (tasks.Spec, string) {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	var l specLine
+	if err := dec.Decode(&l); err != nil {
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &te):
+			return tasks.Spec{}, fmt.Sprintf("field %s: must be a JSON %s, not %s", te.Field, te.Type.Kind(), te.Value)
+		case errors.As(err, &se):
+			return tasks.Spec{}, fmt.Sprintf("not a JSON object: %v", err)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			return tasks.Spec{}, fmt.Sprintf("%s (fields: kind, url, source_id, country, window, parser_version, scope)",
+				strings.TrimPrefix(err.Error(), "json: "))
+		default:
+			return tasks.Spec{}, fmt.Sprintf("not a JSON object: %v", err)
+		}
+	}
+	if dec.More() {
+		return tasks.Spec{}, "more than one JSON value on the line"
+	}
+	s := tasks.Spec{Kind: l.Kind, URL: l.URL, SourceID: l.SourceID, Country: l.Country, Window: l.Window,
+		ParserVersion: l.ParserVersion, Scope: l.Scope}
+	if err := checkSpec(s); err != nil {
+		return tasks.Spec{}, fieldMessage(err, jsonField)
+	}
+	return s, ""
+}
+
+// newEnqueuer returns an Enqueuer on IDEMSCRAPE_REDIS with an Inspector (an archived task
+// holding a key is repaired) and the queue override, and a func that closes both clients.
+func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, func(), error) {
+	redisOpt := asynq.RedisClientOpt{Addr: redisAddr()}
+	client := asynq.NewClient(redisOpt)
+	insp := asynq.NewInspector(redisOpt)
+	closeAll := func() {
+		_ = insp.Close()
+		_ = client.Close()
+	}
+	enq, err := tasks.NewEnqueuer(client, store.New(c.pool), &tasks.EnqueuerConfig{Queue: queue, Inspector: insp})
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return enq, closeAll, nil
+}
+
+// enqueueResult is one line of `enqueue -json`.
+type enqueueResult struct {
+	Line    int    `json:"line,omitempty"`
+	Key     string `json:"key"`
+	Outcome string `json:"outcome"`
+	State   string `json:"state"`
+}
+
+func enqueueSpecs(ctx context.Context, c *cli, specs []tasks.Spec, lines []int, queue string, asJSON bool) error {
+	enq, closeAll, err := newEnqueuer(c, queue)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	// Every spec passed checkSpec: EnqueueMany stores them all or (Redis or PostgreSQL
+	// down) reports one error; the rows it stored stay pending and a retry enqueues them.
+	res, err := enq.EnqueueMany(ctx, specs)
+	if err != nil {
+		return err
+	}
+	out := json.NewEncoder(c.stdout)
+	for i, r := range res {
+		if asJSON {
+			if err := out.Encode(enqueueResult{Line: lines[i], Key: r.Key, Outcome: r.Outcome.String(), State: string(r.State)}); err != nil {
+				return err
+			}
+			continue
+		}
+		prefix := ""
+		if lines[i] > 0 {
+			prefix = fmt.Sprintf("line %d: ", lines[i])
+		}
+		fmt.Fprintf(c.stdout, "%s%s %s (state %s)\n", prefix, r.Outcome, r.Key, r.State)
+	}
+	return nil
+}

@@ -1,0 +1,407 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// dsnOf is the libpq URL of the database behind a testutil pool.
+func dsnOf(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	u, err := url.Parse(testutil.PGAdminDSN())
+	require.NoError(t, err, "IDEMSCRAPE_TEST_PG must be a URL")
+	u.Path = "/" + pool.Config().ConnConfig.Database
+	return u.String()
+}
+
+// buildCLI builds this command into dir.
+func buildCLI(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "idemscrape")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+type cliRun struct {
+	stdout, stderr string
+	code           int
+}
+
+// golden compares got with testdata/name (or rewrites it under -update).
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "missing golden file: run go test -run TestCLI -update ./cmd/idemscrape/")
+	assert.Equal(t, string(want), got, "golden %s (rewrite with -update)", name)
+}
+
+var (
+	timeRE     = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z`)
+	durationRE = regexp.MustCompile(`(^|\s)(\d+(\.\d+)?(ns|µs|ms|s|m|h))+(\s|$)`)
+	spacesRE   = regexp.MustCompile(` {2,}`)
+)
+
+// normalise makes a table reproducible: times, durations and the test's random kind are
+// replaced, and column padding (which follows their widths) is collapsed.
+func normalise(s, kind string) string {
+	s = strings.ReplaceAll(s, kind, "KIND")
+	s = timeRE.ReplaceAllString(s, "<time>")
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		l = durationRE.ReplaceAllString(l, "$1<dur>$5")
+		lines[i] = strings.TrimRight(spacesRE.ReplaceAllString(l, "  "), " ")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestCLI runs the built binary against its own database and Redis namespace over a
+// scripted run: enqueue from JSON lines (one bad line), attempts driven through the store
+// (a takeover, a timeout retry then a parse failure, a duplicate result write), an outbox
+// replay, a requeue; then status and stats against golden files, audit passing and then
+// failing on a deliberately broken fixture, and the command-line rules.
+func TestCLI(t *testing.T) {
+	ctx := context.Background()
+	bin := buildCLI(t, t.TempDir())
+	pool := testutil.PG(t)
+	ns := testutil.Redis(t)
+	st := store.New(pool)
+	kind := ns.Queue // tasks.QueueFor(kind) is the namespace's queue, cleaned up with it
+	require.Equal(t, ns.Queue, tasks.QueueFor(kind))
+	require.Equal(t, "observed:x", handlers.EventKey("x"), "ops.DefaultEventKeyPrefix follows handlers.EventKey")
+
+	envFor := func(dsn string) []string {
+		var env []string
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "IDEMSCRAPE_") && !strings.HasPrefix(kv, "USER=") {
+				env = append(env, kv)
+			}
+		}
+		return append(env, "IDEMSCRAPE_PG="+dsn, "IDEMSCRAPE_REDIS="+ns.Addr, "USER=tester")
+	}
+	dsn := dsnOf(t, pool)
+	runIn := func(t *testing.T, dsn, stdin string, args ...string) cliRun {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = envFor(dsn)
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		r := cliRun{stdout: out.String(), stderr: errb.String()}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			r.code = ee.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		return r
+	}
+	run := func(t *testing.T, stdin string, args ...string) cliRun {
+		t.Helper()
+		return runIn(t, dsn, stdin, args...)
+	}
+	jobs := func(t *testing.T) int { return testutil.Count(t, pool, `SELECT count(*) FROM jobs`) }
+	keyOf := func(src string) string {
+		k, err := tasks.Spec{Kind: kind, SourceID: src, Country: "US", Window: "2026-04-23", ParserVersion: 3}.Key()
+		require.NoError(t, err)
+		return k
+	}
+	k1, k2, k3, k4 := keyOf("sku-1"), keyOf("sku-2"), keyOf("sku-3"), keyOf("sku-4")
+
+	t.Run("Help", func(t *testing.T) {
+		r := run(t, "", "-h")
+		assert.Equal(t, 0, r.code)
+		assert.Contains(t, r.stdout, "usage: idemscrape COMMAND")
+		for _, c := range commands {
+			for _, h := range []string{"-h", "--help"} {
+				r := run(t, "", c.name, h)
+				assert.Equal(t, 0, r.code, "%s %s: %s", c.name, h, r.stderr)
+				assert.Contains(t, r.stdout, "usage: idemscrape "+c.name, "%s %s shows its own usage", c.name, h)
+			}
+		}
+		r = run(t, "", "help", "audit")
+		assert.Equal(t, 0, r.code)
+		assert.Contains(t, r.stdout, "-lease-max")
+		r = run(t, "", "frobnicate")
+		assert.Equal(t, 2, r.code)
+		assert.Contains(t, r.stderr, `unknown command "frobnicate"`)
+	})
+
+	t.Run("StrayArgumentsRefused", func(t *testing.T) {
+		spec := []string{"-kind", kind, "-source-id", "sku-x", "-country", "US", "-window", "2026-04-23", "-parser-version", "3"}
+		for _, tc := range []struct {
+			name  string
+			args  []string
+			stray string
+		}{
+			{"EnqueueTrailing", append(append([]string{"enqueue"}, spec...), "extra", "words"), `"extra" "words"`},
+			{"EnqueueBeforeFlags", append([]string{"enqueue", "stray"}, spec...), `"stray"`},
+			{"StatusTwoKeys", []string{"status", k1, "other"}, `"other"`},
+			{"Stats", []string{"stats", "now"}, `"now"`},
+			{"Audit", []string{"audit", "-json", "all"}, `"all"`},
+			{"Requeue", []string{"requeue", k2, "-by", "x", "again"}, `"again"`},
+			{"Migrate", []string{"migrate", "up"}, `"up"`},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := run(t, "", tc.args...)
+				assert.Equal(t, 2, r.code, r.stderr)
+				assert.Contains(t, r.stderr, "unexpected argument(s): "+tc.stray)
+				assert.Contains(t, r.stderr, "usage: idemscrape "+tc.args[0])
+			})
+		}
+		r := run(t, "", "status")
+		assert.Equal(t, 2, r.code)
+		assert.Contains(t, r.stderr, "missing KEY")
+		assert.Zero(t, jobs(t), "nothing stored")
+	})
+
+	t.Run("OneSpecErrorNamesTheFlag", func(t *testing.T) {
+		r := run(t, "", "enqueue", "-kind", kind, "-source-id", "s", "-country", "US", "-window", "2026-04-23", "-parser-version", "0")
+		assert.Equal(t, 2, r.code)
+		assert.Contains(t, r.stderr, "field -parser-version")
+		assert.NotContains(t, r.stderr, "spec 0")
+		r = run(t, "", "enqueue", "-f", "-", "-kind", kind)
+		assert.Equal(t, 2, r.code)
+		assert.Contains(t, r.stderr, "-kind can not be combined")
+		assert.Zero(t, jobs(t))
+	})
+
+	t.Run("EnqueueFileWithBadLine", func(t *testing.T) {
+		line := func(src string) string {
+			return `{"kind":"` + kind + `","source_id":"` + src + `","country":"US","window":"2026-04-23","parser_version":3}`
+		}
+		input := strings.Join([]string{
+			line("sku-1"),
+			line("sku-2"),
+			`{"kind":"` + kind + `","source_id":"sku-bad","country":"US","window":"2026-04-23","parser_version":0}`,
+			"# a comment",
+			line("sku-3"),
+			`{"kind":"` + kind + `","source_id":"sku-5","country":"US","window":"2026-04-23","parser_version":"3"}`,
+			`{"kind":"` + kind + `","sourceid":"sku-6"}`,
+			line("sku-4"),
+		}, "\n")
+		r := run(t, input, "enqueue", "-f", "-")
+		assert.Equal(t, 1, r.code, r.stderr)
+		assert.Contains(t, r.stderr, "line 3: field parser_version")
+		assert.Contains(t, r.stderr, "line 6: field parser_version: must be a JSON int")
+		assert.Contains(t, r.stderr, `line 7: unknown field "sourceid"`)
+		assert.Contains(t, r.stderr, "3 line(s) refused, 4 stored")
+		assert.NotContains(t, r.stderr, "line 1:")
+		for i, k := range []string{k1, k2, k3, k4} {
+			assert.Contains(t, r.stdout, "created "+k, "good line %d stored", i)
+			assert.True(t, ns.AsynqTaskExists(t, k), "task of %s in the kind's queue", k)
+		}
+		assert.Equal(t, 4, jobs(t), "good lines stored, bad ones not")
+
+		// The same file again: nothing new, every line reported.
+		f := filepath.Join(t.TempDir(), "specs.jsonl")
+		require.NoError(t, os.WriteFile(f, []byte(line("sku-1")+"\n"), 0o644))
+		r = run(t, "", "enqueue", "-f", f)
+		assert.Equal(t, 0, r.code, r.stderr)
+		assert.Equal(t, "line 1: already_queued "+k1+" (state pending)\n", r.stdout)
+	})
+
+	// The scripted run, through the store as workers would drive it.
+	start := func(key string, token int64, worker string) {
+		t.Helper()
+		_, err := st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: worker, SessionID: "sess000" + worker[1:],
+			Country: "US", ProxyEndpoint: "gw.example:7777"})
+		require.NoError(t, err)
+	}
+	commit := func(key string, token int64, obsKey string) store.CommitResult {
+		t.Helper()
+		payload, err := json.Marshal(map[string]string{"job_key": key, "observation_key": obsKey})
+		require.NoError(t, err)
+		res, err := st.Commit(ctx, store.CommitParams{Key: key, Token: token, ObservationKey: obsKey, ParserVersion: 3,
+			Data: []byte(`{"price":"19.99"}`), Fingerprint: "sha256:f00d", EventKey: handlers.EventKey(key), Topic: kind,
+			EventPayload: payload, HTTPStatus: 200, Bytes: 2048, SessionID: "sess0002"})
+		require.NoError(t, err)
+		return res
+	}
+	start(k1, 1, "w1")
+	start(k1, 2, "w2") // takeover: attempt 1 superseded
+	commit(k1, 2, k1)
+	start(k2, 1, "w1")
+	require.NoError(t, st.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: k2, Token: 1, NextAttemptAt: time.Now(),
+		Category: "timeout", Error: "GET /p/2: context deadline exceeded", Bytes: 500, HTTPStatus: 0}))
+	start(k2, 2, "w2")
+	require.NoError(t, st.JobFail(ctx, store.AttemptFinishParams{Key: k2, Token: 2, Category: "parse_error",
+		Error: "price: selector .price matched nothing", Bytes: 300, HTTPStatus: 200}))
+	start(k3, 1, "w1")
+	require.False(t, commit(k3, 1, k1).ResultInserted, "k3 observed what k1 stored: a duplicate result write")
+	start(k4, 1, "w3") // left running, its task still queued
+	// A consumer's inbox recognised two replays of k1's event (store/outbox Consumer.RunTx
+	// records them so; TestStatsSixMeasures drives the real consumer).
+	_, err := pool.Exec(ctx, `UPDATE outbox SET sent_at = now()`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox_inbox (consumer_group, event_key, replays) VALUES ('g', $1, 2), ('g', $2, 0)`,
+		handlers.EventKey(k1), handlers.EventKey(k3))
+	require.NoError(t, err)
+	require.NoError(t, st.CountersAdd(ctx, map[string]int64{"jobs_rescued": 1}))
+	// k2's task ended the way the runner ends a failed job's: archived by asynq.
+	insp := asynq.NewInspector(ns.AsynqOpt())
+	t.Cleanup(func() { _ = insp.Close() })
+	require.NoError(t, insp.ArchiveTask(ns.Queue, k2))
+
+	t.Run("Requeue", func(t *testing.T) {
+		r := run(t, "", "requeue", k1)
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, r.stderr, "refused: ops: JobRequeue \""+k1+"\": the job is complete: only a failed job can be re-queued")
+		r = run(t, "", "requeue", "nope")
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, r.stderr, `no job with key "nope"`)
+
+		r = run(t, "", "requeue", "-by", "alice", "-note", "parser v3 fixed", k2)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Equal(t, "requeued "+k2+" by alice: state pending, task repaired: archived task deleted and enqueued again\n", r.stdout)
+		info, err := insp.GetTaskInfo(ns.Queue, k2)
+		require.NoError(t, err)
+		assert.Equal(t, asynq.TaskStatePending, info.State)
+		job, err := st.JobGet(ctx, k2)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StatePending, job.State)
+		assert.Equal(t, 2, job.Attempts, "attempts are evidence: kept")
+		assert.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM jobs WHERE key = $1 AND budget_attempts = 2 AND budget_bytes = 800 AND budget_since IS NOT NULL`, k2))
+
+		r = run(t, "", "requeue", k2)
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, r.stderr, "the job is pending: only a failed job can be re-queued")
+	})
+
+	t.Run("Status", func(t *testing.T) {
+		r := run(t, "", "status", k1)
+		require.Equal(t, 0, r.code, r.stderr)
+		golden(t, "status_complete.golden", normalise(r.stdout, kind))
+		r = run(t, "", "status", k2, "-json") // flags after the key are flags
+		require.Equal(t, 0, r.code, r.stderr)
+		var st map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+		job := st["job"].(map[string]any)
+		assert.Equal(t, k2, job["key"])
+		assert.Equal(t, "pending", job["state"])
+		assert.EqualValues(t, 3, job["parser_version"])
+		attempts := st["attempts"].([]any)
+		require.Len(t, attempts, 2)
+		a := attempts[0].(map[string]any)
+		assert.EqualValues(t, 1, a["attempt_no"])
+		assert.Equal(t, "timeout", a["category"])
+		assert.Equal(t, "gw.example:7777", a["proxy_endpoint"])
+		assert.Contains(t, a, "duration_ms")
+		notes := st["notes"].([]any)
+		require.Len(t, notes, 1)
+		assert.Equal(t, "alice", notes[0].(map[string]any)["by"])
+		assert.NotRegexp(t, `"[A-Z][A-Za-z]*":`, r.stdout, "snake_case fields only")
+		r = run(t, "", "status", k2)
+		require.Equal(t, 0, r.code, r.stderr)
+		golden(t, "status_requeued.golden", normalise(r.stdout, kind))
+		r = run(t, "", "status", "nope")
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, r.stderr, `no job with key "nope"`)
+	})
+
+	t.Run("Stats", func(t *testing.T) {
+		r := run(t, "", "stats")
+		require.Equal(t, 0, r.code, r.stderr)
+		golden(t, "stats.golden", normalise(r.stdout, kind))
+		r = run(t, "", "stats", "-json")
+		require.Equal(t, 0, r.code, r.stderr)
+		var st map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+		for _, m := range []string{"attempts_per_completed_job", "jobs_completed_after_lease_recovery",
+			"duplicate_result_writes_rejected", "outbox_events_deduplicated_downstream", "bytes_per_logical_job"} {
+			assert.NotZero(t, st[m], m)
+		}
+		assert.NotEmpty(t, st["retries_caused_by_category"])
+		assert.NotEmpty(t, st["diagnosis"])
+		assert.NotRegexp(t, `"[A-Z][A-Za-z]*":`, r.stdout, "snake_case fields only")
+	})
+
+	auditArgs := []string{"audit", "-lease-max", "1ms", "-outbox-lag", "1m"}
+	t.Run("AuditPasses", func(t *testing.T) {
+		// k4 runs past -lease-max 1ms, but its task is queued: that is fine.
+		r := run(t, "", auditArgs...)
+		require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+		assert.Contains(t, r.stdout, "all invariants hold")
+		assert.Equal(t, 5, strings.Count(r.stdout, "PASS"))
+		assert.Regexp(t, `PASS\s+running_past_lease_has_live_task\s+1\s+0`, r.stdout, "k4 was checked against the queue")
+	})
+
+	t.Run("AuditFailsOnBrokenFixture", func(t *testing.T) {
+		exec := func(q string, args ...any) {
+			t.Helper()
+			_, err := pool.Exec(ctx, q, args...)
+			require.NoError(t, err)
+		}
+		exec(`DELETE FROM outbox WHERE event_key = $1`, handlers.EventKey(k1))                                                    // complete job without event
+		exec(`INSERT INTO results (observation_key, job_key, parser_version, data, fence) VALUES ('orphan', $1, 3, '{}', 1)`, k2) // result of a pending job
+		require.NoError(t, ns.Client.Del(ctx, "asynq:{"+ns.Queue+"}:t:"+k4).Err())                                                // running job's task lost
+		exec(`UPDATE outbox SET sent_at = NULL, created_at = now() - interval '1 hour' WHERE event_key = $1`, handlers.EventKey(k3))
+		exec(`UPDATE attempts SET fence = 5 WHERE job_key = $1 AND attempt_no = 1`, k1) // fences 5, 2
+		r := run(t, "", auditArgs...)
+		assert.Equal(t, 1, r.code, r.stderr)
+		for inv, key := range map[string]string{
+			"complete_job_has_one_result_and_one_event": k1,
+			"result_has_complete_job":                   k2,
+			"running_past_lease_has_live_task":          k4,
+			"outbox_lag_within_threshold":               k3,
+			"attempt_fences_strictly_increasing":        k1,
+		} {
+			assert.Regexp(t, `BROKEN `+inv+`: 1 violation\(s\), e\.g\. `+regexp.QuoteMeta(key), r.stderr)
+			assert.Regexp(t, `FAIL\s+`+inv+`\s+\d+\s+1\s+`+regexp.QuoteMeta(key), r.stdout)
+		}
+		r = run(t, "", append(auditArgs, "-json")...)
+		assert.Equal(t, 1, r.code)
+		var rep struct {
+			OK         bool `json:"ok"`
+			Invariants []struct {
+				Name       string   `json:"name"`
+				Violations int      `json:"violations"`
+				Examples   []string `json:"examples"`
+			} `json:"invariants"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep))
+		assert.False(t, rep.OK)
+		require.Len(t, rep.Invariants, 5)
+	})
+
+	t.Run("UnmigratedDatabase", func(t *testing.T) {
+		other := testutil.PG(t)
+		_, err := other.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = (SELECT max(version_id) FROM goose_db_version)`)
+		require.NoError(t, err)
+		for _, args := range [][]string{{"stats"}, {"status", k1}, {"audit"}, {"requeue", k1},
+			{"enqueue", "-kind", kind, "-source-id", "s", "-country", "US", "-window", "w", "-parser-version", "1"}} {
+			r := runIn(t, dsnOf(t, other), "", args...)
+			assert.Equal(t, 1, r.code, "%v", args)
+			assert.Contains(t, r.stderr, "run `idemscrape migrate`", "%v", args)
+		}
+	})
+}

@@ -1,0 +1,331 @@
+// Package ops holds the operator's queries and transitions on the system of record: what
+// `idemscrape status`, `audit` and `requeue` and the worker's job page read and do. Every
+// query is read-only except JobRequeue; none of them is on a job's hot path.
+//
+// The package sits next to store (it reads the same tables and returns store's row types)
+// and imports nothing above it: the event key of a job's outbox event is given by the
+// caller (handlers.EventKey), not derived here.
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// Store runs the operator's queries on a pool. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	st   *store.PG
+}
+
+// New returns a Store on pool. The schema must be migrated (CheckMigrated says so).
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, st: store.New(pool)} }
+
+// ErrNotMigrated: the database's schema is older than the migrations this binary embeds
+// (or has none). CheckMigrated wraps it.
+var ErrNotMigrated = errors.New("database schema is not migrated: run `idemscrape migrate`")
+
+// LatestMigration returns the highest version among store's embedded migrations.
+func LatestMigration() (int64, error) {
+	entries, err := fs.ReadDir(store.Migrations(), ".")
+	if err != nil {
+		return 0, fmt.Errorf("ops: read embedded migrations: %w", err)
+	}
+	var latest int64
+	for _, e := range entries {
+		prefix, _, ok := strings.Cut(e.Name(), "_")
+		if !ok || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		v, err := strconv.ParseInt(prefix, 10, 64)
+		if err != nil {
+			continue
+		}
+		latest = max(latest, v)
+	}
+	return latest, nil
+}
+
+// CheckMigrated returns nil if the database holds every embedded migration (a newer schema
+// is fine), and an error wrapping ErrNotMigrated that names both versions otherwise.
+func (s *Store) CheckMigrated(ctx context.Context) error {
+	want, err := LatestMigration()
+	if err != nil {
+		return err
+	}
+	var (
+		have   int64
+		exists bool
+	)
+	// Two statements: a query naming a table that does not exist fails at planning time,
+	// whatever CASE guards it.
+	err = s.pool.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists)
+	if err == nil && exists {
+		err = s.pool.QueryRow(ctx, `SELECT COALESCE(max(version_id), 0) FROM goose_db_version WHERE is_applied`).Scan(&have)
+	}
+	if err != nil {
+		return fmt.Errorf("ops: read the schema version: %w", err)
+	}
+	if have < want {
+		return fmt.Errorf("%w (the database is at version %d, this binary needs %d)", ErrNotMigrated, have, want)
+	}
+	return nil
+}
+
+// Result is one results row of a job, without its data.
+type Result struct {
+	ObservationKey string    `json:"observation_key"`
+	ParserVersion  int       `json:"parser_version"`
+	Fingerprint    string    `json:"response_fingerprint"`
+	Fence          int64     `json:"fence"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// ResultListByJob returns the results of the job with key, oldest first (a healthy
+// complete job has exactly one).
+func (s *Store) ResultListByJob(ctx context.Context, key string) ([]Result, error) {
+	rows, _ := s.pool.Query(ctx, `
+SELECT observation_key, parser_version, response_fingerprint, fence, created_at
+FROM results WHERE job_key = $1 ORDER BY created_at, observation_key`, key)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Result, error) {
+		var x Result
+		err := r.Scan(&x.ObservationKey, &x.ParserVersion, &x.Fingerprint, &x.Fence, &x.CreatedAt)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ops: ResultListByJob %q: %w", key, err)
+	}
+	return out, nil
+}
+
+// OutboxEvent is one outbox row, without its payload.
+type OutboxEvent struct {
+	EventKey  string     `json:"event_key"`
+	Topic     string     `json:"topic"`
+	CreatedAt time.Time  `json:"created_at"`
+	SentAt    *time.Time `json:"sent_at"` // nil: not dispatched yet
+}
+
+// OutboxGetByEventKey returns the outbox event with eventKey, or nil if there is none.
+func (s *Store) OutboxGetByEventKey(ctx context.Context, eventKey string) (*OutboxEvent, error) {
+	var x OutboxEvent
+	err := s.pool.QueryRow(ctx, `SELECT event_key, topic, created_at, sent_at FROM outbox WHERE event_key = $1`, eventKey).
+		Scan(&x.EventKey, &x.Topic, &x.CreatedAt, &x.SentAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ops: OutboxGetByEventKey %q: %w", eventKey, err)
+	}
+	return &x, nil
+}
+
+// ProblemJob is one failed or retryable job, as the job list shows it.
+type ProblemJob struct {
+	Key           string     `json:"key"`
+	Kind          string     `json:"kind"`
+	State         string     `json:"state"`
+	Attempts      int        `json:"attempts"`
+	Category      string     `json:"category"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+}
+
+// JobListProblems returns up to limit failed and retryable jobs, most recently updated
+// first.
+func (s *Store) JobListProblems(ctx context.Context, limit int) ([]ProblemJob, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("ops: JobListProblems: limit %d must be >= 1", limit)
+	}
+	rows, _ := s.pool.Query(ctx, `
+SELECT key, kind, state, attempts, COALESCE(last_category, ''), updated_at, next_attempt_at
+FROM jobs WHERE state IN ('failed', 'retryable')
+ORDER BY updated_at DESC, key LIMIT $1`, limit)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProblemJob, error) {
+		var x ProblemJob
+		err := r.Scan(&x.Key, &x.Kind, &x.State, &x.Attempts, &x.Category, &x.UpdatedAt, &x.NextAttemptAt)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ops: JobListProblems: %w", err)
+	}
+	return out, nil
+}
+
+// Note is one job_notes row: an operator's action on a job.
+type Note struct {
+	Action           string    `json:"action"` // NoteRequeue
+	Actor            string    `json:"by"`
+	Note             string    `json:"note"`
+	PreviousState    string    `json:"previous_state"`
+	PreviousCategory string    `json:"previous_category"`
+	AttemptsBefore   int       `json:"attempts_before"`
+	CreatedAt        time.Time `json:"at"`
+}
+
+// NoteRequeue is the action of a JobRequeue note.
+const NoteRequeue = "requeue"
+
+// NoteListByJob returns the operator notes of the job with key, oldest first.
+func (s *Store) NoteListByJob(ctx context.Context, key string) ([]Note, error) {
+	rows, _ := s.pool.Query(ctx, `
+SELECT action, actor, note, previous_state, COALESCE(previous_category, ''), attempts_before, created_at
+FROM job_notes WHERE job_key = $1 ORDER BY id`, key)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Note, error) {
+		var x Note
+		err := r.Scan(&x.Action, &x.Actor, &x.Note, &x.PreviousState, &x.PreviousCategory, &x.AttemptsBefore, &x.CreatedAt)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ops: NoteListByJob %q: %w", key, err)
+	}
+	return out, nil
+}
+
+// Status is everything recorded about one job: the row, its attempts (the timeline), its
+// results, its outbox event, the operators' notes and where its retry budget starts.
+type Status struct {
+	Job      store.Job
+	Attempts []store.Attempt
+	Results  []Result
+	EventKey string
+	Outbox   *OutboxEvent // nil: no event with EventKey
+	Notes    []Note
+	Budget   Budget
+}
+
+// Budget is where a job's current retry budget starts (JobRequeue resets it): the runner's
+// attempt cap counts attempts after Attempts, its bandwidth budget bytes after Bytes, its
+// total time since Since (nil: since the job was created).
+type Budget struct {
+	Attempts int        `json:"attempts_before"`
+	Bytes    int64      `json:"bytes_before"`
+	Since    *time.Time `json:"since"`
+}
+
+// BudgetGet returns the retry budget start of the job with key (store.ErrJobNotFound if
+// there is none).
+func (s *Store) BudgetGet(ctx context.Context, key string) (Budget, error) {
+	var b Budget
+	err := s.pool.QueryRow(ctx, `SELECT budget_attempts, budget_bytes, budget_since FROM jobs WHERE key = $1`, key).
+		Scan(&b.Attempts, &b.Bytes, &b.Since)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Budget{}, fmt.Errorf("ops: BudgetGet %q: %w", key, store.ErrJobNotFound)
+	}
+	if err != nil {
+		return Budget{}, fmt.Errorf("ops: BudgetGet %q: %w", key, err)
+	}
+	return b, nil
+}
+
+// JobStatus reads the Status of the job with key; eventKey is the key of the job's outbox
+// event (handlers.EventKey(key) for jobs run by the handlers runner). A missing job is an
+// error wrapping store.ErrJobNotFound. The reads are separate statements: a job that
+// changes meanwhile may show, e.g., an attempt newer than its row.
+func (s *Store) JobStatus(ctx context.Context, key, eventKey string) (Status, error) {
+	job, err := s.st.JobGet(ctx, key)
+	if err != nil {
+		return Status{}, err
+	}
+	st := Status{Job: job, EventKey: eventKey}
+	if st.Attempts, err = s.st.AttemptList(ctx, key); err != nil {
+		return Status{}, err
+	}
+	if st.Results, err = s.ResultListByJob(ctx, key); err != nil {
+		return Status{}, err
+	}
+	if st.Outbox, err = s.OutboxGetByEventKey(ctx, eventKey); err != nil {
+		return Status{}, err
+	}
+	if st.Notes, err = s.NoteListByJob(ctx, key); err != nil {
+		return Status{}, err
+	}
+	if st.Budget, err = s.BudgetGet(ctx, key); err != nil {
+		return Status{}, err
+	}
+	return st, nil
+}
+
+// ErrNotFailed: JobRequeue was asked to re-queue a job that is not failed.
+var ErrNotFailed = errors.New("only a failed job can be re-queued")
+
+// RequeueParams re-queues one failed job.
+type RequeueParams struct {
+	Key  string
+	By   string // the operator, recorded on the note; required
+	Note string // free text, optional; cut to 2000 bytes
+}
+
+// maxNoteText bounds job_notes.note.
+const maxNoteText = 2000
+
+// JobRequeue moves a failed job back to pending with a fresh retry budget and records a
+// job note (who, when, the state and category it left), in one statement. The budget is
+// fresh because the job's budget_attempts, budget_bytes and budget_since are set to its
+// attempts, bytes_total and now: the runner counts its attempt cap, bandwidth and total
+// time from there (attempt numbers, bytes_total and created_at keep counting everything,
+// as evidence). The fence is kept: fences never go back. It returns the job as updated.
+//
+// A job that is not failed is refused with an error wrapping ErrNotFailed (naming its
+// state); a missing one with store.ErrJobNotFound. The caller then enqueues the job's task
+// (tasks.Enqueuer, which also deletes an archived task holding the key); if that fails the
+// job stays pending and the reconciler enqueues it.
+func (s *Store) JobRequeue(ctx context.Context, p RequeueParams) (store.Job, error) {
+	switch {
+	case p.Key == "":
+		return store.Job{}, errors.New("ops: JobRequeue: Key is empty")
+	case strings.TrimSpace(p.By) == "":
+		return store.Job{}, fmt.Errorf("ops: JobRequeue %q: By (who re-queues) is empty", p.Key)
+	}
+	note := p.Note
+	if len(note) > maxNoteText {
+		note = strings.ToValidUTF8(note[:maxNoteText], "")
+	}
+	var done bool
+	err := s.pool.QueryRow(ctx, `
+WITH old AS (
+	SELECT key, last_category FROM jobs WHERE key = $1
+), upd AS (
+	UPDATE jobs j SET state = 'pending', next_attempt_at = NULL, last_category = NULL,
+		budget_attempts = j.attempts, budget_bytes = j.bytes_total, budget_since = now(), updated_at = now()
+	FROM old
+	WHERE j.key = old.key AND j.state = 'failed'
+	RETURNING j.key, j.attempts, old.last_category
+), note AS (
+	INSERT INTO job_notes (job_key, action, actor, note, previous_state, previous_category, attempts_before)
+	SELECT key, $2, $3, $4, 'failed', last_category, attempts FROM upd
+)
+SELECT EXISTS (SELECT 1 FROM upd)`, p.Key, NoteRequeue, strings.ReplaceAll(p.By, "\x00", ""),
+		strings.ReplaceAll(note, "\x00", "")).Scan(&done)
+	if err != nil {
+		return store.Job{}, fmt.Errorf("ops: JobRequeue %q: %w", p.Key, err)
+	}
+	job, err := s.st.JobGet(ctx, p.Key)
+	switch {
+	case errors.Is(err, store.ErrJobNotFound):
+		return store.Job{}, fmt.Errorf("ops: JobRequeue %q: %w", p.Key, store.ErrJobNotFound)
+	case err != nil:
+		return store.Job{}, err
+	case !done:
+		return store.Job{}, fmt.Errorf("ops: JobRequeue %q: the job is %s: %w", p.Key, job.State, ErrNotFailed)
+	}
+	return job, nil
+}
+
+// SpecOf returns the job's spec as recorded on its row (normalised when it was enqueued),
+// for enqueueing its task again.
+func SpecOf(job store.Job) tasks.Spec {
+	return tasks.Spec{Kind: job.Kind, URL: job.URL, SourceID: job.SourceID, Country: job.Country,
+		Window: job.Window, ParserVersion: job.ParserVersion, Scope: job.Scope}
+}
