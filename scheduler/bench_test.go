@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/scheduler"
@@ -110,8 +112,11 @@ FROM s WHERE a.job_key = s.key AND s.state = 'running'`)
 	var stmts, trips int64
 	var rescue, requeue time.Duration
 	b.ResetTimer()
+	var redisCPU float64
 	for i := 0; i < b.N; i++ {
+		cpu0 := redisCPUSeconds(b, rdb)
 		rep := rec.Sweep(ctx)
+		redisCPU += redisCPUSeconds(b, rdb) - cpu0
 		require.NoError(b, rep.Err)
 		require.EqualValues(b, stranded/2, rep.Actions[scheduler.ActionRescued], "%v", rep.Actions)
 		require.EqualValues(b, stranded, rep.Actions[scheduler.ActionRequeued], "%v", rep.Actions)
@@ -129,8 +134,25 @@ FROM s WHERE a.job_key = s.key AND s.state = 'running'`)
 	b.ReportMetric(float64(stmts)/float64(b.N), "stmts/op")
 	b.ReportMetric(float64(trips)/float64(b.N), "redis-trips/op")
 	b.ReportMetric(rescue.Seconds()/float64(b.N), "rescue-s/op")
+	b.ReportMetric(redisCPU/float64(b.N), "redis-cpu-s/op")
 	b.ReportMetric(requeue.Seconds()/float64(b.N), "requeue-s/op")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(stranded), "ns/stranded")
+}
+
+// redisCPUSeconds is the CPU time (user + system) the Redis server has used so far.
+func redisCPUSeconds(b *testing.B, rdb redis.UniversalClient) float64 {
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	require.NoError(b, err)
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(b, err)
+			total += f
+		}
+	}
+	return total
 }
 
 // explainRescue logs the executed plan (auto_explain, ANALYZE) of one store.JobsRescue

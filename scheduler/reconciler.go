@@ -57,7 +57,7 @@ const (
 	// DefaultMaxPruneBatches bounds the delete statements per table per sweep.
 	DefaultMaxPruneBatches = 100
 	// rescuePagesInFlight is how many pages of stranded running jobs are rescued at once.
-	rescuePagesInFlight = 2
+	rescuePagesInFlight = 4
 	// dueSlack widens DueBefore so jobs rescued moments ago (next_attempt_at = the
 	// database's now) are re-enqueued in the same sweep despite clock skew.
 	dueSlack = 5 * time.Second
@@ -178,7 +178,8 @@ type SweepReport struct {
 	// Statements counts PostgreSQL statements, RedisTrips Redis round trips (pipelines
 	// count once).
 	Statements, RedisTrips int64
-	// Time spent in each part of the sweep.
+	// Time spent in each part of the sweep, from its start. The rescue and the re-enqueue
+	// pass run at once: RescueTime and RequeueTime overlap; OutboxTime is what follows.
 	RescueTime, RequeueTime, OutboxTime time.Duration
 	Err                                 error
 }
@@ -280,21 +281,35 @@ func (r *Reconciler) Stop() {
 	r.running = false
 }
 
-// Sweep runs one sweep synchronously: stranded running jobs, runnable jobs without a
-// task, outbox lag and pruning. It stops at the first error (reported in SweepReport.Err
-// and counted), keeping the counts of what it did before.
+// Sweep runs one sweep synchronously: stranded running jobs (rescued and enqueued again)
+// and, at the same time, runnable jobs without a task; then outbox lag and pruning. It
+// stops at the first error (reported in SweepReport.Err and counted; the rescue and the
+// re-enqueue pass both finish first), keeping the counts of what it did before.
 func (r *Reconciler) Sweep(ctx context.Context) SweepReport {
 	rep := SweepReport{Actions: map[string]int64{}}
 	begun := time.Now()
+	// The rescue (which enqueues the jobs it rescues) and the re-enqueue pass run at once,
+	// each on its own report.
+	requeueRep := SweepReport{Actions: map[string]int64{}}
+	var requeueErr error
+	requeued := make(chan struct{})
+	go func() {
+		defer close(requeued)
+		requeueErr = r.requeueRunnable(ctx, &requeueRep)
+		requeueRep.RequeueTime = time.Since(begun)
+	}()
 	err := r.rescueRunning(ctx, &rep)
 	rep.RescueTime = time.Since(begun)
+	<-requeued
+	rep.merge(requeueRep)
+	rep.RequeueTime = requeueRep.RequeueTime
 	if err == nil {
-		err = r.requeueRunnable(ctx, &rep)
-		rep.RequeueTime = time.Since(begun) - rep.RescueTime
+		err = requeueErr
 	}
+	requeueEnd := time.Since(begun)
 	if err == nil && r.cfg.Outbox != nil {
 		err = r.outbox(ctx, &rep)
-		rep.OutboxTime = time.Since(begun) - rep.RescueTime - rep.RequeueTime
+		rep.OutboxTime = time.Since(begun) - requeueEnd
 	}
 	if err != nil {
 		rep.Err = err
@@ -318,6 +333,15 @@ func (r *Reconciler) Sweep(ctx context.Context) SweepReport {
 			"redis_round_trips", rep.RedisTrips, "seconds", time.Since(begun).Seconds())
 	}
 	return rep
+}
+
+// merge adds o's counts to rep.
+func (rep *SweepReport) merge(o SweepReport) {
+	for a, n := range o.Actions {
+		rep.Actions[a] += n
+	}
+	rep.Statements += o.Statements
+	rep.RedisTrips += o.RedisTrips
 }
 
 func nonZero(m map[string]int64) map[string]int64 {
@@ -470,12 +494,13 @@ func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, re
 		}
 	})
 	mu.Lock()
-	defer mu.Unlock()
 	rep.RedisTrips += int64(len(held))
 	if err != nil {
+		mu.Unlock()
 		return fmt.Errorf("scheduler: reconciler rescue of %d jobs: %w", len(held), err)
 	}
 	var firstErr error
+	byQueue := map[string][]tasks.Spec{}
 	for i, c := range held {
 		var te *store.TransitionError
 		switch {
@@ -483,11 +508,21 @@ func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, re
 			rep.Actions[ActionRescued]++
 			r.cfg.Logger.InfoContext(ctx, "stranded job rescued", "job", c.job.Key, "kind", c.job.Kind,
 				"attempt", c.job.AttemptNo, "worker", c.job.Worker, "fence", c.job.Fence, "token", c.lease.Token)
+			q := r.cfg.File.QueueFor(c.job.Kind)
+			byQueue[q] = append(byQueue[q], c.job.Spec())
 		case errors.As(errs[i], &te):
 			rep.Actions[ActionRescueRefused]++
 		case firstErr == nil:
 			firstErr = fmt.Errorf("scheduler: reconciler rescue %q: %w", c.job.Key, errs[i])
 		}
+	}
+	mu.Unlock()
+	// The rescued jobs are due now: enqueue them here rather than wait for the re-enqueue
+	// pass (which may have passed their keys already; if it meets them too, TaskID = key
+	// makes the second enqueue a no-op). A failure leaves them retryable without a task:
+	// the next sweep's re-enqueue pass finds them.
+	if err := r.enqueueSpecs(ctx, byQueue, rep, mu); err != nil && firstErr == nil {
+		firstErr = err
 	}
 	if claimErr != nil {
 		return claimErr
@@ -561,6 +596,15 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 		byQueue[q] = append(byQueue[q], tasks.Spec{Kind: j.Kind, URL: j.URL, SourceID: j.SourceID, Country: j.Country,
 			Window: j.Window, ParserVersion: j.ParserVersion, Scope: j.Scope})
 	}
+	var mu sync.Mutex
+	return r.enqueueSpecs(ctx, byQueue, rep, &mu)
+}
+
+// enqueueSpecs enqueues the specs, by queue, with EnqueueMany on chunks of at least
+// minRequeueChunk specs, Concurrency chunks at once (EnqueueMany enqueues one task after
+// another, so a batch costs about one chunk's round trips), and counts the outcomes in
+// rep under mu.
+func (r *Reconciler) enqueueSpecs(ctx context.Context, byQueue map[string][]tasks.Spec, rep *SweepReport, mu *sync.Mutex) error {
 	queues := slices.Sorted(func(yield func(string) bool) {
 		for q := range byQueue {
 			if !yield(q) {
@@ -568,8 +612,6 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 			}
 		}
 	})
-	// EnqueueMany enqueues one task after another; chunks of a page run concurrently so a
-	// page costs about one chunk's round trips.
 	type chunk struct {
 		enq   *tasks.Enqueuer
 		specs []tasks.Spec
@@ -588,43 +630,35 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 			specs = specs[n:]
 		}
 	}
-	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		firstErr error
-	)
-	sem := make(chan struct{}, r.cfg.Concurrency)
-	for _, c := range chunks {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			cctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-			defer cancel()
-			res, err := c.enq.EnqueueMany(cctx, c.specs)
-			mu.Lock()
-			defer mu.Unlock()
-			rep.Statements++
-			rep.RedisTrips += int64(len(c.specs))
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("scheduler: reconciler re-enqueue: %w", err)
-				}
-				return
+	var firstErr error // guarded by mu
+	forEach(r.cfg.Concurrency, len(chunks), func(i int) {
+		c := chunks[i]
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		defer cancel()
+		res, err := c.enq.EnqueueMany(cctx, c.specs)
+		mu.Lock()
+		defer mu.Unlock()
+		rep.Statements++
+		rep.RedisTrips += int64(len(c.specs))
+		if err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("scheduler: reconciler re-enqueue: %w", err)
 			}
-			for _, x := range res {
-				switch x.Outcome {
-				case tasks.Created, tasks.Requeued:
-					rep.Actions[ActionRequeued]++
-				case tasks.Repaired:
-					rep.Actions[ActionArchivedRepair]++
-				default:
-					rep.Actions[ActionAlreadyQueued]++
-				}
+			return
+		}
+		for _, x := range res {
+			switch x.Outcome {
+			case tasks.Created, tasks.Requeued:
+				rep.Actions[ActionRequeued]++
+			case tasks.Repaired:
+				rep.Actions[ActionArchivedRepair]++
+			default:
+				rep.Actions[ActionAlreadyQueued]++
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
 	return firstErr
 }
 

@@ -292,3 +292,63 @@ func countRows(t *testing.T, b *bundle, q string) int {
 	require.NoError(t, b.st.Pool().QueryRow(context.Background(), q).Scan(&n))
 	return n
 }
+
+// failingRescue is the store with a JobsRescue statement that fails as a whole.
+type failingRescue struct {
+	*store.PG
+	calls int
+	mu    sync.Mutex
+}
+
+func (f *failingRescue) JobsRescue(context.Context, []store.JobRescueParams) ([]error, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	return nil, fmt.Errorf("connection reset")
+}
+
+// TestReconcilerRescueStatementFails: when a page's rescue statement fails, the sweep
+// reports it, the jobs stay running, and every lease the reconciler claimed for the page
+// is released, so the next sweep rescues them (and enqueues their tasks).
+func TestReconcilerRescueStatementFails(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	leases := b.leases(t)
+	recs := b.recordJobs(t, "fail", 3)
+	for _, rec := range recs {
+		b.die(t, leases, b.run(t, leases, rec.Key, "dead-worker"))
+	}
+	f, err := scheduler.ParseFile([]byte("kinds:\n  catalog: {queue: "+b.ns.Queue+", max_lease: 10m}\n"), "", nil)
+	require.NoError(t, err)
+	failing := &failingRescue{PG: b.st}
+	r, err := scheduler.NewReconciler(scheduler.ReconcilerConfig{
+		File: f, Store: failing, Redis: b.ns.Client, Client: b.client, KeyPrefix: b.ns.Prefix, Logger: quietLogger(),
+		Now: func() time.Time { return time.Now().Add(time.Hour) },
+	})
+	require.NoError(t, err)
+	rep := r.Sweep(ctx)
+	require.ErrorContains(t, rep.Err, "connection reset")
+	assert.EqualValues(t, 1, rep.Actions[scheduler.ActionSweepErrors])
+	assert.Zero(t, rep.Actions[scheduler.ActionRescued])
+	assert.Equal(t, 1, failing.calls, "one statement for the page")
+	for _, rec := range recs {
+		job, err := b.st.JobGet(ctx, rec.Key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateRunning, job.State)
+		n, err := b.ns.Client.Exists(ctx, leases.Keys().Lease(rec.Key)).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "lease of %s released", rec.Key)
+		assert.False(t, b.ns.AsynqTaskExists(t, rec.Key))
+	}
+
+	rep = b.reconciler(t, recOpts{}).Sweep(ctx)
+	require.NoError(t, rep.Err)
+	assert.EqualValues(t, 3, rep.Actions[scheduler.ActionRescued], "%v", rep.Actions)
+	assert.EqualValues(t, 3, rep.Actions[scheduler.ActionRequeued], "%v", rep.Actions)
+	for _, rec := range recs {
+		job, err := b.st.JobGet(ctx, rec.Key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateRetryable, job.State)
+		assert.True(t, b.ns.AsynqTaskExists(t, rec.Key))
+	}
+}

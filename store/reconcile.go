@@ -77,10 +77,23 @@ type RunningJob struct {
 	AttemptNo        int       `db:"attempt_no"`
 	AttemptStartedAt time.Time `db:"started_at"`
 	Worker           string    `db:"worker"`
+	// The job's spec, to enqueue it again once rescued (see Spec).
+	URL           string `db:"url"`
+	SourceID      string `db:"source_id"`
+	Country       string `db:"country"`
+	Window        string `db:"window"`
+	ParserVersion int    `db:"parser_version"`
+	Scope         string `db:"scope"`
+}
+
+// Spec returns the job's spec, as tasks.Enqueuer takes it.
+func (j RunningJob) Spec() tasks.Spec {
+	return tasks.Spec{Kind: j.Kind, URL: j.URL, SourceID: j.SourceID, Country: j.Country, Window: j.Window,
+		ParserVersion: j.ParserVersion, Scope: j.Scope}
 }
 
 // JobsListRunning returns one page of running jobs in key order (key > p.AfterKey, at most
-// p.Limit), each with its current attempt, keeping those whose attempt started before
+// p.Limit), each with its current attempt and its spec, keeping those whose attempt started before
 // p.StartedBefore. It reads through the partial index on running jobs, so a page costs
 // in proportion to the running rows it passes, not to the table. The rows are a snapshot:
 // a job may have moved on by the time the caller acts, which is why JobRescue is fenced.
@@ -92,7 +105,9 @@ func (s *PG) JobsListRunning(ctx context.Context, p JobsListParams) ([]RunningJo
 	// The attempt is looked up per running job (LATERAL with LIMIT 1, which the planner
 	// can not flatten into a join): a hash join would read the whole attempts table.
 	rows, _ := s.pool.Query(ctx, `
-SELECT j.key, j.kind, j.fence, a.attempt_no, a.started_at, a.worker
+SELECT j.key, j.kind, j.fence, a.attempt_no, a.started_at, a.worker,
+	COALESCE(j.url, '') AS url, COALESCE(j.source_id, '') AS source_id, j.country, j."window",
+	j.parser_version, j.scope
 FROM jobs j
 CROSS JOIN LATERAL (
 	SELECT attempt_no, started_at, worker FROM attempts

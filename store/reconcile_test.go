@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -130,31 +131,9 @@ func TestJobRescue(t *testing.T) {
 		}
 	})
 
-	// raceOutcome checks that exactly one of a live worker's commit and a rescue won, and
-	// that the rows say so.
 	raceOutcome := func(t *testing.T, key string, token int64, commitErr, rescueErr error) string {
 		t.Helper()
-		jv := view(t, s, key)
-		results := testutil.Count(t, pool, `SELECT count(*) FROM results WHERE job_key = $1`, key)
-		events := testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key = $1`, "observed:"+key)
-		switch {
-		case commitErr == nil && rescueErr != nil:
-			require.ErrorIs(t, rescueErr, store.ErrJobComplete)
-			require.Equal(t, jobView{tasks.StateComplete, token, 1, "", 2048}, jv)
-			require.Equal(t, 1, results)
-			require.Equal(t, 1, events)
-			return "commit"
-		case rescueErr == nil && commitErr != nil:
-			require.ErrorIs(t, commitErr, store.ErrStaleFence)
-			require.Equal(t, jobView{tasks.StateRetryable, token + 1, 1, "lease_expired", 0}, jv)
-			require.Zero(t, results)
-			require.Zero(t, events)
-			require.Equal(t, "retryable", evidenceOf(t, s, key, 1).Outcome)
-			return "rescue"
-		default:
-			t.Fatalf("%s: want exactly one winner; commit: %v, rescue: %v", key, commitErr, rescueErr)
-			return ""
-		}
+		return rescueRaceOutcome(t, s, pool, key, token, commitErr, rescueErr)
 	}
 
 	t.Run("RaceWithLiveCommit", func(t *testing.T) {
@@ -208,6 +187,300 @@ func TestJobRescue(t *testing.T) {
 		wins := map[string]int{}
 		for i, p := range got {
 			wins[raceOutcome(t, fmt.Sprintf("race-%02d", i), 10, p.commit, p.rescue)]++
+		}
+		t.Logf("winners: %v", wins)
+		require.Equal(t, jobs, wins["commit"]+wins["rescue"])
+	})
+}
+
+// rescueRaceOutcome checks that exactly one of a live worker's commit and a rescue won,
+// and that the rows say so; it returns the winner.
+func rescueRaceOutcome(t *testing.T, s *store.PG, pool *pgxpool.Pool, key string, token int64, commitErr, rescueErr error) string {
+	t.Helper()
+	jv := view(t, s, key)
+	results := testutil.Count(t, pool, `SELECT count(*) FROM results WHERE job_key = $1`, key)
+	events := testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key = $1`, "observed:"+key)
+	switch {
+	case commitErr == nil && rescueErr != nil:
+		require.ErrorIs(t, rescueErr, store.ErrJobComplete)
+		require.Equal(t, jobView{tasks.StateComplete, token, 1, "", 2048}, jv)
+		require.Equal(t, 1, results)
+		require.Equal(t, 1, events)
+		return "commit"
+	case rescueErr == nil && commitErr != nil:
+		require.ErrorIs(t, commitErr, store.ErrStaleFence)
+		require.Equal(t, jobView{tasks.StateRetryable, token + 1, 1, "lease_expired", 0}, jv)
+		require.Zero(t, results)
+		require.Zero(t, events)
+		require.Equal(t, "retryable", evidenceOf(t, s, key, 1).Outcome)
+		return "rescue"
+	default:
+		t.Fatalf("%s: want exactly one winner; commit: %v, rescue: %v", key, commitErr, rescueErr)
+		return ""
+	}
+}
+
+// rescueFixture records, under prefix, one job in every state a rescue can meet, and
+// returns the rescues to try on them (keys under prefix).
+func rescueFixture(t *testing.T, s *store.PG, prefix string) []store.JobRescueParams {
+	t.Helper()
+	ctx := context.Background()
+	k := func(name string) string { return prefix + name }
+	record(t, s, k("ok-1"))
+	_, err := start(ctx, s, k("ok-1"), 5)
+	require.NoError(t, err)
+	record(t, s, k("ok-2"))
+	_, err = start(ctx, s, k("ok-2"), 1)
+	require.NoError(t, err)
+	_, err = start(ctx, s, k("ok-2"), 3) // a takeover: the first attempt is superseded
+	require.NoError(t, err)
+	record(t, s, k("rescued"))
+	_, err = start(ctx, s, k("rescued"), 5)
+	require.NoError(t, err)
+	require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: k("rescued"), ExpectFence: 5, Token: 6}))
+	record(t, s, k("running"))
+	_, err = start(ctx, s, k("running"), 8)
+	require.NoError(t, err)
+	record(t, s, k("pending"))
+	record(t, s, k("complete"))
+	_, err = start(ctx, s, k("complete"), 2)
+	require.NoError(t, err)
+	_, err = s.Commit(ctx, commitParams(k("complete"), 2))
+	require.NoError(t, err)
+	record(t, s, k("failed"))
+	_, err = start(ctx, s, k("failed"), 2)
+	require.NoError(t, err)
+	p := finish(k("failed"), 2)
+	p.Category = "parse_error"
+	require.NoError(t, s.JobFail(ctx, p))
+	return []store.JobRescueParams{
+		{Key: k("running"), ExpectFence: 7, Token: 9}, // under a newer fence
+		{Key: k("ok-1"), ExpectFence: 5, Token: 6, Error: "lease expired; rescued by r1"},
+		{Key: k("rescued"), ExpectFence: 5, Token: 7}, // a second rescue
+		{Key: k("pending"), ExpectFence: 1, Token: 2},
+		{Key: k("complete"), ExpectFence: 2, Token: 3},
+		{Key: k("nope"), ExpectFence: 2, Token: 3},
+		{Key: k("ok-2"), ExpectFence: 3, Token: 40, Error: strings.Repeat("é", 1500)}, // cut to 2000 bytes
+		{Key: k("failed"), ExpectFence: 2, Token: 3},
+	}
+}
+
+// TestJobsRescue: the batched rescue does, row for row, what JobRescue does (same rows
+// written, same refusals), fences each row on its own, and races live commits exactly as
+// JobRescue does.
+func TestJobsRescue(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+
+	t.Run("EquivalentToJobRescue", func(t *testing.T) {
+		single := rescueFixture(t, s, "one-")
+		batch := rescueFixture(t, s, "many-")
+		errs, err := s.JobsRescue(ctx, batch)
+		require.NoError(t, err)
+		require.Len(t, errs, len(batch))
+		rescued := 0
+		for i, p := range single {
+			name := strings.TrimPrefix(p.Key, "one-")
+			t.Run(name, func(t *testing.T) {
+				want := s.JobRescue(ctx, p)
+				got := errs[i]
+				if want == nil {
+					require.NoError(t, got)
+					rescued++
+				} else {
+					var wte, gte *store.TransitionError
+					require.ErrorAs(t, want, &wte)
+					require.ErrorAs(t, got, &gte, "%v", got)
+					require.ErrorIs(t, got, wte.Err)
+					assert.Equal(t, store.TransitionError{Op: "JobRescue", Key: batch[i].Key, State: wte.State, Fence: wte.Fence, Token: wte.Token, Err: wte.Err}, *gte)
+				}
+				oneJob, err := s.JobGet(ctx, p.Key)
+				if err != nil {
+					require.ErrorIs(t, err, store.ErrJobNotFound)
+					_, err = s.JobGet(ctx, batch[i].Key)
+					require.ErrorIs(t, err, store.ErrJobNotFound)
+					return
+				}
+				manyJob, err := s.JobGet(ctx, batch[i].Key)
+				require.NoError(t, err)
+				assert.Equal(t, view(t, s, p.Key), view(t, s, batch[i].Key))
+				assert.Equal(t, oneJob.NextAttemptAt == nil, manyJob.NextAttemptAt == nil)
+				oneAtts, err := s.AttemptList(ctx, p.Key)
+				require.NoError(t, err)
+				for n := 1; n <= len(oneAtts); n++ {
+					assert.Equal(t, evidenceOf(t, s, p.Key, n), evidenceOf(t, s, batch[i].Key, n), "attempt %d", n)
+				}
+				assert.Equal(t,
+					testutil.Count(t, pool, `SELECT count(*) FROM attempts WHERE job_key = $1 AND evidence_due`, p.Key),
+					testutil.Count(t, pool, `SELECT count(*) FROM attempts WHERE job_key = $1 AND evidence_due`, batch[i].Key))
+			})
+		}
+		require.Equal(t, 2, rescued, "ok-1 and ok-2 rescued")
+		ev := evidenceOf(t, s, "many-ok-2", 2)
+		assert.Len(t, ev.Error, 2000, "error cut to 2000 bytes")
+		assert.Equal(t, "superseded", evidenceOf(t, s, "many-ok-2", 1).Outcome, "an older attempt is not touched")
+	})
+
+	t.Run("RefusedRowsWriteNothing", func(t *testing.T) {
+		ps := rescueFixture(t, s, "ref-")
+		var refused []store.JobRescueParams
+		for _, p := range ps {
+			if !strings.HasPrefix(p.Key, "ref-ok-") {
+				refused = append(refused, p)
+			}
+		}
+		jobs := testutil.TableSnapshot(t, pool, "jobs")
+		atts := testutil.TableSnapshot(t, pool, "attempts")
+		errs, err := s.JobsRescue(ctx, refused)
+		require.NoError(t, err)
+		for i, e := range errs {
+			var te *store.TransitionError
+			require.ErrorAs(t, e, &te, "row %d", i)
+		}
+		if diff := cmp.Diff(jobs, testutil.TableSnapshot(t, pool, "jobs")); diff != "" {
+			t.Fatalf("refused rescues changed jobs (-before +after):\n%s", diff)
+		}
+		if diff := cmp.Diff(atts, testutil.TableSnapshot(t, pool, "attempts")); diff != "" {
+			t.Fatalf("refused rescues changed attempts (-before +after):\n%s", diff)
+		}
+	})
+
+	t.Run("BadRows", func(t *testing.T) {
+		record(t, s, "bad-ok")
+		_, err := start(ctx, s, "bad-ok", 1)
+		require.NoError(t, err)
+		errs, err := s.JobsRescue(ctx, []store.JobRescueParams{
+			{ExpectFence: 1, Token: 2},
+			{Key: "bad-ok", ExpectFence: 1, Token: 2},
+			{Key: "k", ExpectFence: 0, Token: 2},
+			{Key: "k", ExpectFence: 3, Token: 3},
+			{Key: "bad-ok", ExpectFence: 1, Token: 3},
+		})
+		require.NoError(t, err)
+		require.ErrorContains(t, errs[0], "Key is empty")
+		require.NoError(t, errs[1], "a valid row is rescued beside invalid ones")
+		require.ErrorContains(t, errs[2], "ExpectFence")
+		require.ErrorContains(t, errs[3], "Token")
+		require.ErrorContains(t, errs[4], "Key given twice")
+		assert.Equal(t, jobView{tasks.StateRetryable, 2, 1, "lease_expired", 0}, view(t, s, "bad-ok"))
+
+		errs, err = s.JobsRescue(ctx, nil)
+		require.NoError(t, err)
+		require.Empty(t, errs)
+		_, err = s.JobsRescue(ctx, make([]store.JobRescueParams, store.MaxRescueBatch+1))
+		require.ErrorContains(t, err, "at most")
+	})
+
+	t.Run("RaceWithLockedCommit", func(t *testing.T) {
+		// A live commit and the batch both wait on the jobs row lock of another
+		// transaction; whichever runs second sees what the first left, and a refused row
+		// is classified from the row as it is after the wait, not from the snapshot.
+		record(t, s, "lk-race")
+		_, err := start(ctx, s, "lk-race", 3)
+		require.NoError(t, err)
+		record(t, s, "lk-free")
+		_, err = start(ctx, s, "lk-free", 3)
+		require.NoError(t, err)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE key = 'lk-race' FOR UPDATE`)
+		require.NoError(t, err)
+		waiting := func(n int) func() bool {
+			return func() bool {
+				return testutil.Count(t, pool, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock'`) == n
+			}
+		}
+		commitErr := make(chan error, 1)
+		type batchRes struct {
+			errs []error
+			err  error
+		}
+		batchDone := make(chan batchRes, 1)
+		go func() { _, err := s.Commit(ctx, commitParams("lk-race", 3)); commitErr <- err }()
+		require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
+		go func() {
+			errs, err := s.JobsRescue(ctx, []store.JobRescueParams{
+				{Key: "lk-race", ExpectFence: 3, Token: 4}, {Key: "lk-free", ExpectFence: 3, Token: 4}})
+			batchDone <- batchRes{errs, err}
+		}()
+		require.Eventually(t, waiting(2), 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, tx.Commit(ctx))
+		cerr := <-commitErr
+		br := <-batchDone
+		require.NoError(t, br.err)
+		require.NoError(t, br.errs[1], "the other row of the batch is rescued")
+		winner := rescueRaceOutcome(t, s, pool, "lk-race", 3, cerr, br.errs[0])
+		if winner == "commit" {
+			var te *store.TransitionError
+			require.ErrorAs(t, br.errs[0], &te)
+			assert.Equal(t, tasks.StateComplete, te.State, "read under the lock")
+		}
+	})
+
+	t.Run("RaceWithLiveCommits", func(t *testing.T) {
+		// Live workers commit 40 jobs while two batches (reconcilers) rescue them: per job
+		// exactly one of the commit and the rescues wins; the losing batch is refused.
+		const jobs = 40
+		var ps []store.JobRescueParams
+		for i := 0; i < jobs; i++ {
+			key := fmt.Sprintf("lrace-%02d", i)
+			record(t, s, key)
+			_, err := start(ctx, s, key, 10)
+			require.NoError(t, err)
+			ps = append(ps, store.JobRescueParams{Key: key, ExpectFence: 10, Token: 11})
+		}
+		release := make(chan struct{})
+		commitErrs := make([]error, jobs)
+		var batchErrs [2][]error
+		var wg sync.WaitGroup
+		for i := 0; i < jobs; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-release
+				_, commitErrs[i] = s.Commit(ctx, commitParams(ps[i].Key, 10))
+			}()
+		}
+		for b := range batchErrs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-release
+				mine := slices.Clone(ps)
+				if b == 1 {
+					slices.Reverse(mine) // another order: the statement sorts its locks
+				}
+				errs, err := s.JobsRescue(ctx, mine)
+				if !assert.NoError(t, err) {
+					errs = make([]error, len(mine))
+				}
+				if b == 1 {
+					slices.Reverse(errs)
+				}
+				batchErrs[b] = errs
+			}()
+		}
+		close(release)
+		wg.Wait()
+		wins := map[string]int{}
+		for i, p := range ps {
+			e0, e1 := batchErrs[0][i], batchErrs[1][i]
+			rescueErr := e0
+			switch {
+			case e0 == nil && e1 == nil:
+				t.Fatalf("%s rescued twice", p.Key)
+			case e0 != nil && e1 == nil:
+				rescueErr = e1
+				require.ErrorIs(t, e0, store.ErrStaleFence)
+			case e0 == nil:
+				require.ErrorIs(t, e1, store.ErrStaleFence)
+			default:
+				require.ErrorIs(t, e1, store.ErrJobComplete)
+			}
+			wins[rescueRaceOutcome(t, s, pool, p.Key, 10, commitErrs[i], rescueErr)]++
 		}
 		t.Logf("winners: %v", wins)
 		require.Equal(t, jobs, wins["commit"]+wins["rescue"])
@@ -288,7 +561,10 @@ func TestJobsListRunning(t *testing.T) {
 		require.Len(t, page, 2)
 		require.Equal(t, "run-03", page[0].Key)
 		require.Equal(t, store.RunningJob{Key: "run-03", Kind: "catalog", Fence: 2, AttemptNo: 2, Worker: "w1",
-			AttemptStartedAt: page[0].AttemptStartedAt}, page[0], "the current attempt, after a takeover")
+			AttemptStartedAt: page[0].AttemptStartedAt, SourceID: "run-03", Country: "US", Window: "2026-04-23",
+			ParserVersion: 3}, page[0], "the current attempt, after a takeover; the job's spec")
+		require.Equal(t, tasks.Spec{Kind: "catalog", SourceID: "run-03", Country: "US", Window: "2026-04-23", ParserVersion: 3},
+			page[0].Spec())
 		require.WithinDuration(t, testNow(t, s), page[0].AttemptStartedAt, time.Minute)
 		require.Equal(t, 1, page[1].AttemptNo)
 	})
