@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -30,18 +31,26 @@ const benchConcurrency = 20
 //   - BareAsynq: a plain asynq handler doing the same fetch through the same proxy and one
 //     INSERT of the result — no lease, no fencing, no attempt evidence, no outbox.
 func BenchmarkEndToEnd(b *testing.B) {
-	for _, mode := range []string{"Runner", "RunnerGroupCommit", "BareAsynq"} {
+	for _, mode := range []string{"Runner", "RunnerGroupCommit", "RunnerRobots", "RunnerPolite", "BareAsynq"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newBenchRig(b)
 			page := r.site.URL + "/big"
 			var handler asynq.Handler
 			switch mode {
-			case "Runner", "RunnerGroupCommit":
-				reg, err := handlers.NewRegistry(handlers.Config{
+			case "Runner", "RunnerGroupCommit", "RunnerRobots", "RunnerPolite":
+				cfg := handlers.Config{
 					Store: r.st, NoGroupCommit: mode == "Runner", Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 					Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), IgnoreRobotsTxt: true},
 					Logger:    discardLogger(),
-				})
+				}
+				switch mode {
+				case "RunnerRobots": // robots.txt through the shared cache (the default)
+					cfg.Collector.IgnoreRobotsTxt = false
+				case "RunnerPolite": // and a generous fleet-wide limit on the host: one EVALSHA per request
+					cfg.Collector.IgnoreRobotsTxt = false
+					cfg.DefaultHostLimit = &lua.Limit{Rate: 1e6, Burst: 1e6}
+				}
+				reg, err := handlers.NewRegistry(cfg)
 				if err != nil {
 					b.Fatal(err)
 				}

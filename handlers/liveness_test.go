@@ -23,6 +23,7 @@ import (
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/ops"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -362,4 +363,36 @@ func TestSupersededAttemptEvidence(t *testing.T) {
 	job, err := r.st.JobGet(ctx, key)
 	require.NoError(t, err)
 	require.Equal(t, a.Bytes+b.Bytes, job.BytesTotal, "bytes per logical job include the duplicate work")
+}
+
+// TestRequeueGivesFreshBudget: a job that failed on its attempt cap, re-queued by an
+// operator, gets the whole budget again — its next failure is retryable, not the cap.
+func TestRequeueGivesFreshBudget(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-6")
+	reg := r.registry(t, nil, handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 2}))
+	for i := 0; i < 2; i++ {
+		r.site.Throttle(1, time.Second)
+		_ = reg.ProcessTask(ctx, task)
+	}
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateFailed, job.State)
+	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+
+	_, err = ops.New(r.st.Pool()).JobRequeue(ctx, ops.RequeueParams{Key: key, By: "test", Note: "fresh budget"})
+	require.NoError(t, err)
+	r.site.Throttle(1, time.Second)
+	dec := decisionOf(reg.ProcessTask(ctx, task))
+	require.True(t, dec.Retry && dec.Counted, "attempt 1 of the new budget: retryable")
+	job, err = r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateRetryable, job.State)
+	require.Equal(t, 3, job.Attempts, "the history keeps counting")
+
+	require.NoError(t, reg.ProcessTask(ctx, task))
+	job, err = r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateComplete, job.State)
 }

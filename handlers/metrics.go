@@ -1,6 +1,8 @@
 package handlers
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -22,9 +24,22 @@ type metrics struct {
 	incidentTrips     *prometheus.CounterVec // category
 	incidentDeferred  *prometheus.CounterVec // kind
 	tasksDropped      *prometheus.CounterVec // kind, reason
+	hostWait          *prometheus.HistogramVec
+	hostThrottled     *prometheus.CounterVec // kind, reason
+	hostsPaused       prometheus.GaugeFunc
+	robotsFetches     *prometheus.CounterVec // status class
+	robotsBytes       prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// statusClass is "2xx" … "5xx", or "error" for a fetch without an answer.
+func statusClass(status int) string {
+	if status < 100 || status > 599 {
+		return "error"
+	}
+	return fmt.Sprintf("%dxx", status/100)
+}
+
+func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics, error) {
 	m := &metrics{
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_attempts_total",
@@ -85,8 +100,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemscrape_tasks_dropped_total",
 			Help: "asynq tasks revoked or set aside without an attempt: reason no_job_row (revoked: PostgreSQL has no such job) or undecodable (retried late: a newer worker may read it).",
 		}, []string{"kind", "reason"}),
+		hostWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemscrape_host_wait_seconds",
+			Help:    "How long requests to a rate-limited destination host waited for the host's fleet-wide slot (0 = sent at once).",
+			Buckets: []float64{0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30},
+		}, []string{"kind"}),
+		hostThrottled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_host_throttled_total",
+			Help: "Host throttling: reason retry_after (a 429/503 Retry-After paused the host for every worker) or wait_too_long (the host's next slot was beyond HostWaitMax: the attempt ended throttled).",
+		}, []string{"kind", "reason"}),
+		hostsPaused: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemscrape_hosts_paused",
+			Help: "Destination hosts this worker paused fleet-wide after a Retry-After whose pause has not ended yet.",
+		}, pausedHosts),
+		robotsFetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_robots_fetches_total",
+			Help: "robots.txt fetches this worker made for the fleet-wide cache, by status class (2xx, 4xx, 5xx, error).",
+		}, []string{"status"}),
+		robotsBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemscrape_robots_bytes_total",
+			Help: "Bytes robots.txt fetches moved through the proxy: the fleet's overhead, not counted against any job's budget.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.incidentOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
+	for _, c := range []prometheus.Collector{m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
 		m.jobBytes, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -64,6 +64,8 @@ type kind struct {
 	topic           string
 	retry           RetryConfig
 	sessionLifetime time.Duration
+	hostLimit       *lua.Limit   // WithHostLimit
+	limiter         *hostLimiter // paces the kind's requests
 }
 
 // Config defaults.
@@ -89,7 +91,22 @@ type Config struct {
 	// KeyPrefix of the lease keys. Defaults to DefaultKeyPrefix.
 	KeyPrefix string
 	// Collector configures each session's collector (size cap, timeouts, robots, guard).
+	// Unless IgnoreRobotsTxt is set or Robots is given, the registry sets Robots to a
+	// sessions.RobotsCache in Redis under KeyPrefix shared by the fleet; it always sets
+	// Limiter (see HostLimits).
 	Collector sessions.CollectorConfig
+	// HostLimits are fleet-wide request rates per destination host — the URL's host,
+	// lower case, with its port unless it is the scheme's default ("shop.example",
+	// "127.0.0.1:8080"). They win over a kind's WithHostLimit and DefaultHostLimit.
+	// Defaults to none.
+	HostLimits map[string]lua.Limit
+	// DefaultHostLimit is the rate of every other host, for kinds without WithHostLimit.
+	// Defaults to nil: such hosts are not paced and cost no Redis round trip.
+	DefaultHostLimit *lua.Limit
+	// HostWaitMax is the longest a request waits for its host's slot; a slot further away
+	// ends the attempt as throttled with that distance as its Retry-After, so the job frees
+	// its lease instead of holding it idle. Defaults to DefaultHostWaitMax.
+	HostWaitMax time.Duration
 	// MaxSessionRestarts per attempt. Defaults to sessions.DefaultMaxSessionRestarts.
 	MaxSessionRestarts int
 	// LeaseLengths chooses lease lengths per kind. Defaults to NewLeaseLengths(nil).
@@ -137,15 +154,18 @@ var (
 // implements asynq.Handler; run the asynq server with ServerConfig so its retry delays and
 // failure counting follow the runner's decisions.
 type Registry struct {
-	cfg      Config
-	starter  starter
-	owned    *store.GroupCommitter // the default committer, closed by Close
-	leases   *lua.Leases
-	lengths  *LeaseLengths
-	breaker  breaker
-	metrics  *metrics
-	gatherer prometheus.Gatherer
-	log      *slog.Logger
+	cfg     Config
+	starter starter
+	owned   *store.GroupCommitter // the default committer, closed by Close
+	leases  *lua.Leases
+	lengths *LeaseLengths
+	breaker breaker
+	metrics *metrics
+	// politeness: the shared host limits and the hosts this worker paused.
+	hostLimits *lua.HostLimits
+	paused     pausedHosts
+	gatherer   prometheus.Gatherer
+	log        *slog.Logger
 
 	mu    sync.RWMutex
 	kinds map[string]*kind
@@ -194,6 +214,26 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if cfg.Retry, err = cfg.Retry.withDefaults(); err != nil {
 		return nil, err
 	}
+	if cfg.HostWaitMax == 0 {
+		cfg.HostWaitMax = DefaultHostWaitMax
+	}
+	if cfg.HostWaitMax < 0 {
+		return nil, fmt.Errorf("handlers: Config.HostWaitMax %v must be positive", cfg.HostWaitMax)
+	}
+	for host, lim := range cfg.HostLimits {
+		if err := lim.Validate(); err != nil {
+			return nil, fmt.Errorf("handlers: Config.HostLimits[%q]: %w", host, err)
+		}
+	}
+	if cfg.DefaultHostLimit != nil {
+		if err := cfg.DefaultHostLimit.Validate(); err != nil {
+			return nil, fmt.Errorf("handlers: Config.DefaultHostLimit: %w", err)
+		}
+	}
+	hostLimits, err := lua.NewHostLimits(cfg.Redis, cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
 	leases, err := lua.NewLeases(cfg.Redis, cfg.KeyPrefix)
 	if err != nil {
 		return nil, err
@@ -210,15 +250,29 @@ func NewRegistry(cfg Config) (*Registry, error) {
 			return nil, fmt.Errorf("handlers: Config.KeepOptions against the shortest lease (LeaseLengths.Min %v): %w", lengths.cfg.Min, err)
 		}
 	}
-	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, log: cfg.Logger, kinds: map[string]*kind{}}
+	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, hostLimits: hostLimits, log: cfg.Logger, kinds: map[string]*kind{}}
 	r.breaker.interval, r.breaker.max = cfg.IncidentProbeInterval, cfg.IncidentProbeMax
 	if cfg.Registerer == nil {
 		reg := prometheus.NewRegistry()
 		cfg.Registerer, r.gatherer = reg, reg
 		r.cfg.Registerer = reg
 	}
-	if r.metrics, err = newMetrics(cfg.Registerer); err != nil {
+	if r.metrics, err = newMetrics(cfg.Registerer, func() float64 { return float64(r.paused.count(r.cfg.Now())) }); err != nil {
 		return nil, fmt.Errorf("handlers: register metrics: %w", err)
+	}
+	if !r.cfg.Collector.IgnoreRobotsTxt && r.cfg.Collector.Robots == nil {
+		robotsBytes := r.metrics.robotsBytes
+		robotsFetches := r.metrics.robotsFetches
+		r.cfg.Collector.Robots, err = sessions.NewRobotsCache(sessions.RobotsConfig{
+			Redis: cfg.Redis, KeyPrefix: cfg.KeyPrefix,
+			OnFetch: func(_ string, status int, bytes int64) {
+				robotsBytes.Add(float64(bytes))
+				robotsFetches.WithLabelValues(statusClass(status)).Inc()
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("handlers: robots.txt cache: %w", err)
+		}
 	}
 	// Last, so that no error above leaves its goroutine behind.
 	if r.cfg.Committer == nil {
@@ -244,10 +298,16 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 	for _, o := range opts {
 		o(k)
 	}
+	if k.hostLimit != nil {
+		if err := k.hostLimit.Validate(); err != nil {
+			return fmt.Errorf("handlers: kind %q: WithHostLimit: %w", kindName, err)
+		}
+	}
 	var err error
 	if k.retry, err = k.retry.withDefaults(); err != nil {
 		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 	}
+	k.limiter = r.limiterFor(k)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.kinds[kindName]; dup {

@@ -129,7 +129,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 
 	switch {
 	case committed:
-		log.InfoContext(ctx, "job complete", "session", w.session(), "bytes", w.unit.Bytes)
+		log.InfoContext(ctx, "job complete", "session", w.session(), "bytes", w.unit.Bytes, "exit", w.unit.ExitEvidence())
 		return nil
 	case isSuperseded(commitErr):
 		return r.superseded(ctx, k, job, acq, w, log, commitErr, nil)
@@ -229,14 +229,18 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("build workflow: %w", err)}
 		return w
 	}
+	collector := r.cfg.Collector
+	if collector.Limiter == nil {
+		collector.Limiter = k.limiter
+	}
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Provider:           r.cfg.Provider,
 		Country:            job.Spec.Country,
 		SessionLifetime:    k.sessionLifetime,
 		MaxSessionRestarts: r.cfg.MaxSessionRestarts,
 		// The job's bandwidth budget is enforced inside the attempt, not only between them.
-		MaxBytes:  max(1, k.retry.BandwidthBudget-acq.Attempt.BytesTotal),
-		Collector: r.cfg.Collector,
+		MaxBytes:  max(1, k.retry.BandwidthBudget-acq.Attempt.BudgetBytes),
+		Collector: collector,
 		Now:       r.cfg.Now,
 		Logger:    log,
 		Quarantine: func(qctx context.Context, q sessions.Quarantined) error {
@@ -399,10 +403,11 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	} else {
 		d = k.retry.decide(failureInput{
 			Category:   fe.Category,
-			AttemptNo:  acq.Attempt.AttemptNo,
+			// The budget counts from the job's creation or an operator's requeue.
+			AttemptNo:  acq.Attempt.BudgetAttemptNo,
 			RetryAfter: fe.RetryAfter,
-			JobAge:     now.Sub(acq.Attempt.JobCreatedAt),
-			JobBytes:   acq.Attempt.BytesTotal + w.unit.Bytes,
+			JobAge:     now.Sub(acq.Attempt.BudgetSince),
+			JobBytes:   acq.Attempt.BudgetBytes + w.unit.Bytes,
 		}, r.cfg.Rand)
 	}
 	if d.Retry && !incident {
@@ -416,6 +421,10 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	errText := fe.Error()
 	if d.Why != "" {
 		errText = d.Why + ": " + errText
+	}
+	if w.unit.Session != nil {
+		// Evidence of which exit the attempt ran on, or that nobody checked.
+		errText += "; " + w.unit.ExitEvidence()
 	}
 	params := store.AttemptFinishParams{
 		Key: job.Key, Token: acq.Lease.Token, Category: string(d.Category), Error: errText,
@@ -443,7 +452,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		log.ErrorContext(ctx, "failed attempt not recorded; retrying the delivery", "err", err, "failure", errText)
 		delay := d.Delay
 		if !d.Retry {
-			delay = backoff(k.retry.policy(tasks.CategoryInternal), acq.Attempt.AttemptNo, r.cfg.Rand)
+			delay = backoff(k.retry.policy(tasks.CategoryInternal), acq.Attempt.BudgetAttemptNo, r.cfg.Rand)
 		}
 		return &retryError{delay: delay, counted: true, err: fmt.Errorf("record failed attempt: %w (after %w)", err, fe)}
 	}

@@ -38,3 +38,26 @@ func (k Keys) Lease(jobKey string) string { return k.prefix + k.Tag(jobKey) + ":
 
 // Fence is the last fencing token issued for a job. // STRING integer
 func (k Keys) Fence(jobKey string) string { return k.prefix + k.Tag(jobKey) + ":fence" }
+
+// HostTag returns the hash tag of a destination host (host[:port], lower case), braces
+// included: "{host:<host>}", or a hash of the host if it holds a brace.
+func (k Keys) HostTag(host string) string {
+	if strings.ContainsAny(host, "{}") {
+		sum := sha256.Sum256([]byte(host))
+		return "{host:" + hex.EncodeToString(sum[:12]) + "}"
+	}
+	return "{host:" + host + "}"
+}
+
+// HostTAT is a host's GCRA theoretical arrival time. // STRING integer, server µs
+func (k Keys) HostTAT(host string) string { return k.prefix + k.HostTag(host) + ":tat" }
+
+// HostNotBefore is the server time before which no worker sends to a host (Retry-After).
+// // STRING integer, server µs
+func (k Keys) HostNotBefore(host string) string { return k.prefix + k.HostTag(host) + ":notbefore" }
+
+// Robots is the cached robots.txt of an origin (scheme://host[:port]). // STRING JSON
+func (k Keys) Robots(origin string) string { return k.prefix + k.HostTag(origin) + ":robots" }
+
+// RobotsLock is held by the one worker fetching an origin's robots.txt. // STRING owner, PX
+func (k Keys) RobotsLock(origin string) string { return k.prefix + k.HostTag(origin) + ":robots-lock" }

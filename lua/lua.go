@@ -1,6 +1,8 @@
 // Package lua holds idemscrape's Redis scripts (the *.lua files next to this one, embedded)
 // and their thin Go wrappers: the lease of a job, claimed, renewed and released atomically,
-// and the fencing token every claim issues.
+// and the fencing token every claim issues; and the fleet-wide politeness of a destination
+// host (HostLimits: a GCRA bucket and a shared Retry-After pause per host, on the server's
+// clock).
 //
 // Guarantees:
 //   - At most one owner holds a job's lease at a time; the lease expires on the Redis

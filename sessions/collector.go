@@ -11,10 +11,13 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gocolly/colly/v2"
+
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 // Collector defaults.
@@ -36,8 +39,9 @@ type CollectorConfig struct {
 	RequestTimeout time.Duration
 	// DialTimeout bounds the TCP connect to the proxy. Defaults to DefaultDialTimeout.
 	DialTimeout time.Duration
-	// IgnoreRobotsTxt turns robots.txt checks off. Defaults to false: robots.txt is
-	// respected (colly's own default is the opposite).
+	// IgnoreRobotsTxt turns robots.txt checks off altogether (neither Robots nor colly's
+	// own check runs). Defaults to false: robots.txt is respected (colly's own default is
+	// the opposite).
 	IgnoreRobotsTxt bool
 	// UserAgent sent with every request. Defaults to DefaultUserAgent.
 	UserAgent string
@@ -50,6 +54,15 @@ type CollectorConfig struct {
 	TLSConfig *tls.Config
 	// Now is the clock for Retry-After dates. Defaults to time.Now.
 	Now func() time.Time
+	// Robots is the fleet-wide robots.txt cache (NewRobotsCache). When set (and
+	// IgnoreRobotsTxt is false), colly's own per-collector robots.txt check is off and every
+	// hop — redirects included — is checked against this cache instead, whose fetch goes
+	// through the collector's own session. Defaults to nil: colly's per-collector check,
+	// which fetches robots.txt once per collector (once per session).
+	Robots *RobotsCache
+	// Limiter paces every request hop (redirects and robots.txt fetches included) per
+	// destination host, and hears every 429/503 Retry-After. Defaults to nil: no pacing.
+	Limiter HostLimiter
 
 	// budget is how many bytes this collector may move before its reads fail with
 	// ErrBudgetExceeded (set by Unit.Run from RunConfig.MaxBytes); only if budgetSet.
@@ -95,6 +108,9 @@ type Bound struct {
 	bytes      atomic.Int64
 	served     atomic.Bool  // the session answered at least one request
 	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
+
+	exitMu sync.Mutex
+	exit   string // the exit the session's first response named ("" until then)
 }
 
 const responseKey = "idemscrape.response"
@@ -128,7 +144,9 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 		colly.UserAgent(c.UserAgent),
 		colly.StdlibContext(ctx),
 	)
-	col.IgnoreRobotsTxt = c.IgnoreRobotsTxt
+	// With the shared cache, the transport checks robots.txt on every hop; colly's own
+	// check would fetch it again per collector, i.e. per session.
+	col.IgnoreRobotsTxt = c.IgnoreRobotsTxt || c.Robots != nil
 	col.WithTransport(&sessionTransport{bound: b})
 	col.SetRequestTimeout(c.RequestTimeout)
 	col.OnResponse(func(r *colly.Response) { r.Ctx.Put(responseKey, r) })
@@ -178,6 +196,48 @@ func (b *Bound) budgetError() error {
 	return &budgetExceededError{moved: b.bytes.Load(), budget: b.cfg.budget}
 }
 
+// Exit is the exit address the session's responses named in the provider's exit header
+// (Provider.WithExitHeader), "" if the provider has none or no response carried it yet.
+func (b *Bound) Exit() string {
+	b.exitMu.Lock()
+	defer b.exitMu.Unlock()
+	return b.exit
+}
+
+// ExitVerified reports whether the session's exit is checked on every response: the
+// provider names an exit header (Provider.WithExitHeader).
+func (b *Bound) ExitVerified() bool { return b.Session.exitHeader != "" }
+
+// ErrExitChanged: a session's responses came from another exit than its first one — the
+// provider re-assigned the sticky session silently. Category session_lost: the unit
+// replays on a new session.
+var ErrExitChanged = errors.New("sessions: the session's exit changed mid-unit")
+
+// checkExit learns the exit from the session's first response that names one and refuses
+// every later response from another exit. A response without the header (a proxy's own
+// answer) is not evidence either way.
+func (b *Bound) checkExit(h http.Header) error {
+	name := b.Session.exitHeader
+	if name == "" {
+		return nil
+	}
+	got := sanitizeHeader(strings.TrimSpace(h.Get(name)))
+	if got == "" {
+		return nil
+	}
+	b.exitMu.Lock()
+	defer b.exitMu.Unlock()
+	switch b.exit {
+	case "":
+		b.exit = got
+		return nil
+	case got:
+		return nil
+	}
+	return &FetchError{Category: tasks.CategorySessionLost,
+		Err: fmt.Errorf("%w: first response from exit %s, now %s (%s)", ErrExitChanged, b.exit, got, name)}
+}
+
 // Close drops the session's idle connections.
 func (b *Bound) Close() { b.transport.CloseIdleConnections() }
 
@@ -202,12 +262,45 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if req.Body != nil {
 		defer req.Body.Close()
 	}
-	if err := b.cfg.Guard.Check(req.Context(), req.URL.String()); err != nil {
+	ctx := req.Context()
+	if err := b.cfg.Guard.Check(ctx, req.URL.String()); err != nil {
 		return nil, err
 	}
 	if b.overBudget() {
 		return nil, b.budgetError()
 	}
+	if b.cfg.Robots != nil && !b.cfg.IgnoreRobotsTxt {
+		if err := b.cfg.Robots.check(ctx, b, req.URL); err != nil {
+			return nil, err
+		}
+	}
+	if b.cfg.Limiter != nil {
+		if err := b.cfg.Limiter.Wait(ctx, hostKey(req.URL)); err != nil {
+			return nil, err
+		}
+	}
+	return b.exchange(req, &b.bytes, true)
+}
+
+// hostKey is the destination host a rate limit applies to: host[:port], lower case, the
+// default port dropped.
+func hostKey(u *url.URL) string {
+	host := strings.ToLower(u.Hostname())
+	port := u.Port()
+	if port == "" || (u.Scheme == "http" && port == "80") || (u.Scheme == "https" && port == "443") {
+		return host
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// origin is the scheme://host[:port] a robots.txt belongs to (RFC 9309).
+func origin(u *url.URL) string { return strings.ToLower(u.Scheme) + "://" + hostKey(u) }
+
+// exchange sends req through the session's proxy and returns the response with a counted,
+// capped, decompressed body. Bytes go to counter; job says it is the job's traffic (the
+// budget applies) rather than the fleet's (robots.txt). It checks the exit and tells the
+// limiter of a Retry-After.
+func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*http.Response, error) {
 	out := req.Clone(req.Context())
 	switch req.URL.Scheme {
 	case "http":
@@ -222,7 +315,7 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if out.Header.Get("Accept-Encoding") == "" {
 		out.Header.Set("Accept-Encoding", "gzip")
 	}
-	b.bytes.Add(int64(len(req.Method)+len(req.URL.String())+16) + headerBytes(req.Header))
+	counter.Add(int64(len(req.Method)+len(req.URL.String())+16) + headerBytes(req.Header))
 	res, err := b.transport.RoundTrip(out)
 	if err != nil {
 		return nil, err
@@ -231,14 +324,23 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	// credentials: colly takes the response's request as the final one and exposes its
 	// headers to every callback.
 	res.Request = req
-	b.bytes.Add(headerBytes(res.Header) + 32)
+	counter.Add(headerBytes(res.Header) + 32)
 	b.lastStatus.Store(int32(res.StatusCode))
 	if req.URL.Scheme == "http" && isProxyRefusal(res) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
 		res.Body.Close()
 		return nil, &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
 	}
-	var body io.Reader = &countingReader{r: res.Body, bound: b}
+	if err := b.checkExit(res.Header); err != nil {
+		res.Body.Close()
+		return nil, err
+	}
+	if b.cfg.Limiter != nil && (res.StatusCode == http.StatusTooManyRequests || res.StatusCode == http.StatusServiceUnavailable) {
+		if d := retryAfter(res.Header.Get("Retry-After"), b.cfg.Now()); d > 0 {
+			b.cfg.Limiter.Pause(req.Context(), hostKey(req.URL), d)
+		}
+	}
+	var body io.Reader = &countingReader{r: res.Body, bound: b, counter: counter, job: job}
 	if strings.EqualFold(strings.TrimSpace(res.Header.Get("Content-Encoding")), "gzip") {
 		gz, err := gzip.NewReader(body)
 		if err != nil {
@@ -278,14 +380,21 @@ func headerBytes(h http.Header) int64 {
 	return n
 }
 
-// countingReader counts wire bytes and aborts the read once the collector's bandwidth
-// budget is spent.
+// countingReader counts wire bytes and, for the job's own traffic, aborts the read once
+// the collector's bandwidth budget is spent.
 type countingReader struct {
-	r     io.Reader
-	bound *Bound
+	r       io.Reader
+	bound   *Bound
+	counter *atomic.Int64
+	job     bool // the job's traffic: the budget applies
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	if !c.job {
+		n, err := c.r.Read(p)
+		c.counter.Add(int64(n))
+		return n, err
+	}
 	if c.bound.overBudget() {
 		return 0, c.bound.budgetError()
 	}
@@ -297,7 +406,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := c.r.Read(p)
-	c.bound.bytes.Add(int64(n))
+	c.counter.Add(int64(n))
 	if c.bound.overBudget() {
 		return n, c.bound.budgetError()
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -51,6 +52,7 @@ type Provider struct {
 	userTmpl    string
 	passTmpl    string
 	maxLifetime time.Duration
+	exitHeader  string // response header naming the exit ("" = the provider sends none)
 	creds       credentials
 }
 
@@ -153,8 +155,38 @@ func SOAX(packageID, password string) (*Provider, error) {
 // WithGateway returns a copy of p that connects to gateway (host:port) instead.
 func (p *Provider) WithGateway(gateway string) (*Provider, error) {
 	user, pass := p.creds()
-	return NewProvider(p.name, gateway, p.userTmpl, p.passTmpl, user, pass, p.maxLifetime)
+	np, err := NewProvider(p.name, gateway, p.userTmpl, p.passTmpl, user, pass, p.maxLifetime)
+	if err != nil {
+		return nil, err
+	}
+	np.exitHeader = p.exitHeader
+	return np, nil
 }
+
+// WithExitHeader returns a copy of p whose sessions verify their exit: the first response
+// of a session that carries header name fixes the session's exit, and a later response
+// naming another exit ends the session as session_lost (ErrExitChanged), so the unit
+// replays on a new session instead of mixing two exits.
+//
+// Exit integrity needs a per-response exit signal. None of the presets sets one: their
+// documented gateways do not name the exit on every proxied response (some offer a
+// separate lookup endpoint, which would cost a request per step). Without it a silent
+// re-assignment of the exit goes unnoticed by idemscrape, and attempt evidence says
+// "exit not verified". Set it where the provider, or the destination (as the test fake
+// site's X-Exit), names the exit in a response header.
+func (p *Provider) WithExitHeader(name string) (*Provider, error) {
+	name = strings.TrimSpace(name)
+	if name == "" || strings.ContainsAny(name, " :\r\n\t") {
+		return nil, fmt.Errorf("sessions: provider %s: exit header %q is not a header name", p.name, name)
+	}
+	np := *p
+	np.exitHeader = http.CanonicalHeaderKey(name)
+	return &np, nil
+}
+
+// ExitHeader is the response header that names a session's exit, "" if the provider has
+// none (see WithExitHeader).
+func (p *Provider) ExitHeader() string { return p.exitHeader }
 
 // Environment variables read by ProviderFromEnv.
 const (

@@ -9,6 +9,12 @@
 // staging; on session loss the staging is quarantined and the whole unit replays on a new
 // session, so an observation never mixes two sessions.
 //
+// Politeness: with CollectorConfig.Robots (a RobotsCache in Redis) robots.txt is fetched
+// once per host for a whole fleet, through the session that needed it, and checked on every
+// hop; CollectorConfig.Limiter paces every hop per host and hears every Retry-After. With
+// Provider.WithExitHeader a session learns its exit on its first response and a response
+// from another exit ends it as session_lost (the provider re-assigned it silently).
+//
 // Credentials: the proxy password reaches the wire only as a Proxy-Authorization header
 // (on CONNECT through ProxyConnectHeader, on plain-HTTP forwarding added per request). It
 // is never in a URL, never in colly's request context, and every printable form of
@@ -33,7 +39,8 @@ type Session struct {
 	MaxLifetime time.Duration // the lifetime asked of the provider; no new step after it
 	Endpoint    string        // proxy gateway host:port, no credentials
 
-	creds credentials // user/pass as sent to the proxy for this session
+	creds      credentials // user/pass as sent to the proxy for this session
+	exitHeader string      // the provider's exit header, "" if none
 }
 
 const sessionIDAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -66,7 +73,7 @@ func (p *Provider) NewSession(country string, lifetime time.Duration, now time.T
 	return &Session{
 		ID: id, Provider: p.name, Country: toUpper(country), Created: now,
 		MaxLifetime: lifetime, Endpoint: p.gateway,
-		creds: newCredentials(user, pass),
+		creds: newCredentials(user, pass), exitHeader: p.exitHeader,
 	}, nil
 }
 

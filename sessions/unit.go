@@ -152,6 +152,25 @@ type Result struct {
 	// LastStatus is the HTTP status of the last response the run received — the
 	// destination's, or the proxy's own refusal (407, 502, …) — 0 if none arrived.
 	LastStatus int
+	// Exit is the exit address of the last session, as its responses named it in the
+	// provider's exit header; "" when the provider names none (or no response came).
+	Exit string
+	// ExitVerified: every response of the last session was checked against its first
+	// one's exit (the provider has an exit header). False means "exit not verified": a
+	// silent re-assignment of the exit would have gone unnoticed.
+	ExitVerified bool
+}
+
+// ExitEvidence is a short text for an attempt's evidence: "exit 203.0.113.7 (verified)",
+// or "exit not verified (provider has no exit header)".
+func (r Result) ExitEvidence() string {
+	switch {
+	case !r.ExitVerified:
+		return "exit not verified (provider has no exit header)"
+	case r.Exit == "":
+		return "exit not verified (no response named it)"
+	}
+	return "exit " + r.Exit + " (verified)"
 }
 
 // ErrSessionExpired: the session reached its lifetime before the unit finished.
@@ -279,6 +298,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		if st := bound.LastStatus(); st != 0 {
 			res.LastStatus = st
 		}
+		res.Exit, res.ExitVerified = bound.Exit(), bound.ExitVerified()
 		bound.Close()
 	}()
 	staging := newStaging()

@@ -3,6 +3,7 @@ package testutil
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -23,7 +24,18 @@ func TestStartRedisCluster(t *testing.T) {
 
 	// Failover: kill the master of a key; its replica is promoted and the cluster is whole.
 	const key = "{job:2}:lease"
-	require.NoError(t, cl.Set(ctx, key, "v", 0).Err())
+	// Write on the key's master and WAIT, on the same connection, until a replica has it:
+	// replication is asynchronous, and a failover may otherwise lose the write.
+	master, err := cl.MasterForKey(ctx, key)
+	require.NoError(t, err)
+	pipe := master.Pipeline()
+	pipe.Set(ctx, key, "v", 0)
+	acked := pipe.Do(ctx, "WAIT", 1, (10 * time.Second).Milliseconds())
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+	n, err := acked.Int64()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "a replica acknowledged the write")
 	victim := c.MasterFor(ctx, key)
 	c.Kill(victim)
 	c.WaitHealthy()

@@ -1,0 +1,417 @@
+package sessions
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/temoto/robotstxt"
+
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// RobotsCache defaults.
+const (
+	// DefaultRobotsTTL is how long a fetched robots.txt is used when its Cache-Control
+	// says nothing (and the most any max-age is honoured: RFC 9309 asks for at most 24 h).
+	DefaultRobotsTTL = 24 * time.Hour
+	// DefaultRobotsMinTTL is the least a fetched robots.txt is kept, whatever its
+	// Cache-Control (max-age=0, no-store): one fetch per host per minute at most.
+	DefaultRobotsMinTTL = time.Minute
+	// DefaultRobotsErrorTTL is how long a robots.txt that answered 5xx counts as "disallow
+	// everything" before it is fetched again (RFC 9309 §2.3.1.4).
+	DefaultRobotsErrorTTL = time.Minute
+	// DefaultRobotsLockTTL bounds one worker's fetch of a robots.txt; the others wait for it.
+	DefaultRobotsLockTTL = 30 * time.Second
+	// DefaultRobotsLocalTTL caps how long a process keeps a robots.txt in memory without
+	// asking Redis again.
+	DefaultRobotsLocalTTL = 5 * time.Minute
+	// DefaultRobotsLocalEntries caps the in-process cache.
+	DefaultRobotsLocalEntries = 10000
+	// MaxRobotsBytes is how much of a robots.txt is read and cached (RFC 9309 asks parsers
+	// to read at least 500 KiB).
+	MaxRobotsBytes = 512 << 10
+)
+
+// RobotsConfig configures a RobotsCache.
+type RobotsConfig struct {
+	// Redis holds the shared cache and the fetch lock. Required.
+	Redis redis.UniversalClient
+	// KeyPrefix of the cache keys (lua.Keys.Robots, lua.Keys.RobotsLock). Defaults to
+	// "idemscrape:".
+	KeyPrefix string
+	// TTL is how long a robots.txt without Cache-Control max-age is used, and the most any
+	// max-age is honoured. Defaults to DefaultRobotsTTL.
+	TTL time.Duration
+	// MinTTL is the least a fetched robots.txt is kept. Defaults to DefaultRobotsMinTTL.
+	MinTTL time.Duration
+	// ErrorTTL is how long a 5xx robots.txt disallows everything before the next fetch.
+	// Defaults to DefaultRobotsErrorTTL.
+	ErrorTTL time.Duration
+	// LockTTL bounds one fetch (the lock's expiry), and how long others wait for it before
+	// the attempt gives up as network (retryable). Defaults to DefaultRobotsLockTTL.
+	LockTTL time.Duration
+	// LocalTTL caps how long this process trusts its in-memory copy before reading Redis
+	// again (never past the entry's own expiry). Defaults to DefaultRobotsLocalTTL.
+	LocalTTL time.Duration
+	// LocalEntries caps the in-memory copies. Defaults to DefaultRobotsLocalEntries.
+	LocalEntries int
+	// OnFetch, if set, is called after every robots.txt fetch this process made, with the
+	// origin, the status (0 for a failure without one) and the bytes it moved through the
+	// proxy. Those bytes are the fleet's, not the job's: they never count against a job's
+	// bandwidth budget. It must not block.
+	OnFetch func(origin string, status int, bytes int64)
+	// Now is the clock of the in-memory copies. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// RobotsCache is robots.txt for a whole fleet: one entry per origin (scheme://host[:port])
+// in Redis with the file's TTL, fetched by one worker at a time (a lock with SET NX PX;
+// the others poll the entry until it appears or the lock expires), plus a small in-memory
+// copy per process. A collector with a RobotsCache checks every hop against it. The fetch
+// goes through the session of the request that needed it (same proxy, same exit), and its
+// bytes are reported to OnFetch instead of the job.
+//
+// Status handling follows RFC 9309: 2xx is parsed (temoto/robotstxt, as colly does), 4xx
+// allows everything, 5xx disallows everything for ErrorTTL — requests fail with category
+// destination_error, which is retryable, so the jobs wait instead of failing (429 counts as
+// 5xx here). A failure to reach the host at all (network, proxy, session lost) is not cached:
+// the request fails with that failure's own, retryable, category. A disallowed
+// path fails with category robots_disallowed (terminal). /robots.txt itself is always
+// allowed.
+//
+// Redis round trips per job: none while the in-memory copy is fresh; else one GET; the one
+// worker that fetches adds SET NX, GET, SET, DEL.
+type RobotsCache struct {
+	cfg  RobotsConfig
+	keys lua.Keys
+
+	mu    sync.Mutex
+	local map[string]robotsLocal
+}
+
+type robotsLocal struct {
+	entry   *robotsEntry
+	expires time.Time
+}
+
+// robotsEntry is what Redis holds for an origin (JSON).
+type robotsEntry struct {
+	Status  int    `json:"status"`
+	Body    string `json:"body,omitempty"`
+	Expires int64  `json:"expires"` // unix ms, the fetching worker's clock
+
+	data *robotstxt.RobotsData
+}
+
+// NewRobotsCache validates cfg and returns the cache.
+func NewRobotsCache(cfg RobotsConfig) (*RobotsCache, error) {
+	if cfg.Redis == nil {
+		return nil, errors.New("sessions: RobotsConfig.Redis is required")
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = "idemscrape:"
+	}
+	defaults := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"TTL", &cfg.TTL, DefaultRobotsTTL}, {"MinTTL", &cfg.MinTTL, DefaultRobotsMinTTL},
+		{"ErrorTTL", &cfg.ErrorTTL, DefaultRobotsErrorTTL}, {"LockTTL", &cfg.LockTTL, DefaultRobotsLockTTL},
+		{"LocalTTL", &cfg.LocalTTL, DefaultRobotsLocalTTL},
+	}
+	for _, d := range defaults {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < time.Millisecond {
+			return nil, fmt.Errorf("sessions: RobotsConfig.%s %v must be at least 1ms", d.name, *d.v)
+		}
+	}
+	if cfg.MinTTL > cfg.TTL {
+		return nil, fmt.Errorf("sessions: RobotsConfig.MinTTL %v must not exceed TTL %v", cfg.MinTTL, cfg.TTL)
+	}
+	if cfg.LocalEntries == 0 {
+		cfg.LocalEntries = DefaultRobotsLocalEntries
+	}
+	if cfg.LocalEntries < 0 {
+		return nil, fmt.Errorf("sessions: RobotsConfig.LocalEntries %d must be >= 0", cfg.LocalEntries)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	keys, err := lua.NewKeys(cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	return &RobotsCache{cfg: cfg, keys: keys, local: map[string]robotsLocal{}}, nil
+}
+
+// check returns nil when robots.txt lets b's user agent fetch u, or a *FetchError.
+func (rc *RobotsCache) check(ctx context.Context, b *Bound, u *url.URL) error {
+	if u.EscapedPath() == "/robots.txt" {
+		return nil
+	}
+	org := origin(u)
+	e, err := rc.entry(ctx, b, org)
+	if err != nil {
+		return err
+	}
+	if robotsUnreachable(e.Status) {
+		return &FetchError{Category: tasks.CategoryDestinationError, Status: e.Status,
+			Err: fmt.Errorf("robots.txt of %s answered %d: every path is disallowed until it can be fetched (RFC 9309); retried later", org, e.Status)}
+	}
+	path := u.EscapedPath()
+	if path == "" {
+		path = "/"
+	}
+	test := path
+	if u.RawQuery != "" {
+		test += "?" + u.RawQuery
+	}
+	if !e.data.TestAgent(test, b.cfg.UserAgent) {
+		return &FetchError{Category: tasks.CategoryRobotsDisallowed,
+			Err: fmt.Errorf("%w: robots.txt of %s disallows %s for user agent %q", colly.ErrRobotsTxtBlocked, org, path, b.cfg.UserAgent)}
+	}
+	return nil
+}
+
+// robotsPoll is how often a worker waiting for another's fetch looks again.
+const robotsPoll = 50 * time.Millisecond
+
+// entry returns the origin's robots.txt: from memory, from Redis, or fetched through b.
+func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robotsEntry, error) {
+	now := rc.cfg.Now()
+	rc.mu.Lock()
+	l, ok := rc.local[org]
+	rc.mu.Unlock()
+	if ok && now.Before(l.expires) {
+		return l.entry, nil
+	}
+	key, lockKey := rc.keys.Robots(org), rc.keys.RobotsLock(org)
+	deadline := time.Now().Add(rc.cfg.LockTTL + robotsPoll)
+	for {
+		raw, err := rc.cfg.Redis.Get(ctx, key).Result()
+		switch {
+		case err == nil:
+			if e, derr := decodeRobots(raw); derr == nil {
+				rc.remember(org, e)
+				return e, nil
+			}
+			// An unreadable entry (another version wrote it): fetch again.
+		case !errors.Is(err, redis.Nil):
+			return nil, rc.redisFailure(ctx, org, err)
+		}
+		got, err := rc.cfg.Redis.SetNX(ctx, lockKey, "1", rc.cfg.LockTTL).Result()
+		if err != nil {
+			return nil, rc.redisFailure(ctx, org, err)
+		}
+		if got {
+			// Another worker may have filled the entry and dropped its lock between our GET
+			// and our SET NX: look once more before fetching.
+			if raw, err := rc.cfg.Redis.Get(ctx, key).Result(); err == nil {
+				if e, derr := decodeRobots(raw); derr == nil {
+					rc.cfg.Redis.Del(ctx, lockKey)
+					rc.remember(org, e)
+					return e, nil
+				}
+			}
+			e, ferr := rc.fetch(ctx, b, org)
+			if ferr != nil {
+				// Not the host's answer (session lost, proxy refusal, timeout): nothing is
+				// cached, the next worker may try at once.
+				rc.cfg.Redis.Del(context.WithoutCancel(ctx), lockKey)
+				return nil, ferr
+			}
+			ttl := time.Duration(e.Expires-rc.cfg.Now().UnixMilli()) * time.Millisecond
+			raw, _ := json.Marshal(e)
+			if err := rc.cfg.Redis.Set(ctx, key, raw, max(ttl, time.Millisecond)).Err(); err != nil {
+				return nil, rc.redisFailure(ctx, org, err)
+			}
+			rc.cfg.Redis.Del(ctx, lockKey)
+			rc.remember(org, e)
+			return e, nil
+		}
+		if !time.Now().Before(deadline) {
+			return nil, &FetchError{Category: tasks.CategoryNetwork,
+				Err: fmt.Errorf("robots.txt of %s: another worker has been fetching it for more than %v; retried later", org, rc.cfg.LockTTL)}
+		}
+		t := time.NewTimer(robotsPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, context.Cause(ctx)
+		case <-t.C:
+		}
+	}
+}
+
+func (rc *RobotsCache) redisFailure(ctx context.Context, org string, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return &FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("robots.txt cache of %s: %w", org, scrub(err))}
+}
+
+func (rc *RobotsCache) remember(org string, e *robotsEntry) {
+	now := rc.cfg.Now()
+	exp := time.UnixMilli(e.Expires)
+	if cap := now.Add(rc.cfg.LocalTTL); cap.Before(exp) {
+		exp = cap
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.local) >= rc.cfg.LocalEntries {
+		// Full: drop the expired copies, or everything if none has expired (a simple
+		// bound; the entries are in Redis anyway).
+		for k, v := range rc.local {
+			if !now.Before(v.expires) {
+				delete(rc.local, k)
+			}
+		}
+		if len(rc.local) >= rc.cfg.LocalEntries {
+			clear(rc.local)
+		}
+	}
+	if rc.cfg.LocalEntries > 0 {
+		rc.local[org] = robotsLocal{entry: e, expires: exp}
+	}
+}
+
+func decodeRobots(raw string) (*robotsEntry, error) {
+	var e robotsEntry
+	if err := json.Unmarshal([]byte(raw), &e); err != nil {
+		return nil, err
+	}
+	return e.parse()
+}
+
+func (e *robotsEntry) parse() (*robotsEntry, error) {
+	status := e.Status
+	switch {
+	case robotsUnreachable(status):
+		status = http.StatusServiceUnavailable
+	case status >= 300 && status < 400:
+		status = http.StatusNotFound // redirects not followed to the end: no robots.txt, allow all
+	}
+	data, err := robotstxt.FromStatusAndBytes(status, []byte(e.Body))
+	if err != nil {
+		// Unparsable: as if there was none (RFC 9309 asks parsers to be lenient).
+		data, _ = robotstxt.FromStatusAndBytes(http.StatusNotFound, nil)
+	}
+	e.data = data
+	return e, nil
+}
+
+// robotsUnreachable: a robots.txt answer that means "ask again later" and, until then,
+// "disallow everything": 5xx (RFC 9309 §2.3.1.4), and 429, which is a server asking for
+// less traffic rather than a missing file.
+func robotsUnreachable(status int) bool {
+	return status >= 500 || status == http.StatusTooManyRequests
+}
+
+// maxRobotsRedirects is how many redirects a robots.txt fetch follows (RFC 9309: at least 5).
+const maxRobotsRedirects = 5
+
+// fetch gets org's robots.txt through b's session: every hop passes the guard and the host
+// limit; the bytes go to OnFetch, not to the job.
+func (rc *RobotsCache) fetch(ctx context.Context, b *Bound, org string) (*robotsEntry, error) {
+	var moved atomic.Int64
+	status := 0
+	defer func() {
+		if rc.cfg.OnFetch != nil {
+			rc.cfg.OnFetch(org, status, moved.Load())
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	defer cancel()
+	target := org + "/robots.txt"
+	for hop := 0; ; hop++ {
+		u, err := url.Parse(target)
+		if err != nil {
+			return nil, classify(fmt.Errorf("robots.txt of %s: bad redirect: %w", org, err), b.served.Load())
+		}
+		if err := b.cfg.Guard.Check(ctx, target); err != nil {
+			return nil, classify(err, b.served.Load())
+		}
+		if b.cfg.Limiter != nil {
+			if err := b.cfg.Limiter.Wait(ctx, hostKey(u)); err != nil {
+				return nil, classify(err, b.served.Load())
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+		if err != nil {
+			return nil, classify(err, b.served.Load())
+		}
+		req.Header.Set("User-Agent", b.cfg.UserAgent)
+		res, err := b.exchange(req, &moved, false)
+		if err != nil {
+			return nil, classify(err, b.served.Load())
+		}
+		b.served.Store(true)
+		status = res.StatusCode
+		body, rerr := io.ReadAll(io.LimitReader(res.Body, MaxRobotsBytes))
+		res.Body.Close()
+		if loc := res.Header.Get("Location"); status >= 300 && status < 400 && loc != "" && hop < maxRobotsRedirects {
+			next, err := u.Parse(loc)
+			if err != nil {
+				return nil, classify(fmt.Errorf("robots.txt of %s: bad redirect: %w", org, err), true)
+			}
+			target = next.String()
+			continue
+		}
+		if rerr != nil && !errors.Is(rerr, ErrBodyTooLarge) {
+			return nil, classify(rerr, true)
+		}
+		e := &robotsEntry{Status: status, Expires: rc.cfg.Now().Add(rc.ttl(status, res.Header)).UnixMilli()}
+		if status >= 200 && status < 300 {
+			e.Body = string(body)
+		}
+		return e.parse()
+	}
+}
+
+// ttl is how long a robots.txt answer is used: 5xx ErrorTTL; otherwise Cache-Control
+// max-age (s-maxage wins) clamped to [MinTTL, TTL], or TTL.
+func (rc *RobotsCache) ttl(status int, h http.Header) time.Duration {
+	if robotsUnreachable(status) {
+		return rc.cfg.ErrorTTL
+	}
+	ttl := rc.cfg.TTL
+	age, sAge, noCache := -1, -1, false
+	for _, part := range strings.Split(h.Get("Cache-Control"), ",") {
+		name, val, _ := strings.Cut(strings.TrimSpace(strings.ToLower(part)), "=")
+		n, err := strconv.Atoi(strings.Trim(val, `"`))
+		switch {
+		case name == "no-store" || name == "no-cache":
+			noCache = true
+		case name == "max-age" && err == nil && n >= 0:
+			age = n
+		case name == "s-maxage" && err == nil && n >= 0:
+			sAge = n
+		}
+	}
+	if sAge >= 0 {
+		age = sAge
+	}
+	if noCache {
+		age = 0
+	}
+	if age >= 0 {
+		ttl = min(time.Duration(min(age, 10*365*86400))*time.Second, rc.cfg.TTL)
+	}
+	return max(ttl, rc.cfg.MinTTL)
+}
