@@ -402,7 +402,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 			Delay: wait + time.Duration(r.cfg.Rand()*float64(r.cfg.IncidentProbeInterval))}
 	} else {
 		d = k.retry.decide(failureInput{
-			Category:   fe.Category,
+			Category: fe.Category,
 			// The budget counts from the job's creation or an operator's requeue.
 			AttemptNo:  acq.Attempt.BudgetAttemptNo,
 			RetryAfter: fe.RetryAfter,
