@@ -109,8 +109,13 @@ type Config struct {
 	HostWaitMax time.Duration
 	// MaxSessionRestarts per attempt. Defaults to sessions.DefaultMaxSessionRestarts.
 	MaxSessionRestarts int
-	// LeaseLengths chooses lease lengths per kind. Defaults to NewLeaseLengths(nil).
+	// LeaseLengths chooses lease lengths per kind from their measured durations. Defaults
+	// to NewLeaseLengths(nil).
 	LeaseLengths *LeaseLengthConfig
+	// LeaseLength, when set, is the one lease length of every kind: shorthand for
+	// LeaseLengths{Default, Min and Max all LeaseLength}. Set one of the two. Defaults to 0
+	// (measured lengths).
+	LeaseLength time.Duration
 	// KeepOptions tunes lease renewal. Defaults to lua's defaults.
 	KeepOptions *lua.KeepOptions
 	// Retry is the retry policy of kinds registered without WithRetry.
@@ -238,6 +243,15 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.LeaseLength != 0 {
+		if cfg.LeaseLengths != nil {
+			return nil, errors.New("handlers: Config: set LeaseLength or LeaseLengths, not both")
+		}
+		if cfg.LeaseLength < 0 {
+			return nil, fmt.Errorf("handlers: Config.LeaseLength %v must be positive", cfg.LeaseLength)
+		}
+		cfg.LeaseLengths = &LeaseLengthConfig{Default: cfg.LeaseLength, Min: cfg.LeaseLength, Max: cfg.LeaseLength}
+	}
 	lengths, err := NewLeaseLengths(cfg.LeaseLengths)
 	if err != nil {
 		return nil, err
@@ -352,12 +366,43 @@ func (r *Registry) Gatherer() prometheus.Gatherer { return r.gatherer }
 func (r *Registry) Handler() asynq.Handler { return r }
 
 // ServerConfig returns base with the runner's retry delay and failure counting: a retry
-// waits exactly the delay the runner recorded as next_attempt_at, and a delivery that
-// found the lease busy is retried soon without counting against MaxRetry.
+// waits the delay the runner recorded as next_attempt_at, and a delivery that found the
+// lease busy (or an open incident) is retried without counting against MaxRetry. It wraps,
+// never replaces, base's own RetryDelayFunc and IsFailure: the service's own task types
+// (served next to the runner, see Middleware) keep them.
 func (r *Registry) ServerConfig(base asynq.Config) asynq.Config {
-	base.RetryDelayFunc = RetryDelay
-	base.IsFailure = IsFailure
+	hostDelay, hostFailure := base.RetryDelayFunc, base.IsFailure
+	base.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
+		var re *retryError
+		if errors.As(err, &re) || hostDelay == nil {
+			return RetryDelay(n, err, t)
+		}
+		return hostDelay(n, err, t)
+	}
+	base.IsFailure = func(err error) bool {
+		var re *retryError
+		if errors.As(err, &re) || hostFailure == nil {
+			return IsFailure(err)
+		}
+		return hostFailure(err)
+	}
 	return base
+}
+
+// Middleware runs the tasks of the registered kinds through the runner and hands every
+// other task to next: a service with task types of its own wraps its handler (or
+// asynq.ServeMux) with it — srv.Run(reg.Middleware(mux)). Alternatively register the
+// registry for each kind on a ServeMux: mux.Handle(kind, reg).
+func (r *Registry) Middleware(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		r.mu.RLock()
+		_, ours := r.kinds[t.Type()]
+		r.mu.RUnlock()
+		if ours {
+			return r.ProcessTask(ctx, t)
+		}
+		return next.ProcessTask(ctx, t)
+	})
 }
 
 // RetryDelay is an asynq.RetryDelayFunc that follows the runner's decision.

@@ -483,6 +483,9 @@ func asFetchError(err error, def tasks.Category) *sessions.FetchError {
 	if errors.As(err, &fe) {
 		return fe
 	}
+	if c, ok := tasks.CategoryFrom(err); ok { // tasks.Fail from a parser or workflow builder
+		return &sessions.FetchError{Category: c, Err: err}
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return &sessions.FetchError{Category: tasks.CategoryTimeout, Err: err}
 	}

@@ -52,13 +52,17 @@ func (e *FetchError) Error() string {
 
 func (e *FetchError) Unwrap() error { return e.Err }
 
-// CategoryOf returns the category of err: the FetchError's if there is one, else
+// CategoryOf returns the category of err: the FetchError's if there is one, else a
+// tasks.Failure's (tasks.Fail), else
 // CategoryTimeout for deadlines, CategoryInterrupted for cancellation, else
 // CategoryInternal.
 func CategoryOf(err error) tasks.Category {
 	var fe *FetchError
 	if errors.As(err, &fe) {
 		return fe.Category
+	}
+	if c, ok := tasks.CategoryFrom(err); ok {
+		return c
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return tasks.CategoryTimeout
@@ -130,6 +134,9 @@ func classify(err error, started bool) *FetchError {
 	var fe *FetchError
 	if errors.As(err, &fe) {
 		return fe
+	}
+	if c, ok := tasks.CategoryFrom(err); ok { // a step's own tasks.Fail
+		return &FetchError{Category: c, Err: err}
 	}
 	var (
 		pe *proxyStatusError

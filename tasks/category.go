@@ -1,5 +1,7 @@
 package tasks
 
+import "errors"
+
 // Category classifies why an attempt did not complete. It drives the retry policy
 // (handlers) and is recorded on the attempt and on the job (last_category). The values are
 // stable strings: they are stored in PostgreSQL and used as metric labels.
@@ -68,3 +70,39 @@ const (
 	// CategoryInternal: anything unclassified (database or Redis errors, bugs).
 	CategoryInternal Category = "internal"
 )
+
+// Failure is an error that carries its failure category. Steps, parsers and validators
+// return one (see Fail) to choose the retry policy of their failure — e.g. a parser that
+// meets a page it knows is incomplete returns Fail(CategoryDestinationError, err) to have
+// it retried instead of failed as a parse error. The runner and the workflow unit honour
+// it wherever it is wrapped; the error text stays the wrapped error's.
+type Failure struct {
+	cat Category
+	err error
+}
+
+// Fail returns err with category c (a Failure). A nil err gets a generic text.
+func Fail(c Category, err error) error {
+	if err == nil {
+		err = errors.New(string(c))
+	}
+	return &Failure{cat: c, err: err}
+}
+
+// Category returns the failure's category.
+func (f *Failure) Category() Category { return f.cat }
+
+func (f *Failure) Error() string { return f.err.Error() }
+
+// Unwrap returns the wrapped error.
+func (f *Failure) Unwrap() error { return f.err }
+
+// CategoryFrom returns the category of the first error in err's chain that has a
+// Category() Category method (a Failure, or a package's own categorised error).
+func CategoryFrom(err error) (Category, bool) {
+	var c interface{ Category() Category }
+	if errors.As(err, &c) {
+		return c.Category(), true
+	}
+	return "", false
+}

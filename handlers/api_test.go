@@ -1,0 +1,98 @@
+package handlers_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// TestServiceComposition: the runner composes with a service's own task types — the
+// middleware routes by kind, and ServerConfig wraps the host's own retry functions instead
+// of replacing them.
+func TestServiceComposition(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	reg := r.registry(t, nil)
+
+	t.Run("MiddlewareRoutesByKind", func(t *testing.T) {
+		var own []string
+		next := asynq.HandlerFunc(func(_ context.Context, t *asynq.Task) error { own = append(own, t.Type()); return nil })
+		h := reg.Middleware(next)
+		require.NoError(t, h.ProcessTask(ctx, asynq.NewTask("email:send", nil)))
+		key, task := r.job(t, "sku-7")
+		require.NoError(t, h.ProcessTask(ctx, task))
+		require.Equal(t, []string{"email:send"}, own, "only the service's own task reached next")
+		job, err := r.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, tasks.StateComplete, job.State, "the catalog task ran through the runner")
+	})
+
+	t.Run("ServerConfigWrapsHostFuncs", func(t *testing.T) {
+		hostErr := errors.New("smtp down")
+		cfg := reg.ServerConfig(asynq.Config{
+			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 42 * time.Second },
+			IsFailure:      func(err error) bool { return !errors.Is(err, hostErr) },
+		})
+		require.Equal(t, 42*time.Second, cfg.RetryDelayFunc(1, hostErr, nil), "the host's delay for its own errors")
+		require.False(t, cfg.IsFailure(hostErr), "the host's failure rule for its own errors")
+		// The runner's decisions still win for the runner's errors: an undecodable payload
+		// is retried late and uncounted.
+		err := reg.ProcessTask(ctx, asynq.NewTask(catalog.Kind, []byte(`{"v":99}`)))
+		require.Error(t, err)
+		require.GreaterOrEqual(t, cfg.RetryDelayFunc(1, err, nil), time.Minute)
+		require.False(t, cfg.IsFailure(err))
+		bare := reg.ServerConfig(asynq.Config{})
+		require.True(t, bare.IsFailure(hostErr), "without host funcs: asynq's defaults")
+	})
+
+	t.Run("LeaseLengthOneField", func(t *testing.T) {
+		_, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov,
+			LeaseLength: time.Minute, LeaseLengths: &handlers.LeaseLengthConfig{}})
+		require.ErrorContains(t, err, "not both")
+		reg2 := r.registry(t, func(c *handlers.Config) { c.LeaseLength = 15 * time.Second })
+		key, task := r.job(t, "sku-8")
+		require.NoError(t, reg2.ProcessTask(ctx, task))
+		job, err := r.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, tasks.StateComplete, job.State)
+	})
+
+	t.Run("ParserChoosesCategoryWithFail", func(t *testing.T) {
+		incomplete := func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
+			return handlers.Observation{}, tasks.Fail(tasks.CategoryDestinationError, errors.New("page rendered without prices"))
+		}
+		reg3 := r.registryKind(t, catalog.Workflow(r.site.URL), incomplete)
+		key, task := r.job(t, "sku-9")
+		dec := decisionOf(reg3.ProcessTask(ctx, task))
+		require.True(t, dec.Retry && dec.Counted, "retried, not failed as a parse error")
+		job, err := r.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, tasks.StateRetryable, job.State)
+		require.Equal(t, string(tasks.CategoryDestinationError), job.LastCategory)
+	})
+
+	t.Run("StepChoosesCategoryWithFail", func(t *testing.T) {
+		reg4 := registryWith(t, r, nil, func(u *sessions.Unit, _ string) {
+			u.Steps[0].Run = func(context.Context, *sessions.StepContext) error {
+				return fmt.Errorf("search: %w", tasks.Fail(tasks.CategoryNotFound, errors.New("product withdrawn")))
+			}
+		})
+		key, task := r.job(t, "sku-10")
+		require.ErrorIs(t, reg4.ProcessTask(ctx, task), asynq.SkipRetry)
+		job, err := r.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, tasks.StateFailed, job.State)
+		require.Equal(t, string(tasks.CategoryNotFound), job.LastCategory)
+	})
+}
