@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 BENCHTIME ?= 2s
 
-.PHONY: test check vet fmt demo bench fuzz services tidy
+.PHONY: test check vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
 
 ## test: services (and the test browser) up, vet, then every test with the race detector
 ## against real Redis and PostgreSQL.
@@ -31,6 +31,18 @@ demo: services
 ## bench: every benchmark, with memory statistics.
 bench: services
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+## bench-compare: idemscrape vs a hand-written asynq + colly peer, run alternately, each run in
+## its own process with its own database and redis-server; prints medians, ratios, spread.
+bench-compare: services
+	$(GO) run ./cmd/benchcompare -n 2000 -pairs 5
+
+## chaos: the full chaos run over the real worker and reconciler binaries (10,000 jobs, every
+## fault; see docs/RELIABILITY.md). chaos-short: the CI mix (under 5 minutes on 2 cores).
+chaos: services
+	$(GO) run ./cmd/chaos
+chaos-short: services
+	$(GO) run ./cmd/chaos -short
 
 ## fuzz: URL normalisation fuzzing for FUZZTIME (default 60s).
 FUZZTIME ?= 60s

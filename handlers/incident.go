@@ -69,9 +69,12 @@ func (b *breaker) admit(now time.Time) admission {
 		return admission{ok: true, probe: true}
 	}
 	wait := b.probeAt.Sub(now)
-	if b.probing || wait < time.Second {
-		wait = time.Second // asynq schedules retries in whole seconds
+	if b.probing {
+		// The probe may run for minutes (robots, host limits, the job itself): come back
+		// after one probe interval, not every second.
+		wait = max(wait, b.wait)
 	}
+	wait = max(wait, time.Second) // asynq schedules retries in whole seconds
 	return admission{wait: wait}
 }
 

@@ -271,6 +271,10 @@ func TestProxyAuthIncidentRecovers(t *testing.T) {
 	require.GreaterOrEqual(t, authAttempts, 1, "the incident is on the record")
 	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*)::int FROM attempts WHERE outcome = 'failed'`))
 	require.Equal(t, 0.0, gaugeValue(t, metrics, "idemscrape_incident_open"))
+	// The incident's attempts are in the history but out of every job's retry budget.
+	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*)::int FROM jobs j
+		WHERE j.budget_attempts <> (SELECT count(*) FROM attempts a WHERE a.job_key = j.key AND a.category = 'proxy_auth')`),
+		"budget_attempts counts exactly the proxy_auth attempts")
 }
 
 // TestBudgetStopsMidAttempt: a job's bandwidth budget stops the attempt that crosses it
@@ -395,4 +399,25 @@ func TestRequeueGivesFreshBudget(t *testing.T) {
 	job, err = r.st.JobGet(ctx, key)
 	require.NoError(t, err)
 	require.Equal(t, tasks.StateComplete, job.State)
+}
+
+// TestCompletedJobLeavesNoRedisKeys: a completed job's lease and fence counter are gone
+// from Redis (PostgreSQL holds its fence); a job that will run again keeps its counter.
+func TestCompletedJobLeavesNoRedisKeys(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	reg := r.registry(t, nil)
+	keysOf := func(key string) []string {
+		keys, err := r.ns.Client.Keys(ctx, r.ns.Prefix+"{"+key+"}*").Result()
+		require.NoError(t, err)
+		return keys
+	}
+	done, task := r.job(t, "sku-11")
+	require.NoError(t, reg.ProcessTask(ctx, task))
+	require.Empty(t, keysOf(done), "no lease, no fence counter")
+
+	again, task := r.job(t, "sku-12")
+	r.site.Throttle(1, time.Second)
+	require.True(t, decisionOf(reg.ProcessTask(ctx, task)).Retry)
+	require.Equal(t, []string{r.ns.Prefix + "{" + again + "}:fence"}, keysOf(again), "a job that runs again keeps its counter")
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"runtime/debug"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/ops"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -62,7 +64,8 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	adm := r.breaker.admit(r.cfg.Now())
 	if !adm.ok {
 		r.metrics.incidentDeferred.WithLabelValues(k.name).Inc()
-		delay := adm.wait + time.Duration(r.cfg.Rand()*float64(time.Second))
+		// Spread over one probe interval, so the backlog does not come due all at once.
+		delay := adm.wait + time.Duration(r.cfg.Rand()*float64(r.cfg.IncidentProbeInterval))
 		return &retryError{delay: delay, counted: false, err: r.breaker.state()}
 	}
 	var w workResult
@@ -89,7 +92,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 2. Keep the lease while we work.
 	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
 	if err != nil {
-		_ = r.release(ctx, acq.Lease)
+		_ = r.release(ctx, acq.Lease, false)
 		return r.failed(ctx, k, job, acq, workResult{err: &sessions.FetchError{Category: tasks.CategoryInternal, Err: err}}, log)
 	}
 	jobCtx := keeper.Context()
@@ -110,7 +113,9 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 6. Release.
 	lost := keeper.Stop()
 	r.lengths.Observe(k.name, time.Since(begun))
-	if err := r.release(ctx, acq.Lease); err != nil {
+	// A committed job never runs again and PostgreSQL holds its fence: its Redis fence
+	// counter goes with the lease (0 bytes of Redis per completed job).
+	if err := r.release(ctx, acq.Lease, committed); err != nil {
 		if lost == nil && (errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner)) {
 			lost = err // expired between the keeper's last renewal and now: a loss, not a release failure
 		} else if lost == nil {
@@ -158,13 +163,41 @@ const undecodableDelay = 10 * time.Minute
 // probe. A probe that met the incident again was already handled by failed.
 func (r *Registry) probeDone(w workResult, log *slog.Logger) {
 	if w.err != nil && isIncident(sessions.CategoryOf(w.err)) {
-		return
+		return // failed() met the incident again and re-armed the breaker
 	}
-	// Bytes moved through the proxy without a 407: the account authenticates again.
-	if r.breaker.probeDone(w.unit.Bytes > 0) {
-		r.metrics.incidentOpen.Set(0)
-		log.Info("proxy incident over: the probe authenticated; taking work again")
+	switch probeVerdict(w.unit.LastStatus) {
+	case probeRefused:
+		// The 407 came back but another failure (a lost lease) took its place: still an
+		// incident.
+		r.breaker.trip(tasks.CategoryProxyAuth, "the probe met 407 again", r.cfg.Now(), true)
+	case probeAuthenticated:
+		if r.breaker.probeDone(true) {
+			r.metrics.incidentOpen.Set(0)
+			log.Info("proxy incident over: the probe authenticated; taking work again")
+		}
+	default:
+		r.breaker.probeDone(false) // no answer at all: the next delivery probes again
 	}
+}
+
+// Verdicts of a probe delivery.
+const (
+	probeInconclusive  = iota // no answer at all (network error, timeout): proves nothing
+	probeRefused              // the proxy answered 407 again
+	probeAuthenticated        // an answer that is not the proxy's 407
+)
+
+// probeVerdict judges a probe by the last status it got. An answer that is not a 407 — the
+// destination's, or a proxy error about the destination — means the account authenticates.
+// Bytes alone prove nothing: a request's own bytes count before it is answered.
+func probeVerdict(lastStatus int) int {
+	switch {
+	case lastStatus == http.StatusProxyAuthRequired:
+		return probeRefused
+	case lastStatus != 0:
+		return probeAuthenticated
+	}
+	return probeInconclusive
 }
 
 // detachedTimeout bounds writes that must happen even though the delivery's context ended
@@ -177,9 +210,12 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // release gives the lease back on a detached context.
-func (r *Registry) release(ctx context.Context, lease lua.Lease) error {
+func (r *Registry) release(ctx context.Context, lease lua.Lease, done bool) error {
 	rctx, cancel := detached(ctx)
 	defer cancel()
+	if done {
+		return r.leases.ReleaseDone(rctx, lease)
+	}
 	return r.leases.Release(rctx, lease)
 }
 
@@ -440,6 +476,14 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		outcome = store.OutcomeRetryable
 		params.NextAttemptAt = now.Add(d.Delay)
 		err = r.cfg.Store.JobMarkRetryable(wctx, params)
+		if err == nil && incident {
+			// The account's failure, not the job's: out of the job's attempt cap and
+			// bandwidth budget (it stays in the history). A failure here only costs the job
+			// one attempt of its budget.
+			if _, xerr := ops.New(r.cfg.Store.Pool()).JobBudgetExempt(wctx, job.Key, acq.Lease.Token, w.unit.Bytes); xerr != nil {
+				log.WarnContext(ctx, "incident attempt still counts against the job's budget", "err", xerr)
+			}
+		}
 	} else {
 		err = r.cfg.Store.JobFail(wctx, params)
 	}

@@ -12,6 +12,11 @@
 //     so even a Redis that restarted without persistence never repeats a token that
 //     PostgreSQL has accepted.
 //   - Renew and Release succeed only for the owner and token that claimed.
+//   - ReleaseDone (a job that completed) also deletes the job's token counter, so a
+//     completed job keeps no key in Redis; a later claim's floor (the fence PostgreSQL
+//     holds) still keeps its token above every token issued before.
+//   - ClaimMany and ReleaseMany send many claims or releases in one pipelined round trip,
+//     with the same per-item results as Claim and Release.
 //   - All keys of one job share a hash tag, so every script runs on Redis Cluster.
 //
 // This package knows nothing of PostgreSQL: the caller passes the floor and raises the
@@ -115,26 +120,37 @@ func (l *Leases) Claim(ctx context.Context, key, owner string, ttl time.Duration
 		return Lease{}, fmt.Errorf("lua: claim %q: floor %d is negative", key, floor)
 	}
 	sent := time.Now()
-	reply, err := claimScript.Run(ctx, l.rdb,
-		[]string{l.keys.Lease(key), l.keys.Fence(key)},
-		owner, ttl.Milliseconds(), floor, l.counterTTL.Milliseconds(),
-	).Slice()
+	reply, err := claimScript.Run(ctx, l.rdb, l.claimKeys(key), l.claimArgs(owner, ttl, floor)...).Slice()
+	return claimResult(ClaimRequest{Key: key, Owner: owner, TTL: ttl, Floor: floor}, sent, reply, err)
+}
+
+func (l *Leases) claimKeys(key string) []string {
+	return []string{l.keys.Lease(key), l.keys.Fence(key)}
+}
+
+func (l *Leases) claimArgs(owner string, ttl time.Duration, floor int64) []any {
+	return []any{owner, ttl.Milliseconds(), floor, l.counterTTL.Milliseconds()}
+}
+
+// claimResult is the one place that maps claim.lua's reply (or the error of its call) to a
+// Lease or an error; a malformed reply is an error, never a panic.
+func claimResult(req ClaimRequest, sent time.Time, reply []any, err error) (Lease, error) {
 	if err != nil {
-		return Lease{}, fmt.Errorf("lua: claim %q: %w", key, err)
+		return Lease{}, fmt.Errorf("lua: claim %q: %w", req.Key, err)
 	}
 	if len(reply) == 2 && reply[0] == int64(1) {
 		token, ok := reply[1].(int64)
-		if !ok || token <= floor {
-			return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", key, reply)
+		if !ok || token <= req.Floor {
+			return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", req.Key, reply)
 		}
-		return Lease{Key: key, Owner: owner, Token: token, TTL: ttl, Claimed: sent}, nil
+		return Lease{Key: req.Key, Owner: req.Owner, Token: token, TTL: req.TTL, Claimed: sent}, nil
 	}
 	if len(reply) == 3 && reply[0] == int64(0) {
 		holder, _ := reply[1].(string)
 		pttl, _ := reply[2].(int64)
-		return Lease{}, &HeldError{Key: key, Holder: holder, Remaining: time.Duration(pttl) * time.Millisecond}
+		return Lease{}, &HeldError{Key: req.Key, Holder: holder, Remaining: time.Duration(pttl) * time.Millisecond}
 	}
-	return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", key, reply)
+	return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", req.Key, reply)
 }
 
 // Renew extends lease to ttl from now on the server clock. It fails with ErrLeaseLost if
@@ -148,15 +164,48 @@ func (l *Leases) Renew(ctx context.Context, lease Lease, ttl time.Duration) erro
 	return statusErr("renew", lease, n, err)
 }
 
-// Release gives lease up. It fails with ErrLeaseLost if the lease expired or was deleted
-// and ErrNotOwner if another claim holds it; either way the caller no longer holds it.
+// Release gives lease up and keeps the job's token counter, so the next claim still gets a
+// higher token. It fails with ErrLeaseLost if the lease expired or was deleted and
+// ErrNotOwner if another claim holds it; either way the caller no longer holds it.
 func (l *Leases) Release(ctx context.Context, lease Lease) error {
-	if lease.Key == "" || lease.Owner == "" {
-		return fmt.Errorf("lua: release: lease without key or owner")
+	return l.release(ctx, lease, false)
+}
+
+// ReleaseDone gives the lease of a job that is terminal (its commit succeeded: it never runs
+// again) up and deletes the job's token counter with it, so a completed job leaves no key
+// in Redis. The counter is deleted only if this lease holds the last token issued; a later
+// claim (a duplicate delivery, an operator requeue) still gets a token above the fence
+// PostgreSQL holds, which it passes as the floor. Errors as Release; on an error nothing is
+// deleted.
+func (l *Leases) ReleaseDone(ctx context.Context, lease Lease) error {
+	return l.release(ctx, lease, true)
+}
+
+func (l *Leases) release(ctx context.Context, lease Lease, terminal bool) error {
+	if err := checkLease(lease); err != nil {
+		return err
 	}
-	n, err := releaseScript.Run(ctx, l.rdb, []string{l.keys.Lease(lease.Key)},
-		lease.Owner, lease.Token).Int64()
+	n, err := releaseScript.Run(ctx, l.rdb, l.releaseKeys(lease), releaseArgs(lease, terminal)...).Int64()
 	return statusErr("release", lease, n, err)
+}
+
+func (l *Leases) releaseKeys(lease Lease) []string {
+	return []string{l.keys.Lease(lease.Key), l.keys.Fence(lease.Key)}
+}
+
+func releaseArgs(lease Lease, terminal bool) []any {
+	flag := "0"
+	if terminal {
+		flag = "1"
+	}
+	return []any{lease.Owner, lease.Token, flag}
+}
+
+func checkLease(lease Lease) error {
+	if lease.Key == "" || lease.Owner == "" {
+		return errors.New("lua: release: lease without key or owner")
+	}
+	return nil
 }
 
 // statusErr is the one place that maps a status script's integer reply to an error.

@@ -239,7 +239,7 @@ func TestScriptsClusterSafe(t *testing.T) {
 		scripts := map[string][]string{
 			"claim.lua":   {keys.Lease(jobKey), keys.Fence(jobKey)},
 			"renew.lua":   {keys.Lease(jobKey)},
-			"release.lua": {keys.Lease(jobKey)},
+			"release.lua": {keys.Lease(jobKey), keys.Fence(jobKey)},
 		}
 		want := slot(keys.Lease(jobKey))
 		for name, ks := range scripts {

@@ -49,8 +49,8 @@ const (
 	// DefaultRescueLease is how long the reconciler holds a job's lease while it moves the
 	// job back to retryable.
 	DefaultRescueLease = 30 * time.Second
-	// DefaultConcurrency is how many lease claims and releases of a page's stranded jobs
-	// are in flight at once, and how many re-enqueue batches run at once.
+	// DefaultConcurrency is how many re-enqueue batches run at once (a page's lease claims
+	// and releases are one pipelined round trip each).
 	DefaultConcurrency = 16
 	// minRequeueChunk is the smallest re-enqueue batch worth its own jobs statement.
 	minRequeueChunk = 32
@@ -104,8 +104,9 @@ type ReconcilerConfig struct {
 	// RescueLease is the lease the reconciler holds while rescuing. Defaults to
 	// DefaultRescueLease.
 	RescueLease time.Duration
-	// Concurrency is how many lease claims and releases are in flight at once and how many
-	// re-enqueue batches run at once. Defaults to DefaultConcurrency.
+	// Concurrency is how many re-enqueue batches run at once (asynq enqueues one task per
+	// round trip; a page's lease claims and releases are pipelined instead). Defaults to
+	// DefaultConcurrency.
 	Concurrency int
 	// Normalizer of the enqueuers. Defaults to tasks.DefaultNormalizer.
 	Normalizer *tasks.Normalizer
@@ -439,38 +440,41 @@ type claimed struct {
 }
 
 // rescuePage moves the stranded running jobs of one page back to retryable: it claims
-// their leases (Concurrency claims at once; a job whose lease a worker holds is left
-// alone), rescues every claimed job in one fenced store.JobsRescue statement, then
-// releases the leases (Concurrency at once), whatever the statement did: they only
-// guarded the transition. A claim error stops the sweep after the claimed jobs are rescued
-// and released.
+// their leases in one pipelined round trip (lua.Leases.ClaimMany; a job whose lease a
+// worker holds is left alone), rescues every claimed job in one fenced store.JobsRescue
+// statement, then releases the leases in one more round trip (ReleaseMany), whatever the
+// statement did: they only guarded the transition. A claim error stops the sweep after the
+// claimed jobs are rescued and released.
 func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, rep *SweepReport, mu *sync.Mutex) error {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	var (
-		held     []claimed // guarded by mu, as rep is
-		claimErr error
-	)
-	forEach(r.cfg.Concurrency, len(jobs), func(i int) {
-		job := jobs[i]
+	reqs := make([]lua.ClaimRequest, len(jobs))
+	for i, job := range jobs {
 		// A nonce per claim: two reconcilers configured with the same ID must not
 		// re-claim each other's lease as its owner.
-		owner := "reconciler/" + r.cfg.ID + "/" + nonce()
-		lease, err := r.leases.Claim(pctx, job.Key, owner, r.cfg.RescueLease, job.Fence)
-		mu.Lock()
-		defer mu.Unlock()
-		rep.RedisTrips++
+		reqs[i] = lua.ClaimRequest{Key: job.Key, Owner: "reconciler/" + r.cfg.ID + "/" + nonce(),
+			TTL: r.cfg.RescueLease, Floor: job.Fence}
+	}
+	leases, claimErrs := r.leases.ClaimMany(pctx, reqs)
+	var (
+		held     []claimed
+		claimErr error
+	)
+	mu.Lock()
+	rep.RedisTrips++
+	for i, err := range claimErrs {
 		switch {
 		case errors.Is(err, lua.ErrLeaseHeld):
 			rep.Actions[ActionLeaseHeld]++
 		case err != nil:
 			if claimErr == nil {
-				claimErr = fmt.Errorf("scheduler: reconciler claim %q: %w", job.Key, err)
+				claimErr = fmt.Errorf("scheduler: reconciler claim %q: %w", jobs[i].Key, err)
 			}
 		default:
-			held = append(held, claimed{job, lease})
+			held = append(held, claimed{jobs[i], leases[i]})
 		}
-	})
+	}
+	mu.Unlock()
 	if len(held) == 0 {
 		return claimErr
 	}
@@ -484,17 +488,21 @@ func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, re
 	rep.Statements++
 	mu.Unlock()
 
-	// Released whatever happened, on a context the sweep's cancellation does not end.
+	// Released whatever happened, on a context the sweep's cancellation does not end. The
+	// token counters stay: the rescued jobs run again.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
 	defer rcancel()
-	forEach(r.cfg.Concurrency, len(held), func(i int) {
-		rerr := r.leases.Release(rctx, held[i].lease)
+	toRelease := make([]lua.Lease, len(held))
+	for i, c := range held {
+		toRelease[i] = c.lease
+	}
+	for i, rerr := range r.leases.ReleaseMany(rctx, toRelease) {
 		if rerr != nil && !errors.Is(rerr, lua.ErrLeaseLost) && !errors.Is(rerr, lua.ErrNotOwner) {
 			r.cfg.Logger.WarnContext(ctx, "reconciler lease release failed", "job", held[i].job.Key, "err", rerr)
 		}
-	})
+	}
 	mu.Lock()
-	rep.RedisTrips += int64(len(held))
+	rep.RedisTrips++
 	if err != nil {
 		mu.Unlock()
 		return fmt.Errorf("scheduler: reconciler rescue of %d jobs: %w", len(held), err)

@@ -12,6 +12,32 @@
 // credentials (IDEMSCRAPE_HTTP_USER, IDEMSCRAPE_HTTP_PASSWORD): none of them is ever
 // logged. SIGTERM or SIGINT shut the worker down gracefully (see service.Service.Shutdown);
 // it exits 0 after a clean shutdown, 1 on an error, 2 on a bad configuration.
+//
+// # Failpoints (chaos runs only)
+//
+// cmd/chaos injects crashes at the dangerous moments through two environment variables that
+// a production worker never sets; with neither set the worker behaves exactly as without
+// this code:
+//
+//	IDEMSCRAPE_FAILPOINTS=after_fetch:0.01,after_commit:0.01,after_xadd:0.05
+//	IDEMSCRAPE_CHAOS_RETRY_SCALE=0.02
+//
+// Each failpoint fires with its probability every time it is reached; a firing point
+// writes one line "FAILPOINT name=<point> pid=<pid> key=<job key>|outbox_ids=[…]" to
+// stderr and SIGKILLs the process itself (no deferred cleanup, no lease release, no ack):
+//
+//	after_fetch   after every step of the catalog unit fetched and staged, before
+//	              validation and the commit (an extra last safe step of the unit)
+//	after_commit  after the fenced commit returned success, before the lease release and
+//	              asynq's acknowledgement (a wrapper around the group committer)
+//	after_xadd    in the outbox dispatcher, after a batch's XADDs and before the rows are
+//	              marked sent (outbox.DispatcherConfig.AfterPublish)
+//	dup_result    a deliberately broken build, not a crash: after a successful commit it
+//	              inserts a second results row for the job under another observation key,
+//	              so the chaos harness can show that it detects a duplicate result
+//
+// IDEMSCRAPE_CHAOS_RETRY_SCALE multiplies every retry backoff of handlers.DefaultPolicies
+// by a factor in (0, 1], so that a chaos run's retries take seconds instead of minutes.
 package main
 
 import (
@@ -270,6 +296,17 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	fp, err := parseFailpoints(os.Getenv(EnvFailpoints))
+	if err != nil {
+		return err
+	}
+	retryOpt, err := retryOption(os.Getenv(EnvChaosRetryScale))
+	if err != nil {
+		return err
+	}
+	if len(fp) > 0 || retryOpt != nil {
+		log.Warn("chaos settings on: for chaos runs only", "failpoints", os.Getenv(EnvFailpoints), "retry_scale", os.Getenv(EnvChaosRetryScale))
+	}
 	auth, err := service.BasicAuthFromEnv()
 	if err != nil {
 		return err
@@ -298,8 +335,13 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		collector.Guard = sessions.LoopbackGuard()
 		log.Warn("loopback destinations allowed (-allow-loopback): for demos and tests only")
 	}
+	var committer handlers.Committer
+	if fc := fp.committer(store.New(pool), pool); fc != nil {
+		defer fc.Close() // deferred before reg.Close, so it runs after it
+		committer = fc
+	}
 	reg, err := handlers.NewRegistry(handlers.Config{
-		Store: store.New(pool), Redis: rdb, Provider: provider,
+		Store: store.New(pool), Redis: rdb, Provider: provider, Committer: committer,
 		KeyPrefix: c.keyPrefix, WorkerID: c.workerID, Collector: collector,
 		MaxSessionRestarts: c.maxSessionRestart,
 		LeaseLengths: &handlers.LeaseLengthConfig{
@@ -312,7 +354,11 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	defer reg.Close()
 	kinds := []string{catalog.Kind}
-	if err := reg.Register(catalog.Kind, catalog.Workflow(c.catalogBase), catalog.Parse); err != nil {
+	var kindOpts []handlers.KindOption
+	if retryOpt != nil {
+		kindOpts = append(kindOpts, retryOpt)
+	}
+	if err := reg.Register(catalog.Kind, fp.workflow(catalog.Workflow(c.catalogBase)), catalog.Parse, kindOpts...); err != nil {
 		return err
 	}
 
@@ -333,7 +379,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		ShutdownTimeout:    c.shutdownTimeout,
 		DrainTimeout:       c.drainTimeout,
 		NoDispatcher:       c.noDispatcher,
-		Dispatcher:         &outbox.DispatcherConfig{Prefix: c.streamPrefix},
+		Dispatcher:         &outbox.DispatcherConfig{Prefix: c.streamPrefix, AfterPublish: fp.afterPublish()},
 		HTTPAddr:           c.httpAddr,
 		MonitoringReadOnly: c.readOnly,
 		BasicAuth:          auth,

@@ -33,8 +33,10 @@ const (
 const (
 	DefaultAuditLeaseMax     = 10 * time.Minute
 	DefaultAuditOutboxLagMax = 5 * time.Minute
-	DefaultAuditBatchSize    = 1000
-	DefaultAuditMaxExamples  = 10
+	// DefaultAuditOutboxRetention matches the reconciler's default retention of sent outbox rows.
+	DefaultAuditOutboxRetention = 7 * 24 * time.Hour
+	DefaultAuditBatchSize       = 1000
+	DefaultAuditMaxExamples     = 10
 	// DefaultEventKeyPrefix is the prefix of a job's outbox event key as the handlers
 	// runner writes it (handlers.EventKey(key) == "observed:" + key).
 	DefaultEventKeyPrefix = "observed:"
@@ -56,6 +58,10 @@ type AuditConfig struct {
 	// EventKeyPrefix + job key is a job's outbox event key. Defaults to
 	// DefaultEventKeyPrefix.
 	EventKeyPrefix string
+	// OutboxRetention is how long sent outbox rows are kept (the reconciler prunes older
+	// ones): a job completed before now − OutboxRetention need not have its event row any
+	// more. Use the reconciler's setting. Defaults to DefaultAuditOutboxRetention.
+	OutboxRetention time.Duration
 	// TaskLive checks the queue for InvRunningHasLiveTask. Required.
 	TaskLive TaskLiveFunc
 	// BatchSize is how many rows one keyset page reads. Defaults to DefaultAuditBatchSize.
@@ -69,6 +75,9 @@ type AuditConfig struct {
 func (c *AuditConfig) Validate() error {
 	if c.LeaseMax == 0 {
 		c.LeaseMax = DefaultAuditLeaseMax
+	}
+	if c.OutboxRetention == 0 {
+		c.OutboxRetention = DefaultAuditOutboxRetention
 	}
 	if c.OutboxLagMax == 0 {
 		c.OutboxLagMax = DefaultAuditOutboxLagMax
@@ -156,7 +165,7 @@ func (s *Store) Audit(ctx context.Context, cfg AuditConfig) (AuditReport, error)
 	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
 		return AuditReport{}, fmt.Errorf("ops: Audit: %w", err)
 	}
-	complete := Invariant{Name: InvCompleteHasResultAndEvent, Description: "every complete job has exactly one result (its own, or the one its event names if its write was a rejected duplicate) and one outbox event"}
+	complete := Invariant{Name: InvCompleteHasResultAndEvent, Description: "every complete job has exactly one result (its own, or the one its event names if its write was a rejected duplicate) and one outbox event (unless pruned after the outbox retention); no job that is not complete has an event"}
 	fences := Invariant{Name: InvFencesIncreasing, Description: "attempt fences strictly increase per job, and the job's fence is the highest"}
 	if err := s.auditJobs(ctx, cfg, &complete, &fences); err != nil {
 		return AuditReport{}, err
@@ -184,9 +193,9 @@ func (s *Store) auditJobs(ctx context.Context, cfg AuditConfig, complete, fences
 	for {
 		rows, _ := s.pool.Query(ctx, `
 WITH page AS (
-	SELECT key, state, fence FROM jobs WHERE key > $1 ORDER BY key LIMIT $2
+	SELECT key, state, fence, completed_at FROM jobs WHERE key > $1 ORDER BY key LIMIT $2
 )
-SELECT p.key, p.state = 'complete',
+SELECT p.key, p.state = 'complete', COALESCE(p.completed_at < now() - $4::interval, false),
 	(SELECT count(*) FROM results r WHERE r.job_key = p.key),
 	ev.payload IS NOT NULL,
 	EXISTS (SELECT 1 FROM results r WHERE r.observation_key = ev.payload->>'observation_key'),
@@ -197,14 +206,14 @@ SELECT p.key, p.state = 'complete',
 FROM page p LEFT JOIN LATERAL (
 	SELECT payload FROM outbox o WHERE o.event_key = $3 || p.key
 ) ev ON true
-ORDER BY p.key`, last, cfg.BatchSize, cfg.EventKeyPrefix)
+ORDER BY p.key`, last, cfg.BatchSize, cfg.EventKeyPrefix, cfg.OutboxRetention)
 		var (
-			key                                string
-			isComplete, hasEvent, shared, incr bool
-			nResults                           int64
-			n                                  int
+			key                                        string
+			isComplete, pruned, hasEvent, shared, incr bool
+			nResults                                   int64
+			n                                          int
 		)
-		_, err := pgx.ForEachRow(rows, []any{&key, &isComplete, &nResults, &hasEvent, &shared, &incr}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&key, &isComplete, &pruned, &nResults, &hasEvent, &shared, &incr}, func() error {
 			n++
 			last = key
 			fences.Checked++
@@ -216,9 +225,18 @@ ORDER BY p.key`, last, cfg.BatchSize, cfg.EventKeyPrefix)
 				// A job whose observation another job had stored already (a duplicate result
 				// write, rejected and counted) has no result row of its own: its event names
 				// the observation, which must exist.
-				if !hasEvent || nResults > 1 || (nResults == 0 && !shared) {
+				switch {
+				case nResults > 1:
+					complete.add(key, cfg.MaxExamples)
+				case pruned && !hasEvent:
+					// Completed before the outbox retention: its sent event row may have been
+					// pruned, and with it the proof of a shared observation.
+				case !hasEvent || (nResults == 0 && !shared):
 					complete.add(key, cfg.MaxExamples)
 				}
+			} else if hasEvent {
+				complete.Checked++
+				complete.add(key, cfg.MaxExamples) // an event published for a job not complete
 			}
 			return nil
 		})

@@ -329,3 +329,23 @@ func SpecOf(job store.Job) tasks.Spec {
 	return tasks.Spec{Kind: job.Kind, URL: job.URL, SourceID: job.SourceID, Country: job.Country,
 		Window: job.Window, ParserVersion: job.ParserVersion, Scope: job.Scope}
 }
+
+// JobBudgetExempt takes one finished attempt out of the job's retry budget: the attempt
+// and its bytes stay in the history (attempts, bytes_total), but the runner's attempt cap
+// and bandwidth budget no longer count them. The runner calls it for an attempt that met a
+// proxy incident (a 407: the account's failure, not the job's). Fenced like every
+// transition: it applies only while the job's fence is still token, and reports whether it
+// did.
+func (s *Store) JobBudgetExempt(ctx context.Context, key string, token, bytes int64) (bool, error) {
+	if bytes < 0 {
+		return false, fmt.Errorf("ops: JobBudgetExempt %q: bytes %d must be >= 0", key, bytes)
+	}
+	tag, err := s.pool.Exec(ctx, `
+UPDATE jobs SET budget_attempts = budget_attempts + 1,
+	budget_bytes = LEAST(budget_bytes + $3, bytes_total)
+WHERE key = $1 AND fence = $2 AND budget_attempts < attempts`, key, token, bytes)
+	if err != nil {
+		return false, fmt.Errorf("ops: JobBudgetExempt %q: %w", key, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

@@ -159,6 +159,27 @@ func TestAudit(t *testing.T) {
 		assert.Equal(t, want, got)
 	})
 
+	t.Run("PrunedEventsAndStrayEvents", func(t *testing.T) {
+		b := setup(t)
+		b.record(t, "old", "recent", "stray")
+		for _, k := range []string{"old", "recent"} {
+			b.start(t, k, 1)
+			b.commit(t, k, 1, k)
+		}
+		b.exec(t, `UPDATE outbox SET sent_at = now()`)
+		// The reconciler pruned old's sent event after the retention; recent lost its event
+		// too early (a broken invariant); stray has an event though it never completed.
+		b.exec(t, `UPDATE jobs SET completed_at = now() - interval '8 days' WHERE key = 'old'`)
+		b.exec(t, `DELETE FROM outbox WHERE event_key IN ('observed:old', 'observed:recent')`)
+		b.exec(t, `INSERT INTO outbox (event_key, topic, payload, sent_at) VALUES ('observed:stray', 'catalog', '{}', now())`)
+		rep, err := b.ops.Audit(ctx, ops.AuditConfig{TaskLive: (&liveTasks{}).fn})
+		require.NoError(t, err)
+		broken := rep.Broken()
+		require.Len(t, broken, 1, "%+v", rep)
+		assert.Equal(t, ops.InvCompleteHasResultAndEvent, broken[0].Name)
+		assert.Equal(t, []string{"recent", "stray"}, broken[0].Examples, "old's event was pruned after the retention: not a violation")
+	})
+
 	t.Run("ExamplesCapped", func(t *testing.T) {
 		b := setup(t)
 		keys := make([]string, 25)

@@ -1,0 +1,360 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// runSpec is what the parent tells a child process to run (flags of the -child mode).
+type runSpec struct {
+	Mode      string // b1, direct, proto, b3, b3g, b5
+	Side      string // ours, peer (b5: ours = duplicate enqueue, peer = fresh enqueue)
+	N         int
+	Conc      int
+	Robots    bool
+	RedisAddr string
+	DSN       string // database of this run
+	Page      string
+	ProxyAddr string
+	ProxyUser string
+	ProxyPass string // from the environment, never a flag
+}
+
+// runResult is what a child prints (one JSON line on stdout).
+type runResult struct {
+	Jobs        int     `json:"jobs"`
+	Seconds     float64 `json:"seconds"`
+	JobsPerSec  float64 `json:"jobs_per_s"`
+	CPUPerJobUS float64 `json:"cpu_us_per_job"`     // this process's user+sys CPU
+	RedisCmds   float64 `json:"redis_cmds_per_job"` // INFO commandstats delta
+	RedisRT     float64 `json:"redis_rt_per_job"`   // go-redis hook: commands + pipelines
+	RedisCPUUS  float64 `json:"redis_cpu_us_per_job"`
+	PGRT        float64 `json:"pg_rt_per_job"` // pgx tracer: queries + batches + copies
+}
+
+const benchQueue = "bench"
+
+// runChild runs one measured run and returns its result.
+func runChild(ctx context.Context, s runSpec) (runResult, error) {
+	pgrt := &pgCounter{}
+	pcfg, err := pgxpool.ParseConfig(s.DSN)
+	if err != nil {
+		return runResult{}, err
+	}
+	pcfg.MaxConns = int32(s.Conc + 10)
+	pcfg.ConnConfig.Tracer = pgrt
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return runResult{}, err
+	}
+	defer pool.Close()
+	st := store.New(pool)
+
+	rrt := &redisCounter{}
+	rdb := redis.NewClient(&redis.Options{Addr: s.RedisAddr, PoolSize: s.Conc + 20})
+	defer rdb.Close()
+	rdb.AddHook(rrt)
+
+	if s.Mode == "b3" || s.Mode == "b3g" {
+		return runB3(ctx, s, st, pool, rdb, rrt, pgrt)
+	}
+	client := asynq.NewClientFromRedisClient(rdb)
+	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: benchQueue})
+	if err != nil {
+		return runResult{}, err
+	}
+	specs := make([]tasks.Spec, s.N)
+	for i := range specs {
+		specs[i] = tasks.Spec{Kind: "page", SourceID: fmt.Sprintf("p-%d", i), Country: "US", Window: "2026-04-23", ParserVersion: 1}
+	}
+	enqueueAll := func() error {
+		for rest := specs; len(rest) > 0; {
+			batch := rest[:min(500, len(rest))]
+			rest = rest[len(batch):]
+			if _, err := enq.EnqueueMany(ctx, batch); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+
+	if s.Mode == "b5" {
+		if s.Side == "ours" { // duplicate: the same specs again
+			if err := enqueueAll(); err != nil {
+				return runResult{}, err
+			}
+		}
+		m := startMeasure(ctx, rdb, rrt, pgrt)
+		if err := enqueueAll(); err != nil {
+			return runResult{}, err
+		}
+		res := m.stop(ctx, s.N)
+		var pending int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&pending); err != nil {
+			return runResult{}, err
+		}
+		if pending != s.N {
+			return runResult{}, fmt.Errorf("b5: %d jobs recorded, want %d", pending, s.N)
+		}
+		return res, nil
+	}
+
+	if err := enqueueAll(); err != nil {
+		return runResult{}, err
+	}
+	var h asynq.Handler
+	if s.Side == "ours" {
+		reg, err := newOurs(s, st, rdb)
+		if err != nil {
+			return runResult{}, err
+		}
+		defer reg.Close()
+		h = reg
+	} else {
+		pc := peerConfig{pool: pool, page: s.Page, proxyAddr: s.ProxyAddr, proxyUser: s.ProxyUser, proxyPass: s.ProxyPass, robots: s.Robots, conc: s.Conc}
+		switch s.Mode {
+		case "b1":
+			h = newPeerSession(pc)
+		case "direct":
+			h = newPeerDirect(pc)
+		case "proto":
+			h = newPeerNoFetch(pc)
+		default:
+			return runResult{}, fmt.Errorf("mode %q: unknown", s.Mode)
+		}
+	}
+
+	var done atomic.Int64
+	finished := make(chan struct{})
+	var lastErr atomic.Value
+	srv := asynq.NewServerFromRedisClient(rdb, (&handlers.Registry{}).ServerConfig(asynq.Config{
+		Queues: map[string]int{benchQueue: 1}, Concurrency: s.Conc, LogLevel: asynq.FatalLevel,
+	}))
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("page", func(ctx context.Context, t *asynq.Task) error {
+		err := h.ProcessTask(ctx, t)
+		if err == nil {
+			if done.Add(1) == int64(s.N) {
+				close(finished)
+			}
+		} else {
+			lastErr.Store(err.Error())
+		}
+		return err
+	})
+	m := startMeasure(ctx, rdb, rrt, pgrt)
+	if err := srv.Start(mux); err != nil {
+		return runResult{}, err
+	}
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Minute):
+		srv.Shutdown()
+		return runResult{}, fmt.Errorf("only %d of %d jobs done (last error: %v)", done.Load(), s.N, lastErr.Load())
+	case <-ctx.Done():
+		srv.Shutdown()
+		return runResult{}, ctx.Err()
+	}
+	res := m.stop(ctx, s.N)
+	srv.Shutdown()
+
+	q := `SELECT count(*) FROM results`
+	if s.Side == "ours" {
+		q = `SELECT count(*) FROM jobs WHERE state = 'complete'`
+	}
+	var n int
+	if err := pool.QueryRow(ctx, q).Scan(&n); err != nil {
+		return runResult{}, err
+	}
+	if n != s.N {
+		return runResult{}, fmt.Errorf("%s/%s: %d of %d jobs stored", s.Mode, s.Side, n, s.N)
+	}
+	return res, nil
+}
+
+// newOurs builds the idemscrape runner on its public API, as a user would.
+func newOurs(s runSpec, st *store.PG, rdb *redis.Client) (*handlers.Registry, error) {
+	prov, err := sessions.NewProvider("generic", s.ProxyAddr, "{user}[-country-{country}]-session-{session}", "{pass}", s.ProxyUser, s.ProxyPass, 0)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := handlers.NewRegistry(handlers.Config{
+		Store: st, Redis: rdb, Provider: prov, KeyPrefix: "bench:",
+		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), IgnoreRobotsTxt: !s.Robots},
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	wf := fetchWorkflow(s.Page)
+	if s.Mode == "proto" {
+		wf = noFetchWorkflow
+	}
+	if err := reg.Register("page", wf, parseLen); err != nil {
+		reg.Close()
+		return nil, err
+	}
+	return reg, nil
+}
+
+func fetchWorkflow(page string) handlers.WorkflowFunc {
+	return func(tasks.Payload) (*sessions.Unit, error) {
+		return &sessions.Unit{Name: "page", Steps: []sessions.Step{{Name: "get", Safe: true,
+			Run: func(_ context.Context, sc *sessions.StepContext) error {
+				resp, err := sc.Get(page)
+				if err != nil {
+					return err
+				}
+				return sc.Staging.Put("page", len(resp.Body))
+			}}}}, nil
+	}
+}
+
+// noFetchWorkflow is the protocol-only workflow: one step that sends no request.
+func noFetchWorkflow(tasks.Payload) (*sessions.Unit, error) {
+	return &sessions.Unit{Name: "page", Steps: []sessions.Step{{Name: "none", Safe: true,
+		Run: func(_ context.Context, sc *sessions.StepContext) error { return sc.Staging.Put("page", 0) }}}}, nil
+}
+
+func parseLen(_ tasks.Payload, staged map[string]json.RawMessage) (handlers.Observation, error) {
+	var n int
+	if err := json.Unmarshal(staged["page"], &n); err != nil {
+		return handlers.Observation{}, err
+	}
+	return handlers.Observation{Data: map[string]int{"len": n}}, nil
+}
+
+// measure holds the counters at the start of the measured phase.
+type measure struct {
+	rdb       *redis.Client
+	rrt       *redisCounter
+	pgrt      *pgCounter
+	start     time.Time
+	cpu       time.Duration
+	cmds      int64
+	redisCPU  float64
+	rrt0, pg0 int64
+}
+
+func startMeasure(ctx context.Context, rdb *redis.Client, rrt *redisCounter, pgrt *pgCounter) *measure {
+	cmds, rcpu := redisStats(ctx, rdb)
+	return &measure{rdb: rdb, rrt: rrt, pgrt: pgrt, cmds: cmds, redisCPU: rcpu, rrt0: rrt.n.Load(), pg0: pgrt.n.Load(), cpu: processCPU(), start: time.Now()}
+}
+
+func (m *measure) stop(ctx context.Context, n int) runResult {
+	elapsed := time.Since(m.start)
+	cpu := processCPU() - m.cpu
+	rrt, pg := m.rrt.n.Load()-m.rrt0, m.pgrt.n.Load()-m.pg0
+	cmds, rcpu := redisStats(ctx, m.rdb)
+	f := float64(n)
+	return runResult{
+		Jobs: n, Seconds: elapsed.Seconds(), JobsPerSec: f / elapsed.Seconds(),
+		CPUPerJobUS: float64(cpu.Microseconds()) / f,
+		RedisCmds:   float64(cmds-m.cmds-1) / f, // minus the first INFO
+		RedisRT:     float64(rrt) / f,
+		RedisCPUUS:  (rcpu - m.redisCPU) * 1e6 / f,
+		PGRT:        float64(pg) / f,
+	}
+}
+
+// processCPU is this process's user + system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisStats returns the total calls of INFO commandstats and used_cpu_sys+user.
+func redisStats(ctx context.Context, rdb *redis.Client) (calls int64, cpu float64) {
+	info, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+	if err != nil {
+		return 0, 0
+	}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.HasPrefix(line, "cmdstat_"):
+			_, rest, _ := strings.Cut(line, "calls=")
+			v, _, _ := strings.Cut(rest, ",")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			calls += n
+		case strings.HasPrefix(line, "used_cpu_sys:"), strings.HasPrefix(line, "used_cpu_user:"):
+			_, v, _ := strings.Cut(line, ":")
+			f, _ := strconv.ParseFloat(v, 64)
+			cpu += f
+		}
+	}
+	return calls, cpu
+}
+
+// redisCounter counts round trips of one go-redis client: each command sent alone and
+// each pipeline (or MULTI/EXEC) counts one.
+type redisCounter struct{ n atomic.Int64 }
+
+func (c *redisCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *redisCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
+}
+func (c *redisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(1); return next(ctx, cmds) }
+}
+
+var _ redis.Hook = (*redisCounter)(nil)
+
+// pgCounter counts PostgreSQL round trips: each query, each batch (one round trip however
+// many statements it pipelines) and each COPY.
+type pgCounter struct{ n atomic.Int64 }
+
+func (c *pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *pgCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *pgCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *pgCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *pgCounter) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *pgCounter) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {}
+
+var (
+	_ pgx.QueryTracer    = (*pgCounter)(nil)
+	_ pgx.BatchTracer    = (*pgCounter)(nil)
+	_ pgx.CopyFromTracer = (*pgCounter)(nil)
+)
+
+// freePort returns a free loopback TCP port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestMain lets the test binary play the child process: the tool re-executes
+// os.Executable(), which under `go test` is this binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "-child" {
+		if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "benchcompare:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestBenchCompare(t *testing.T) {
+	ctx := context.Background()
+	admin := func(t *testing.T) *pgx.Conn {
+		conn, err := pgx.Connect(ctx, testutil.PGAdminDSN())
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close(ctx) })
+		return conn
+	}
+	countDBs := func(t *testing.T, conn *pgx.Conn, like string) int {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname LIKE $1`, like).Scan(&n))
+		return n
+	}
+
+	t.Run("EndToEndTinyN", func(t *testing.T) {
+		id := "t" + randomHex(4)
+		var out bytes.Buffer
+		err := run(ctx, []string{"-n", "50", "-pairs", "1", "-concurrency", "20", "-modes", strings.Join(allModes, ","), "-runid", id}, &out)
+		require.NoError(t, err, out.String())
+		table := out.String()
+		for _, m := range allModes {
+			assert.Contains(t, table, modeTitles[m])
+		}
+		assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 2+len(allModes), "header lines + one row per mode:\n%s", table)
+		assert.NotContains(t, table, "NaN")
+		assert.NotContains(t, table, "Inf")
+		assert.Zero(t, countDBs(t, admin(t), "idemscrape_bc_"+id+"_%"), "every database of the run is dropped")
+	})
+
+	t.Run("ChildErrorReportedAndDatabaseDropped", func(t *testing.T) {
+		// A child that fails reports its error through the parent (with its stderr), and
+		// the run's database and redis-server are still removed.
+		id := "t" + randomHex(4)
+		o := options{n: 5, pairs: 1, conc: []int{2}, modes: []string{"b1"}, robots: true, pgDSN: testutil.PGAdminDSN(), runID: id}
+		tpl, err := createTemplate(ctx, o.pgDSN, "idemscrape_bc_"+id+"_tpl")
+		require.NoError(t, err)
+		t.Cleanup(func() { dropMarked(ctx, o.pgDSN, tpl) })
+		self, err := os.Executable()
+		require.NoError(t, err)
+		_, err = oneRun(ctx, self, o, tpl, "idemscrape_bc_"+id+"_1", runSpec{Mode: "bogus", Side: "peer", Conc: 2})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `mode "bogus": unknown`)
+		assert.Zero(t, countDBs(t, admin(t), "idemscrape_bc_"+id+"_1"), "the failed run's database is dropped")
+	})
+
+	t.Run("DropsOnlyMarkedDatabases", func(t *testing.T) {
+		conn := admin(t)
+		name := "idemscrape_bc_t" + randomHex(4) + "_unmarked"
+		_, err := conn.Exec(ctx, "CREATE DATABASE "+name)
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name) })
+		dropMarked(ctx, testutil.PGAdminDSN(), name)
+		assert.Equal(t, 1, countDBs(t, conn, name), "an unmarked database is left alone")
+
+		_, err = conn.Exec(ctx, fmt.Sprintf("COMMENT ON DATABASE %s IS '%s'", name, dbComment))
+		require.NoError(t, err)
+		dropMarked(ctx, testutil.PGAdminDSN(), name)
+		assert.Zero(t, countDBs(t, conn, name), "a marked database is dropped")
+	})
+
+	t.Run("RejectsBadFlags", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"-modes", "b9"}, {"-concurrency", "0"}, {"-n", "0"}, {"-runid", "X;"},
+		} {
+			err := run(ctx, args, &bytes.Buffer{})
+			assert.Error(t, err, "%v", args)
+		}
+	})
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// tiny is a scenario with one of every fault, small enough for the unit tests.
+func tiny() Config {
+	return Config{Jobs: 30, Baseline: 5, Workers: 2, Concurrency: 5, Lease: 3 * time.Second,
+		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, Pauses: 1, RedisWipes: 1, PGRounds: 2,
+		ProxyFaults: true, Canary: true, Seed: 5, Timeout: 5 * time.Minute}
+}
+
+func TestChaos(t *testing.T) {
+	t.Run("TinyScenarioPasses", func(t *testing.T) {
+		var out bytes.Buffer
+		rep, err := run(context.Background(), tiny(), t, &out)
+		require.NoError(t, err)
+		rep.Print(&out)
+		t.Log("\n" + out.String())
+		assert.Empty(t, rep.Failed())
+		names := map[string]bool{}
+		for _, r := range rep.Invariants {
+			names[r.Name] = true
+			assert.Contains(t, []string{resultPass, resultInfo, resultGap}, r.Result, r.Name)
+		}
+		for _, n := range []string{InvLost, InvDupResults, InvDupEffects, InvEffectsLost, InvReexec, InvXaddReplays,
+			InvStale, InvFences, InvTwoSessions, InvBudget, InvCanary, InfoBytes} {
+			assert.True(t, names[n], "invariant %q not checked", n)
+		}
+		// The faults were injected, not just configured.
+		faults := map[string]string{}
+		for _, f := range rep.Faults {
+			faults[f.Name] = f.Observed
+		}
+		for name, want := range map[string]string{
+			"failpoint after_fetch (SIGKILL)":           "fired",
+			"failpoint after_commit (SIGKILL)":          "fired",
+			"failpoint after_xadd (dispatcher SIGKILL)": "fired",
+			"redis-server killed, restarted empty":      "1",
+		} {
+			assert.Contains(t, faults[name], want, name)
+			assert.NotRegexp(t, `^0 `, faults[name], "%s: nothing injected", name)
+		}
+	})
+
+	t.Run("BrokenBuildFailsAndNamesTheInvariant", func(t *testing.T) {
+		// The workers run as a broken build that writes a second result row per job; the
+		// command must exit 1 and name the invariant.
+		cfg := Config{Jobs: 8, Workers: 1, Concurrency: 4, Lease: 3 * time.Second, Break: fpDupResult + ":1",
+			Seed: 6, Timeout: 3 * time.Minute}
+		var out bytes.Buffer
+		code := runMain(context.Background(), cfg, &out)
+		t.Log("\n" + out.String())
+		assert.Equal(t, 1, code)
+		assert.Contains(t, out.String(), "FAIL: "+InvDupResults)
+		line := lineOf(out.String(), InvDupResults)
+		assert.Contains(t, line, resultFail)
+		assert.Contains(t, line, "catalog:sku-", "the offending job keys are named")
+	})
+}
+
+func lineOf(s, prefix string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+func TestFlags(t *testing.T) {
+	t.Run("ShortIsTheCIMix", func(t *testing.T) {
+		c, err := parseFlags([]string{"-short"}, io.Discard)
+		require.NoError(t, err)
+		assert.Equal(t, Short(), c)
+	})
+	t.Run("DefaultIsTheFullMix", func(t *testing.T) {
+		c, err := parseFlags(nil, io.Discard)
+		require.NoError(t, err)
+		assert.Equal(t, Full(), c)
+		assert.Equal(t, 10000, c.Jobs)
+	})
+	t.Run("FlagsOverrideTheMix", func(t *testing.T) {
+		c, err := parseFlags([]string{"-short", "-jobs", "7", "-kills", "0", "-proxy-faults", "false", "-lease", "2s"}, io.Discard)
+		require.NoError(t, err)
+		assert.Equal(t, 7, c.Jobs)
+		assert.Equal(t, 0, c.RandomKills)
+		assert.False(t, c.ProxyFaults)
+		assert.Equal(t, 2*time.Second, c.Lease)
+	})
+	t.Run("Refused", func(t *testing.T) {
+		for name, args := range map[string][]string{
+			"UnknownBreak": {"-break", "no_fence:1"},
+			"ZeroJobs":     {"-jobs", "0"},
+			"ShortLease":   {"-lease", "10ms"},
+			"BadBool":      {"-canary", "maybe"},
+			"StrayArg":     {"extra"},
+		} {
+			t.Run(name, func(t *testing.T) {
+				_, err := parseFlags(args, io.Discard)
+				assert.Error(t, err)
+			})
+		}
+	})
+}

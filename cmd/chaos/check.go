@@ -1,0 +1,506 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/handlers"
+)
+
+// Invariant names, as the table prints them.
+const (
+	InvLost          = "0 lost jobs (complete, or failed with a category)"
+	InvDupResults    = "0 duplicate results (one per complete job)"
+	InvDupEffects    = "0 duplicate side effects (inbox consumer)"
+	InvEffectsLost   = "every complete job's event took effect"
+	GapEffectsWiped  = "events lost with Redis's data (known gap)"
+	InvReexec        = "re-executions >= execution kills"
+	InvXaddReplays   = "replays recognised >= after_xadd kills"
+	InvStale         = "0 stale commits accepted"
+	InvFences        = "fences strictly increase per job"
+	InvTwoSessions   = "no result from two sessions"
+	InvBudget        = "no job over its bandwidth budget"
+	InvCanary        = "canary password absent everywhere"
+	InfoBytes        = "bytes per completed job vs fault-free"
+	resultPass       = "PASS"
+	resultFail       = "FAIL"
+	resultInfo       = "INFO"
+	resultGap        = "GAP"
+	maxOffenders     = 5
+	bytesRatioTarget = 1.25
+)
+
+// Row is one line of the report.
+type Row struct {
+	Name      string
+	Injected  string
+	Observed  string
+	Result    string // PASS, FAIL or INFO
+	Offenders []string
+}
+
+// Report is what a chaos run found.
+type Report struct {
+	Faults     []Row
+	Invariants []Row
+	Wall       time.Duration
+	Database   string
+	Logs       string
+}
+
+// Failed returns the names of the invariants that failed.
+func (r *Report) Failed() []string {
+	var out []string
+	for _, row := range r.Invariants {
+		if row.Result == resultFail {
+			out = append(out, row.Name)
+		}
+	}
+	return out
+}
+
+// Print writes the report as two tables.
+func (r *Report) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "FAULT\tINJECTED\tOBSERVED")
+	for _, f := range r.Faults {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", f.Name, f.Injected, f.Observed)
+	}
+	fmt.Fprintln(tw, "\t\t")
+	fmt.Fprintln(tw, "INVARIANT\tOBSERVED\tRESULT\tFIRST OFFENDING JOB KEYS")
+	for _, inv := range r.Invariants {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", inv.Name, inv.Observed, inv.Result, strings.Join(inv.Offenders, " "))
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nwall time %v; database %s; logs %s\n", r.Wall.Round(time.Second), r.Database, r.Logs)
+	if failed := r.Failed(); len(failed) > 0 {
+		fmt.Fprintf(w, "FAIL: %s\n", strings.Join(failed, "; "))
+	} else {
+		fmt.Fprintln(w, "PASS: every invariant held")
+	}
+	for _, inv := range r.Invariants {
+		if inv.Result == resultGap {
+			fmt.Fprintf(w, "GAP (not failing the run; -strict-events does): %s: %s\n", inv.Name, inv.Observed)
+		}
+	}
+}
+
+func passIf(ok bool) string {
+	if ok {
+		return resultPass
+	}
+	return resultFail
+}
+
+// keys runs a query returning one text column and returns up to maxOffenders values and
+// the total count.
+func (h *harness) keys(ctx context.Context, query string, args ...any) ([]string, int, error) {
+	rows, err := h.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	var out []string
+	n := 0
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, 0, err
+		}
+		if n < maxOffenders {
+			out = append(out, k)
+		}
+		n++
+	}
+	return out, n, rows.Err()
+}
+
+// check builds the report from PostgreSQL, Redis, the stream, the consumer's side-effect
+// table, the logs and the scraped metrics.
+func (h *harness) check(ctx context.Context) (*Report, error) {
+	rep := &Report{Wall: h.wall, Database: h.dbName, Logs: h.logs}
+	c := h.cfg
+	h.mu.Lock()
+	fp := map[string]int{}
+	for k, v := range h.fpKills {
+		fp[k] = v
+	}
+	fpKeys := map[string][]string{}
+	for k, v := range h.fpKeys {
+		fpKeys[k] = append([]string(nil), v...)
+	}
+	randomKills, execKills := h.randomKills, h.execKills
+	pauses, pausesHeld := h.pauses, h.pausesHeld
+	pausedAtt := append([]pausedAttempt(nil), h.pausedAtt...)
+	wipes, lastWipe := h.redisWipes, h.lastWipe
+	pgRounds, pgTerminated, throttled, restarts := h.pgRounds, h.pgTerminated, h.throttled, h.restarts
+	keys := h.enqueued[windowChaos]
+	pending := map[string]int{}
+	for k, v := range h.pendingArms {
+		pending[k] = v
+	}
+	timedOut := h.timedOut
+	h.mu.Unlock()
+
+	var disconnects int64 = h.proxy.Disconnects()
+	var quarantined, unavailable, throttledAttempts int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM quarantine q JOIN jobs j ON j.key = q.job_key WHERE j."window" = $1`, windowChaos).Scan(&quarantined)
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 AND a.category = 'throttled'`, windowChaos).Scan(&throttledAttempts)
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE "window" = $1 AND country = $2`, windowChaos, unavailableCC).Scan(&unavailable)
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	rep.Faults = []Row{
+		{Name: "jobs / workers × concurrency", Injected: fmt.Sprintf("%d / %d × %d", c.Jobs, c.Workers, c.Concurrency), Observed: fmt.Sprintf("%d worker restarts", restarts)},
+		{Name: "random SIGKILLs", Injected: fmt.Sprint(c.RandomKills), Observed: fmt.Sprintf("%d sent, %d while attempts ran", randomKills, execKills)},
+		{Name: "failpoint after_fetch (SIGKILL)", Injected: fmt.Sprint(c.AfterFetch), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterFetch], pending[fpAfterFetch], strings.Join(fpKeys[fpAfterFetch], " "))},
+		{Name: "failpoint after_commit (SIGKILL)", Injected: fmt.Sprint(c.AfterCommit), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterCommit], pending[fpAfterCommit], strings.Join(fpKeys[fpAfterCommit], " "))},
+		{Name: "failpoint after_xadd (dispatcher SIGKILL)", Injected: fmt.Sprint(c.AfterXadd), Observed: fmt.Sprintf("%d fired (%d not armed in time)", fp[fpAfterXadd], pending[fpAfterXadd])},
+		{Name: fmt.Sprintf("SIGSTOP pauses of %v (lease %v)", c.Lease*5/2, c.Lease), Injected: fmt.Sprint(c.Pauses), Observed: fmt.Sprintf("%d done, %d held running attempts", pauses, pausesHeld)},
+		{Name: "redis-server killed, restarted empty", Injected: fmt.Sprint(c.RedisWipes), Observed: fmt.Sprint(wipes)},
+		{Name: "pg_terminate_backend rounds (workers)", Injected: fmt.Sprint(c.PGRounds), Observed: fmt.Sprintf("%d rounds, %d connections terminated", pgRounds, pgTerminated)},
+		{Name: "proxy: 10% disconnects per request", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d disconnects, %d staging quarantined", disconnects, quarantined)},
+		{Name: "shop: ~5% 429 Retry-After 1s", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d throttled answers set, %d throttled attempts", throttled, throttledAttempts)},
+		{Name: "proxy: 2% jobs in a country without exits", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d jobs ask for %s", unavailable, unavailableCC)},
+		{Name: "canary proxy password", Injected: onOff(c.Canary), Observed: "not searched"},
+	}
+	if c.Canary {
+		rep.Faults[len(rep.Faults)-1].Observed = "searched in logs, pg_dump, Redis, stream, /metrics"
+	}
+	if c.Break != "" {
+		rep.Faults = append(rep.Faults, Row{Name: "BROKEN BUILD (worker failpoint)", Injected: c.Break, Observed: fmt.Sprintf("%d fired", fp[strings.SplitN(c.Break, ":", 2)[0]])})
+	}
+
+	add := func(r Row) { rep.Invariants = append(rep.Invariants, r) }
+	fail := func(name string, err error) {
+		add(Row{Name: name, Observed: "check failed: " + err.Error(), Result: resultFail})
+	}
+
+	// Lost jobs: every enqueued key terminal (failed with a category).
+	{
+		off, n, err := h.keys(ctx, `
+SELECT k FROM unnest($1::text[]) AS k LEFT JOIN jobs j ON j.key = k
+WHERE j.key IS NULL OR j.state NOT IN ('complete', 'failed') OR (j.state = 'failed' AND COALESCE(j.last_category, '') = '')
+ORDER BY k`, keys)
+		if err != nil {
+			fail(InvLost, err)
+		} else {
+			var complete, failed int
+			var cats string
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), count(*) FILTER (WHERE state = 'failed'),
+	COALESCE(string_agg(DISTINCT last_category, ',') FILTER (WHERE state = 'failed'), '') FROM jobs WHERE "window" = $1`, windowChaos).Scan(&complete, &failed, &cats)
+			obs := fmt.Sprintf("%d enqueued: %d complete, %d failed [%s], %d lost", len(keys), complete, failed, cats, n)
+			if timedOut {
+				obs += " (timed out)"
+			}
+			add(Row{Name: InvLost, Observed: obs, Result: passIf(n == 0 && !timedOut), Offenders: off})
+		}
+	}
+	// Duplicate results: exactly one result per complete job, none for others.
+	{
+		off, n, err := h.keys(ctx, `
+SELECT j.key FROM jobs j LEFT JOIN results r ON r.job_key = j.key
+WHERE j."window" = $1
+GROUP BY j.key, j.state
+HAVING count(r.job_key) <> CASE WHEN j.state = 'complete' THEN 1 ELSE 0 END
+ORDER BY j.key`, windowChaos)
+		if err != nil {
+			fail(InvDupResults, err)
+		} else {
+			var results, rejected int
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1`, windowChaos).Scan(&results)
+			_ = h.pool.QueryRow(ctx, `SELECT COALESCE((SELECT n FROM maintenance_counters WHERE name = 'duplicate_results'), 0)`).Scan(&rejected)
+			add(Row{Name: InvDupResults, Observed: fmt.Sprintf("%d results, %d jobs off by count, %d duplicate writes rejected; after_commit kills %d", results, n, rejected, fp[fpAfterCommit]),
+				Result: passIf(n == 0), Offenders: off})
+		}
+	}
+	// Duplicate side effects.
+	{
+		off, n, err := h.keys(ctx, `SELECT event_key FROM chaos_side_effects GROUP BY event_key HAVING count(*) > 1 ORDER BY event_key`)
+		if err != nil {
+			fail(InvDupEffects, err)
+		} else {
+			var effects, replays int
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM chaos_side_effects s JOIN jobs j ON j.key = s.job_key WHERE j."window" = $1`, windowChaos).Scan(&effects)
+			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(replays), 0) FROM outbox_inbox WHERE consumer_group = $1`, consumerGroup).Scan(&replays)
+			add(Row{Name: InvDupEffects, Observed: fmt.Sprintf("%d side effects, %d events duplicated, %d replays recognised by the inbox", effects, n, replays),
+				Result: passIf(n == 0), Offenders: off})
+			// A replay the inbox recognised is the proof that a dispatcher crash between XADD
+			// and mark-sent republished; wiped Redis data may have taken copies with it.
+			want := fp[fpAfterXadd]
+			ok := replays >= want || wipes > 0 && replays > 0 || want == 0
+			add(Row{Name: InvXaddReplays, Observed: fmt.Sprintf("%d replays, %d after_xadd kills (%d Redis wipes)", replays, want, wipes), Result: passIf(ok)})
+		}
+	}
+	// Events of complete jobs that never took effect. Those sent to the stream before a
+	// Redis wipe and not consumed by then are lost with Redis's data (the outbox row is
+	// marked sent): a known gap, reported on its own row, FAIL with -strict-events.
+	{
+		const missing = `
+SELECT j.key FROM jobs j JOIN outbox o ON o.event_key = 'observed:' || j.key
+LEFT JOIN chaos_side_effects s ON s.event_key = o.event_key
+WHERE j."window" = $1 AND j.state = 'complete' AND s.id IS NULL`
+		off, n, err := h.keys(ctx, missing+` AND NOT (o.sent_at IS NOT NULL AND $2::timestamptz IS NOT NULL AND o.sent_at <= $2) ORDER BY j.key`, windowChaos, nullTime(lastWipe))
+		if err != nil {
+			fail(InvEffectsLost, err)
+		} else {
+			var noEvent int
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs j LEFT JOIN outbox o ON o.event_key = 'observed:' || j.key
+WHERE j."window" = $1 AND j.state = 'complete' AND o.id IS NULL`, windowChaos).Scan(&noEvent)
+			add(Row{Name: InvEffectsLost, Observed: fmt.Sprintf("%d missing (not counting the gap below), %d without an outbox row", n, noEvent),
+				Result: passIf(n == 0 && noEvent == 0), Offenders: off})
+		}
+		if !lastWipe.IsZero() {
+			off, n, err := h.keys(ctx, missing+` AND o.sent_at <= $2 ORDER BY j.key`, windowChaos, lastWipe)
+			if err != nil {
+				fail(GapEffectsWiped, err)
+			} else {
+				res := resultGap
+				if n > 0 && c.StrictEvents {
+					res = resultFail
+				} else if n == 0 {
+					res = resultPass
+				}
+				add(Row{Name: GapEffectsWiped, Observed: fmt.Sprintf("%d events in the stream, not yet consumed, when Redis lost its data; their outbox rows stay marked sent", n),
+					Result: res, Offenders: off})
+			}
+		}
+	}
+	// Re-executions.
+	{
+		var reexec int
+		err := h.pool.QueryRow(ctx, `SELECT COALESCE(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 GROUP BY a.job_key) t`, windowChaos).Scan(&reexec)
+		if err != nil {
+			fail(InvReexec, err)
+		} else {
+			kills := execKills + fp[fpAfterFetch]
+			// Every job an after_fetch kill hit must have run again.
+			off, n, _ := h.keys(ctx, `SELECT k FROM unnest($1::text[]) AS k WHERE (SELECT count(*) FROM attempts WHERE job_key = k) < 2`, fpKeys[fpAfterFetch])
+			add(Row{Name: InvReexec, Observed: fmt.Sprintf("%d re-executions (attempts beyond the first), %d kills during attempts; %d after_fetch victims not re-run", reexec, kills, n),
+				Result: passIf(reexec >= kills && n == 0), Offenders: off})
+		}
+	}
+	// Stale commits: the result's fence is the job's highest, its attempt is the only
+	// complete one.
+	{
+		off, n, err := h.keys(ctx, `
+SELECT r.job_key FROM results r JOIN jobs j ON j.key = r.job_key
+WHERE j."window" = $1 AND (
+	r.fence <> (SELECT max(fence) FROM attempts a WHERE a.job_key = r.job_key)
+	OR r.fence <> j.fence
+	OR NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = r.job_key AND a.fence = r.fence AND a.outcome = 'complete')
+	OR (SELECT count(*) FROM attempts a WHERE a.job_key = r.job_key AND a.outcome = 'complete') > 1)
+ORDER BY r.job_key`, windowChaos)
+		if err != nil {
+			fail(InvStale, err)
+		} else {
+			var superseded, leaseLost int
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome = 'superseded'), count(*) FILTER (WHERE a.category IN ('lease_lost', 'lease_expired'))
+FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&superseded, &leaseLost)
+			// What became of the attempts that were running when their worker was paused
+			// for 2.5 leases: refused (superseded, lease lost, rescued) unless nobody had
+			// taken the job over by the time they committed.
+			var pk []string
+			var pn []int
+			for _, a := range pausedAtt {
+				pk, pn = append(pk, a.Key), append(pn, a.AttemptNo)
+			}
+			var pRefused, pComplete, pNewer int
+			var how string
+			_ = h.pool.QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE a.outcome <> 'complete'), count(*) FILTER (WHERE a.outcome = 'complete'),
+	count(*) FILTER (WHERE a.outcome = 'complete' AND EXISTS (SELECT 1 FROM attempts b WHERE b.job_key = a.job_key AND b.fence > a.fence)),
+	COALESCE(string_agg(DISTINCT a.outcome || '/' || COALESCE(a.category, '-'), ',') FILTER (WHERE a.outcome <> 'complete'), '')
+FROM unnest($1::text[], $2::int[]) AS p(k, n) JOIN attempts a ON a.job_key = p.k AND a.attempt_no = p.n`, pk, pn).Scan(&pRefused, &pComplete, &pNewer, &how)
+			add(Row{Name: InvStale, Observed: fmt.Sprintf("%d accepted; paused attempts: %d held, %d ended without committing [%s], %d committed (%d with a newer fence); all: %d superseded, %d lease lost/expired",
+				n+pNewer, len(pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost),
+				Result: passIf(n == 0 && pNewer == 0), Offenders: off})
+		}
+	}
+	// Fences.
+	{
+		off, n, err := h.keys(ctx, `
+SELECT DISTINCT job_key FROM (
+	SELECT a.job_key, a.fence, lag(a.fence) OVER (PARTITION BY a.job_key ORDER BY a.attempt_no) AS prev
+	FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1) t
+WHERE prev IS NOT NULL AND fence <= prev ORDER BY job_key`, windowChaos)
+		if err != nil {
+			fail(InvFences, err)
+		} else {
+			var attempts int
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attempts)
+			add(Row{Name: InvFences, Observed: fmt.Sprintf("%d attempts, %d jobs with a fence that did not increase (%d Redis wipes)", attempts, n, wipes),
+				Result: passIf(n == 0), Offenders: off})
+		}
+	}
+	// Two sessions: the shop binds its cookie and price token to the exit that created
+	// them (StrictExit), so a record is right only if one session fetched all of it; every
+	// result must equal the shop's truth and come from an attempt with one session id.
+	{
+		rows, err := h.pool.Query(ctx, `
+SELECT r.job_key, j.source_id, r.data, COALESCE(a.session_id, '') FROM results r JOIN jobs j ON j.key = r.job_key
+LEFT JOIN attempts a ON a.job_key = r.job_key AND a.fence = r.fence
+WHERE j."window" = $1 ORDER BY r.job_key`, windowChaos)
+		if err != nil {
+			fail(InvTwoSessions, err)
+		} else {
+			var off []string
+			total, bad := 0, 0
+			for rows.Next() {
+				var key, sku, sess string
+				var data []byte
+				if err := rows.Scan(&key, &sku, &data, &sess); err != nil {
+					break
+				}
+				total++
+				var rec struct{ SKU, Name, Price, Currency string }
+				_ = json.Unmarshal(data, &rec)
+				p, ok := h.site.Product(sku)
+				if !ok || rec.Name != p.Name || rec.Price != p.Price || rec.Currency != p.Currency || sess == "" || strings.Contains(sess, ",") {
+					bad++
+					if len(off) < maxOffenders {
+						off = append(off, key)
+					}
+				}
+			}
+			rows.Close()
+			add(Row{Name: InvTwoSessions, Observed: fmt.Sprintf("%d of %d results equal the shop's record, one session each; %d staging quarantined after session loss", total-bad, total, quarantined),
+				Result: passIf(bad == 0), Offenders: off})
+		}
+	}
+	// Budget, and the bytes the budget does not see.
+	{
+		off, n, err := h.keys(ctx, `SELECT key FROM jobs WHERE "window" = $1 AND bytes_total - budget_bytes > $2 ORDER BY key`, windowChaos, int64(handlers.DefaultBandwidthBudget))
+		if err != nil {
+			fail(InvBudget, err)
+		} else {
+			var maxBytes, jobBytes, attBytes int64
+			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(max(bytes_total), 0), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`, windowChaos).Scan(&maxBytes, &jobBytes)
+			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(a.bytes), 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attBytes)
+			add(Row{Name: InvBudget, Observed: fmt.Sprintf("max %d B of %d B; jobs.bytes_total %d B, attempts %d B, proxy %d B", maxBytes, int64(handlers.DefaultBandwidthBudget), jobBytes, attBytes, h.chaosProxy),
+				Result: passIf(n == 0), Offenders: off})
+		}
+	}
+	// Bytes per completed job against the fault-free baseline.
+	if h.baselineJobs > 0 {
+		var complete int
+		var bytes int64
+		_ = h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`, windowChaos).Scan(&complete, &bytes)
+		if complete > 0 {
+			base := float64(h.baseBytes) / float64(h.baselineJobs)
+			got := float64(bytes) / float64(complete)
+			baseP := float64(h.baseProxy) / float64(h.baselineJobs)
+			gotP := float64(h.chaosProxy) / float64(complete)
+			add(Row{Name: InfoBytes, Observed: fmt.Sprintf("bytes_total %.0f vs %.0f B/job = %.2fx; at the proxy %.0f vs %.0f B/job = %.2fx (goal <= %.2fx)",
+				got, base, got/base, gotP, baseP, gotP/baseP, bytesRatioTarget), Result: resultInfo})
+		}
+	}
+	// Canary.
+	if c.Canary {
+		where, err := h.searchCanary(ctx)
+		if err != nil {
+			fail(InvCanary, err)
+		} else {
+			add(Row{Name: InvCanary, Observed: fmt.Sprintf("found in %d places", len(where)), Result: passIf(len(where) == 0), Offenders: where})
+		}
+	}
+	return rep, nil
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// searchCanary looks for the proxy password in every log the run wrote, a pg_dump of the
+// run's database, every Redis key and value (streams included) and the scraped /metrics.
+func (h *harness) searchCanary(ctx context.Context) ([]string, error) {
+	needle := []byte(h.password)
+	var where []string
+	logs, _ := filepath.Glob(filepath.Join(h.logs, "*.log"))
+	for _, f := range logs {
+		b, err := os.ReadFile(f)
+		if err == nil && bytes.Contains(b, needle) {
+			where = append(where, "log:"+filepath.Base(f))
+		}
+	}
+	dump, err := exec.CommandContext(ctx, "pg_dump", "--no-owner", "-d", h.dsn).Output()
+	if err != nil {
+		return nil, fmt.Errorf("pg_dump: %w", err)
+	}
+	if bytes.Contains(dump, needle) {
+		where = append(where, "pg_dump")
+	}
+	rdb := h.redis.Client()
+	iter := rdb.Scan(ctx, 0, "*", 1000).Iterator()
+	nkeys := 0
+	for iter.Next(ctx) {
+		k := iter.Val()
+		nkeys++
+		if strings.Contains(k, h.password) {
+			where = append(where, "redis-key:"+k)
+			continue
+		}
+		if v := redisValue(ctx, rdb, k); strings.Contains(v, h.password) {
+			where = append(where, "redis:"+k)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("redis scan: %w", err)
+	}
+	h.mu.Lock()
+	for i, m := range h.metricsText {
+		if strings.Contains(m, h.password) {
+			where = append(where, fmt.Sprintf("metrics#%d", i))
+		}
+	}
+	nm := len(h.metricsText)
+	h.mu.Unlock()
+	h.logf("canary search: %d log files, pg_dump %d bytes, %d Redis keys, %d /metrics pages", len(logs), len(dump), nkeys, nm)
+	if nkeys == 0 || nm == 0 || len(dump) == 0 {
+		return append(where, fmt.Sprintf("search incomplete: %d redis keys, %d metrics pages, %d dump bytes", nkeys, nm, len(dump))), nil
+	}
+	return where, nil
+}
+
+// redisValue renders every field and member of key as text.
+func redisValue(ctx context.Context, rdb *redis.Client, key string) string {
+	var sb strings.Builder
+	switch rdb.Type(ctx, key).Val() {
+	case "string":
+		sb.WriteString(rdb.Get(ctx, key).Val())
+	case "hash":
+		for k, v := range rdb.HGetAll(ctx, key).Val() {
+			sb.WriteString(k + "=" + v + "\n")
+		}
+	case "list":
+		sb.WriteString(strings.Join(rdb.LRange(ctx, key, 0, -1).Val(), "\n"))
+	case "set":
+		sb.WriteString(strings.Join(rdb.SMembers(ctx, key).Val(), "\n"))
+	case "zset":
+		sb.WriteString(strings.Join(rdb.ZRange(ctx, key, 0, -1).Val(), "\n"))
+	case "stream":
+		for _, m := range rdb.XRange(ctx, key, "-", "+").Val() {
+			for k, v := range m.Values {
+				fmt.Fprintf(&sb, "%s=%v\n", k, v)
+			}
+		}
+	}
+	return sb.String()
+}

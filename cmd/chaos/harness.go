@@ -1,0 +1,1009 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/outbox"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// Names shared with the worker binary (cmd/worker/failpoints.go).
+const (
+	envFailpoints  = "IDEMSCRAPE_FAILPOINTS"
+	envRetryScale  = "IDEMSCRAPE_CHAOS_RETRY_SCALE"
+	failpointLine  = "FAILPOINT"
+	fpAfterFetch   = "after_fetch"
+	fpAfterCommit  = "after_commit"
+	fpAfterXadd    = "after_xadd"
+	fpDupResult    = "dup_result"
+	dbMarker       = "idemscrape-chaos-harness"
+	sideEffectsDDL = `CREATE TABLE chaos_side_effects (
+	id         bigserial   PRIMARY KEY,
+	event_key  text        NOT NULL, -- deliberately NOT unique: duplicates must be countable
+	job_key    text        NOT NULL,
+	stream_id  text        NOT NULL,
+	outbox_id  bigint      NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`
+	consumerGroup  = "chaos-side-effects"
+	proxyUser      = "chaosacct"
+	unavailableCC  = "DE"
+	windowBaseline = "2026-12-01"
+	windowChaos    = "2026-12-02"
+)
+
+// slot is one worker position: a worker process, restarted after every death until the
+// harness stops.
+type slot struct {
+	h    *harness
+	i    int
+	port int
+
+	mu          sync.Mutex
+	gen         int
+	cmd         *exec.Cmd
+	id          string // worker id of the current generation
+	alive       bool
+	paused      bool
+	harnessKill bool   // the harness SIGKILLed the current generation
+	armed       string // the failpoint this generation runs with at probability 1, or ""
+	fired       bool   // this generation wrote a FAILPOINT line
+	done        chan struct{}
+}
+
+// harness is one chaos run.
+type harness struct {
+	cfg  Config
+	tb   testing.TB
+	out  io.Writer
+	bins string
+	logs string
+
+	redis *testutil.RedisServer
+	site  *testutil.FakeSite
+	proxy *testutil.FakeProxy
+
+	dbName   string
+	dsn      string
+	pool     *pgxpool.Pool
+	st       *store.PG
+	password string
+
+	phase    atomic.Value // string: "baseline" or "chaos"
+	stopping atomic.Bool
+	slots    []*slot
+	wg       sync.WaitGroup
+
+	mu           sync.Mutex
+	fpKills      map[string]int      // failpoint firings seen, by name
+	pendingArms  map[string]int      // failpoint kills scheduled, not yet armed in a worker
+	armedNow     int                 // worker generations running with an armed failpoint
+	fpKeys       map[string][]string // job keys / outbox ids of the firings
+	randomKills  int
+	execKills    int // random kills that held at least one running attempt
+	pauses       int
+	pausesHeld   int
+	pausedAtt    []pausedAttempt // running attempts of the paused workers, at SIGSTOP
+	redisWipes   int
+	lastWipe     time.Time // PostgreSQL's clock
+	pgRounds     int
+	pgTerminated int
+	throttled    int
+	restarts     int
+	metricsText  []string
+	rng          *rand.Rand
+	rngMu        sync.Mutex
+	log          *slog.Logger
+	logFile      *os.File
+	enqueued     map[string][]string // window → keys
+	baselineJobs int
+	baseBytes    int64 // sum of bytes_total of the baseline's complete jobs
+	baseProxy    int64 // proxy bytes of the baseline
+	chaosProxy0  int64 // proxy bytes when the chaos phase began
+	chaosProxy   int64
+	timedOut     bool
+	wall         time.Duration
+}
+
+func (h *harness) logf(format string, args ...any) {
+	if h.cfg.Verbose {
+		fmt.Fprintf(h.out, "chaos: "+format+"\n", args...)
+	}
+	h.log.Info(fmt.Sprintf(format, args...))
+}
+
+func (h *harness) intn(n int) int {
+	h.rngMu.Lock()
+	defer h.rngMu.Unlock()
+	return h.rng.IntN(n)
+}
+
+// build compiles the worker and scheduler commands into a temporary directory.
+func (h *harness) build(ctx context.Context) error {
+	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("go env GOMOD: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(gomod)))
+	for _, name := range []string{"worker", "scheduler"} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(h.bins, name), "./cmd/"+name)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ./cmd/%s: %v: %s", name, err, out)
+		}
+	}
+	return nil
+}
+
+// createDB creates the harness's own database on the shared server, marked as the
+// harness's with a comment, and migrates it.
+func (h *harness) createDB(ctx context.Context) error {
+	admin, err := pgx.Connect(ctx, testutil.PGAdminDSN())
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer admin.Close(ctx)
+	h.dbName = "idemscrape_chaos_" + testutil.RandomID(6)
+	if _, err := admin.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{h.dbName}.Sanitize()); err != nil {
+		return fmt.Errorf("create database %s: %w", h.dbName, err)
+	}
+	if _, err := admin.Exec(ctx, `COMMENT ON DATABASE `+pgx.Identifier{h.dbName}.Sanitize()+` IS '`+dbMarker+`'`); err != nil {
+		return fmt.Errorf("mark database %s: %w", h.dbName, err)
+	}
+	h.tb.Cleanup(func() { h.dropDB() })
+	u, err := url.Parse(testutil.PGAdminDSN())
+	if err != nil {
+		return fmt.Errorf("admin DSN: %w", err)
+	}
+	u.Path = "/" + h.dbName
+	h.dsn = u.String()
+	h.pool, err = pgxpool.New(ctx, h.withApp("chaos-harness"))
+	if err != nil {
+		return err
+	}
+	h.tb.Cleanup(h.pool.Close)
+	if _, err := store.Migrate(ctx, h.pool, nil); err != nil {
+		return err
+	}
+	if _, err := h.pool.Exec(ctx, sideEffectsDDL); err != nil {
+		return fmt.Errorf("side-effect table: %w", err)
+	}
+	h.st = store.New(h.pool)
+	return nil
+}
+
+// withApp returns the database URL with an application_name, by which
+// pg_terminate_backend rounds pick the workers' connections.
+func (h *harness) withApp(app string) string {
+	u, _ := url.Parse(h.dsn)
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// dropDB drops the database only if it carries the harness's marker.
+func (h *harness) dropDB() {
+	if h.cfg.KeepDB || h.dbName == "" {
+		if h.dbName != "" {
+			fmt.Fprintf(h.out, "chaos: kept database %s\n", h.dbName)
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, testutil.PGAdminDSN())
+	if err != nil {
+		return
+	}
+	defer admin.Close(ctx)
+	var marker *string
+	if err := admin.QueryRow(ctx, `SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1`, h.dbName).Scan(&marker); err != nil || marker == nil || *marker != dbMarker {
+		fmt.Fprintf(h.out, "chaos: database %s does not carry the harness's marker; not dropped\n", h.dbName)
+		return
+	}
+	if _, err := admin.Exec(ctx, `DROP DATABASE `+pgx.Identifier{h.dbName}.Sanitize()+` WITH (FORCE)`); err != nil {
+		fmt.Fprintf(h.out, "chaos: drop database %s: %v\n", h.dbName, err)
+	}
+}
+
+// workerEnv is the environment of a worker process: the parent's without any IDEMSCRAPE_
+// variable, then the harness's own.
+func (h *harness) workerEnv(fp string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "IDEMSCRAPE_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		"IDEMSCRAPE_PG="+h.withApp("chaos-worker"), "IDEMSCRAPE_REDIS="+h.redis.Addr,
+		"IDEMSCRAPE_PROXY_PROVIDER=oxylabs", "IDEMSCRAPE_PROXY_USER="+proxyUser,
+		"IDEMSCRAPE_PROXY_PASSWORD="+h.password, "IDEMSCRAPE_PROXY_GATEWAY="+h.proxy.Addr,
+		envRetryScale+"=0.02",
+	)
+	if fp != "" {
+		env = append(env, envFailpoints+"="+fp)
+	}
+	return env
+}
+
+// takeArm returns the failpoint a worker starting now is armed with (at probability 1,
+// so that it fires on the first job, batch or commit that reaches it and the process dies),
+// or "" when no targeted kill is pending.
+func (h *harness) takeArm() string {
+	if h.phase.Load() != "chaos" {
+		return ""
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	best := ""
+	for _, name := range []string{fpAfterFetch, fpAfterCommit, fpAfterXadd} {
+		if h.pendingArms[name] > 0 && (best == "" || h.pendingArms[name] > h.pendingArms[best]) {
+			best = name
+		}
+	}
+	if best != "" {
+		h.pendingArms[best]--
+		h.armedNow++
+	}
+	return best
+}
+
+// arm schedules one targeted failpoint kill. If no worker is armed, one worker is stopped
+// gracefully (SIGTERM) so that its restart takes the arm; an armed worker that dies takes
+// the next pending arm on its own restart.
+func (h *harness) arm(ctx context.Context, name string) {
+	h.mu.Lock()
+	h.pendingArms[name]++
+	idle := h.armedNow == 0
+	h.mu.Unlock()
+	if !idle {
+		return
+	}
+	if s := h.pick(ctx); s != nil {
+		s.mu.Lock()
+		if s.alive && s.cmd != nil {
+			_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// failpointsFor is the IDEMSCRAPE_FAILPOINTS value of a worker armed with armed.
+func (h *harness) failpointsFor(armed string) string {
+	var parts []string
+	if armed != "" {
+		parts = append(parts, armed+":1")
+	}
+	if h.cfg.Break != "" && h.phase.Load() == "chaos" {
+		parts = append(parts, h.cfg.Break)
+	}
+	return strings.Join(parts, ",")
+}
+
+// start starts the slot's next generation.
+func (s *slot) start() error {
+	h := s.h
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen++
+	s.id = fmt.Sprintf("chaos-w%d.g%d", s.i, s.gen)
+	args := []string{
+		"-http", fmt.Sprintf("127.0.0.1:%d", s.port), "-catalog-base", h.site.URL, "-allow-loopback",
+		"-concurrency", strconv.Itoa(h.cfg.Concurrency), "-worker-id", s.id, "-log-format", "json",
+		"-lease-default", h.cfg.Lease.String(), "-lease-min", h.cfg.Lease.String(), "-lease-max", h.cfg.Lease.String(),
+		"-shutdown-timeout", "3s", "-drain-timeout", "10s", "-request-timeout", "10s",
+	}
+	armed := h.takeArm()
+	cmd := exec.Command(filepath.Join(h.bins, "worker"), args...)
+	cmd.Env = h.workerEnv(h.failpointsFor(armed))
+	logf, err := os.Create(filepath.Join(h.logs, fmt.Sprintf("worker-%d-g%d.log", s.i, s.gen)))
+	if err != nil {
+		return err
+	}
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		logf.Close()
+		return err
+	}
+	cmd.Stdout = logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	s.cmd, s.alive, s.paused, s.harnessKill, s.armed, s.fired = cmd, true, false, false, armed, false
+	done := make(chan struct{})
+	s.done = done
+	id := s.id
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logf, line)
+			if strings.HasPrefix(line, failpointLine+" ") {
+				h.recordFailpoint(line)
+				s.mu.Lock()
+				s.fired = true
+				s.mu.Unlock()
+			}
+		}
+		_ = cmd.Wait()
+		logf.Close()
+		s.mu.Lock()
+		s.alive = false
+		fired, byHarness := s.fired, s.harnessKill
+		s.mu.Unlock()
+		if armed != "" {
+			h.mu.Lock()
+			h.armedNow--
+			if !fired {
+				h.pendingArms[armed]++ // killed or stopped before it fired: arm again
+			}
+			h.mu.Unlock()
+		}
+		h.log.Info("worker exited", "worker", id, "state", cmd.ProcessState.String(), "harness_sigkill", byHarness, "failpoint", fired)
+		close(done)
+	}()
+	return nil
+}
+
+// recordFailpoint counts one "FAILPOINT name=… …" line of a worker.
+func (h *harness) recordFailpoint(line string) {
+	var name, detail string
+	for _, f := range strings.Fields(line)[1:] {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "name":
+			name = v
+		case "key", "outbox_ids":
+			detail = v
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fpKills[name]++
+	if len(h.fpKeys[name]) < 5 {
+		h.fpKeys[name] = append(h.fpKeys[name], detail)
+	}
+}
+
+// supervise keeps the slot's worker running until the harness stops.
+func (s *slot) supervise() {
+	defer s.h.wg.Done()
+	for {
+		s.mu.Lock()
+		done := s.done
+		s.mu.Unlock()
+		<-done
+		if s.h.stopping.Load() {
+			return
+		}
+		s.h.mu.Lock()
+		s.h.restarts++
+		s.h.mu.Unlock()
+		time.Sleep(100 * time.Millisecond) // a process manager's restart delay
+		if err := s.start(); err != nil {
+			s.h.logf("restart of worker %d failed: %v", s.i, err)
+			return
+		}
+	}
+}
+
+// signal sends sig to the slot's current process if it runs; it reports whether it did.
+func (s *slot) signal(sig syscall.Signal) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.alive || s.cmd == nil || s.cmd.Process == nil {
+		return false
+	}
+	if sig == syscall.SIGKILL {
+		s.harnessKill = true
+	}
+	return s.cmd.Process.Signal(sig) == nil
+}
+
+func (s *slot) current() (id string, alive, paused bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.id, s.alive, s.paused
+}
+
+// stopWorkers stops every slot: SIGCONT (in case), SIGTERM, SIGKILL after 30 s.
+func (h *harness) stopWorkers() {
+	h.stopping.Store(true)
+	for _, s := range h.slots {
+		s.mu.Lock()
+		if s.alive && s.cmd != nil {
+			_ = s.cmd.Process.Signal(syscall.SIGCONT)
+			_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		done := s.done
+		s.mu.Unlock()
+		if done == nil {
+			continue
+		}
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			s.signal(syscall.SIGKILL)
+			<-done
+		}
+	}
+	h.wg.Wait()
+	h.slots = nil
+	h.stopping.Store(false)
+}
+
+// startWorkers starts cfg.Workers slots.
+func (h *harness) startWorkers() error {
+	for i := 1; i <= h.cfg.Workers; i++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		s := &slot{h: h, i: i, port: port}
+		if err := s.start(); err != nil {
+			return err
+		}
+		h.slots = append(h.slots, s)
+		h.wg.Add(1)
+		go s.supervise()
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startScheduler runs cmd/scheduler as the reconciler alone (-no-scheduler), with short
+// intervals, until ctx ends.
+func (h *harness) startScheduler(ctx context.Context) (stop func(), err error) {
+	yaml := fmt.Sprintf(`kinds:
+  %s:
+    max_lease: %s
+reconciler:
+  interval: 1s
+`, catalog.Kind, h.cfg.Lease)
+	path := filepath.Join(h.logs, "scheduler.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	logf, err := os.Create(filepath.Join(h.logs, "scheduler.log"))
+	if err != nil {
+		return nil, err
+	}
+	env := h.workerEnv("")
+	cmd := exec.Command(filepath.Join(h.bins, "scheduler"), "-config", path, "-no-scheduler", "-http", addr,
+		"-allow-loopback", "-id", "chaos-reconciler", "-log-format", "json")
+	cmd.Env = append(env, "IDEMSCRAPE_PG="+h.withApp("chaos-reconciler"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	return func() {
+		h.scrapeMetrics("scheduler", addr)
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}, nil
+}
+
+// scrapeMetrics keeps the /metrics text of addr for the canary search.
+func (h *harness) scrapeMetrics(name, addr string) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		h.logf("scrape %s /metrics: %v", name, err)
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	h.mu.Lock()
+	h.metricsText = append(h.metricsText, string(b))
+	h.mu.Unlock()
+}
+
+// enqueue records and enqueues n catalog jobs of window, sku-1 … sku-n; with the proxy
+// fault mix, 2 % ask for the country the proxy has no exit in.
+func (h *harness) enqueue(ctx context.Context, window string, n int, faultMix bool) error {
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: h.redis.Addr})
+	defer client.Close()
+	enq, err := tasks.NewEnqueuer(client, h.st, nil)
+	if err != nil {
+		return err
+	}
+	var specs []tasks.Spec
+	for i := 1; i <= n; i++ {
+		cc := "US"
+		if faultMix && i%50 == 25 {
+			cc = unavailableCC
+		}
+		specs = append(specs, tasks.Spec{Kind: catalog.Kind, SourceID: fmt.Sprintf("sku-%d", i), Country: cc, Window: window, ParserVersion: 1})
+	}
+	var keys []string
+	for len(specs) > 0 {
+		b := specs[:min(500, len(specs))]
+		specs = specs[len(b):]
+		res, err := enq.EnqueueMany(ctx, b)
+		if err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		for _, r := range res {
+			keys = append(keys, r.Key)
+		}
+	}
+	h.mu.Lock()
+	h.enqueued[window] = keys
+	h.mu.Unlock()
+	return nil
+}
+
+// progress returns terminal and total jobs of window.
+func (h *harness) progress(ctx context.Context, window string) (done, total int, err error) {
+	err = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('complete', 'failed')), count(*) FROM jobs WHERE "window" = $1`, window).Scan(&done, &total)
+	return done, total, err
+}
+
+// waitTerminal waits until every job of window is complete or failed, or deadline.
+func (h *harness) waitTerminal(ctx context.Context, window string, deadline time.Time, onProgress func(frac float64)) error {
+	last := -1
+	for {
+		done, total, err := h.progress(ctx, window)
+		if err == nil {
+			if done != last {
+				h.logf("%s: %d/%d jobs terminal", window, done, total)
+				last = done
+			}
+			if onProgress != nil && total > 0 {
+				onProgress(float64(done) / float64(total))
+			}
+			if total > 0 && done == total {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			h.mu.Lock()
+			h.timedOut = true
+			h.mu.Unlock()
+			return fmt.Errorf("%s: %d of %d jobs terminal at the deadline", window, done, total)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// runConsumer is the downstream service: it consumes the catalog topic in inbox mode
+// (outbox.Consumer.RunTx) and writes one side-effect row per event it takes effect for,
+// in the inbox's transaction.
+func (h *harness) runConsumer(ctx context.Context) (stop func(), err error) {
+	cons, err := outbox.NewConsumer(h.redis.Client(), &outbox.ConsumerConfig{
+		Topic: catalog.Kind, Group: consumerGroup, Consumer: "chaos-consumer",
+		Block: 500 * time.Millisecond, MinIdle: 2 * time.Second, Logger: h.log.With("component", "consumer"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := cons.RunTx(cctx, h.pool, func(ctx context.Context, tx pgx.Tx, ev outbox.Event) error {
+			var p struct {
+				JobKey string `json:"job_key"`
+			}
+			_ = json.Unmarshal(ev.Payload, &p)
+			_, err := tx.Exec(ctx, `INSERT INTO chaos_side_effects (event_key, job_key, stream_id, outbox_id) VALUES ($1, $2, $3, $4)`,
+				ev.EventKey, p.JobKey, ev.StreamID, ev.OutboxID)
+			return err
+		})
+		if err != nil && !errors.Is(err, context.Canceled) {
+			h.logf("consumer stopped: %v", err)
+		}
+	}()
+	return func() { cancel(); <-done }, nil
+}
+
+// waitDrained waits until no outbox row is unsent and the consumer group has nothing
+// pending or undelivered, or deadline.
+func (h *harness) waitDrained(ctx context.Context, deadline time.Time) {
+	rdb := h.redis.Client()
+	stream := outbox.StreamKey(outbox.DefaultPrefix, catalog.Kind)
+	for time.Now().Before(deadline) {
+		var unsent int
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&unsent)
+		groups, err := rdb.XInfoGroups(ctx, stream).Result()
+		drained := unsent == 0 && err == nil
+		for _, g := range groups {
+			if g.Name == consumerGroup && (g.Pending > 0 || g.Lag > 0) {
+				drained = false
+			}
+		}
+		if drained && len(groups) > 0 {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	h.logf("outbox or consumer not drained at the deadline")
+}
+
+// pausedAttempt is one running attempt of a worker when it was paused.
+type pausedAttempt struct {
+	Key       string
+	AttemptNo int
+}
+
+// runningAttempts lists the running attempts of worker id.
+func (h *harness) runningAttempts(ctx context.Context, id string) []pausedAttempt {
+	rows, err := h.pool.Query(ctx, `SELECT job_key, attempt_no FROM attempts WHERE worker = $1 AND outcome = 'running'`, id)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	var out []pausedAttempt
+	for rows.Next() {
+		var a pausedAttempt
+		if rows.Scan(&a.Key, &a.AttemptNo) == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// runningHeld counts the running attempts of worker id.
+func (h *harness) runningHeld(ctx context.Context, id string) int {
+	var n int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts WHERE worker = $1 AND outcome = 'running'`, id).Scan(&n)
+	return n
+}
+
+// pick returns a random running, not paused slot, preferring those that hold running
+// attempts (a fault that hits an idle worker proves little), or nil.
+func (h *harness) pick(ctx context.Context) *slot {
+	var cands, busy []*slot
+	for _, s := range h.slots {
+		if id, alive, paused := s.current(); alive && !paused {
+			cands = append(cands, s)
+			if h.runningHeld(ctx, id) > 0 {
+				busy = append(busy, s)
+			}
+		}
+	}
+	if len(busy) > 0 {
+		return busy[h.intn(len(busy))]
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	return cands[h.intn(len(cands))]
+}
+
+// randomKill SIGKILLs a random worker (the supervisor restarts it). A worker that is
+// restarting at that moment is skipped for another (up to 50 tries, 100 ms apart).
+func (h *harness) randomKill(ctx context.Context) {
+	for try := 0; try < 50 && ctx.Err() == nil; try++ {
+		if try > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if h.killOne(ctx) {
+			return
+		}
+	}
+	h.logf("kill: no running worker to kill")
+}
+
+// killOne SIGKILLs a random running worker and reports whether there was one.
+func (h *harness) killOne(ctx context.Context) bool {
+	s := h.pick(ctx)
+	if s == nil {
+		return false
+	}
+	id, _, _ := s.current()
+	held := h.runningHeld(ctx, id)
+	if !s.signal(syscall.SIGKILL) {
+		return false
+	}
+	h.mu.Lock()
+	h.randomKills++
+	if held > 0 {
+		h.execKills++
+	}
+	h.mu.Unlock()
+	h.logf("SIGKILL %s (%d running attempts)", id, held)
+	return true
+}
+
+// pause SIGSTOPs a random worker for 2.5 leases, then SIGCONTs it. A worker that is
+// restarting at that moment is skipped for another (up to 50 tries, 100 ms apart).
+func (h *harness) pause(ctx context.Context) {
+	var (
+		s    *slot
+		proc *os.Process
+		id   string
+	)
+	for try := 0; proc == nil; try++ {
+		if try == 50 || ctx.Err() != nil {
+			h.logf("pause: no running worker to pause")
+			return
+		}
+		if try > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if s = h.pick(ctx); s == nil {
+			continue
+		}
+		s.mu.Lock()
+		if s.alive && !s.paused && s.cmd != nil && s.cmd.Process.Signal(syscall.SIGSTOP) == nil {
+			s.paused = true
+			proc, id = s.cmd.Process, s.id
+		}
+		s.mu.Unlock()
+	}
+	att := h.runningAttempts(ctx, id)
+	held := len(att)
+	h.logf("SIGSTOP %s for %v (%d running attempts)", id, h.cfg.Lease*5/2, held)
+	time.Sleep(h.cfg.Lease * 5 / 2)
+	_ = proc.Signal(syscall.SIGCONT)
+	s.mu.Lock()
+	s.paused = false
+	s.mu.Unlock()
+	h.mu.Lock()
+	h.pauses++
+	if held > 0 {
+		h.pausesHeld++
+	}
+	h.pausedAtt = append(h.pausedAtt, att...)
+	h.mu.Unlock()
+}
+
+// wipeRedis kills the throwaway redis-server and starts it again empty.
+func (h *harness) wipeRedis(ctx context.Context) {
+	h.redis.Restart()
+	var now time.Time
+	_ = h.pool.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	h.mu.Lock()
+	h.redisWipes++
+	h.lastWipe = now
+	h.mu.Unlock()
+	h.logf("redis-server killed and restarted empty")
+}
+
+// terminateBackends runs one pg_terminate_backend round on the workers' connections.
+func (h *harness) terminateBackends(ctx context.Context) {
+	var n int
+	err := h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE datname = $1 AND application_name = 'chaos-worker' AND pid <> pg_backend_pid()`, h.dbName).Scan(&n)
+	if err != nil {
+		h.logf("pg_terminate_backend round: %v", err)
+		return
+	}
+	h.mu.Lock()
+	h.pgRounds++
+	h.pgTerminated += n
+	h.mu.Unlock()
+	h.logf("pg_terminate_backend: %d worker connections", n)
+}
+
+// event is a fault scheduled at a progress fraction of the chaos phase.
+type event struct {
+	at   float64
+	name string
+	run  func(ctx context.Context)
+}
+
+// schedule spreads count events of one kind over [from, to] of the progress.
+func schedule(evs []event, count int, from, to float64, name string, run func(context.Context)) []event {
+	for i := 0; i < count; i++ {
+		at := from
+		if count > 1 {
+			at = from + (to-from)*float64(i)/float64(count-1)
+		}
+		evs = append(evs, event{at: at, name: name, run: run})
+	}
+	return evs
+}
+
+// throttleLoop makes about 5 % of the shop's requests answer 429 with Retry-After: 1 s.
+func (h *harness) throttleLoop(ctx context.Context) {
+	last := h.site.TotalHits()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := h.site.TotalHits()
+		n := (now - last) / 20
+		last = now
+		if n > 0 {
+			h.site.Throttle(n, time.Second)
+			h.mu.Lock()
+			h.throttled += n
+			h.mu.Unlock()
+		}
+	}
+}
+
+// runPhase starts the workers and waits until every job of window is terminal; with
+// chaos, the faults are injected at their progress points meanwhile.
+func (h *harness) runPhase(ctx context.Context, window string, deadline time.Time, chaos bool) error {
+	if err := h.startWorkers(); err != nil {
+		return err
+	}
+	defer func() {
+		for _, s := range h.slots {
+			h.scrapeMetrics(fmt.Sprintf("worker %d", s.i), fmt.Sprintf("127.0.0.1:%d", s.port))
+		}
+		h.stopWorkers()
+	}()
+	if !chaos {
+		return h.waitTerminal(ctx, window, deadline, nil)
+	}
+	c := h.cfg
+	var evs []event
+	evs = schedule(evs, c.RandomKills, 0.02, 0.7, "kill", h.randomKill)
+	for name, n := range map[string]int{fpAfterFetch: c.AfterFetch, fpAfterCommit: c.AfterCommit, fpAfterXadd: c.AfterXadd} {
+		evs = schedule(evs, n, 0.01, 0.6, name, func(ctx context.Context) { h.arm(ctx, name) })
+	}
+	var pausing sync.WaitGroup
+	defer pausing.Wait() // runs before the workers stop: every paused worker is continued first
+	evs = schedule(evs, c.Pauses, 0.05, 0.6, "pause", func(ctx context.Context) {
+		pausing.Add(1)
+		go func() { defer pausing.Done(); h.pause(ctx) }()
+	})
+	evs = schedule(evs, c.RedisWipes, 0.35, 0.5, "redis", h.wipeRedis)
+	evs = schedule(evs, c.PGRounds, 0.02, 0.8, "pg", h.terminateBackends)
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if c.ProxyFaults {
+		h.proxy.SetDisconnectProb(0.10)
+		go h.throttleLoop(fctx)
+		defer h.proxy.SetDisconnectProb(0)
+	}
+	next := 0
+	return h.waitTerminal(ctx, window, deadline, func(frac float64) {
+		for next < len(evs) && evs[next].at <= frac {
+			evs[next].run(fctx)
+			next++
+		}
+	})
+}
+
+// run is the whole chaos run: setup, baseline, chaos, checks. It returns the report;
+// err is for a run that could not be carried out (not for a broken invariant).
+func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Report, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	h := &harness{cfg: cfg, tb: tb, out: out, fpKills: map[string]int{}, fpKeys: map[string][]string{}, pendingArms: map[string]int{},
+		enqueued: map[string][]string{}, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 7))}
+	h.phase.Store("setup")
+	h.bins, h.logs = tb.TempDir(), tb.TempDir()
+	if cfg.LogDir != "" {
+		h.logs = cfg.LogDir
+		if err := os.MkdirAll(h.logs, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	h.logFile, err = os.Create(filepath.Join(h.logs, "harness.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer h.logFile.Close()
+	h.log = slog.New(slog.NewJSONHandler(h.logFile, nil))
+
+	h.logf("building cmd/worker and cmd/scheduler")
+	if err := h.build(ctx); err != nil {
+		return nil, err
+	}
+	h.password = "pw-" + testutil.RandomID(8)
+	if cfg.Canary {
+		h.password = "canary-" + testutil.RandomID(12)
+	}
+	h.redis = testutil.StartRedis(tb)
+	h.site = testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: cfg.Seed, Products: max(cfg.Jobs, cfg.Baseline), StrictExit: true})
+	h.proxy = testutil.NewFakeProxy(tb, testutil.FakeProxyConfig{Seed: cfg.Seed, Format: testutil.ProxyFormatOxylabs,
+		User: proxyUser, Password: h.password, UnavailableCountries: []string{unavailableCC}})
+	if err := h.createDB(ctx); err != nil {
+		return nil, err
+	}
+	h.logf("database %s, redis %s, shop %s, proxy %s, logs in %s", h.dbName, h.redis.Addr, h.site.URL, h.proxy.Addr, h.logs)
+	stopSched, err := h.startScheduler(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stopSched = sync.OnceFunc(stopSched)
+	tb.Cleanup(stopSched) // an early return still stops the reconciler
+	stopCons, err := h.runConsumer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stopCons = sync.OnceFunc(stopCons)
+	tb.Cleanup(stopCons)
+	deadline := began.Add(cfg.Timeout)
+
+	if cfg.Baseline > 0 {
+		h.phase.Store("baseline")
+		h.logf("baseline: %d jobs, no faults", cfg.Baseline)
+		p0 := h.proxy.Bytes()
+		if err := h.enqueue(ctx, windowBaseline, cfg.Baseline, false); err != nil {
+			return nil, err
+		}
+		if err := h.runPhase(ctx, windowBaseline, deadline, false); err != nil {
+			h.logf("baseline: %v", err)
+		}
+		h.baseProxy = h.proxy.Bytes() - p0
+		_ = h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`,
+			windowBaseline).Scan(&h.baselineJobs, &h.baseBytes)
+	}
+
+	h.phase.Store("chaos")
+	h.logf("chaos: %d jobs, %d workers", cfg.Jobs, cfg.Workers)
+	h.chaosProxy0 = h.proxy.Bytes()
+	if err := h.enqueue(ctx, windowChaos, cfg.Jobs, cfg.ProxyFaults); err != nil {
+		return nil, err
+	}
+	if err := h.runPhase(ctx, windowChaos, deadline, true); err != nil {
+		h.logf("chaos: %v", err)
+	}
+	h.chaosProxy = h.proxy.Bytes() - h.chaosProxy0
+	h.waitDrained(ctx, time.Now().Add(60*time.Second))
+	stopCons()
+	stopSched()
+	h.wall = time.Since(began)
+	return h.check(ctx)
+}

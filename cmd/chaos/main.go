@@ -1,0 +1,249 @@
+// Command chaos runs idemscrape's real binaries under faults and checks that its promise
+// held: every job taken exactly once in effect, whatever was killed, paused or wiped.
+//
+//	go run ./cmd/chaos            # the full mix (make chaos)
+//	go run ./cmd/chaos -short     # the CI mix, a few minutes on a 2-core box (make chaos-short)
+//
+// It builds cmd/worker and cmd/scheduler with go build, then runs, as child processes, N
+// workers (each with its outbox dispatcher) and the reconciler (cmd/scheduler
+// -no-scheduler), plus in-process a stream consumer in inbox mode (outbox.Consumer.RunTx)
+// whose side effect is one row per event in a table without a unique constraint. Everything
+// runs against testutil's fake shop (StrictExit: a cookie and price token only work from the
+// exit that got them) and fake residential proxy, on a throwaway redis-server of its own and
+// a database of its own on the PostgreSQL server of $IDEMSCRAPE_TEST_PG (default
+// postgres://postgres@127.0.0.1:5432/postgres), named idemscrape_chaos_<random>, marked with
+// a comment and dropped at the end only if it carries that mark (-keep-db keeps it).
+//
+// A fault-free baseline runs first (-baseline jobs), then the chaos phase enqueues -jobs
+// jobs and injects, at points spread over its progress: random SIGKILLs of workers, kills
+// at the worker's failpoints (after the fetch, after the commit before the ack, between
+// XADD and mark-sent; see cmd/worker), SIGSTOP pauses of 2.5 leases, a redis-server killed
+// and restarted empty, pg_terminate_backend rounds on the workers' connections, and the
+// proxy fault mix (10 % disconnects per request, ~5 % 429 with Retry-After, 2 % of jobs in
+// a country the proxy has no exit in). Killed workers are restarted, as a process manager
+// would. The proxy password is a canary searched for at the end in every log, a pg_dump,
+// every Redis key and value, the stream and /metrics.
+//
+// At the end it prints what it injected and, per invariant, what it observed, PASS or
+// FAIL and the first offending job keys, and exits 1 if any invariant failed (2 on a bad
+// flag, 3 if the run itself could not be carried out).
+//
+// -break dup_result:P runs the workers as a deliberately broken build (a second result row
+// per job with probability P) to show that the harness fails and names the invariant.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Config is one chaos scenario. Every count is a number of injections.
+type Config struct {
+	// Jobs in the chaos phase. Defaults to nothing: required >= 1.
+	Jobs int
+	// Baseline jobs run first without faults, for bytes per job. 0: no baseline.
+	Baseline int
+	// Workers processes, each running Concurrency jobs at once.
+	Workers, Concurrency int
+	// Lease is every job's lease length (the workers' -lease-min/-max/-default) and the
+	// reconciler's max_lease; pauses last 2.5 of it.
+	Lease time.Duration
+	// RandomKills are SIGKILLs of a random worker.
+	RandomKills int
+	// AfterFetch, AfterCommit and AfterXadd are how many kills of each failpoint are
+	// wanted: a worker starts with a point enabled while fewer have fired.
+	AfterFetch, AfterCommit, AfterXadd int
+	// Pauses are SIGSTOP/SIGCONT of a random worker for 2.5 × Lease.
+	Pauses int
+	// RedisWipes kill the redis-server and start it again without data.
+	RedisWipes int
+	// PGRounds of pg_terminate_backend on the workers' connections.
+	PGRounds int
+	// ProxyFaults turns the proxy and shop fault mix on.
+	ProxyFaults bool
+	// Canary makes the proxy password a canary searched for at the end.
+	Canary bool
+	// StrictEvents fails the run when events were lost with a Redis wipe (the known gap:
+	// outbox rows stay marked sent while their stream entries are gone).
+	StrictEvents bool
+	// Break is a worker failpoint that breaks a guarantee, e.g. "dup_result:0.1".
+	Break string
+	// Seed of the fake shop, the fake proxy and the harness's choices.
+	Seed int64
+	// Timeout bounds the whole run; jobs still open then count as lost.
+	Timeout time.Duration
+	// LogDir keeps the processes' logs there. Defaults to a temporary directory.
+	LogDir string
+	// KeepDB keeps the database after the run.
+	KeepDB bool
+	// Verbose prints progress.
+	Verbose bool
+}
+
+// Validate reports the first invalid field.
+func (c *Config) Validate() error {
+	switch {
+	case c.Jobs < 1:
+		return fmt.Errorf("-jobs %d must be >= 1", c.Jobs)
+	case c.Workers < 1 || c.Concurrency < 1:
+		return fmt.Errorf("-workers %d and -concurrency %d must be >= 1", c.Workers, c.Concurrency)
+	case c.Lease < time.Second:
+		return fmt.Errorf("-lease %v must be >= 1s", c.Lease)
+	case c.Baseline < 0 || c.RandomKills < 0 || c.AfterFetch < 0 || c.AfterCommit < 0 || c.AfterXadd < 0 ||
+		c.Pauses < 0 || c.RedisWipes < 0 || c.PGRounds < 0:
+		return errors.New("counts must not be negative")
+	case c.Timeout <= 0:
+		return fmt.Errorf("-timeout %v must be positive", c.Timeout)
+	case c.Break != "" && !strings.HasPrefix(c.Break, fpDupResult+":"):
+		return fmt.Errorf("-break %q: the only broken build is %s:<probability>", c.Break, fpDupResult)
+	}
+	return nil
+}
+
+// Full is the full mix of issue 13 (make chaos).
+func Full() Config {
+	return Config{Jobs: 10000, Baseline: 200, Workers: 3, Concurrency: 10, Lease: 3 * time.Second,
+		RandomKills: 20, AfterFetch: 10, AfterCommit: 10, AfterXadd: 100, Pauses: 5, RedisWipes: 1, PGRounds: 30,
+		ProxyFaults: true, Canary: true, Seed: 1, Timeout: 45 * time.Minute}
+}
+
+// Short is the CI mix (make chaos-short): every kind of fault, fewer of each.
+func Short() Config {
+	return Config{Jobs: 1000, Baseline: 100, Workers: 3, Concurrency: 10, Lease: 3 * time.Second,
+		RandomKills: 4, AfterFetch: 2, AfterCommit: 2, AfterXadd: 5, Pauses: 2, RedisWipes: 1, PGRounds: 5,
+		ProxyFaults: true, Canary: true, Seed: 1, Timeout: 4*time.Minute + 30*time.Second}
+}
+
+func parseFlags(args []string, stderr io.Writer) (Config, error) {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	short := fs.Bool("short", false, "the CI mix (fewer jobs and faults) instead of the full one")
+	var f Config
+	fs.IntVar(&f.Jobs, "jobs", -1, "jobs in the chaos phase")
+	fs.IntVar(&f.Baseline, "baseline", -1, "jobs of the fault-free baseline run first (0: none)")
+	fs.IntVar(&f.Workers, "workers", -1, "worker processes")
+	fs.IntVar(&f.Concurrency, "concurrency", -1, "jobs each worker runs at once")
+	fs.DurationVar(&f.Lease, "lease", -1, "lease length of every job")
+	fs.IntVar(&f.RandomKills, "kills", -1, "random SIGKILLs of workers")
+	fs.IntVar(&f.AfterFetch, "after-fetch", -1, "kills at the after_fetch failpoint")
+	fs.IntVar(&f.AfterCommit, "after-commit", -1, "kills at the after_commit failpoint (after the commit, before the ack)")
+	fs.IntVar(&f.AfterXadd, "after-xadd", -1, "dispatcher kills between XADD and mark-sent")
+	fs.IntVar(&f.Pauses, "pauses", -1, "SIGSTOP pauses of 2.5 leases")
+	fs.IntVar(&f.RedisWipes, "redis-wipes", -1, "redis-server kills and empty restarts")
+	fs.IntVar(&f.PGRounds, "pg-terminate", -1, "pg_terminate_backend rounds on the workers' connections")
+	proxy := fs.String("proxy-faults", "", "proxy and shop fault mix: true or false (default on)")
+	canary := fs.String("canary", "", "canary proxy password search: true or false (default on)")
+	fs.StringVar(&f.Break, "break", "", "run a deliberately broken build: dup_result:<probability>")
+	fs.Int64Var(&f.Seed, "seed", -1, "seed of the fakes and of the harness's choices")
+	fs.DurationVar(&f.Timeout, "timeout", -1, "bound of the whole run")
+	fs.StringVar(&f.LogDir, "log-dir", "", "keep the processes' logs in this directory")
+	fs.BoolVar(&f.KeepDB, "keep-db", false, "keep the run's database")
+	fs.BoolVar(&f.StrictEvents, "strict-events", false, "FAIL when events were lost with a Redis wipe (reported as a known GAP otherwise)")
+	fs.BoolVar(&f.Verbose, "v", false, "print progress")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	c := Full()
+	if *short {
+		c = Short()
+	}
+	setInt := func(dst *int, v int) {
+		if v >= 0 {
+			*dst = v
+		}
+	}
+	setInt(&c.Jobs, f.Jobs)
+	setInt(&c.Baseline, f.Baseline)
+	setInt(&c.Workers, f.Workers)
+	setInt(&c.Concurrency, f.Concurrency)
+	setInt(&c.RandomKills, f.RandomKills)
+	setInt(&c.AfterFetch, f.AfterFetch)
+	setInt(&c.AfterCommit, f.AfterCommit)
+	setInt(&c.AfterXadd, f.AfterXadd)
+	setInt(&c.Pauses, f.Pauses)
+	setInt(&c.RedisWipes, f.RedisWipes)
+	setInt(&c.PGRounds, f.PGRounds)
+	if f.Lease >= 0 {
+		c.Lease = f.Lease
+	}
+	if f.Timeout >= 0 {
+		c.Timeout = f.Timeout
+	}
+	if f.Seed >= 0 {
+		c.Seed = f.Seed
+	}
+	for _, b := range []struct {
+		s   string
+		dst *bool
+	}{{*proxy, &c.ProxyFaults}, {*canary, &c.Canary}} {
+		switch b.s {
+		case "":
+		case "true", "on", "1":
+			*b.dst = true
+		case "false", "off", "0":
+			*b.dst = false
+		default:
+			return Config{}, fmt.Errorf("%q: want true or false", b.s)
+		}
+	}
+	c.Break, c.LogDir, c.KeepDB, c.Verbose, c.StrictEvents = f.Break, f.LogDir, f.KeepDB, f.Verbose, f.StrictEvents
+	return c, c.Validate()
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.Exit(runMain(ctx, cfg, os.Stdout))
+}
+
+// runMain runs the harness with its own testing.TB adapter and returns the exit code.
+func runMain(ctx context.Context, cfg Config, out io.Writer) (code int) {
+	tb, err := newRunTB()
+	if err != nil {
+		fmt.Fprintln(out, "chaos:", err)
+		return 3
+	}
+	defer tb.close()
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := r.(fatalError)
+			if !ok {
+				panic(r)
+			}
+			fmt.Fprintln(out, "chaos:", fe.msg)
+			code = 3
+		}
+	}()
+	rep, err := run(ctx, cfg, tb, out)
+	if err != nil {
+		fmt.Fprintln(out, "chaos: the run could not be carried out:", err)
+		return 3
+	}
+	rep.Print(out)
+	if len(rep.Failed()) > 0 {
+		return 1
+	}
+	return 0
+}
+
+var _ testing.TB = (*runTB)(nil)
