@@ -73,63 +73,17 @@ func (p *CommitParams) Validate() error {
 // conflict reported); the outbox event is inserted (unique event key) and dispatchers are
 // notified; the attempt is closed with its evidence. If the fence or state does not match,
 // nothing at all is written and a *TransitionError is returned (the attempt was
-// superseded).
+// superseded). The job's row is locked first (waiting, within ctx, for a lock another
+// transaction holds). It is the statement of the GroupCommitter, for a batch of one.
 func (s *PG) Commit(ctx context.Context, p CommitParams) (CommitResult, error) {
 	if err := p.Validate(); err != nil {
 		return CommitResult{}, err
 	}
-	var (
-		done, resIns, evIns, found bool
-		state                      string
-		fence                      int64
-	)
-	err := s.pool.QueryRow(ctx, `
-WITH cur AS (
-	SELECT state, fence FROM jobs WHERE key = $1
-), upd AS (
-	UPDATE jobs SET state = 'complete', completed_at = now(), updated_at = now(),
-		next_attempt_at = NULL, last_category = NULL, bytes_total = bytes_total + $11
-	WHERE key = $1 AND fence = $2 AND state = 'running'
-	RETURNING key
-), res AS (
-	INSERT INTO results (observation_key, job_key, parser_version, data, response_fingerprint, fence)
-	SELECT $3, $1, $4, $5, $6, $2 FROM upd
-	ON CONFLICT (observation_key) DO NOTHING
-	RETURNING 1
-), ev AS (
-	INSERT INTO outbox (event_key, topic, payload)
-	SELECT $7, $8, $9 FROM upd
-	ON CONFLICT (event_key) DO NOTHING
-	RETURNING id
-), att AS (
-	UPDATE attempts SET outcome = 'complete', finished_at = now(), http_status = NULLIF($10, 0),
-		bytes = $11, session_id = COALESCE(NULLIF($12, ''), session_id),
-		proxy_endpoint = COALESCE(NULLIF($13, ''), proxy_endpoint)
-	WHERE job_key = $1 AND fence = $2 AND EXISTS (SELECT 1 FROM upd)
-), dup AS (
-	-- A duplicate result write rejected (the job committed but its observation key existed)
-	-- is counted here, in the commit itself, so idemscrape stats reads it from PostgreSQL.
-	INSERT INTO maintenance_counters (name, n, updated_at)
-	SELECT $15, 1, now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res)
-	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + 1, updated_at = now()
-), notify AS (
-	SELECT pg_notify($14, '') FROM ev
-)
-SELECT EXISTS (SELECT 1 FROM upd), EXISTS (SELECT 1 FROM res), EXISTS (SELECT 1 FROM ev),
-	(SELECT count(*) FROM notify) >= 0,
-	cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
-FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
-		p.Key, p.Token, p.ObservationKey, p.ParserVersion, p.Data, p.Fingerprint,
-		p.EventKey, p.Topic, p.EventPayload, p.HTTPStatus, p.Bytes, p.SessionID, p.ProxyEndpoint,
-		OutboxNotifyChannel, CounterDuplicateResults,
-	).Scan(&done, &resIns, &evIns, new(bool), &found, &state, &fence)
+	out, err := s.commitRows(ctx, []CommitParams{p}, lockWait)
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("store: Commit %q: %w", p.Key, err)
 	}
-	if !done {
-		return CommitResult{}, s.refusal(ctx, "Commit", p.Key, p.Token, found, state, fence, finishStale(p.Token))
-	}
-	return CommitResult{ResultInserted: resIns, EventInserted: evIns}, nil
+	return out[0].res, out[0].err
 }
 
 // QuarantineParams is the staging of a workflow run that did not finish.

@@ -1,54 +1,185 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Group commit defaults.
 const (
-	DefaultGroupWindow   = 2 * time.Millisecond
+	// DefaultGroupWindow is kept for compatibility: the committer no longer waits for a
+	// window (see NewGroupCommitter).
+	DefaultGroupWindow = 2 * time.Millisecond
+	// DefaultGroupMaxBatch caps the jobs of one statement.
 	DefaultGroupMaxBatch = 64
+	// DefaultGroupQueue bounds the requests waiting per kind (start, commit).
+	DefaultGroupQueue = 1024
+	// DefaultGroupTryTimeout bounds one statement of the committer.
+	DefaultGroupTryTimeout = 10 * time.Second
+	// DefaultGroupLockWait bounds how long a request waits for its jobs row while another
+	// transaction holds it locked.
+	DefaultGroupLockWait = 5 * time.Second
+	// DefaultGroupOverlapAfter is how long a statement may run before a batch that is not
+	// full is sent beside it (see GroupConfig.OverlapAfter).
+	DefaultGroupOverlapAfter = 20 * time.Millisecond
+	// DefaultGroupMaxTries bounds the tries of a request whose statement failed before it
+	// reached the server or was resolved as not written.
+	DefaultGroupMaxTries = 3
 )
 
-// GroupCommitter batches the statements of concurrent handlers: the commits (and attempt
-// starts) that arrive within a short window go to PostgreSQL as ONE statement each kind
-// (one transaction, one fsync for commits), with every job's fence checked row by row — a
-// stale job is refused on its own and never rolls back the others. Each caller gets
-// exactly the result Commit (JobStart) would have given it.
+// Errors of the group committer.
+var (
+	// ErrGroupCommitterClosed: Commit or JobStart was called after Close.
+	ErrGroupCommitterClosed = errors.New("store: group committer closed")
+	// ErrOutcomeUnknown: the statement was sent and may or may not have taken effect
+	// (the caller's context ended while it ran, or the re-read that resolves a lost reply
+	// failed). Read the job to find out; a retry with the same token is safe (fenced).
+	ErrOutcomeUnknown = errors.New("store: outcome unknown, the statement may have taken effect")
+	// ErrRowBusy: another transaction held the job's row locked for longer than
+	// GroupConfig.LockWait; nothing was written.
+	ErrRowBusy = errors.New("store: job row locked by another transaction, nothing written")
+)
+
+// GroupConfig configures a GroupCommitter. The zero value is valid.
+type GroupConfig struct {
+	// MaxBatch caps the jobs of one statement. Defaults to DefaultGroupMaxBatch.
+	MaxBatch int
+	// MaxInFlight is how many statements of one kind (starts, commits) run at once.
+	// Defaults to a quarter of the pool's MaxConns, at least 1 and at most 2, so both
+	// kinds together use at most half of the pool.
+	MaxInFlight int
+	// OverlapAfter: a batch that is not full waits for the statement of its kind already
+	// in flight (taking in what queues meanwhile) until that statement has run this long,
+	// then is sent beside it; a full batch is sent at once. Bigger batches while
+	// statements are quick, no stall behind one that is slow. Defaults to
+	// DefaultGroupOverlapAfter.
+	OverlapAfter time.Duration
+	// QueueSize bounds the requests waiting per kind; a caller beyond it blocks until
+	// there is room or its context ends (back-pressure). Defaults to DefaultGroupQueue.
+	QueueSize int
+	// TryTimeout bounds each statement. Defaults to DefaultGroupTryTimeout.
+	TryTimeout time.Duration
+	// LockWait is how long a request keeps trying while its jobs row is locked by another
+	// transaction before it fails with ErrRowBusy. Defaults to DefaultGroupLockWait.
+	LockWait time.Duration
+	// MaxTries bounds the tries of a request after failures that wrote nothing.
+	// Defaults to DefaultGroupMaxTries.
+	MaxTries int
+}
+
+// Validate reports the first field that is out of range.
+func (c GroupConfig) Validate() error {
+	switch {
+	case c.MaxBatch < 0:
+		return fmt.Errorf("store: GroupConfig.MaxBatch %d is negative", c.MaxBatch)
+	case c.MaxInFlight < 0:
+		return fmt.Errorf("store: GroupConfig.MaxInFlight %d is negative", c.MaxInFlight)
+	case c.OverlapAfter < 0:
+		return fmt.Errorf("store: GroupConfig.OverlapAfter %s is negative", c.OverlapAfter)
+	case c.QueueSize < 0:
+		return fmt.Errorf("store: GroupConfig.QueueSize %d is negative", c.QueueSize)
+	case c.TryTimeout < 0:
+		return fmt.Errorf("store: GroupConfig.TryTimeout %s is negative", c.TryTimeout)
+	case c.LockWait < 0:
+		return fmt.Errorf("store: GroupConfig.LockWait %s is negative", c.LockWait)
+	case c.MaxTries < 0:
+		return fmt.Errorf("store: GroupConfig.MaxTries %d is negative", c.MaxTries)
+	}
+	return nil
+}
+
+func (c GroupConfig) withDefaults(poolConns int) GroupConfig {
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultGroupMaxBatch
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = min(2, max(1, poolConns/4))
+	}
+	if c.OverlapAfter == 0 {
+		c.OverlapAfter = DefaultGroupOverlapAfter
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = DefaultGroupQueue
+	}
+	if c.TryTimeout == 0 {
+		c.TryTimeout = DefaultGroupTryTimeout
+	}
+	if c.LockWait == 0 {
+		c.LockWait = DefaultGroupLockWait
+	}
+	if c.MaxTries == 0 {
+		c.MaxTries = DefaultGroupMaxTries
+	}
+	return c
+}
+
+// GroupCommitter batches the attempt starts and commits of concurrent handlers: each kind
+// goes to PostgreSQL as ONE statement per batch (one transaction, one WAL flush for
+// commits), with every job's fence checked row by row — a stale job is refused on its
+// own and never rolls back the others. Each caller gets the result PG.Commit (PG.JobStart)
+// would have given it.
+//
+// Batching is natural group commit: an idle committer sends a request at once, and
+// whatever queued while the previous statement ran is the next batch; there is no timer
+// when idle. A second statement of a kind runs beside the first (up to MaxInFlight) when
+// its batch is full or the first has run for OverlapAfter, so a slow statement never
+// stalls the queue. The queue is bounded (QueueSize): callers beyond it wait. Each batch is sorted by
+// job key and locks its rows in that order; a row locked by another transaction is
+// skipped and tried again on its own (for up to LockWait), so it never delays the other
+// jobs. Every statement has its own timeout (TryTimeout). A failure that reached the
+// server and may have committed is resolved by re-reading the rows (the job's state and
+// fence tell whether the statement took effect), never by guessing.
+//
+// A caller whose context ends gets its error at once: a request not yet sent is dropped
+// (nothing written, ctx.Err()); one already in a statement returns ErrOutcomeUnknown.
 //
 // Start it with NewGroupCommitter and Close it when the workers stop.
 type GroupCommitter struct {
-	st      *PG
 	commits *batcher[CommitParams, CommitResult]
 	starts  *batcher[AttemptStartParams, StartedAttempt]
 }
 
-// ErrGroupCommitterClosed: Commit was called after Close.
-var ErrGroupCommitterClosed = errors.New("store: group committer closed")
-
-// NewGroupCommitter starts a group committer. window is how long the first statement of a
-// batch waits for company (0 = DefaultGroupWindow); maxBatch caps a batch (0 =
-// DefaultGroupMaxBatch).
+// NewGroupCommitter starts a group committer with the default GroupConfig and maxBatch as
+// MaxBatch (0 = DefaultGroupMaxBatch; negative is treated as 0). window is ignored: the
+// committer batches whatever queued while the previous statement ran and never waits for
+// company (it was the wait of the first statement of a batch).
 func (s *PG) NewGroupCommitter(window time.Duration, maxBatch int) *GroupCommitter {
-	if window <= 0 {
-		window = DefaultGroupWindow
+	_ = window
+	g, err := s.NewGroupCommitterConfig(GroupConfig{MaxBatch: max(0, maxBatch)})
+	if err != nil {
+		panic(err) // unreachable: the config is valid
 	}
-	if maxBatch <= 0 {
-		maxBatch = DefaultGroupMaxBatch
-	}
-	g := &GroupCommitter{st: s}
-	g.commits = newBatcher(window, maxBatch, func(p CommitParams) string { return p.Key }, g.commitMany, s.Commit)
-	g.starts = newBatcher(window, maxBatch, func(p AttemptStartParams) string { return p.Key }, g.startMany, s.JobStart)
 	return g
 }
 
-// Commit is store.PG.Commit through the batch: same validation, same fencing, same result.
+// NewGroupCommitterConfig starts a group committer configured by cfg.
+func (s *PG) NewGroupCommitterConfig(cfg GroupConfig) (*GroupCommitter, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults(int(s.pool.Config().MaxConns))
+	g := &GroupCommitter{
+		commits: newBatcher(cfg, rowOps[CommitParams, CommitResult]{
+			op: "Commit", key: func(p CommitParams) string { return p.Key },
+			exec: s.commitRows, resolve: s.resolveCommits,
+		}),
+		starts: newBatcher(cfg, rowOps[AttemptStartParams, StartedAttempt]{
+			op: "JobStart", key: func(p AttemptStartParams) string { return p.Key },
+			exec: s.startRows, resolve: s.resolveStarts,
+		}),
+	}
+	return g, nil
+}
+
+// Commit is PG.Commit through the batch: same validation, same fencing, same result.
 func (g *GroupCommitter) Commit(ctx context.Context, p CommitParams) (CommitResult, error) {
 	if err := p.Validate(); err != nil {
 		return CommitResult{}, err
@@ -56,7 +187,7 @@ func (g *GroupCommitter) Commit(ctx context.Context, p CommitParams) (CommitResu
 	return g.commits.do(ctx, p)
 }
 
-// JobStart is store.PG.JobStart through the batch.
+// JobStart is PG.JobStart through the batch.
 func (g *GroupCommitter) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {
 	if p.Token < 1 {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
@@ -64,321 +195,391 @@ func (g *GroupCommitter) JobStart(ctx context.Context, p AttemptStartParams) (St
 	return g.starts.do(ctx, p)
 }
 
-// Close stops the committer after the batches in flight. Safe to call more than once.
+// GroupStats counts the statements of a GroupCommitter.
+type GroupStats struct {
+	CommitBatches, CommitRows int64 // commit statements sent and the jobs in them
+	StartBatches, StartRows   int64 // start statements sent and the jobs in them
+	Busy                      int64 // jobs found locked by another transaction (tried again)
+	Resolved                  int64 // statements whose outcome was resolved by re-reading
+}
+
+// Stats reports how many statements were sent and how many jobs they carried (their
+// ratio is the mean batch size).
+func (g *GroupCommitter) Stats() GroupStats {
+	return GroupStats{
+		CommitBatches: g.commits.batches.Load(), CommitRows: g.commits.rows.Load(),
+		StartBatches: g.starts.batches.Load(), StartRows: g.starts.rows.Load(),
+		Busy:     g.commits.busy.Load() + g.starts.busy.Load(),
+		Resolved: g.commits.resolved.Load() + g.starts.resolved.Load(),
+	}
+}
+
+// Close stops taking requests, runs every request already queued (or blocked on a full
+// queue), waits for the statements in flight and returns. Calls after Close fail with
+// ErrGroupCommitterClosed. Safe to call more than once and concurrently.
 func (g *GroupCommitter) Close() {
 	g.commits.close()
 	g.starts.close()
 }
 
-// batcher collects requests for up to window (or maxBatch of them) and runs them with
-// many; requests for a key already in the batch run alone with single afterwards, and so
-// does every request of a batch whose statement failed as a whole.
-type batcher[Req, Res any] struct {
-	window   time.Duration
-	maxBatch int
-	keyOf    func(Req) string
-	many     func([]Req) ([]Res, []error, error)
-	single   func(context.Context, Req) (Res, error)
-	reqs     chan *batchReq[Req, Res]
-	done     chan struct{}
-	once     sync.Once
+// rowOps are one kind's fenced statement and its re-read (fenced.go).
+type rowOps[Req, Res any] struct {
+	op      string
+	key     func(Req) string
+	exec    func(context.Context, []Req, lockMode) ([]rowOutcome[Res], error)
+	resolve func(context.Context, []Req) ([]rowOutcome[Res], error)
 }
 
-type batchReq[Req, Res any] struct {
+// groupHooks let tests observe and steer the committer; nil in production.
+type groupHooks struct {
+	queued  func()               // a request entered the queue
+	collect func()               // a statement slot and a first request are taken; the batch is collected next
+	before  func([]string) error // a statement is about to be sent; an error replaces it
+	after   func([]string) error // a statement succeeded; an error replaces its outcome (a lost reply)
+}
+
+// Request states.
+const (
+	reqQueued int32 = iota
+	reqTaken
+	reqAbandoned
+)
+
+type groupReq[Req, Res any] struct {
 	ctx   context.Context
 	req   Req
-	reply chan batchReply[Res]
+	key   string
+	state atomic.Int32
+	reply chan rowOutcome[Res]
+	tries int
+	since time.Time // when it was first found busy
+	busy  bool      // last try found its row locked
+	maybe bool      // an earlier statement of it may have taken effect (see try)
+	last  error     // last failure that wrote nothing
 }
 
-type batchReply[Res any] struct {
-	res Res
-	err error
+type batcher[Req, Res any] struct {
+	cfg   GroupConfig
+	ops   rowOps[Req, Res]
+	hooks *groupHooks
+
+	reqs     chan *groupReq[Req, Res]
+	slots    chan struct{}
+	mu       sync.Mutex
+	closed   bool
+	senders  sync.WaitGroup
+	inflight sync.WaitGroup
+	done     chan struct{}
+	running  atomic.Int32  // statements in flight
+	started  atomic.Int64  // when the last statement started (UnixNano)
+	finished chan struct{} // a statement ended (capacity 1)
+
+	batches, rows, busy, resolved atomic.Int64
 }
 
-func newBatcher[Req, Res any](window time.Duration, maxBatch int, keyOf func(Req) string,
-	many func([]Req) ([]Res, []error, error), single func(context.Context, Req) (Res, error)) *batcher[Req, Res] {
-	b := &batcher[Req, Res]{window: window, maxBatch: maxBatch, keyOf: keyOf, many: many, single: single,
-		reqs: make(chan *batchReq[Req, Res]), done: make(chan struct{})}
+func newBatcher[Req, Res any](cfg GroupConfig, ops rowOps[Req, Res]) *batcher[Req, Res] {
+	b := &batcher[Req, Res]{cfg: cfg, ops: ops,
+		reqs:     make(chan *groupReq[Req, Res], cfg.QueueSize),
+		slots:    make(chan struct{}, cfg.MaxInFlight),
+		finished: make(chan struct{}, 1),
+		done:     make(chan struct{})}
 	go b.loop()
 	return b
 }
 
 func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
-	r := &batchReq[Req, Res]{ctx: ctx, req: req, reply: make(chan batchReply[Res], 1)}
+	var zero Res
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return zero, ErrGroupCommitterClosed
+	}
+	b.senders.Add(1)
+	b.mu.Unlock()
+	r := &groupReq[Req, Res]{ctx: ctx, req: req, key: b.ops.key(req), reply: make(chan rowOutcome[Res], 1)}
 	select {
 	case b.reqs <- r:
-	case <-b.done:
-		var zero Res
-		return zero, ErrGroupCommitterClosed
+		b.senders.Done()
 	case <-ctx.Done():
-		var zero Res
-		return zero, ctx.Err()
+		b.senders.Done()
+		return zero, fmt.Errorf("store: %s %q: not sent: %w", b.ops.op, r.key, ctx.Err())
 	}
-	// Once handed over, the statement runs; its outcome is reported even if ctx ends.
-	rep := <-r.reply
-	return rep.res, rep.err
+	if h := b.hooks; h != nil && h.queued != nil {
+		h.queued()
+	}
+	select {
+	case out := <-r.reply:
+		return out.res, out.err
+	case <-ctx.Done():
+		if r.state.CompareAndSwap(reqQueued, reqAbandoned) {
+			return zero, fmt.Errorf("store: %s %q: not sent: %w", b.ops.op, r.key, ctx.Err())
+		}
+		select {
+		case out := <-r.reply:
+			return out.res, out.err
+		default:
+		}
+		return zero, fmt.Errorf("store: %s %q: %w: %w", b.ops.op, r.key, ErrOutcomeUnknown, ctx.Err())
+	}
 }
 
-func (b *batcher[Req, Res]) close() { b.once.Do(func() { close(b.done) }) }
+func (b *batcher[Req, Res]) close() {
+	b.mu.Lock()
+	if !b.closed {
+		b.closed = true
+		go func() {
+			b.senders.Wait() // nobody sends after this
+			close(b.reqs)
+		}()
+	}
+	b.mu.Unlock()
+	<-b.done
+}
 
+// loop takes a statement slot, then the first queued request and everything queued
+// behind it (up to MaxBatch), and runs them; it ends once the queue is closed and empty
+// and every statement has returned.
 func (b *batcher[Req, Res]) loop() {
+	defer close(b.done)
+	defer b.inflight.Wait()
 	for {
-		var first *batchReq[Req, Res]
-		select {
-		case first = <-b.reqs:
-		case <-b.done:
+		b.slots <- struct{}{}
+		first, ok := <-b.reqs
+		if !ok {
+			<-b.slots
 			return
 		}
-		batch := []*batchReq[Req, Res]{first}
-		timer := time.NewTimer(b.window)
-	collect:
-		for len(batch) < b.maxBatch {
-			select {
-			case r := <-b.reqs:
-				batch = append(batch, r)
-			case <-timer.C:
-				break collect
+		if h := b.hooks; h != nil && h.collect != nil {
+			h.collect()
+		}
+		batch := b.collect([]*groupReq[Req, Res]{first})
+		select { // a stale signal of a statement that ended before now
+		case <-b.finished:
+		default:
+		}
+		if len(batch) < b.cfg.MaxBatch && b.running.Load() > 0 {
+			if wait := b.cfg.OverlapAfter - time.Since(time.Unix(0, b.started.Load())); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-b.finished:
+				case <-t.C:
+				}
+				t.Stop()
+				batch = b.collect(batch)
 			}
 		}
-		timer.Stop()
-		b.run(batch)
+		b.started.Store(time.Now().UnixNano())
+		b.running.Add(1)
+		b.inflight.Add(1)
+		go func() {
+			defer b.inflight.Done()
+			b.run(batch)
+		}()
 	}
 }
 
-func (b *batcher[Req, Res]) run(batch []*batchReq[Req, Res]) {
-	seen := make(map[string]bool, len(batch))
-	var now, later []*batchReq[Req, Res]
+// collect adds what is queued to batch, up to MaxBatch, without waiting.
+func (b *batcher[Req, Res]) collect(batch []*groupReq[Req, Res]) []*groupReq[Req, Res] {
+	for len(batch) < b.cfg.MaxBatch {
+		select {
+		case r, ok := <-b.reqs:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, r)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// run sends one batch (holding the slot the loop took for it), then tries on their own,
+// outside the slot, the requests that need it: a second request for a job already in the
+// batch, a job whose row was locked, every job of a statement that failed as a whole.
+func (b *batcher[Req, Res]) run(batch []*groupReq[Req, Res]) {
+	live := batch[:0]
 	for _, r := range batch {
-		if k := b.keyOf(r.req); seen[k] {
+		if r.state.CompareAndSwap(reqQueued, reqTaken) {
+			live = append(live, r)
+		}
+	}
+	slices.SortStableFunc(live, func(x, y *groupReq[Req, Res]) int { return cmp.Compare(x.key, y.key) })
+	var now, later []*groupReq[Req, Res]
+	for i, r := range live {
+		if i > 0 && live[i-1].key == r.key {
 			later = append(later, r)
 		} else {
-			seen[k] = true
 			now = append(now, r)
 		}
 	}
-	reqs := make([]Req, len(now))
-	for i, r := range now {
-		reqs[i] = r.req
+	if len(now) > 0 {
+		later = append(b.try(context.Background(), now), later...)
 	}
-	res, errs, err := b.many(reqs)
-	if err != nil {
-		// The statement failed as a whole (connection, a CHECK on one row): nothing of the
-		// batch was written. Run each alone so one bad row can not fail the others.
-		later = append(now, later...)
-	} else {
-		for i, r := range now {
-			r.reply <- batchReply[Res]{res[i], errs[i]}
-		}
+	b.running.Add(-1)
+	<-b.slots
+	select {
+	case b.finished <- struct{}{}:
+	default:
 	}
 	for _, r := range later {
-		res, err := b.single(context.WithoutCancel(r.ctx), r.req)
-		r.reply <- batchReply[Res]{res, err}
+		b.alone(r)
 	}
 }
 
-func (g *GroupCommitter) commitMany(batch []CommitParams) ([]CommitResult, []error, error) {
-	n := len(batch)
-	cols := struct {
-		key, obs, fp, evKey, topic, session, endpoint []string
-		token, bytes                                  []int64
-		pv, status                                    []int32
-		data, payload                                 []string
-	}{}
-	for _, p := range batch {
-		cols.key = append(cols.key, p.Key)
-		cols.token = append(cols.token, p.Token)
-		cols.obs = append(cols.obs, p.ObservationKey)
-		cols.pv = append(cols.pv, int32(p.ParserVersion))
-		cols.data = append(cols.data, string(p.Data))
-		cols.fp = append(cols.fp, p.Fingerprint)
-		cols.evKey = append(cols.evKey, p.EventKey)
-		cols.topic = append(cols.topic, p.Topic)
-		cols.payload = append(cols.payload, string(p.EventPayload))
-		cols.status = append(cols.status, int32(p.HTTPStatus))
-		cols.bytes = append(cols.bytes, p.Bytes)
-		cols.session = append(cols.session, p.SessionID)
-		cols.endpoint = append(cols.endpoint, p.ProxyEndpoint)
-	}
-	// The batch's own context: no single caller may cancel the others' commits.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rows, err := g.st.pool.Query(ctx, `
-WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[], $6::text[],
-		$7::text[], $8::text[], $9::jsonb[], $10::int[], $11::bigint[], $12::text[], $13::text[])
-		AS t(key, token, obs_key, pv, data, fp, event_key, topic, payload, status, bytes, session_id, endpoint)
-), cur AS (
-	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
-), upd AS (
-	UPDATE jobs j SET state = 'complete', completed_at = now(), updated_at = now(),
-		next_attempt_at = NULL, last_category = NULL, bytes_total = j.bytes_total + i.bytes
-	FROM input i
-	WHERE j.key = i.key AND j.fence = i.token AND j.state = 'running'
-	RETURNING j.key
-), res AS (
-	INSERT INTO results (observation_key, job_key, parser_version, data, response_fingerprint, fence)
-	SELECT i.obs_key, i.key, i.pv, i.data, i.fp, i.token FROM input i JOIN upd USING (key)
-	ON CONFLICT (observation_key) DO NOTHING
-	RETURNING job_key
-), ev AS (
-	INSERT INTO outbox (event_key, topic, payload)
-	SELECT i.event_key, i.topic, i.payload FROM input i JOIN upd USING (key)
-	ON CONFLICT (event_key) DO NOTHING
-	RETURNING event_key
-), att AS (
-	UPDATE attempts a SET outcome = 'complete', finished_at = now(), http_status = NULLIF(i.status, 0),
-		bytes = i.bytes, session_id = COALESCE(NULLIF(i.session_id, ''), a.session_id),
-		proxy_endpoint = COALESCE(NULLIF(i.endpoint, ''), a.proxy_endpoint)
-	FROM input i JOIN upd USING (key)
-	WHERE a.job_key = i.key AND a.fence = i.token
-), dup AS (
-	-- Duplicate result writes rejected (committed jobs whose observation key existed) are
-	-- counted in the commit itself, as in Commit.
-	INSERT INTO maintenance_counters (name, n, updated_at)
-	SELECT $15, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
-	HAVING count(*) > 0
-	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + EXCLUDED.n, updated_at = now()
-), notify AS (
-	SELECT pg_notify($14, '') WHERE EXISTS (SELECT 1 FROM ev)
-)
-SELECT i.key, upd.key IS NOT NULL, res.job_key IS NOT NULL, ev.event_key IS NOT NULL,
-	cur.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
-FROM input i
-LEFT JOIN upd USING (key)
-LEFT JOIN res ON res.job_key = i.key
-LEFT JOIN ev ON ev.event_key = i.event_key
-LEFT JOIN cur ON cur.key = i.key
-CROSS JOIN (SELECT count(*) FROM notify) AS signalled`,
-		cols.key, cols.token, cols.obs, cols.pv, cols.data, cols.fp, cols.evKey, cols.topic,
-		cols.payload, cols.status, cols.bytes, cols.session, cols.endpoint, OutboxNotifyChannel, CounterDuplicateResults)
-	if err != nil {
-		return nil, nil, err
-	}
-	type row struct {
-		done, resIns, evIns, found bool
-		state                      string
-		fence                      int64
-	}
-	got := make(map[string]row, n)
-	for rows.Next() {
-		var key string
-		var r row
-		if err := rows.Scan(&key, &r.done, &r.resIns, &r.evIns, &r.found, &r.state, &r.fence); err != nil {
-			rows.Close()
-			return nil, nil, err
+// alone tries one request on its own until it is answered: a busy row is tried again
+// after a short pause for up to LockWait, a failure that wrote nothing up to MaxTries.
+func (b *batcher[Req, Res]) alone(r *groupReq[Req, Res]) {
+	pause := time.Millisecond
+	for {
+		if err := r.ctx.Err(); err != nil {
+			// The caller is gone; its request wrote nothing so far and is not tried again.
+			r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: not written: %w", b.ops.op, r.key, err)}
+			return
 		}
-		got[key] = r
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, err
-	}
-	res := make([]CommitResult, n)
-	errs := make([]error, n)
-	for i, p := range batch {
-		r, ok := got[p.Key]
 		switch {
-		case !ok:
-			errs[i] = fmt.Errorf("store: group commit: no row for %q", p.Key)
-		case r.done:
-			res[i] = CommitResult{ResultInserted: r.resIns, EventInserted: r.evIns}
-		default:
-			errs[i] = g.st.refusal(ctx, "Commit", p.Key, p.Token, r.found, r.state, r.fence, finishStale(p.Token))
+		case r.busy && time.Since(r.since) >= b.cfg.LockWait:
+			r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: gave up after %s: %w", b.ops.op, r.key, b.cfg.LockWait, ErrRowBusy)}
+			return
+		case !r.busy && r.tries >= b.cfg.MaxTries:
+			r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: nothing written after %d tries: %w", b.ops.op, r.key, r.tries, r.last)}
+			return
+		}
+		if r.busy {
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-r.ctx.Done():
+				t.Stop()
+				continue
+			}
+			pause = min(2*pause, 50*time.Millisecond)
+		}
+		// The caller leaving cancels a statement that is its alone.
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := context.AfterFunc(r.ctx, cancel)
+		again := b.try(ctx, []*groupReq[Req, Res]{r})
+		stop()
+		cancel()
+		if len(again) == 0 {
+			return
 		}
 	}
-	return res, errs, nil
 }
 
-// startMany is JobStart for a batch of distinct jobs, in one statement.
-func (g *GroupCommitter) startMany(batch []AttemptStartParams) ([]StartedAttempt, []error, error) {
-	n := len(batch)
-	var keys, workers, sessions, countries, endpoints []string
-	var tokens []int64
-	for _, p := range batch {
-		keys = append(keys, p.Key)
-		tokens = append(tokens, p.Token)
-		workers = append(workers, p.Worker)
-		sessions = append(sessions, p.SessionID)
-		countries = append(countries, p.Country)
-		endpoints = append(endpoints, p.ProxyEndpoint)
+// try runs one statement for reqs (distinct jobs, sorted by key) and answers every
+// request whose outcome it knows; it returns the requests to try again (nothing of them
+// was written).
+func (b *batcher[Req, Res]) try(parent context.Context, reqs []*groupReq[Req, Res]) (again []*groupReq[Req, Res]) {
+	in := make([]Req, len(reqs))
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		in[i], keys[i] = r.req, r.key
+		r.tries++
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	b.batches.Add(1)
+	b.rows.Add(int64(len(reqs)))
+	ctx, cancel := context.WithTimeout(parent, b.cfg.TryTimeout)
 	defer cancel()
-	rows, err := g.st.pool.Query(ctx, `
-WITH async AS (
-	SELECT set_config('synchronous_commit', 'off', true)
-), input AS (
-	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[])
-		AS t(key, token, worker, session_id, country, endpoint)
-), cur AS (
-	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
-), upd AS (
-	UPDATE jobs j SET state = 'running', fence = i.token, attempts = j.attempts + 1,
-		next_attempt_at = NULL, updated_at = now()
-	FROM input i
-	WHERE j.key = i.key AND j.state IN ('pending', 'retryable', 'running') AND j.fence < i.token
-	RETURNING j.key, j.attempts, j.created_at, j.bytes_total,
-		j.attempts - j.budget_attempts AS budget_no, j.bytes_total - j.budget_bytes AS budget_bytes,
-		COALESCE(j.budget_since, j.created_at) AS budget_since
-), ins AS (
-	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
-	SELECT i.key, u.attempts, i.token, i.worker, i.session_id, i.country, i.endpoint
-	FROM input i JOIN upd u USING (key)
-	RETURNING job_key, attempt_no
-), superseded AS (
-	UPDATE attempts a SET outcome = 'superseded', category = 'superseded', finished_at = now(),
-		evidence_due = true
-	FROM input i JOIN upd USING (key)
-	WHERE a.job_key = i.key AND a.outcome = 'running' AND a.fence < i.token
-)
-SELECT i.key, ins.attempt_no, upd.created_at, COALESCE(upd.bytes_total, 0),
-	COALESCE(upd.budget_no, 0), COALESCE(upd.budget_bytes, 0), upd.budget_since,
-	cur.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
-FROM input i
-LEFT JOIN upd USING (key)
-LEFT JOIN ins ON ins.job_key = i.key
-LEFT JOIN cur ON cur.key = i.key
-CROSS JOIN async`, keys, tokens, workers, sessions, countries, endpoints)
+	var out []rowOutcome[Res]
+	var err error
+	if h := b.hooks; h != nil && h.before != nil {
+		err = h.before(keys)
+	}
+	if err == nil {
+		out, err = b.ops.exec(ctx, in, lockSkip)
+	}
+	if err == nil {
+		if h := b.hooks; h != nil && h.after != nil {
+			if herr := h.after(keys); herr != nil {
+				out, err = nil, herr
+			}
+		}
+	}
 	if err != nil {
-		return nil, nil, err
-	}
-	type row struct {
-		attemptNo   *int32
-		createdAt   *time.Time
-		bytes       int64
-		budgetNo    int32
-		budgetBytes int64
-		budgetSince *time.Time
-		found       bool
-		state       string
-		fence       int64
-	}
-	got := make(map[string]row, n)
-	for rows.Next() {
-		var key string
-		var r row
-		if err := rows.Scan(&key, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince, &r.found, &r.state, &r.fence); err != nil {
-			rows.Close()
-			return nil, nil, err
+		if !maybeWritten(err) {
+			// Nothing of the statement was written: never sent, or refused by the server
+			// (the transaction rolled back). Each request is tried on its own, so one bad
+			// row can not fail the others; a lone request gets a server's error as is.
+			var pgErr *pgconn.PgError
+			for _, r := range reqs {
+				if len(reqs) == 1 && errors.As(err, &pgErr) {
+					r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: %w", b.ops.op, r.key, err)}
+					continue
+				}
+				if len(reqs) > 1 {
+					r.tries-- // a batch that failed as a whole does not count against each job
+				}
+				r.busy, r.last = false, err
+				again = append(again, r)
+			}
+			return again
 		}
-		got[key] = r
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, err
-	}
-	res := make([]StartedAttempt, n)
-	errs := make([]error, n)
-	for i, p := range batch {
-		r, ok := got[p.Key]
-		switch {
-		case !ok:
-			errs[i] = fmt.Errorf("store: group start: no row for %q", p.Key)
-		case r.attemptNo != nil:
-			res[i] = StartedAttempt{AttemptNo: int(*r.attemptNo), JobCreatedAt: *r.createdAt, BytesTotal: r.bytes,
-				TookOver:        tasks.JobState(r.state) == tasks.StateRunning,
-				BudgetAttemptNo: int(r.budgetNo), BudgetBytes: r.budgetBytes, BudgetSince: *r.budgetSince}
-		default:
-			errs[i] = g.st.refusal(ctx, "JobStart", p.Key, p.Token, r.found, r.state, r.fence, startStale(p.Token))
+		// Sent, and maybe committed: the rows tell.
+		b.resolved.Add(1)
+		rctx, rcancel := context.WithTimeout(context.Background(), b.cfg.TryTimeout)
+		defer rcancel()
+		var rerr error
+		if out, rerr = b.ops.resolve(rctx, in); rerr != nil {
+			for _, r := range reqs {
+				r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: %w: %w (re-read: %w)", b.ops.op, r.key, ErrOutcomeUnknown, err, rerr)}
+			}
+			return nil
+		}
+		for _, r := range reqs {
+			r.last, r.maybe = err, true
 		}
 	}
-	return res, errs, nil
+	// A request whose earlier statement may have taken effect (a lost reply, a timeout
+	// while the server still ran it) and that is refused now may have been refused by its
+	// own earlier statement: the rows tell.
+	var again1 []int
+	for i, r := range reqs {
+		if r.maybe && out[i].err != nil {
+			again1 = append(again1, i)
+		}
+	}
+	if len(again1) > 0 {
+		in1 := make([]Req, len(again1))
+		for j, i := range again1 {
+			in1[j] = in[i]
+		}
+		rctx, rcancel := context.WithTimeout(context.Background(), b.cfg.TryTimeout)
+		defer rcancel()
+		b.resolved.Add(1)
+		if out1, rerr := b.ops.resolve(rctx, in1); rerr == nil {
+			for j, i := range again1 {
+				if out1[j].err == nil && !out1[j].busy {
+					out[i] = out1[j]
+				}
+			}
+		}
+	}
+	for i, r := range reqs {
+		if out[i].busy {
+			b.busy.Add(1)
+			if !r.busy {
+				r.busy, r.since = true, time.Now()
+			}
+			again = append(again, r)
+			continue
+		}
+		r.reply <- out[i]
+	}
+	return again
+}
+
+// maybeWritten: err came after the statement was sent and is not the server refusing it,
+// so the statement may have committed.
+func maybeWritten(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// An ERROR rolls the statement's transaction back; FATAL or PANIC end the session
+		// and may come after the commit.
+		return pgErr.Severity != "ERROR"
+	}
+	return true
 }

@@ -231,61 +231,18 @@ type StartedAttempt struct {
 // this transaction only): a start lost in a crash is harmless, because every later write
 // of the attempt requires fence = p.Token exactly, which a lost start never set
 // (TestLostAttemptStartIsHarmless). The completing commit is synchronous and flushes the
-// WAL up to itself, the start included.
+// WAL up to itself, the start included. The job's row is locked first (waiting, within
+// ctx, for a lock another transaction holds). It is the statement of the GroupCommitter,
+// for a batch of one.
 func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {
 	if p.Token < 1 {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
 	}
-	var (
-		attemptNo   *int32
-		createdAt   *time.Time
-		bytes       int64
-		budgetNo    int32
-		budgetBytes int64
-		budgetSince *time.Time
-		found       bool
-		state       string
-		fence       int64
-	)
-	err := s.pool.QueryRow(ctx, `
-WITH async AS (
-	SELECT set_config('synchronous_commit', 'off', true)
-), cur AS (
-	SELECT state, fence FROM jobs WHERE key = $1
-), upd AS (
-	UPDATE jobs SET state = 'running', fence = $2, attempts = attempts + 1,
-		next_attempt_at = NULL, updated_at = now()
-	WHERE key = $1 AND state IN ('pending', 'retryable', 'running') AND fence < $2
-	RETURNING attempts, created_at, bytes_total,
-		attempts - budget_attempts AS budget_no, bytes_total - budget_bytes AS budget_bytes,
-		COALESCE(budget_since, created_at) AS budget_since
-), ins AS (
-	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
-	SELECT $1, attempts, $2, $3, $4, $5, $6 FROM upd
-	RETURNING attempt_no
-), superseded AS (
-	UPDATE attempts SET outcome = 'superseded', category = 'superseded', finished_at = now(),
-		evidence_due = true
-	WHERE job_key = $1 AND outcome = 'running' AND fence < $2 AND EXISTS (SELECT 1 FROM upd)
-)
-SELECT (SELECT attempt_no FROM ins), (SELECT created_at FROM upd), COALESCE((SELECT bytes_total FROM upd), 0),
-	COALESCE((SELECT budget_no FROM upd), 0), COALESCE((SELECT budget_bytes FROM upd), 0), (SELECT budget_since FROM upd),
-	cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
-FROM (SELECT 1) AS one LEFT JOIN cur ON true, async`,
-		p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint,
-	).Scan(&attemptNo, &createdAt, &bytes, &budgetNo, &budgetBytes, &budgetSince, &found, &state, &fence)
+	out, err := s.startRows(ctx, []AttemptStartParams{p}, lockWait)
 	if err != nil {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: %w", p.Key, err)
 	}
-	if attemptNo != nil {
-		return StartedAttempt{
-			AttemptNo: int(*attemptNo), JobCreatedAt: *createdAt, BytesTotal: bytes,
-			TookOver:        tasks.JobState(state) == tasks.StateRunning,
-			BudgetAttemptNo: int(budgetNo), BudgetBytes: budgetBytes, BudgetSince: *budgetSince,
-		}, nil
-	}
-	// Not applied: a start needs a token above the fence.
-	return StartedAttempt{}, s.refusal(ctx, "JobStart", p.Key, p.Token, found, state, fence, startStale(p.Token))
+	return out[0].res, out[0].err
 }
 
 // AttemptFinishParams ends the running attempt started with Token.

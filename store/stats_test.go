@@ -68,9 +68,11 @@ func TestDuplicateResultCounted(t *testing.T) {
 
 	t.Run("GroupCommit", func(t *testing.T) {
 		s := setup(t)
-		// A window long enough that the three commits below share one statement.
-		g := s.NewGroupCommitter(time.Hour, 3)
+		// The committer is paused until the three commits below are queued, so they
+		// share one statement.
+		g := s.NewGroupCommitter(0, 3)
 		t.Cleanup(g.Close)
+		queued, release := pauseGroup(g)
 		type out struct {
 			res store.CommitResult
 			err error
@@ -82,6 +84,10 @@ func TestDuplicateResultCounted(t *testing.T) {
 				outs <- out{res, err}
 			}()
 		}
+		for range 3 {
+			recv(t, queued, "a queued commit")
+		}
+		release()
 		inserted := 0
 		for range 3 {
 			o := <-outs

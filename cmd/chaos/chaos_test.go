@@ -15,7 +15,7 @@ import (
 // tiny is a scenario with one of every fault, small enough for the unit tests.
 func tiny() Config {
 	return Config{Jobs: 30, Baseline: 5, Workers: 2, Concurrency: 5, Lease: 3 * time.Second,
-		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, Pauses: 1, RedisWipes: 1, PGRounds: 2,
+		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, ArmAtStart: true, Pauses: 1, RedisWipes: 1, PGRounds: 2,
 		ProxyFaults: true, Canary: true, Seed: 5, Timeout: 5 * time.Minute}
 }
 

@@ -879,6 +879,14 @@ func (h *harness) throttleLoop(ctx context.Context) {
 // runPhase starts the workers and waits until every job of window is terminal; with
 // chaos, the faults are injected at their progress points meanwhile.
 func (h *harness) runPhase(ctx context.Context, window string, deadline time.Time, chaos bool) error {
+	armAtStart := map[string]int{fpAfterFetch: h.cfg.AfterFetch, fpAfterCommit: h.cfg.AfterCommit, fpAfterXadd: h.cfg.AfterXadd}
+	if chaos && h.cfg.ArmAtStart {
+		h.mu.Lock()
+		for name, n := range armAtStart {
+			h.pendingArms[name] += n // the workers about to start take them
+		}
+		h.mu.Unlock()
+	}
 	if err := h.startWorkers(); err != nil {
 		return err
 	}
@@ -894,8 +902,10 @@ func (h *harness) runPhase(ctx context.Context, window string, deadline time.Tim
 	c := h.cfg
 	var evs []event
 	evs = schedule(evs, c.RandomKills, 0.02, 0.7, "kill", h.randomKill)
-	for name, n := range map[string]int{fpAfterFetch: c.AfterFetch, fpAfterCommit: c.AfterCommit, fpAfterXadd: c.AfterXadd} {
-		evs = schedule(evs, n, 0.01, 0.6, name, func(ctx context.Context) { h.arm(ctx, name) })
+	if !c.ArmAtStart {
+		for name, n := range armAtStart {
+			evs = schedule(evs, n, 0.01, 0.6, name, func(ctx context.Context) { h.arm(ctx, name) })
+		}
 	}
 	var pausing sync.WaitGroup
 	defer pausing.Wait() // runs before the workers stop: every paused worker is continued first

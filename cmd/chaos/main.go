@@ -62,6 +62,11 @@ type Config struct {
 	// AfterFetch, AfterCommit and AfterXadd are how many kills of each failpoint are
 	// wanted: a worker starts with a point enabled while fewer have fired.
 	AfterFetch, AfterCommit, AfterXadd int
+	// ArmAtStart arms every targeted failpoint kill before the chaos phase's workers start
+	// (each worker starts with one point armed; a restart takes the next), instead of
+	// spreading the arms over the run's progress: for runs so small that a spread arm could
+	// come after the last job. Defaults to false.
+	ArmAtStart bool
 	// Pauses are SIGSTOP/SIGCONT of a random worker for 2.5 × Lease.
 	Pauses int
 	// RedisWipes kill the redis-server and start it again without data.

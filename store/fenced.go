@@ -1,0 +1,368 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// This file is the ONE source of the fenced attempt-start and commit statements. A lone
+// PG.JobStart / PG.Commit is a batch of one; the GroupCommitter sends batches of distinct
+// jobs. Every statement locks its jobs rows first, in key order (the order the
+// reconciler's JobsRescue locks in, so the two can not deadlock).
+
+// lockMode says how a statement meets a jobs row locked by another transaction.
+type lockMode int
+
+const (
+	// lockWait waits for the lock (a lone call: bounded by the caller's context).
+	lockWait lockMode = iota
+	// lockSkip leaves the row alone and reports it busy (the group committer: one locked
+	// row must not hold up the commits of unrelated jobs).
+	lockSkip
+)
+
+func (m lockMode) clause() string {
+	if m == lockSkip {
+		return "FOR UPDATE SKIP LOCKED"
+	}
+	return "FOR UPDATE"
+}
+
+// rowOutcome is one row's outcome of a fenced statement: applied (res), refused or failed
+// (err), or busy (its jobs row was locked by another transaction and nothing of it was
+// written: try again).
+type rowOutcome[Res any] struct {
+	res  Res
+	err  error
+	busy bool
+}
+
+const commitSQL = `
+WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[], $6::text[],
+		$7::text[], $8::text[], $9::jsonb[], $10::int[], $11::bigint[], $12::text[], $13::text[])
+		AS t(key, token, obs_key, pv, data, fp, event_key, topic, payload, status, bytes, session_id, endpoint)
+), locked AS MATERIALIZED (
+	SELECT j.key FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %s
+), cur AS (
+	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
+), upd AS (
+	UPDATE jobs j SET state = 'complete', completed_at = now(), updated_at = now(),
+		next_attempt_at = NULL, last_category = NULL, bytes_total = j.bytes_total + i.bytes
+	FROM input i JOIN locked USING (key)
+	WHERE j.key = i.key AND j.fence = i.token AND j.state = 'running'
+	RETURNING j.key
+), res AS (
+	INSERT INTO results (observation_key, job_key, parser_version, data, response_fingerprint, fence)
+	SELECT i.obs_key, i.key, i.pv, i.data, i.fp, i.token FROM input i JOIN upd USING (key)
+	ON CONFLICT (observation_key) DO NOTHING
+	RETURNING job_key
+), ev AS (
+	INSERT INTO outbox (event_key, topic, payload)
+	SELECT i.event_key, i.topic, i.payload FROM input i JOIN upd USING (key)
+	ON CONFLICT (event_key) DO NOTHING
+	RETURNING event_key
+), att AS (
+	UPDATE attempts a SET outcome = 'complete', finished_at = now(), http_status = NULLIF(i.status, 0),
+		bytes = i.bytes, session_id = COALESCE(NULLIF(i.session_id, ''), a.session_id),
+		proxy_endpoint = COALESCE(NULLIF(i.endpoint, ''), a.proxy_endpoint)
+	FROM input i JOIN upd USING (key)
+	WHERE a.job_key = i.key AND a.fence = i.token
+), dup AS (
+	-- Duplicate result writes rejected (committed jobs whose observation key existed) are
+	-- counted in the commit itself, so idemscrape stats reads them from PostgreSQL.
+	INSERT INTO maintenance_counters (name, n, updated_at)
+	SELECT $15, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
+	HAVING count(*) > 0
+	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + EXCLUDED.n, updated_at = now()
+), notify AS (
+	SELECT pg_notify($14, '') WHERE EXISTS (SELECT 1 FROM ev)
+)
+SELECT i.key, upd.key IS NOT NULL, res.job_key IS NOT NULL, ev.event_key IS NOT NULL,
+	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
+FROM input i
+LEFT JOIN upd USING (key)
+LEFT JOIN res ON res.job_key = i.key
+LEFT JOIN ev ON ev.event_key = i.event_key
+LEFT JOIN cur ON cur.key = i.key
+LEFT JOIN locked ON locked.key = i.key
+CROSS JOIN (SELECT count(*) FROM notify) AS signalled`
+
+var commitSQLs = [...]string{lockWait: fmt.Sprintf(commitSQL, lockWait.clause()), lockSkip: fmt.Sprintf(commitSQL, lockSkip.clause())}
+
+// commitRows runs the fenced commit of distinct jobs in one statement (see PG.Commit).
+// err is a failure of the statement as a whole.
+func (s *PG) commitRows(ctx context.Context, batch []CommitParams, lock lockMode) ([]rowOutcome[CommitResult], error) {
+	n := len(batch)
+	var (
+		key, obs, fp, evKey, topic, session, endpoint = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		data, payload                                 = make([]string, n), make([]string, n)
+		token, bytes                                  = make([]int64, n), make([]int64, n)
+		pv, status                                    = make([]int32, n), make([]int32, n)
+	)
+	for i, p := range batch {
+		key[i], token[i], obs[i], pv[i], data[i], fp[i] = p.Key, p.Token, p.ObservationKey, int32(p.ParserVersion), string(p.Data), p.Fingerprint
+		evKey[i], topic[i], payload[i], status[i] = p.EventKey, p.Topic, string(p.EventPayload), int32(p.HTTPStatus)
+		bytes[i], session[i], endpoint[i] = p.Bytes, p.SessionID, p.ProxyEndpoint
+	}
+	rows, err := s.pool.Query(ctx, commitSQLs[lock], key, token, obs, pv, data, fp, evKey, topic, payload, status,
+		bytes, session, endpoint, OutboxNotifyChannel, CounterDuplicateResults)
+	if err != nil {
+		return nil, err
+	}
+	type row struct {
+		done, resIns, evIns, found, locked bool
+		state                              string
+		fence                              int64
+	}
+	got := make(map[string]row, n)
+	for rows.Next() {
+		var k string
+		var r row
+		if err := rows.Scan(&k, &r.done, &r.resIns, &r.evIns, &r.found, &r.locked, &r.state, &r.fence); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		got[k] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]rowOutcome[CommitResult], n)
+	for i, p := range batch {
+		r, ok := got[p.Key]
+		switch {
+		case !ok:
+			out[i].err = fmt.Errorf("store: Commit %q: no row in the statement's answer", p.Key)
+		case r.done:
+			out[i].res = CommitResult{ResultInserted: r.resIns, EventInserted: r.evIns}
+		case lock == lockSkip && r.found && !r.locked:
+			out[i].busy = true
+		default:
+			out[i].err = s.refusal(ctx, "Commit", p.Key, p.Token, r.found, r.state, r.fence, finishStale(p.Token))
+		}
+	}
+	return out, nil
+}
+
+// resolveCommits re-reads the rows of commits whose statement may or may not have taken
+// effect (the connection failed after it was sent). A job that is complete under the
+// commit's token was completed by that commit (only the token's holder commits with it);
+// a job still running under the token was not written and the commit may be tried again
+// (busy); anything else is the refusal a new try would get. ResultInserted and
+// EventInserted of an applied commit report whether its result row (its observation key,
+// job and fence) and its event key exist.
+func (s *PG) resolveCommits(ctx context.Context, batch []CommitParams) ([]rowOutcome[CommitResult], error) {
+	n := len(batch)
+	key, obs, ev := make([]string, n), make([]string, n), make([]string, n)
+	token := make([]int64, n)
+	for i, p := range batch {
+		key[i], token[i], obs[i], ev[i] = p.Key, p.Token, p.ObservationKey, p.EventKey
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT i.key, j.key IS NOT NULL, COALESCE(j.state, ''), COALESCE(j.fence, 0),
+	EXISTS (SELECT 1 FROM results r WHERE r.observation_key = i.obs AND r.job_key = i.key AND r.fence = i.token),
+	EXISTS (SELECT 1 FROM outbox o WHERE o.event_key = i.ev)
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS i(key, token, obs, ev)
+LEFT JOIN jobs j ON j.key = i.key`, key, token, obs, ev)
+	if err != nil {
+		return nil, err
+	}
+	type row struct {
+		found, resIns, evIns bool
+		state                string
+		fence                int64
+	}
+	got := make(map[string]row, n)
+	for rows.Next() {
+		var k string
+		var r row
+		if err := rows.Scan(&k, &r.found, &r.state, &r.fence, &r.resIns, &r.evIns); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		got[k] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]rowOutcome[CommitResult], n)
+	for i, p := range batch {
+		r := got[p.Key]
+		switch {
+		case r.found && r.fence == p.Token && tasks.JobState(r.state) == tasks.StateComplete:
+			out[i].res = CommitResult{ResultInserted: r.resIns, EventInserted: r.evIns}
+		case r.found && r.fence == p.Token && tasks.JobState(r.state) == tasks.StateRunning:
+			out[i].busy = true
+		default:
+			out[i].err = s.refusal(ctx, "Commit", p.Key, p.Token, r.found, r.state, r.fence, finishStale(p.Token))
+		}
+	}
+	return out, nil
+}
+
+const startSQL = `
+WITH async AS (
+	SELECT set_config('synchronous_commit', 'off', true)
+), input AS (
+	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[])
+		AS t(key, token, worker, session_id, country, endpoint)
+), locked AS MATERIALIZED (
+	SELECT j.key FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %s
+), cur AS (
+	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
+), upd AS (
+	UPDATE jobs j SET state = 'running', fence = i.token, attempts = j.attempts + 1,
+		next_attempt_at = NULL, updated_at = now()
+	FROM input i JOIN locked USING (key)
+	WHERE j.key = i.key AND j.state IN ('pending', 'retryable', 'running') AND j.fence < i.token
+	RETURNING j.key, j.attempts, j.created_at, j.bytes_total,
+		j.attempts - j.budget_attempts AS budget_no, j.bytes_total - j.budget_bytes AS budget_bytes,
+		COALESCE(j.budget_since, j.created_at) AS budget_since
+), ins AS (
+	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
+	SELECT i.key, u.attempts, i.token, i.worker, i.session_id, i.country, i.endpoint
+	FROM input i JOIN upd u USING (key)
+	RETURNING job_key, attempt_no
+), superseded AS (
+	UPDATE attempts a SET outcome = 'superseded', category = 'superseded', finished_at = now(),
+		evidence_due = true
+	FROM input i JOIN upd USING (key)
+	WHERE a.job_key = i.key AND a.outcome = 'running' AND a.fence < i.token
+)
+SELECT i.key, ins.attempt_no, upd.created_at, COALESCE(upd.bytes_total, 0),
+	COALESCE(upd.budget_no, 0), COALESCE(upd.budget_bytes, 0), upd.budget_since,
+	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
+FROM input i
+LEFT JOIN upd USING (key)
+LEFT JOIN ins ON ins.job_key = i.key
+LEFT JOIN cur ON cur.key = i.key
+LEFT JOIN locked ON locked.key = i.key
+CROSS JOIN async`
+
+var startSQLs = [...]string{lockWait: fmt.Sprintf(startSQL, lockWait.clause()), lockSkip: fmt.Sprintf(startSQL, lockSkip.clause())}
+
+// startRow is what the start statement and its re-read report for one job.
+type startRow struct {
+	attemptNo   *int32
+	createdAt   *time.Time
+	bytes       int64
+	budgetNo    int32
+	budgetBytes int64
+	budgetSince *time.Time
+	found       bool
+	locked      bool
+	state       string
+	fence       int64
+	tookOver    bool
+}
+
+func (r startRow) started() StartedAttempt {
+	return StartedAttempt{AttemptNo: int(*r.attemptNo), JobCreatedAt: *r.createdAt, BytesTotal: r.bytes,
+		TookOver:        r.tookOver,
+		BudgetAttemptNo: int(r.budgetNo), BudgetBytes: r.budgetBytes, BudgetSince: *r.budgetSince}
+}
+
+// startRows runs the fenced attempt start of distinct jobs in one statement (see
+// PG.JobStart). err is a failure of the statement as a whole.
+func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock lockMode) ([]rowOutcome[StartedAttempt], error) {
+	n := len(batch)
+	keys, workers, sessions, countries, endpoints := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	tokens := make([]int64, n)
+	for i, p := range batch {
+		keys[i], tokens[i], workers[i], sessions[i], countries[i], endpoints[i] = p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint
+	}
+	rows, err := s.pool.Query(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints)
+	if err != nil {
+		return nil, err
+	}
+	got := make(map[string]startRow, n)
+	for rows.Next() {
+		var k string
+		var r startRow
+		if err := rows.Scan(&k, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
+			&r.found, &r.locked, &r.state, &r.fence); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		r.tookOver = tasks.JobState(r.state) == tasks.StateRunning
+		got[k] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]rowOutcome[StartedAttempt], n)
+	for i, p := range batch {
+		r, ok := got[p.Key]
+		switch {
+		case !ok:
+			out[i].err = fmt.Errorf("store: JobStart %q: no row in the statement's answer", p.Key)
+		case r.attemptNo != nil:
+			out[i].res = r.started()
+		case lock == lockSkip && r.found && !r.locked:
+			out[i].busy = true
+		default:
+			// Not applied: a start needs a token above the fence.
+			out[i].err = s.refusal(ctx, "JobStart", p.Key, p.Token, r.found, r.state, r.fence, startStale(p.Token))
+		}
+	}
+	return out, nil
+}
+
+// resolveStarts re-reads the rows of starts whose statement may or may not have taken
+// effect. An attempts row with the start's token exists only if that start took effect
+// (the token is unique to its holder): it is reported as the start's result, with the
+// job's counters as they are now and TookOver true when the attempt before it was
+// superseded by a start. A job that a start with the token may still move is reported
+// busy (nothing written, try again); anything else is the refusal a new try would get.
+func (s *PG) resolveStarts(ctx context.Context, batch []AttemptStartParams) ([]rowOutcome[StartedAttempt], error) {
+	n := len(batch)
+	keys := make([]string, n)
+	tokens := make([]int64, n)
+	for i, p := range batch {
+		keys[i], tokens[i] = p.Key, p.Token
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT i.key, a.attempt_no, j.created_at, COALESCE(j.bytes_total, 0),
+	COALESCE(j.attempts - j.budget_attempts, 0), COALESCE(j.bytes_total - j.budget_bytes, 0),
+	COALESCE(j.budget_since, j.created_at), j.key IS NOT NULL, COALESCE(j.state, ''), COALESCE(j.fence, 0),
+	EXISTS (SELECT 1 FROM attempts p WHERE p.job_key = i.key AND p.attempt_no = a.attempt_no - 1
+		AND p.outcome = 'superseded' AND p.category = 'superseded' AND p.fence < i.token)
+FROM unnest($1::text[], $2::bigint[]) AS i(key, token)
+LEFT JOIN jobs j ON j.key = i.key
+LEFT JOIN attempts a ON a.job_key = i.key AND a.fence = i.token`, keys, tokens)
+	if err != nil {
+		return nil, err
+	}
+	got := make(map[string]startRow, n)
+	for rows.Next() {
+		var k string
+		var r startRow
+		if err := rows.Scan(&k, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
+			&r.found, &r.state, &r.fence, &r.tookOver); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		got[k] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]rowOutcome[StartedAttempt], n)
+	for i, p := range batch {
+		r := got[p.Key]
+		st := tasks.JobState(r.state)
+		switch {
+		case r.attemptNo != nil && r.createdAt != nil:
+			out[i].res = r.started()
+		case r.found && r.fence < p.Token && (st == tasks.StatePending || st == tasks.StateRetryable || st == tasks.StateRunning):
+			out[i].busy = true
+		default:
+			out[i].err = s.refusal(ctx, "JobStart", p.Key, p.Token, r.found, r.state, r.fence, startStale(p.Token))
+		}
+	}
+	return out, nil
+}
