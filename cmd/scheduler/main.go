@@ -25,7 +25,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -36,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/outbox"
@@ -54,46 +54,24 @@ type config struct {
 	allowLoopback bool
 	noScheduler   bool
 	noReconciler  bool
-	logFormat     string
-	logLevel      string
+	log           envflag.Log
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	fs := flag.NewFlagSet("scheduler", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var c config
-	var envErrs []error
-	env := func(name string) (string, bool) { v, ok := os.LookupEnv(envPrefix + name); return v, ok && v != "" }
-	str := func(p *string, name, envName, def, usage string) {
-		if v, ok := env(envName); ok {
-			def = v
-		}
-		fs.StringVar(p, name, def, usage+" ($"+envPrefix+envName+")")
-	}
-	boolean := func(p *bool, name, envName, usage string) {
-		def := false
-		if v, ok := env(envName); ok {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a boolean", envPrefix, envName, v))
-			}
-			def = b
-		}
-		fs.BoolVar(p, name, def, usage+" ($"+envPrefix+envName+")")
-	}
-	str(&c.configPath, "config", "SCHEDULER_CONFIG", "", "YAML configuration: templates, kinds, reconciler (required)")
-	str(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
-	str(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
-	str(&c.httpAddr, "http", "SCHEDULER_HTTP_ADDR", "127.0.0.1:8081", "HTTP listen address for /metrics and /healthz (empty: no HTTP)")
-	str(&c.keyPrefix, "key-prefix", "KEY_PREFIX", "idemscrape:", "prefix of the lease keys in Redis (the workers' -key-prefix)")
-	str(&c.id, "id", "SCHEDULER_ID", "", "this process's name in the reconciler's lease owner (default host/pid)")
-	boolean(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow source URLs on 127.0.0.0/8 and ::1 (demos and tests only)")
-	boolean(&c.noScheduler, "no-scheduler", "NO_SCHEDULER", "do not run the templates in this process")
-	boolean(&c.noReconciler, "no-reconciler", "NO_RECONCILER", "do not run the reconciler in this process (also: reconciler.disabled)")
-	str(&c.logFormat, "log-format", "LOG_FORMAT", "text", "log format: text or json")
-	str(&c.logLevel, "log-level", "LOG_LEVEL", "info", "least log level: debug, info, warn, error")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: scheduler -config FILE [flags]
+	s := envflag.New("scheduler", envPrefix, stderr)
+	s.String(&c.configPath, "config", "SCHEDULER_CONFIG", "", "YAML configuration: templates, kinds, reconciler (required)")
+	s.String(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
+	s.String(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
+	s.String(&c.httpAddr, "http", "SCHEDULER_HTTP_ADDR", "127.0.0.1:8081", "HTTP listen address for /metrics and /healthz (empty: no HTTP)")
+	s.String(&c.keyPrefix, "key-prefix", "KEY_PREFIX", "idemscrape:", "prefix of the lease keys in Redis (the workers' -key-prefix)")
+	s.String(&c.id, "id", "SCHEDULER_ID", "", "this process's name in the reconciler's lease owner (default host/pid)")
+	s.Bool(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow source URLs on 127.0.0.0/8 and ::1 (demos and tests only)")
+	s.Bool(&c.noScheduler, "no-scheduler", "NO_SCHEDULER", "do not run the templates in this process")
+	s.Bool(&c.noReconciler, "no-reconciler", "NO_RECONCILER", "do not run the reconciler in this process (also: reconciler.disabled)")
+	c.log.Define(s)
+	s.FS.Usage = func() {
+		fmt.Fprint(s.FS.Output(), `usage: scheduler -config FILE [flags]
 
 Runs periodic job templates (window-keyed jobs: a tick enqueues each window's jobs once,
 however many schedulers run) and the reconciler (stranded running jobs, lost asynq tasks,
@@ -101,37 +79,15 @@ outbox lag and pruning) until SIGTERM or SIGINT.
 
 Flags (each also read from the environment variable shown; the flag wins):
 `)
-		fs.PrintDefaults()
+		s.FS.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := s.Parse(args); err != nil {
 		return c, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments: %q (every setting is a flag)", fs.Args())
-	}
-	if err := errors.Join(envErrs...); err != nil {
-		return c, err
-	}
-	var lvl slog.Level
-	switch {
-	case c.configPath == "":
+	if c.configPath == "" {
 		return c, errors.New("-config ($IDEMSCRAPE_SCHEDULER_CONFIG) is required")
-	case c.logFormat != "text" && c.logFormat != "json":
-		return c, fmt.Errorf("-log-format %q must be text or json", c.logFormat)
-	case lvl.UnmarshalText([]byte(c.logLevel)) != nil:
-		return c, fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
 	}
-	return c, nil
-}
-
-func newLogger(c config, w io.Writer) *slog.Logger {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(c.logLevel))
-	opts := &slog.HandlerOptions{Level: lvl}
-	if c.logFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return c, c.log.Validate()
 }
 
 func main() {
@@ -143,7 +99,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "scheduler:", err)
 		os.Exit(2)
 	}
-	log := newLogger(c, os.Stderr)
+	log := c.log.Logger(os.Stderr)
 	slog.SetDefault(log)
 	file, err := scheduler.LoadFile(c.configPath)
 	if err != nil {

@@ -61,6 +61,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
@@ -87,8 +88,7 @@ type config struct {
 	noDispatcher      bool
 	allowLoopback     bool
 	ignoreRobots      bool
-	logFormat         string
-	logLevel          string
+	log               envflag.Log
 	catalogBase       string
 	maxSessionRestart int
 }
@@ -96,91 +96,34 @@ type config struct {
 // envPrefix is the prefix of every environment variable of the worker.
 const envPrefix = "IDEMSCRAPE_"
 
-// flagSpec binds one flag to its environment variable.
-type flagSpec struct {
-	name, env, usage string
-}
-
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var c config
-	var envErrs []error
-	env := func(name string) (string, bool) { v, ok := os.LookupEnv(envPrefix + name); return v, ok && v != "" }
-	str := func(p *string, name, envName, def, usage string) {
-		if v, ok := env(envName); ok {
-			def = v
-		}
-		fs.StringVar(p, name, def, usage+" ($"+envPrefix+envName+")")
-	}
-	integer := func(p *int, name, envName string, def int, usage string) {
-		if v, ok := env(envName); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not an integer", envPrefix, envName, v))
-			}
-			def = n
-		}
-		fs.IntVar(p, name, def, usage+" ($"+envPrefix+envName+")")
-	}
-	float := func(p *float64, name, envName string, def float64, usage string) {
-		if v, ok := env(envName); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a number", envPrefix, envName, v))
-			}
-			def = n
-		}
-		fs.Float64Var(p, name, def, usage+" ($"+envPrefix+envName+")")
-	}
-	dur := func(p *time.Duration, name, envName string, def time.Duration, usage string) {
-		if v, ok := env(envName); ok {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a duration (e.g. 30s)", envPrefix, envName, v))
-			}
-			def = d
-		}
-		fs.DurationVar(p, name, def, usage+" ($"+envPrefix+envName+")")
-	}
-	boolean := func(p *bool, name, envName, usage string) {
-		def := false
-		if v, ok := env(envName); ok {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				envErrs = append(envErrs, fmt.Errorf("$%s%s: %q is not a boolean", envPrefix, envName, v))
-			}
-			def = b
-		}
-		fs.BoolVar(p, name, def, usage+" ($"+envPrefix+envName+")")
-	}
+	s := envflag.New("worker", envPrefix, stderr)
+	s.String(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
+	s.String(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
+	s.String(&c.httpAddr, "http", "HTTP_ADDR", service.DefaultHTTPAddr, "HTTP listen address for /metrics, /healthz, /readyz, /monitoring, /jobs")
+	s.Int(&c.concurrency, "concurrency", "CONCURRENCY", service.DefaultConcurrency, "jobs run at once")
+	s.String(&c.queues, "queues", "QUEUES", "", "asynq queues and weights, name:weight,… (default: one queue per registered kind, named like the kind, weight 1)")
+	s.String(&c.keyPrefix, "key-prefix", "KEY_PREFIX", handlers.DefaultKeyPrefix, "prefix of the lease keys in Redis")
+	s.String(&c.streamPrefix, "stream-prefix", "STREAM_PREFIX", outbox.DefaultPrefix, "prefix of the outbox stream keys (<prefix>stream:<topic>)")
+	s.String(&c.workerID, "worker-id", "WORKER_ID", "", "this worker's name in attempts rows (default host/pid)")
+	s.Duration(&c.leaseDefault, "lease-default", "LEASE_DEFAULT", handlers.DefaultLeaseLength, "lease length of a kind until enough durations were measured")
+	s.Duration(&c.leaseMin, "lease-min", "LEASE_MIN", handlers.DefaultLeaseMin, "shortest lease")
+	s.Duration(&c.leaseMax, "lease-max", "LEASE_MAX", handlers.DefaultLeaseMax, "longest lease")
+	s.Float(&c.leaseMargin, "lease-margin", "LEASE_MARGIN", handlers.DefaultLeaseMargin, "measured lease = p95 of job durations × this margin (>= 1)")
+	s.Duration(&c.shutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", service.DefaultShutdownTimeout, "on SIGTERM, how long in-flight jobs may finish before they are handed back to the queue")
+	s.Duration(&c.drainTimeout, "drain-timeout", "DRAIN_TIMEOUT", service.DefaultDrainTimeout, "after that, how long to wait for handed-back jobs to record their attempt and release their lease")
+	s.Duration(&c.requestTimeout, "request-timeout", "REQUEST_TIMEOUT", sessions.DefaultRequestTimeout, "bound of each destination request")
+	s.Int(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default)")
+	s.Bool(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "mount asynqmon read-only (its API refuses everything but GET)")
+	s.Bool(&c.noDispatcher, "no-dispatcher", "NO_DISPATCHER", "do not run the outbox dispatcher in this process")
+	s.Bool(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow destinations on 127.0.0.0/8 and ::1 (demos and tests only; never in production)")
+	s.Bool(&c.ignoreRobots, "ignore-robots", "IGNORE_ROBOTS", "do not fetch or respect robots.txt")
+	c.log.Define(s)
+	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes (required)")
 
-	str(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
-	str(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
-	str(&c.httpAddr, "http", "HTTP_ADDR", service.DefaultHTTPAddr, "HTTP listen address for /metrics, /healthz, /readyz, /monitoring, /jobs")
-	integer(&c.concurrency, "concurrency", "CONCURRENCY", service.DefaultConcurrency, "jobs run at once")
-	str(&c.queues, "queues", "QUEUES", "", "asynq queues and weights, name:weight,… (default: one queue per registered kind, named like the kind, weight 1)")
-	str(&c.keyPrefix, "key-prefix", "KEY_PREFIX", handlers.DefaultKeyPrefix, "prefix of the lease keys in Redis")
-	str(&c.streamPrefix, "stream-prefix", "STREAM_PREFIX", outbox.DefaultPrefix, "prefix of the outbox stream keys (<prefix>stream:<topic>)")
-	str(&c.workerID, "worker-id", "WORKER_ID", "", "this worker's name in attempts rows (default host/pid)")
-	dur(&c.leaseDefault, "lease-default", "LEASE_DEFAULT", handlers.DefaultLeaseLength, "lease length of a kind until enough durations were measured")
-	dur(&c.leaseMin, "lease-min", "LEASE_MIN", handlers.DefaultLeaseMin, "shortest lease")
-	dur(&c.leaseMax, "lease-max", "LEASE_MAX", handlers.DefaultLeaseMax, "longest lease")
-	float(&c.leaseMargin, "lease-margin", "LEASE_MARGIN", handlers.DefaultLeaseMargin, "measured lease = p95 of job durations × this margin (>= 1)")
-	dur(&c.shutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", service.DefaultShutdownTimeout, "on SIGTERM, how long in-flight jobs may finish before they are handed back to the queue")
-	dur(&c.drainTimeout, "drain-timeout", "DRAIN_TIMEOUT", service.DefaultDrainTimeout, "after that, how long to wait for handed-back jobs to record their attempt and release their lease")
-	dur(&c.requestTimeout, "request-timeout", "REQUEST_TIMEOUT", sessions.DefaultRequestTimeout, "bound of each destination request")
-	integer(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default)")
-	boolean(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "mount asynqmon read-only (its API refuses everything but GET)")
-	boolean(&c.noDispatcher, "no-dispatcher", "NO_DISPATCHER", "do not run the outbox dispatcher in this process")
-	boolean(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow destinations on 127.0.0.0/8 and ::1 (demos and tests only; never in production)")
-	boolean(&c.ignoreRobots, "ignore-robots", "IGNORE_ROBOTS", "do not fetch or respect robots.txt")
-	str(&c.logFormat, "log-format", "LOG_FORMAT", "text", "log format: text or json")
-	str(&c.logLevel, "log-level", "LOG_LEVEL", "info", "least log level: debug, info, warn, error")
-	str(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes (required)")
-
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: worker [flags]
+	s.FS.Usage = func() {
+		fmt.Fprintf(s.FS.Output(), `usage: worker [flags]
 
 Runs idemscrape's reference worker: migrates PostgreSQL, registers the example kind
 %q, and serves it until SIGTERM or SIGINT (graceful: in-flight jobs finish or are handed
@@ -195,15 +138,9 @@ Secrets come only from the environment and are never logged:
 Flags (each also read from the environment variable shown; the flag wins):
 `, catalog.Kind, sessions.EnvProvider, sessions.EnvUser, sessions.EnvPassword, sessions.EnvZone, sessions.EnvGateway,
 			service.EnvBasicAuthUser, service.EnvBasicAuthPassword)
-		fs.PrintDefaults()
+		s.FS.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return c, err
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments: %q (every setting is a flag)", fs.Args())
-	}
-	if err := errors.Join(envErrs...); err != nil {
+	if err := s.Parse(args); err != nil {
 		return c, err
 	}
 	return c, c.validate()
@@ -215,8 +152,6 @@ func (c *config) validate() error {
 		return errors.New("-catalog-base ($IDEMSCRAPE_CATALOG_BASE) is required: the shop the example kind scrapes")
 	case !strings.HasPrefix(c.catalogBase, "http://") && !strings.HasPrefix(c.catalogBase, "https://"):
 		return fmt.Errorf("-catalog-base %q must start with http:// or https://", c.catalogBase)
-	case c.logFormat != "text" && c.logFormat != "json":
-		return fmt.Errorf("-log-format %q must be text or json", c.logFormat)
 	case c.concurrency < 1:
 		return fmt.Errorf("-concurrency %d must be >= 1", c.concurrency)
 	case c.shutdownTimeout <= 0 || c.drainTimeout <= 0:
@@ -227,11 +162,7 @@ func (c *config) validate() error {
 	if _, err := parseQueues(c.queues); err != nil {
 		return err
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
-	}
-	return nil
+	return c.log.Validate()
 }
 
 // parseQueues reads "name:weight,name2:weight2" ("name" alone means weight 1); "" is nil.
@@ -257,16 +188,6 @@ func parseQueues(s string) (map[string]int, error) {
 	return out, nil
 }
 
-func newLogger(c config, w io.Writer) *slog.Logger {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(c.logLevel))
-	opts := &slog.HandlerOptions{Level: lvl}
-	if c.logFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
 func main() {
 	c, err := parseFlags(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -276,7 +197,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(2)
 	}
-	log := newLogger(c, os.Stderr)
+	log := c.log.Logger(os.Stderr)
 	slog.SetDefault(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
