@@ -77,6 +77,10 @@ const (
 	ActionInboxPruned    = "reconciler_inbox_pruned"      // inbox rows deleted
 	ActionOutboxLagging  = "reconciler_outbox_lag_reports"
 	ActionSweepErrors    = "reconciler_sweep_errors"
+	// ActionKeyMismatch: a job whose recorded spec no longer derives its key (the
+	// normaliser's configuration changed since it was enqueued) is left for review instead of
+	// being enqueued under another key, which would create a second job.
+	ActionKeyMismatch = "reconciler_key_mismatch"
 )
 
 // ReconcilerConfig configures a Reconciler.
@@ -516,8 +520,10 @@ func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, re
 			rep.Actions[ActionRescued]++
 			r.cfg.Logger.InfoContext(ctx, "stranded job rescued", "job", c.job.Key, "kind", c.job.Kind,
 				"attempt", c.job.AttemptNo, "worker", c.job.Worker, "fence", c.job.Fence, "token", c.lease.Token)
-			q := r.cfg.File.QueueFor(c.job.Kind)
-			byQueue[q] = append(byQueue[q], c.job.Spec())
+			if spec, ok := r.specOf(ctx, c.job.Key, c.job.Spec(), rep); ok {
+				q := r.cfg.File.QueueFor(c.job.Kind)
+				byQueue[q] = append(byQueue[q], spec)
+			}
 		case errors.As(errs[i], &te):
 			rep.Actions[ActionRescueRefused]++
 		case firstErr == nil:
@@ -600,12 +606,31 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 		if state != "" && state != asynqArchived {
 			continue
 		}
+		spec, ok := r.specOf(ctx, j.Key, tasks.Spec{Kind: j.Kind, URL: j.URL, SourceID: j.SourceID, Country: j.Country,
+			Window: j.Window, ParserVersion: j.ParserVersion, Scope: j.Scope}, rep)
+		if !ok {
+			continue
+		}
 		q := r.cfg.File.QueueFor(j.Kind)
-		byQueue[q] = append(byQueue[q], tasks.Spec{Kind: j.Kind, URL: j.URL, SourceID: j.SourceID, Country: j.Country,
-			Window: j.Window, ParserVersion: j.ParserVersion, Scope: j.Scope})
+		byQueue[q] = append(byQueue[q], spec)
 	}
 	var mu sync.Mutex
 	return r.enqueueSpecs(ctx, byQueue, rep, &mu)
+}
+
+// specOf returns spec when it still derives key with the enqueuers' normaliser. A spec that
+// derives another key (the normaliser's configuration changed since the job was enqueued)
+// is not enqueued: that would record a second job under the new key and leave this one
+// pending for ever. It is counted (ActionKeyMismatch) and logged for review.
+func (r *Reconciler) specOf(ctx context.Context, key string, spec tasks.Spec, rep *SweepReport) (tasks.Spec, bool) {
+	derived, err := r.cfg.Normalizer.Key(spec)
+	if err == nil && derived == key {
+		return spec, true
+	}
+	rep.Actions[ActionKeyMismatch]++
+	r.cfg.Logger.WarnContext(ctx, "job's recorded spec no longer derives its key: not enqueued (normaliser changed?)",
+		"job", key, "derived", derived, "err", err)
+	return tasks.Spec{}, false
 }
 
 // enqueueSpecs enqueues the specs, by queue, with EnqueueMany on chunks of at least

@@ -352,3 +352,20 @@ func TestReconcilerRescueStatementFails(t *testing.T) {
 		assert.True(t, b.ns.AsynqTaskExists(t, rec.Key))
 	}
 }
+
+// TestReconcilerKeyMismatch: a runnable job whose recorded spec no longer derives its key
+// (the normaliser changed since it was enqueued) is counted and left for review — never
+// enqueued under another key, which would record a second job.
+func TestReconcilerKeyMismatch(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	recs := b.recordJobs(t, "drift", 1)
+	_, err := b.st.Pool().Exec(ctx, `UPDATE jobs SET key = 'catalog:drifted-key' WHERE key = $1`, recs[0].Key)
+	require.NoError(t, err)
+	before := countRows(t, b, `SELECT count(*) FROM jobs`)
+	rep := b.reconciler(t, recOpts{}).Sweep(ctx)
+	require.NoError(t, rep.Err)
+	assert.EqualValues(t, 1, rep.Actions[scheduler.ActionKeyMismatch], "%v", rep.Actions)
+	assert.Zero(t, rep.Actions[scheduler.ActionRequeued])
+	assert.Equal(t, before, countRows(t, b, `SELECT count(*) FROM jobs`), "no second job recorded under the derived key")
+}

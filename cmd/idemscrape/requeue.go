@@ -36,10 +36,11 @@ var requeueCmd = command{
 			}
 			spec := ops.SpecOf(job)
 			if k, err := spec.Key(); err != nil || k != key {
-				// The row's spec no longer derives its key (a normaliser change): the reconciler
-				// enqueues pending jobs from their rows; say so rather than enqueue another key.
-				return fmt.Errorf("job %q is pending again but its spec derives key %q (%v): its task was not enqueued; "+
-					"the reconciler enqueues it", key, k, err)
+				// The row's spec no longer derives its key (a normaliser change): enqueueing it would
+				// record a second job under the new key, and the reconciler refuses it too
+				// (reconciler_key_mismatch). Say so; the job needs review.
+				return fmt.Errorf("job %q is pending again but its spec derives key %q (%v): its task was not enqueued, "+
+					"and the reconciler will not enqueue it either (normaliser changed?): review the job", key, k, err)
 			}
 			enq, closeAll, err := newEnqueuer(c, *queue)
 			if err != nil {
