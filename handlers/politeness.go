@@ -36,6 +36,10 @@ const (
 	DefaultHostWaitMax = 10 * time.Second
 	// hostRedisTimeout bounds one limiter round trip.
 	hostRedisTimeout = 2 * time.Second
+	// MaxHostPause caps how long one Retry-After pauses a host for the whole fleet. The job
+	// that received it still waits its full Retry-After; a destination asking for hours
+	// must not stall (and, past their time budgets, fail) every queued job of the host.
+	MaxHostPause = 15 * time.Minute
 )
 
 // WithHostLimit sets the fleet-wide request rate of every host the kind fetches, except
@@ -130,6 +134,7 @@ func (l *hostLimiter) reserve(ctx context.Context, host string, lim lua.Limit) (
 // Pause implements sessions.HostLimiter: the host's shared not-before moves to now + d
 // (server clock).
 func (l *hostLimiter) Pause(ctx context.Context, host string, d time.Duration) {
+	d = min(d, MaxHostPause)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hostRedisTimeout)
 	defer cancel()
 	if _, err := l.r.hostLimits.Pause(rctx, host, d); err != nil {

@@ -599,3 +599,25 @@ func TestPolitenessConfig(t *testing.T) {
 		require.ErrorContains(t, err, "WithHostLimit")
 	})
 }
+
+// TestHostPauseCapped: a Retry-After of two hours pauses the host for the fleet at most
+// MaxHostPause; the job that received it still waits the whole Retry-After.
+func TestHostPauseCapped(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	reg := r.registry(t, func(c *handlers.Config) { c.DefaultHostLimit = &lua.Limit{Rate: 100, Burst: 10} })
+	key, task := r.job(t, "sku-13")
+	r.site.Throttle(1, 2*time.Hour)
+	dec := decisionOf(reg.ProcessTask(ctx, task))
+	require.True(t, dec.Retry, "%+v", dec)
+	require.GreaterOrEqual(t, dec.Delay, 2*time.Hour-time.Minute, "the job waits its whole Retry-After")
+	keys, err := r.ns.Client.Keys(ctx, r.ns.Prefix+"{host:*}:notbefore").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1, "the host was paused for the fleet")
+	ttl, err := r.ns.Client.PTTL(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	require.LessOrEqual(t, ttl, handlers.MaxHostPause, "but at most MaxHostPause")
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, string(tasks.CategoryThrottled), job.LastCategory)
+}
