@@ -146,15 +146,18 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 // parent starts the fake site and proxy, runs every (mode, concurrency) pair set and
 // prints the table. The fakes live in this process, so a child's CPU is the worker's only.
 func parent(ctx context.Context, o options, out io.Writer) (err error) {
-	tb := &toolTB{}
-	defer tb.runCleanups()
+	tb, err := testutil.NewProcessTB("benchcompare")
+	if err != nil {
+		return err
+	}
+	defer tb.Close()
 	defer func() {
 		if r := recover(); r != nil {
-			fe, ok := r.(fatalError)
+			fe, ok := r.(testutil.FatalError)
 			if !ok {
 				panic(r)
 			}
-			err = fmt.Errorf("setup: %s", fe.msg)
+			err = fmt.Errorf("setup: %s", fe.Msg)
 		}
 	}()
 	self, err := os.Executable()

@@ -42,8 +42,9 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
+
+	"github.com/idemscrape/idemscrape/testutil"
 )
 
 // Config is one chaos scenario. Every count is a number of injections.
@@ -223,19 +224,19 @@ func main() {
 
 // runMain runs the harness with its own testing.TB adapter and returns the exit code.
 func runMain(ctx context.Context, cfg Config, out io.Writer) (code int) {
-	tb, err := newRunTB()
+	tb, err := testutil.NewProcessTB("chaos")
 	if err != nil {
 		fmt.Fprintln(out, "chaos:", err)
 		return 3
 	}
-	defer tb.close()
+	defer tb.Close()
 	defer func() {
 		if r := recover(); r != nil {
-			fe, ok := r.(fatalError)
+			fe, ok := r.(testutil.FatalError)
 			if !ok {
 				panic(r)
 			}
-			fmt.Fprintln(out, "chaos:", fe.msg)
+			fmt.Fprintln(out, "chaos:", fe.Msg)
 			code = 3
 		}
 	}()
@@ -250,5 +251,3 @@ func runMain(ctx context.Context, cfg Config, out io.Writer) (code int) {
 	}
 	return 0
 }
-
-var _ testing.TB = (*runTB)(nil)
