@@ -29,6 +29,7 @@ type metrics struct {
 	hostsPaused       prometheus.GaugeFunc
 	robotsFetches     *prometheus.CounterVec // status class
 	robotsBytes       prometheus.Counter
+	savedInputs       *prometheus.CounterVec // kind, result (saved, truncated, error)
 }
 
 // statusClass is "2xx" … "5xx", or "error" for a fetch without an answer.
@@ -117,12 +118,16 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_robots_fetches_total",
 			Help: "robots.txt fetches this worker made for the fleet-wide cache, by status class (2xx, 4xx, 5xx, error).",
 		}, []string{"status"}),
+		savedInputs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_saved_inputs_total",
+			Help: "Saved inputs written by the runner (WithSavedInputs), by kind and result: saved, truncated (the size cap left something out), error.",
+		}, []string{"kind", "result"}),
 		robotsBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemscrape_robots_bytes_total",
 			Help: "Bytes robots.txt fetches moved through the proxy: the fleet's overhead, not counted against any job's budget.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
+	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
 		m.jobBytes, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

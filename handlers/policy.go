@@ -55,6 +55,8 @@ var DefaultPolicies = map[tasks.Category]Policy{
 	tasks.CategoryInterrupted:          {Retry: true, Base: time.Second, Max: 30 * time.Second},
 	tasks.CategoryNetwork:              {Retry: true, Base: 10 * time.Second, Max: 5 * time.Minute},
 	tasks.CategoryDNSNotFound:          {Retry: false},
+	// Not counted against the job's budget (see CategoryParserVersion).
+	CategoryParserVersion: {Retry: true, Base: time.Minute, Max: 15 * time.Minute},
 }
 
 // RetryConfig is the retry policy of a job kind.

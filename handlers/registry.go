@@ -17,8 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/parse"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -36,11 +38,22 @@ type Observation struct {
 	// Event is the outbox event's payload. Defaults to {job_key, observation_key, kind,
 	// parser_version, data}.
 	Event any
+	// Schema is the parse's schema fingerprint (parse.Extractor.Fingerprint), optional.
+	// When set, the runner compares it with the fingerprints recorded for the kind and
+	// parser version (parse.Drift) before committing: a surprising change is a
+	// *parse.DriftError, category validation, and the staging is quarantined. A parser
+	// that fails validation should still return its Schema with the error, so that the
+	// attempt's error names the drift. Committed parses' fingerprints are recorded (in
+	// this registry's memory, the last 32 distinct per version; see
+	// WithRecordedFingerprints).
+	Schema *parse.Fingerprint
 }
 
 // ParserFunc turns a unit's staged data into the observation. It must be deterministic:
-// the same staged data and parser version give the same record. An error is a parse
-// error (terminal) unless it is a *sessions.FetchError with another category.
+// the same staged data and parser version give the same record (reparse relies on it).
+// An error is a parse error (terminal) unless it is a *parse.ValidationError or
+// *parse.DriftError (category validation: the staging is quarantined, nothing is
+// committed), or carries another category (tasks.Fail, *sessions.FetchError).
 type ParserFunc func(job tasks.Payload, staged map[string]json.RawMessage) (Observation, error)
 
 // KindOption configures one registered kind.
@@ -64,8 +77,15 @@ type kind struct {
 	topic           string
 	retry           RetryConfig
 	sessionLifetime time.Duration
-	hostLimit       *lua.Limit   // WithHostLimit
-	limiter         *hostLimiter // paces the kind's requests
+	// version is WithParserVersion's (0: parser serves every version); parsers holds the
+	// registered versions (nil when version is 0). Never mutated once registered: AddParser
+	// replaces the kind.
+	version   int
+	parsers   map[int]ParserFunc
+	saved     inputs.Policy // WithSavedInputs
+	schemas   *schemaSet    // recorded schema fingerprints, shared by the kind's copies
+	hostLimit *lua.Limit    // WithHostLimit
+	limiter   *hostLimiter  // paces the kind's requests
 }
 
 // Config defaults.
@@ -171,6 +191,7 @@ type Registry struct {
 	paused     pausedHosts
 	gatherer   prometheus.Gatherer
 	log        *slog.Logger
+	inputs     *inputs.Store // saved inputs (WithSavedInputs)
 
 	mu    sync.RWMutex
 	kinds map[string]*kind
@@ -264,7 +285,8 @@ func NewRegistry(cfg Config) (*Registry, error) {
 			return nil, fmt.Errorf("handlers: Config.KeepOptions against the shortest lease (LeaseLengths.Min %v): %w", lengths.cfg.Min, err)
 		}
 	}
-	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, hostLimits: hostLimits, log: cfg.Logger, kinds: map[string]*kind{}}
+	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, hostLimits: hostLimits, log: cfg.Logger, kinds: map[string]*kind{},
+		inputs: inputs.New(cfg.Store.Pool())}
 	r.breaker.interval, r.breaker.max = cfg.IncidentProbeInterval, cfg.IncidentProbeMax
 	if cfg.Registerer == nil {
 		reg := prometheus.NewRegistry()
@@ -308,9 +330,18 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 	if workflow == nil || parser == nil {
 		return fmt.Errorf("handlers: kind %q needs a workflow and a parser", kindName)
 	}
-	k := &kind{name: kindName, workflow: workflow, parser: parser, topic: kindName, retry: r.cfg.Retry}
+	k := &kind{name: kindName, workflow: workflow, parser: parser, topic: kindName, retry: r.cfg.Retry, schemas: &schemaSet{}}
 	for _, o := range opts {
 		o(k)
+	}
+	switch {
+	case k.version < 0:
+		return fmt.Errorf("handlers: kind %q: WithParserVersion(%d): the version must be >= 1", kindName, k.version)
+	case k.version > 0:
+		k.parsers = map[int]ParserFunc{k.version: parser}
+	}
+	if err := k.saved.Validate(); err != nil {
+		return fmt.Errorf("handlers: kind %q: WithSavedInputs: %w", kindName, err)
 	}
 	if k.hostLimit != nil {
 		if err := k.hostLimit.Validate(); err != nil {

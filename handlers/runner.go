@@ -101,6 +101,9 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 3 + 4. Workflow on a sticky session, then parse.
 	w = r.work(jobCtx, k, job, acq, log)
 	w.probe = adm.probe
+	if k.saved.Enabled() {
+		r.saveInputs(jobCtx, k, job, acq, &w, log)
+	}
 
 	// 5. Commit, only while the lease holds.
 	var commitErr error
@@ -134,6 +137,9 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 
 	switch {
 	case committed:
+		if w.obs.Schema != nil {
+			k.schema(job.Spec.ParserVersion).record(*w.obs.Schema)
+		}
 		log.InfoContext(ctx, "job complete", "session", w.session(), "bytes", w.unit.Bytes, "exit", w.unit.ExitEvidence())
 		return nil
 	case isSuperseded(commitErr):
@@ -241,6 +247,9 @@ type workResult struct {
 	err  error // a *sessions.FetchError
 	// probe: this delivery is the incident breaker's probe.
 	probe bool
+	// capture holds the steps' responses when the kind's saved-input policy may keep
+	// them (nil otherwise).
+	capture *capture
 }
 
 func (w *workResult) session() string {
@@ -260,10 +269,23 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 			w.err = &sessions.FetchError{Category: tasks.CategoryPanic, Err: fmt.Errorf("panic: %v", rec)}
 		}
 	}()
+	// A version this worker does not have: refused before anything is fetched.
+	parser, ok := k.parserFor(job.Spec.ParserVersion)
+	if !ok {
+		w.err = &sessions.FetchError{Category: CategoryParserVersion, Err: &ParserVersionError{
+			Kind: k.name, Version: job.Spec.ParserVersion, Have: k.versions(), Worker: r.cfg.WorkerID}}
+		return w
+	}
 	unit, err := k.workflow(job)
 	if err != nil {
 		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("build workflow: %w", err)}
 		return w
+	}
+	if k.saved.Enabled() {
+		// Responses are captured only when the policy may keep them: with "never" the unit
+		// runs untouched.
+		w.capture = &capture{now: r.cfg.Now}
+		unit = w.capture.wrap(unit)
 	}
 	collector := r.cfg.Collector
 	if collector.Limiter == nil {
@@ -299,9 +321,12 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		w.err = asFetchError(err, tasks.CategoryInternal)
 		return w
 	}
-	w.obs, err = k.parser(job, w.unit.Staged)
-	if err != nil {
-		w.err = asFetchError(err, tasks.CategoryParseError)
+	var perr *sessions.FetchError
+	if w.obs, perr = runParser(k, parser, job, w.unit.Staged); perr != nil {
+		w.err = perr
+		if perr.Category == tasks.CategoryValidation {
+			r.quarantineParse(ctx, job, acq, &w, log)
+		}
 		return w
 	}
 	if w.obs.ObservationKey == "" {
@@ -423,8 +448,16 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	fe := asFetchError(w.err, tasks.CategoryInternal)
 	now := r.cfg.Now()
 	incident := isIncident(fe.Category)
+	// Neither an incident nor a parser version this worker lacks is the job's failure: out
+	// of its budget, not counted by asynq.
+	exempt := incident || fe.Category == CategoryParserVersion
 	var d decision
-	if incident {
+	switch {
+	case fe.Category == CategoryParserVersion:
+		p := k.retry.policy(CategoryParserVersion)
+		d = decision{Retry: true, Category: fe.Category,
+			Delay: max(p.Base/2, backoff(p, acq.Attempt.BudgetAttemptNo, r.cfg.Rand))}
+	case incident:
 		// The account's failure, not the job's: no cap, no budget, not counted. The job waits
 		// until the breaker's probe may run, spread over one probe interval.
 		opened, wait := r.breaker.trip(fe.Category, fe.Error(), now, w.probe)
@@ -436,7 +469,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		}
 		d = decision{Retry: true, Category: fe.Category,
 			Delay: wait + time.Duration(r.cfg.Rand()*float64(r.cfg.IncidentProbeInterval))}
-	} else {
+	default:
 		d = k.retry.decide(failureInput{
 			Category: fe.Category,
 			// The budget counts from the job's creation or an operator's requeue.
@@ -446,7 +479,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 			JobBytes:   acq.Attempt.BudgetBytes + w.unit.Bytes,
 		}, r.cfg.Rand)
 	}
-	if d.Retry && !incident {
+	if d.Retry && !exempt {
 		// asynq archives a task past its MaxRetry; fail the job first so the two agree.
 		if retried, ok := asynq.GetRetryCount(ctx); ok {
 			if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && retried >= maxRetry {
@@ -476,10 +509,10 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		outcome = store.OutcomeRetryable
 		params.NextAttemptAt = now.Add(d.Delay)
 		err = r.cfg.Store.JobMarkRetryable(wctx, params)
-		if err == nil && incident {
-			// The account's failure, not the job's: out of the job's attempt cap and
-			// bandwidth budget (it stays in the history). A failure here only costs the job
-			// one attempt of its budget.
+		if err == nil && exempt {
+			// The account's failure (or the deploy's), not the job's: out of the job's
+			// attempt cap and bandwidth budget (it stays in the history). A failure here only
+			// costs the job one attempt of its budget.
 			if _, xerr := ops.New(r.cfg.Store.Pool()).JobBudgetExempt(wctx, job.Key, acq.Lease.Token, w.unit.Bytes); xerr != nil {
 				log.WarnContext(ctx, "incident attempt still counts against the job's budget", "err", xerr)
 			}
@@ -507,7 +540,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		r.metrics.jobBytes.WithLabelValues(k.name).Observe(float64(acq.Attempt.BytesTotal + w.unit.Bytes))
 		return fmt.Errorf("%w: %s: %w", asynq.SkipRetry, d.Category, fe)
 	}
-	return &retryError{delay: d.Delay, counted: !incident, err: fe}
+	return &retryError{delay: d.Delay, counted: !exempt, err: fe}
 }
 
 // isSuperseded tells a refusal that means "another attempt owns the job" — it is complete

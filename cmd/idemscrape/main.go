@@ -8,6 +8,7 @@
 //	idemscrape stats [-json]            the six duplicate-work measures, maintenance, diagnosis
 //	idemscrape audit [-json] ...        check the invariants; exit 1 naming each broken one
 //	idemscrape requeue [-by WHO] KEY    a failed job back to pending with a fresh retry budget
+//	idemscrape reparse [-dry-run] ...   run a parser version over saved inputs, no network
 //
 // Every command takes -h. Connections: IDEMSCRAPE_PG (libpq URL, default
 // postgres://postgres@127.0.0.1:5432/postgres) and IDEMSCRAPE_REDIS (host:port, default
@@ -45,7 +46,7 @@ type command struct {
 	npos     int // exact number of positional arguments
 }
 
-var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, statsCmd, auditCmd, requeueCmd}
+var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, statsCmd, auditCmd, requeueCmd, reparseCmd}
 
 // cli is what every command gets: its output streams and, for db commands, the pool.
 type cli struct {

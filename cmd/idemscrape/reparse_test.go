@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/inputs"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestReparseCLI: `idemscrape reparse` over a catalog job that failed and kept its input.
+func TestReparseCLI(t *testing.T) {
+	ctx := context.Background()
+	bin := buildCLI(t, t.TempDir())
+	pool := testutil.PG(t)
+	ns := testutil.Redis(t)
+	st := store.New(pool)
+
+	// A catalog job that failed on parsing (say, a bug since fixed), with its saved input.
+	spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: "sku-7", Country: "US", Window: "2026-04-23", ParserVersion: 1}.Normalize()
+	require.NoError(t, err)
+	key, err := spec.Key()
+	require.NoError(t, err)
+	_, err = st.JobsRecord(ctx, []tasks.JobRecord{{Key: key, Spec: spec}})
+	require.NoError(t, err)
+	_, err = st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1, Worker: "w"})
+	require.NoError(t, err)
+	require.NoError(t, st.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "parse_error", Error: "bug"}))
+	staged := map[string]json.RawMessage{
+		"product": json.RawMessage(`{"Name":"Silent Tent","Currency":"USD","Token":"t","Exit":"127.0.0.1"}`),
+		"price":   json.RawMessage(`{"Price":"19.99","Currency":"USD","Exit":"127.0.0.1"}`),
+	}
+	_, err = inputs.New(pool).Save(ctx, inputs.SaveParams{Key: key, Fence: 1, Kind: catalog.Kind, ParserVersion: 1,
+		Outcome: "parse_error", Staged: staged})
+	require.NoError(t, err)
+
+	run := func(t *testing.T, args ...string) cliRun {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		var env []string
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "IDEMSCRAPE_") && !strings.HasPrefix(kv, "USER=") {
+				env = append(env, kv)
+			}
+		}
+		cmd.Env = append(env, "IDEMSCRAPE_PG="+dsnOf(t, pool), "IDEMSCRAPE_REDIS="+ns.Addr,
+			"IDEMSCRAPE_KEY_PREFIX="+ns.Prefix, "USER=tester")
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		r := cliRun{stdout: out.String(), stderr: errb.String()}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			r.code = ee.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		return r
+	}
+	results := func() int { return testutil.Count(t, pool, `SELECT count(*) FROM results`) }
+
+	r := run(t, "reparse", "-since", "yesterday")
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, "-since")
+
+	r = run(t, "reparse", "-dry-run", "-kind", catalog.Kind, "-category", "parse_error")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, key+" (parser v1 → v1")
+	assert.Contains(t, r.stdout, `+ price: "19.99"`)
+	assert.Contains(t, r.stdout, "reparse (dry run: nothing written): selected 1, reparsed 1 (changed 1, unchanged 0), committed 0")
+	assert.Zero(t, results())
+
+	r = run(t, "reparse", "-kind", catalog.Kind, "-state", "failed", "-json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var sum handlers.ReparseSummary
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &sum), r.stdout)
+	assert.Equal(t, 1, sum.Committed)
+	assert.Contains(t, r.stderr, "reparse: selected 1", "progress on stderr")
+	job, err := st.JobGet(ctx, key)
+	require.NoError(t, err)
+	assert.Equal(t, tasks.StateComplete, job.State)
+	assert.Equal(t, 1, results())
+	assert.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key = $1`, handlers.EventKey(key)))
+
+	// The job is complete now; a second reparse of it adds nothing.
+	r = run(t, "reparse", "-keys", key, "-quiet")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "committed 0, already done 1")
+	assert.Equal(t, 1, results())
+}

@@ -1,0 +1,755 @@
+package handlers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/inputs"
+	"github.com/idemscrape/idemscrape/store/ops"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// ParserSource gives reparse the parsers and topics of the kinds it may meet. *Registry
+// is one (a team's own binary passes the registry its worker builds); Parsers is one
+// built by hand, for a tool that has no proxy configuration.
+type ParserSource interface {
+	// Parser returns kind's parser for parser version v.
+	Parser(kind string, v int) (ParserFunc, bool)
+	// Topic returns the outbox topic of kind's events ("" means the kind's name).
+	Topic(kind string) string
+}
+
+var (
+	_ ParserSource = (*Registry)(nil)
+	_ ParserSource = (*Parsers)(nil)
+)
+
+// Parsers is a ParserSource built by hand. The zero value is empty; Add fills it.
+type Parsers struct {
+	byKind map[string]map[int]ParserFunc // version 0: every version
+	topics map[string]string
+}
+
+// Add registers parser as kind's version v; v = 0 makes it serve every version that has
+// no parser of its own. topic is the kind's outbox topic ("" = the kind's name).
+func (p *Parsers) Add(kind string, v int, topic string, parser ParserFunc) *Parsers {
+	if p.byKind == nil {
+		p.byKind, p.topics = map[string]map[int]ParserFunc{}, map[string]string{}
+	}
+	if p.byKind[kind] == nil {
+		p.byKind[kind] = map[int]ParserFunc{}
+	}
+	p.byKind[kind][v] = parser
+	if topic != "" {
+		p.topics[kind] = topic
+	}
+	return p
+}
+
+// Parser implements ParserSource.
+func (p *Parsers) Parser(kind string, v int) (ParserFunc, bool) {
+	m := p.byKind[kind]
+	if f, ok := m[v]; ok {
+		return f, true
+	}
+	f, ok := m[0]
+	return f, ok
+}
+
+// Topic implements ParserSource.
+func (p *Parsers) Topic(kind string) string { return p.topics[kind] }
+
+// Reparse defaults.
+const (
+	DefaultReparseBatch       = 500
+	DefaultReparseConcurrency = 8
+	// reparseLease is the lease a reparse holds on a job while it commits it: no network is
+	// involved, so a short lease is ample; the fence protects the commit regardless.
+	reparseLease = 30 * time.Second
+)
+
+// ReparseConfig configures Reparse.
+type ReparseConfig struct {
+	// Store is the system of record. Required.
+	Store *store.PG
+	// Redis holds the leases. Required unless DryRun: reparse claims a job's lease before
+	// it touches the job, exactly as a worker does, so it never races one.
+	Redis redis.UniversalClient
+	// KeyPrefix of the lease keys: the workers'. Defaults to DefaultKeyPrefix.
+	KeyPrefix string
+	// Parsers are the parsers to run. Required.
+	Parsers ParserSource
+	// Normalizer derives the keys of new parser versions' jobs. Defaults to
+	// tasks.DefaultNormalizer; it must be the enqueuers'.
+	Normalizer *tasks.Normalizer
+	// By names who reparses, on the attempts (worker "reparse/<By>") and on the job notes of
+	// failed jobs it re-queues. Defaults to $USER, else "reparse".
+	By string
+	// Concurrency is how many jobs are committed at once. Defaults to
+	// DefaultReparseConcurrency.
+	Concurrency int
+	// BatchSize is how many saved inputs one read fetches. Defaults to DefaultReparseBatch.
+	BatchSize int
+	// Diff receives the field-level diff of every changed record (DryRun), or nothing when
+	// nil.
+	Diff io.Writer
+	// Progress is called after each batch with the totals so far. Optional.
+	Progress func(ReparseSummary)
+	// Logger. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// ReparseOptions choose what to reparse and how.
+type ReparseOptions struct {
+	// Selection chooses the jobs (by kind, parser version, window, time range of the
+	// saved input, last failure category, state, keys); each job's latest saved input with
+	// staged data is parsed.
+	Selection inputs.Selection
+	// Version is the parser version to run; 0 runs each job's own version. The same version
+	// commits under the job's own key (a job that failed — on parsing — completes; a
+	// complete job is left alone); another version commits a new job under the key that
+	// version derives (tasks key rules), so the old record stays.
+	Version int
+	// DryRun parses and diffs, writes nothing, needs no Redis.
+	DryRun bool
+}
+
+// ReparseSummary counts what a reparse did.
+type ReparseSummary struct {
+	Selected  int `json:"selected"`  // saved inputs read
+	Reparsed  int `json:"reparsed"`  // parsed without error
+	Changed   int `json:"changed"`   // records that differ from the job's current one (or that it has none)
+	Unchanged int `json:"unchanged"` // identical records
+	Committed int `json:"committed"` // committed through the fenced commit (0 in a dry run)
+	// AlreadyDone: the target job was already complete (the same version's complete job, or
+	// a new version's job a previous reparse committed): nothing written.
+	AlreadyDone int `json:"already_done"`
+	// Busy: a worker holds the job's lease (it is running): left alone.
+	Busy int `json:"busy"`
+	// StillFailing counts the parses that failed, by category.
+	StillFailing map[string]int `json:"still_failing"`
+	// Errors counts jobs the reparse could not commit (database, Redis, key mismatch);
+	// Errs holds the first few.
+	Errors int      `json:"errors"`
+	Errs   []string `json:"error_examples,omitempty"`
+}
+
+// String is a one-line summary.
+func (s ReparseSummary) String() string {
+	var fails []string
+	for _, c := range slices.Sorted(mapsKeys(s.StillFailing)) {
+		fails = append(fails, fmt.Sprintf("%s %d", c, s.StillFailing[c]))
+	}
+	failing := "0"
+	if len(fails) > 0 {
+		failing = strings.Join(fails, ", ")
+	}
+	return fmt.Sprintf("selected %d, reparsed %d (changed %d, unchanged %d), committed %d, already done %d, busy %d, still failing: %s, errors %d",
+		s.Selected, s.Reparsed, s.Changed, s.Unchanged, s.Committed, s.AlreadyDone, s.Busy, failing, s.Errors)
+}
+
+func mapsKeys(m map[string]int) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// Reparse runs a parser version over saved inputs with no network: the staged data a
+// job's attempt kept (WithSavedInputs) is parsed again, compared field by field with the
+// job's current record, and — unless DryRun — committed through the same fenced commit and
+// outbox as a fresh run. Before it touches a job it claims the job's lease (floor: the
+// job's fence) like a worker: a job a worker holds is left alone (Busy), and a worker that
+// comes later finds the lease busy, then the job complete. A failed job of the same
+// version is re-queued first (ops.JobRequeue: a note records who, and "reparse"), then
+// started and committed under the lease's token; a new version's job is recorded, started
+// and committed the same way. A parse that fails writes nothing. The commit is idempotent:
+// a second reparse finds the jobs complete and adds nothing.
+func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (ReparseSummary, error) {
+	sum := ReparseSummary{StillFailing: map[string]int{}}
+	if cfg.Store == nil || cfg.Parsers == nil {
+		return sum, errors.New("handlers: Reparse: Store and Parsers are required")
+	}
+	if !opts.DryRun && cfg.Redis == nil {
+		return sum, errors.New("handlers: Reparse: Redis is required unless DryRun (leases keep reparse from racing workers)")
+	}
+	if opts.Version < 0 {
+		return sum, fmt.Errorf("handlers: Reparse: Version %d must be >= 0", opts.Version)
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = DefaultKeyPrefix
+	}
+	if cfg.Normalizer == nil {
+		cfg.Normalizer = tasks.DefaultNormalizer
+	}
+	if cfg.By == "" {
+		cfg.By = cmpOrStr(os.Getenv("USER"), "reparse")
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = DefaultReparseConcurrency
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultReparseBatch
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	rp := &reparser{cfg: cfg, opts: opts, in: inputs.New(cfg.Store.Pool()), ops: ops.New(cfg.Store.Pool())}
+	if !opts.DryRun {
+		var err error
+		if rp.leases, err = lua.NewLeases(cfg.Redis, cfg.KeyPrefix); err != nil {
+			return sum, err
+		}
+		rp.group = cfg.Store.NewGroupCommitter(0, 0)
+		defer rp.group.Close()
+	}
+	// The next batch is read while this one is parsed and committed.
+	type page struct {
+		batch []inputs.Input
+		err   error
+	}
+	pages := make(chan page, 1)
+	fctx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	go func() {
+		defer close(pages)
+		after := ""
+		for {
+			batch, err := rp.in.Select(fctx, opts.Selection, after, cfg.BatchSize)
+			select {
+			case pages <- page{batch, err}:
+			case <-fctx.Done():
+				return
+			}
+			if err != nil || len(batch) < cfg.BatchSize {
+				return
+			}
+			after = batch[len(batch)-1].JobKey
+		}
+	}()
+	for pg := range pages {
+		if pg.err != nil {
+			return sum, pg.err
+		}
+		items := make([]*reparseItem, len(pg.batch))
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for range min(cfg.Concurrency, len(items)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					items[i] = rp.parse(pg.batch[i])
+				}
+			}()
+		}
+		for i := range items {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+		if !opts.DryRun {
+			rp.commitBatch(ctx, items)
+		}
+		for _, it := range items { // in key order, so the diff output is deterministic
+			sum.add(it.o)
+			if opts.DryRun && it.o.diff != "" && cfg.Diff != nil {
+				fmt.Fprintf(cfg.Diff, "%s (parser v%d → v%d, key %s)\n%s", it.in.JobKey, it.in.ParserVersion, it.o.version, it.o.key, it.o.diff)
+			}
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(sum)
+		}
+		if err := ctx.Err(); err != nil {
+			return sum, err
+		}
+	}
+	return sum, nil
+}
+
+func cmpOrStr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+type reparser struct {
+	cfg    ReparseConfig
+	opts   ReparseOptions
+	in     *inputs.Store
+	ops    *ops.Store
+	leases *lua.Leases
+	group  *store.GroupCommitter
+}
+
+// reparseOutcome is what happened to one saved input.
+type reparseOutcome struct {
+	version int
+	key     string
+	parsed  bool
+	changed bool
+	failCat string // the parse's failure category
+	diff    string
+	result  string // committed, already_done, busy, error, dry_run
+	errText string
+}
+
+func (s *ReparseSummary) add(o reparseOutcome) {
+	s.Selected++
+	switch {
+	case o.failCat != "":
+		s.StillFailing[o.failCat]++
+		return
+	case o.parsed:
+		s.Reparsed++
+		if o.changed {
+			s.Changed++
+		} else {
+			s.Unchanged++
+		}
+	}
+	switch o.result {
+	case "committed":
+		s.Committed++
+	case "already_done":
+		s.AlreadyDone++
+	case "busy":
+		s.Busy++
+	case "error":
+		s.Errors++
+	}
+	if o.errText != "" && len(s.Errs) < 10 {
+		s.Errs = append(s.Errs, o.errText)
+	}
+}
+
+// reparseItem is one saved input going through a reparse.
+type reparseItem struct {
+	in   inputs.Input
+	o    reparseOutcome
+	job  tasks.Payload // the target job (its key: o.key)
+	obs  Observation
+	data json.RawMessage
+}
+
+// parse runs the chosen parser version over one job's saved input and diffs the record.
+// It touches no database.
+func (rp *reparser) parse(in inputs.Input) *reparseItem {
+	it := &reparseItem{in: in}
+	o := &it.o
+	o.version = rp.opts.Version
+	if o.version == 0 {
+		o.version = in.ParserVersion
+	}
+	parser, ok := rp.cfg.Parsers.Parser(in.Kind, o.version)
+	if !ok {
+		o.failCat = string(CategoryParserVersion)
+		return it
+	}
+	spec, err := rp.cfg.Normalizer.Normalize(tasks.Spec{Kind: in.Kind, URL: in.URL, SourceID: in.SourceID,
+		Country: in.Country, Window: in.Window, ParserVersion: o.version, Scope: in.Scope})
+	if err == nil {
+		o.key, err = rp.cfg.Normalizer.Key(spec)
+	}
+	if err != nil {
+		o.result, o.errText = "error", fmt.Sprintf("%s: spec of parser v%d: %v", in.JobKey, o.version, err)
+		return it
+	}
+	if o.version == in.ParserVersion && o.key != in.JobKey {
+		// The row's spec no longer derives its key (a normaliser change): committing would
+		// write a second job. The operator must look at it.
+		o.result, o.errText = "error", fmt.Sprintf("%s: its spec now derives key %q: not reparsed (normaliser changed?)", in.JobKey, o.key)
+		return it
+	}
+	staged, err := in.Staged()
+	if err != nil {
+		o.result, o.errText = "error", err.Error()
+		return it
+	}
+	it.job = tasks.Payload{Key: o.key, Spec: spec}
+	var fe *sessions.FetchError
+	if it.obs, it.data, fe = parseObservation(parser, it.job, staged); fe != nil {
+		o.failCat = string(fe.Category)
+		return it
+	}
+	o.parsed = true
+	if in.Result == nil {
+		o.changed, o.diff = true, DiffRecords(json.RawMessage("{}"), it.data)
+	} else {
+		o.diff = DiffRecords(in.Result, it.data)
+		o.changed = o.diff != ""
+	}
+	if rp.opts.DryRun {
+		o.result = "dry_run"
+	} else {
+		o.diff = "" // printed in a dry run only
+	}
+	return it
+}
+
+// parseObservation runs parser over staged and encodes the record, as the runner does
+// (without the drift history: reparse judges records, not page schemas).
+func parseObservation(parser ParserFunc, job tasks.Payload, staged map[string]json.RawMessage) (obs Observation, data json.RawMessage, fe *sessions.FetchError) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			fe = &sessions.FetchError{Category: tasks.CategoryPanic, Err: fmt.Errorf("panic: %v", rec)}
+		}
+	}()
+	obs, err := parser(job, staged)
+	if err != nil {
+		if isValidation(err) {
+			return obs, nil, &sessions.FetchError{Category: tasks.CategoryValidation, Err: err}
+		}
+		return obs, nil, asFetchError(err, tasks.CategoryParseError)
+	}
+	if obs.ObservationKey == "" {
+		obs.ObservationKey = job.Key
+	}
+	if data, err = json.Marshal(obs.Data); err != nil {
+		return obs, nil, &sessions.FetchError{Category: tasks.CategoryParseError, Err: fmt.Errorf("encode observation: %w", err)}
+	}
+	if store.JSONHasNUL(data) {
+		return obs, nil, &sessions.FetchError{Category: tasks.CategoryValidation, Err: errors.New("the record contains a NUL character")}
+	}
+	return obs, data, nil
+}
+
+// commitBatch makes the reparsed observations of one batch take effect, each under its
+// target job's lease and fence, exactly like a worker's attempt: read the targets (one
+// statement), claim their leases (one pipelined round trip; floor = the job's fence; a
+// held lease means a worker runs the job: Busy), read them again now that no worker can
+// start them, record the missing ones (one statement) and re-queue the failed ones (one
+// statement each, with a note), then start and commit each through the group committer
+// (which batches concurrent starts and commits into one statement each), link the new
+// attempts to the inputs they consumed (one statement), and release the leases.
+func (rp *reparser) commitBatch(ctx context.Context, items []*reparseItem) {
+	var todo []*reparseItem
+	seen := map[string]bool{}
+	for _, it := range items {
+		switch {
+		case !it.o.parsed || it.o.result != "":
+		case seen[it.o.key]:
+			it.o.result, it.o.errText = "error", fmt.Sprintf("%s: another selected job derives the same key %q", it.in.JobKey, it.o.key)
+		default:
+			seen[it.o.key] = true
+			todo = append(todo, it)
+		}
+	}
+	if len(todo) == 0 {
+		return
+	}
+	fail := func(it *reparseItem, err error) {
+		it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", it.o.key, err)
+	}
+	failAll := func(its []*reparseItem, err error) {
+		for _, it := range its {
+			fail(it, err)
+		}
+	}
+	keysOf := func(its []*reparseItem) []string {
+		keys := make([]string, len(its))
+		for i, it := range its {
+			keys[i] = it.o.key
+		}
+		return keys
+	}
+	states, err := rp.in.JobStates(ctx, keysOf(todo))
+	if err != nil {
+		failAll(todo, err)
+		return
+	}
+	var claim []*reparseItem
+	for _, it := range todo {
+		if states[it.o.key].State == string(tasks.StateComplete) {
+			it.o.result = "already_done"
+			continue
+		}
+		claim = append(claim, it)
+	}
+	owner := "reparse/" + rp.cfg.By + "/" + nonce()
+	reqs := make([]lua.ClaimRequest, len(claim))
+	for i, it := range claim {
+		reqs[i] = lua.ClaimRequest{Key: it.o.key, Owner: owner, TTL: reparseLease, Floor: states[it.o.key].Fence}
+	}
+	leases, errs := rp.leases.ClaimMany(ctx, reqs)
+	type held struct {
+		it    *reparseItem
+		lease lua.Lease
+	}
+	var hs []held
+	for i, it := range claim {
+		switch {
+		case errors.Is(errs[i], lua.ErrLeaseHeld):
+			it.o.result = "busy"
+		case errs[i] != nil:
+			fail(it, errs[i])
+		default:
+			hs = append(hs, held{it, leases[i]})
+		}
+	}
+	if len(hs) == 0 {
+		return
+	}
+	release := func(ls []lua.Lease) {
+		rctx, cancel := detached(ctx)
+		defer cancel()
+		_ = rp.leases.ReleaseMany(rctx, ls)
+	}
+	// Holding the leases, only a worker that finished between our first read and our claim
+	// can have moved a job: read them again.
+	its := make([]*reparseItem, len(hs))
+	for i, h := range hs {
+		its[i] = h.it
+	}
+	if states, err = rp.in.JobStates(ctx, keysOf(its)); err != nil {
+		failAll(its, err)
+		ls := make([]lua.Lease, len(hs))
+		for i, h := range hs {
+			ls[i] = h.lease
+		}
+		release(ls)
+		return
+	}
+	var records []tasks.JobRecord
+	var requeue, run []held
+	var giveBack []lua.Lease
+	for _, h := range hs {
+		st, exists := states[h.it.o.key]
+		switch {
+		case !exists:
+			records = append(records, tasks.JobRecord{Key: h.it.o.key, Spec: h.it.job.Spec})
+		case st.State == string(tasks.StateComplete):
+			h.it.o.result = "already_done"
+			giveBack = append(giveBack, h.lease)
+			continue
+		case st.State == string(tasks.StateFailed):
+			requeue = append(requeue, h)
+		}
+		run = append(run, h)
+	}
+	if len(records) > 0 {
+		if _, err := rp.cfg.Store.JobsRecord(ctx, records); err != nil {
+			for _, h := range run {
+				fail(h.it, err)
+				giveBack = append(giveBack, h.lease)
+			}
+			release(giveBack)
+			return
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	requeued := map[string]error{}
+	for _, h := range requeue {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := rp.ops.JobRequeue(ctx, ops.RequeueParams{Key: h.it.o.key, By: rp.cfg.By,
+				Note: fmt.Sprintf("reparse: parser v%d over the saved input of %s (fence %d)", h.it.job.Spec.ParserVersion, h.it.in.JobKey, h.it.in.SavedFence)})
+			mu.Lock()
+			requeued[h.it.o.key] = err
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	var links []inputs.LinkParams
+	for _, h := range run {
+		if err := requeued[h.it.o.key]; err != nil {
+			fail(h.it, err)
+			giveBack = append(giveBack, h.lease)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			token, ok := rp.startAndCommit(ctx, h.it, h.lease, owner)
+			if ok {
+				mu.Lock()
+				links = append(links, inputs.LinkParams{Key: h.it.o.key, Fence: token, ParserVersion: h.it.job.Spec.ParserVersion,
+					Outcome: inputs.OutcomeParsed, FromKey: h.it.in.JobKey, FromFence: h.it.in.SavedFence})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// The new attempts consumed the same inputs: link them (shared blobs), so these jobs can
+	// be reparsed in their turn. Evidence only: a failure is logged.
+	if err := rp.in.Link(ctx, links...); err != nil {
+		rp.cfg.Logger.Warn("reparse: saved inputs not linked", "err", err)
+	}
+	release(giveBack)
+}
+
+// startAndCommit starts the job's attempt under the lease's token and commits the
+// observation; it releases the lease (ReleaseDone once committed). It reports the token
+// committed under.
+func (rp *reparser) startAndCommit(ctx context.Context, it *reparseItem, lease lua.Lease, owner string) (int64, bool) {
+	key := it.o.key
+	done := false
+	defer func() {
+		rctx, cancel := detached(ctx)
+		defer cancel()
+		var err error
+		if done {
+			err = rp.leases.ReleaseDone(rctx, lease)
+		} else {
+			err = rp.leases.Release(rctx, lease)
+		}
+		if err != nil && !errors.Is(err, lua.ErrLeaseLost) && !errors.Is(err, lua.ErrNotOwner) {
+			rp.cfg.Logger.Warn("reparse: lease release failed", "job", key, "err", err)
+		}
+	}()
+	start := store.AttemptStartParams{Key: key, Token: lease.Token, Worker: "reparse/" + rp.cfg.By, Country: it.job.Spec.Country}
+	_, err := rp.group.JobStart(ctx, start)
+	if errors.Is(err, store.ErrStaleFence) {
+		// Redis issued a token at or below the fence PostgreSQL holds (it lost its
+		// counter): re-claim above it, as the runner does.
+		var acq acquired
+		acq, err = acquire(ctx, rp.leases, rp.group, acquireParams{Key: key, Owner: owner, TTL: reparseLease, Start: start})
+		if err == nil {
+			lease = acq.Lease
+		}
+	}
+	if err != nil {
+		var heldErr *lua.HeldError
+		switch {
+		case errors.As(err, &heldErr), errors.Is(err, errFenceRace), errors.Is(err, store.ErrStaleFence):
+			it.o.result = "busy"
+		case errors.Is(err, store.ErrJobComplete):
+			it.o.result = "already_done"
+		default:
+			it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
+		}
+		return 0, false
+	}
+	topic := cmpOrStr(rp.cfg.Parsers.Topic(it.job.Spec.Kind), it.job.Spec.Kind)
+	event := it.obs.Event
+	if event == nil {
+		event = map[string]any{"job_key": key, "observation_key": it.obs.ObservationKey, "kind": it.job.Spec.Kind,
+			"parser_version": it.job.Spec.ParserVersion, "data": it.data}
+	}
+	payload, err := json.Marshal(event)
+	if err == nil {
+		_, err = rp.group.Commit(ctx, store.CommitParams{
+			Key: key, Token: lease.Token, ObservationKey: it.obs.ObservationKey, ParserVersion: it.job.Spec.ParserVersion,
+			Data: it.data, Fingerprint: it.in.Fingerprint, EventKey: EventKey(key), Topic: topic, EventPayload: payload,
+		})
+	}
+	if err != nil {
+		// The job runs under our token and nothing was committed: hand it back retryable, so
+		// the reconciler and workers take it as they would any other.
+		wctx, cancel := detached(ctx)
+		defer cancel()
+		if ferr := rp.cfg.Store.JobMarkRetryable(wctx, store.AttemptFinishParams{Key: key, Token: lease.Token,
+			NextAttemptAt: time.Now().Add(time.Minute), Category: string(tasks.CategoryInternal),
+			Error: "reparse commit failed: " + err.Error()}); ferr != nil {
+			rp.cfg.Logger.Warn("reparse: failed commit not recorded", "job", key, "err", ferr)
+		}
+		it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
+		return 0, false
+	}
+	done = true
+	it.o.result = "committed"
+	return lease.Token, true
+}
+
+// DiffRecords returns the field-level difference of two JSON records, one line per field
+// ("  path: old → new", "+ path: new", "- path: old"), paths sorted; "" when they are
+// equal. Objects are compared by key, arrays by index; a nil record is an empty one.
+func DiffRecords(old, cur json.RawMessage) string {
+	a, b := map[string]string{}, map[string]string{}
+	flatten("", decodeAny(old), a)
+	flatten("", decodeAny(cur), b)
+	paths := make([]string, 0, len(a)+len(b))
+	for p := range a {
+		paths = append(paths, p)
+	}
+	for p := range b {
+		if _, ok := a[p]; !ok {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	var out bytes.Buffer
+	for _, p := range paths {
+		x, inA := a[p]
+		y, inB := b[p]
+		switch {
+		case inA && inB && x != y:
+			fmt.Fprintf(&out, "  %s: %s → %s\n", p, x, y)
+		case inA && !inB:
+			fmt.Fprintf(&out, "- %s: %s\n", p, x)
+		case !inA && inB:
+			fmt.Fprintf(&out, "+ %s: %s\n", p, y)
+		}
+	}
+	return out.String()
+}
+
+func decodeAny(b json.RawMessage) any {
+	if len(b) == 0 {
+		return nil
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return string(b)
+	}
+	return v
+}
+
+// flatten writes every leaf of v under its path ("name", "offers[0].price"); an empty
+// object or array is a leaf ("{}", "[]").
+func flatten(path string, v any, out map[string]string) {
+	switch x := v.(type) {
+	case map[string]any:
+		if len(x) == 0 && path != "" {
+			out[path] = "{}"
+		}
+		for k, val := range x {
+			p := k
+			if path != "" {
+				p = path + "." + k
+			}
+			flatten(p, val, out)
+		}
+	case []any:
+		if len(x) == 0 {
+			out[path] = "[]"
+		}
+		for i, val := range x {
+			flatten(fmt.Sprintf("%s[%d]", path, i), val, out)
+		}
+	case nil:
+		if path != "" {
+			out[path] = "null"
+		}
+	default:
+		b, _ := json.Marshal(x)
+		if path == "" {
+			path = "."
+		}
+		out[path] = string(b)
+	}
+}
