@@ -67,3 +67,38 @@ func BenchmarkFetch(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkFetchNewSession is the per-job shape of a worker (issue 11 item 2): every job
+// gets a new session and a new bound collector, fetches one plain-HTTP page through the
+// proxy and closes it; 20 jobs run at once (asynq's concurrency).
+func BenchmarkFetchNewSession(b *testing.B) {
+	proxy := testutil.NewFakeProxy(b, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary})
+	site := testutil.NewFakeSite(b, testutil.FakeSiteConfig{})
+	page := site.URL + "/search?q=sku-1"
+	p, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := &sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), IgnoreRobotsTxt: true}
+	b.ReportAllocs()
+	b.SetParallelism(10) // 10 × GOMAXPROCS(2) = 20 concurrent jobs
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s, err := p.NewSession("US", time.Hour, time.Now())
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			c, err := sessions.NewCollector(context.Background(), s, cfg)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := c.Get(page); err != nil {
+				b.Error(err)
+			}
+			c.Close()
+		}
+	})
+}

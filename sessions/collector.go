@@ -63,6 +63,13 @@ type CollectorConfig struct {
 	// Limiter paces every request hop (redirects and robots.txt fetches included) per
 	// destination host, and hears every 429/503 Retry-After. Defaults to nil: no pacing.
 	Limiter HostLimiter
+	// IsolatePlainHTTP gives every session its own connections to the gateway for
+	// plain-HTTP destinations too. By default those are shared by every open collector of
+	// the gateway: a forwarding proxy reads the session from each request's own
+	// Proxy-Authorization header, so a new session needs no new TCP connection. Set it for
+	// a gateway that binds a kept-alive connection to the session of its first request.
+	// HTTPS destinations always use the session's own CONNECT tunnels.
+	IsolatePlainHTTP bool
 
 	// budget is how many bytes this collector may move before its reads fail with
 	// ErrBudgetExceeded (set by Unit.Run from RunConfig.MaxBytes); only if budgetSet.
@@ -97,14 +104,22 @@ func (c *CollectorConfig) withDefaults() CollectorConfig {
 }
 
 // Bound is a colly collector bound to one session: a new collector (never Clone(), which
-// shares the client and cookie jar) with its own transport, connection pool and cookie
-// jar, so nothing of one session leaks into another.
+// shares the client and cookie jar) with its own cookie jar and, for HTTPS, its own
+// transport and CONNECT tunnels, so nothing of one session leaks into another. Plain-HTTP
+// requests go through a transport shared by every Bound of the same gateway (see
+// plainTransport): the proxy reads the session from each request's own
+// Proxy-Authorization header, so a kept-alive connection to the gateway carries no
+// session state and a new session does not need a new TCP connection.
 type Bound struct {
 	Collector *colly.Collector
 	Session   *Session
 
 	cfg        CollectorConfig
-	transport  *http.Transport
+	plain      *plainTransport // shared, for http:// destinations
+	plainKey   plainKey
+	tunnelOnce sync.Once
+	tunnel     *http.Transport // this session's own, for https:// (CONNECT) destinations
+	closed     atomic.Bool
 	bytes      atomic.Int64
 	served     atomic.Bool  // the session answered at least one request
 	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
@@ -119,23 +134,12 @@ const responseKey = "idemscrape.response"
 // unit is done.
 func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
 	c := cfg.withDefaults()
-	proxyURL := &url.URL{Scheme: "http", Host: s.Endpoint} // no user info, ever
 	b := &Bound{Session: s, cfg: c}
-	dialer := &net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second}
-	b.transport = &http.Transport{
-		Proxy:                  http.ProxyURL(proxyURL),
-		ProxyConnectHeader:     http.Header{"Proxy-Authorization": {s.proxyAuthorization()}},
-		OnProxyConnectResponse: b.onConnectResponse,
-		DialContext:            dialer.DialContext,
-		TLSClientConfig:        c.TLSConfig,
-		TLSHandshakeTimeout:    DefaultTLSHandshakeTimeout,
-		ResponseHeaderTimeout:  c.RequestTimeout,
-		// Keep-alives stay on (colly's SetProxyFunc turns them off): one session reuses its
-		// tunnel. Compression is ours, so the byte count sees wire bytes and the cap sees
-		// decompressed ones.
-		DisableCompression:  true,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     90 * time.Second,
+	b.plainKey = plainKey{endpoint: s.Endpoint, dial: c.DialTimeout, header: c.RequestTimeout}
+	if c.IsolatePlainHTTP {
+		b.plain = &plainTransport{t: newPlainTransport(b.plainKey, 4), refs: 1} // not in plains: only this Bound
+	} else {
+		b.plain = acquirePlain(b.plainKey)
 	}
 	col := colly.NewCollector(
 		colly.AllowURLRevisit(),        // a replay fetches the same URLs again
@@ -238,8 +242,116 @@ func (b *Bound) checkExit(h http.Header) error {
 		Err: fmt.Errorf("%w: first response from exit %s, now %s (%s)", ErrExitChanged, b.exit, got, name)}
 }
 
-// Close drops the session's idle connections.
-func (b *Bound) Close() { b.transport.CloseIdleConnections() }
+// Close drops the session's tunnels and its hold on the gateway's shared plain-HTTP
+// connections (closed once no open Bound uses them). Calling it again does nothing.
+func (b *Bound) Close() {
+	if !b.closed.CompareAndSwap(false, true) {
+		return
+	}
+	b.tunnelOnce.Do(func() {}) // no tunnel transport after Close
+	if b.tunnel != nil {
+		b.tunnel.CloseIdleConnections()
+	}
+	releasePlain(b.plainKey, b.plain)
+}
+
+// tunnelTransport returns the session's own transport for HTTPS destinations, made on
+// first use: its CONNECT carries the session's credentials, so its tunnels are never
+// shared with another session.
+func (b *Bound) tunnelTransport() (*http.Transport, error) {
+	b.tunnelOnce.Do(func() {
+		c := b.cfg
+		dialer := &net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second}
+		b.tunnel = &http.Transport{
+			Proxy:                  http.ProxyURL(&url.URL{Scheme: "http", Host: b.Session.Endpoint}), // no user info, ever
+			ProxyConnectHeader:     http.Header{"Proxy-Authorization": {b.Session.proxyAuthorization()}},
+			OnProxyConnectResponse: b.onConnectResponse,
+			DialContext:            dialer.DialContext,
+			TLSClientConfig:        c.TLSConfig,
+			TLSHandshakeTimeout:    DefaultTLSHandshakeTimeout,
+			ResponseHeaderTimeout:  c.RequestTimeout,
+			// Keep-alives stay on (colly's SetProxyFunc turns them off): one session reuses
+			// its tunnel. Compression is ours, so the byte count sees wire bytes and the cap
+			// sees decompressed ones.
+			DisableCompression:  true,
+			MaxIdleConnsPerHost: 4,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	})
+	if b.tunnel == nil {
+		return nil, errCollectorClosed
+	}
+	return b.tunnel, nil
+}
+
+// errCollectorClosed: a request on a Bound after its Close.
+var errCollectorClosed = errors.New("sessions: collector used after Close")
+
+// plainKey identifies the shared plain-HTTP transport of a gateway: the settings of the
+// transport are part of it, so collectors configured differently never share one.
+type plainKey struct {
+	endpoint     string
+	dial, header time.Duration
+}
+
+// plainTransport is a gateway's forwarding transport for plain-HTTP destinations,
+// shared by every open Bound of that gateway. It carries no credentials: exchange adds
+// the session's Proxy-Authorization to each request, and a forwarding proxy
+// authenticates (and picks the session's exit for) every request on its own.
+type plainTransport struct {
+	t    *http.Transport
+	refs int
+}
+
+var (
+	plainMu sync.Mutex
+	plains  = map[plainKey]*plainTransport{}
+)
+
+// plainIdlePerGateway is how many idle kept-alive connections a gateway's shared
+// transport keeps: about a worker's concurrency.
+const plainIdlePerGateway = 64
+
+func acquirePlain(k plainKey) *plainTransport {
+	plainMu.Lock()
+	defer plainMu.Unlock()
+	p := plains[k]
+	if p == nil {
+		p = &plainTransport{t: newPlainTransport(k, plainIdlePerGateway)}
+		plains[k] = p
+	}
+	p.refs++
+	return p
+}
+
+// newPlainTransport returns a forwarding transport to the gateway of k that keeps up to
+// idle idle connections.
+func newPlainTransport(k plainKey, idle int) *http.Transport {
+	dialer := &net.Dialer{Timeout: k.dial, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 http.ProxyURL(&url.URL{Scheme: "http", Host: k.endpoint}), // no user info, ever
+		DialContext:           dialer.DialContext,
+		ResponseHeaderTimeout: k.header,
+		DisableCompression:    true, // see tunnelTransport
+		MaxIdleConns:          idle,
+		MaxIdleConnsPerHost:   idle,
+		IdleConnTimeout:       90 * time.Second,
+	}
+}
+
+// releasePlain drops one hold on p; the last one closes its idle connections and
+// forgets it, so nothing outlives the collectors that used it.
+func releasePlain(k plainKey, p *plainTransport) {
+	plainMu.Lock()
+	defer plainMu.Unlock()
+	if p.refs--; p.refs > 0 {
+		return
+	}
+	if plains[k] == p {
+		delete(plains, k)
+	}
+	p.t.CloseIdleConnections()
+}
 
 func (b *Bound) onConnectResponse(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
 	b.bytes.Add(headerBytes(res.Header) + 64)
@@ -301,14 +413,25 @@ func origin(u *url.URL) string { return strings.ToLower(u.Scheme) + "://" + host
 // budget applies) rather than the fleet's (robots.txt). It checks the exit and tells the
 // limiter of a Retry-After.
 func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*http.Response, error) {
+	if b.closed.Load() {
+		// Its connections are (being) closed: a new one would outlive the collector.
+		return nil, errCollectorClosed
+	}
 	out := req.Clone(req.Context())
+	var rt http.RoundTripper
 	switch req.URL.Scheme {
 	case "http":
 		// Plain HTTP is forwarded by the proxy, which reads this header. Never set it on
 		// HTTPS requests: those travel inside the CONNECT tunnel to the destination, which
 		// must not see it (the CONNECT carries it instead).
 		out.Header.Set("Proxy-Authorization", b.Session.proxyAuthorization())
+		rt = b.plain.t
 	case "https":
+		t, err := b.tunnelTransport()
+		if err != nil {
+			return nil, err
+		}
+		rt = t
 	default:
 		return nil, fmt.Errorf("sessions: scheme %q not allowed", req.URL.Scheme)
 	}
@@ -316,7 +439,7 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 		out.Header.Set("Accept-Encoding", "gzip")
 	}
 	counter.Add(int64(len(req.Method)+len(req.URL.String())+16) + headerBytes(req.Header))
-	res, err := b.transport.RoundTrip(out)
+	res, err := rt.RoundTrip(out)
 	if err != nil {
 		return nil, err
 	}

@@ -8,8 +8,9 @@ import (
 	"time"
 )
 
-// OutboxNotifyChannel is the LISTEN/NOTIFY channel a commit signals when it writes an
-// outbox event, so dispatchers wake without polling.
+// OutboxNotifyChannel is the LISTEN/NOTIFY channel signalled after a commit that wrote
+// outbox events, so dispatchers wake without polling. A NOTIFY means "new rows may exist";
+// it is sent after the commit returned (in a transaction of its own), never before.
 const OutboxNotifyChannel = "idemscrape_outbox"
 
 // CommitParams is the complete outcome of a successful attempt.
@@ -70,18 +71,24 @@ func (p *CommitParams) Validate() error {
 // Commit makes an attempt's observation take effect, in ONE statement (one transaction,
 // one round trip): the job becomes complete only WHERE fence = Token AND state = 'running';
 // the result is inserted behind the unique observation key (ON CONFLICT DO NOTHING, the
-// conflict reported); the outbox event is inserted (unique event key) and dispatchers are
-// notified; the attempt is closed with its evidence. If the fence or state does not match,
+// conflict reported); the outbox event is inserted (unique event key); the attempt is closed with its evidence. If the fence or state does not match,
 // nothing at all is written and a *TransitionError is returned (the attempt was
 // superseded). The job's row is locked first (waiting, within ctx, for a lock another
-// transaction holds). It is the statement of the GroupCommitter, for a batch of one.
+// transaction holds). It is the statement of the GroupCommitter, for a batch of one. After
+// a commit that inserted its event, dispatchers are notified by a second, asynchronously
+// committed statement (see GroupConfig.NotifyInterval for why not in the commit).
 func (s *PG) Commit(ctx context.Context, p CommitParams) (CommitResult, error) {
 	if err := p.Validate(); err != nil {
 		return CommitResult{}, err
 	}
-	out, err := s.commitRows(ctx, []CommitParams{p}, lockWait)
+	out, err := s.commitRows(ctx, []CommitParams{p}, lockWait, false)
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("store: Commit %q: %w", p.Key, err)
+	}
+	if out[0].err == nil && out[0].res.EventInserted {
+		// Committed: a failed NOTIFY only delays the event to the dispatchers' next poll,
+		// so it does not make the commit an error.
+		_ = sendNotify(ctx, s.pool)
 	}
 	return out[0].res, out[0].err
 }

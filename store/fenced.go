@@ -40,13 +40,19 @@ type rowOutcome[Res any] struct {
 	busy bool
 }
 
+// commitSQL notifies dispatchers only when asked (the notify CTE): PostgreSQL serialises the
+// commits of every transaction that notified (a database-wide lock held from before the
+// commit record until after its WAL flush), which capped fenced commits at a few hundred
+// per second whatever the concurrency while every commit notified. The GroupCommitter asks
+// at most once per NotifyInterval and otherwise wakes dispatchers after the commit
+// (notify.go).
 const commitSQL = `
 WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[], $6::text[],
 		$7::text[], $8::text[], $9::jsonb[], $10::int[], $11::bigint[], $12::text[], $13::text[])
 		AS t(key, token, obs_key, pv, data, fp, event_key, topic, payload, status, bytes, session_id, endpoint)
 ), locked AS MATERIALIZED (
-	SELECT j.key FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %s
+	SELECT j.key FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %[1]s
 ), cur AS (
 	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
 ), upd AS (
@@ -75,12 +81,10 @@ WITH input AS (
 	-- Duplicate result writes rejected (committed jobs whose observation key existed) are
 	-- counted in the commit itself, so idemscrape stats reads them from PostgreSQL.
 	INSERT INTO maintenance_counters (name, n, updated_at)
-	SELECT $15, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
+	SELECT $14, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
 	HAVING count(*) > 0
 	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + EXCLUDED.n, updated_at = now()
-), notify AS (
-	SELECT pg_notify($14, '') WHERE EXISTS (SELECT 1 FROM ev)
-)
+)%[2]s
 SELECT i.key, upd.key IS NOT NULL, res.job_key IS NOT NULL, ev.event_key IS NOT NULL,
 	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM input i
@@ -88,14 +92,24 @@ LEFT JOIN upd USING (key)
 LEFT JOIN res ON res.job_key = i.key
 LEFT JOIN ev ON ev.event_key = i.event_key
 LEFT JOIN cur ON cur.key = i.key
-LEFT JOIN locked ON locked.key = i.key
+LEFT JOIN locked ON locked.key = i.key%[3]s`
+
+// commitNotifySQL makes the commit statement notify OutboxNotifyChannel ($15) itself.
+const commitNotifySQL, commitNotifyJoin = `, notify AS (
+	SELECT pg_notify($15, '') WHERE EXISTS (SELECT 1 FROM ev)
+)`, `
 CROSS JOIN (SELECT count(*) FROM notify) AS signalled`
 
-var commitSQLs = [...]string{lockWait: fmt.Sprintf(commitSQL, lockWait.clause()), lockSkip: fmt.Sprintf(commitSQL, lockSkip.clause())}
+// commitSQLs[lock][notify] are the commit statements.
+var commitSQLs = [2][2]string{
+	lockWait: {fmt.Sprintf(commitSQL, lockWait.clause(), "", ""), fmt.Sprintf(commitSQL, lockWait.clause(), commitNotifySQL, commitNotifyJoin)},
+	lockSkip: {fmt.Sprintf(commitSQL, lockSkip.clause(), "", ""), fmt.Sprintf(commitSQL, lockSkip.clause(), commitNotifySQL, commitNotifyJoin)},
+}
 
-// commitRows runs the fenced commit of distinct jobs in one statement (see PG.Commit).
-// err is a failure of the statement as a whole.
-func (s *PG) commitRows(ctx context.Context, batch []CommitParams, lock lockMode) ([]rowOutcome[CommitResult], error) {
+// commitRows runs the fenced commit of distinct jobs in one statement (see PG.Commit);
+// with notify, the statement's transaction also NOTIFYs OutboxNotifyChannel if it
+// inserted an outbox event. err is a failure of the statement as a whole.
+func (s *PG) commitRows(ctx context.Context, batch []CommitParams, lock lockMode, notify bool) ([]rowOutcome[CommitResult], error) {
 	n := len(batch)
 	var (
 		key, obs, fp, evKey, topic, session, endpoint = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -108,8 +122,13 @@ func (s *PG) commitRows(ctx context.Context, batch []CommitParams, lock lockMode
 		evKey[i], topic[i], payload[i], status[i] = p.EventKey, p.Topic, string(p.EventPayload), int32(p.HTTPStatus)
 		bytes[i], session[i], endpoint[i] = p.Bytes, p.SessionID, p.ProxyEndpoint
 	}
-	rows, err := s.pool.Query(ctx, commitSQLs[lock], key, token, obs, pv, data, fp, evKey, topic, payload, status,
-		bytes, session, endpoint, OutboxNotifyChannel, CounterDuplicateResults)
+	args := []any{key, token, obs, pv, data, fp, evKey, topic, payload, status, bytes, session, endpoint, CounterDuplicateResults}
+	sql := commitSQLs[lock][0]
+	if notify {
+		sql = commitSQLs[lock][1]
+		args = append(args, OutboxNotifyChannel)
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}

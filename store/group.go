@@ -73,6 +73,21 @@ type GroupConfig struct {
 	// MaxTries bounds the tries of a request after failures that wrote nothing.
 	// Defaults to DefaultGroupMaxTries.
 	MaxTries int
+	// NotifyInterval is the shortest time between two NOTIFYs on OutboxNotifyChannel
+	// (PostgreSQL serialises the commits of notifying transactions, so a NOTIFY in every
+	// commit capped commits at a few hundred per second). A commit statement notifies
+	// itself when no NOTIFY was sent for NotifyInterval; the events of a statement that
+	// did not are covered by the next riding NOTIFY or, if none follows, by one the
+	// committer sends on its own (an asynchronously committed transaction) within
+	// 2 × NotifyInterval. Every commit that inserted events is followed by a NOTIFY sent after
+	// it. Defaults to DefaultNotifyInterval.
+	NotifyInterval time.Duration
+	// OnEvents, if set, is called after every commit statement that inserted outbox
+	// events has returned (the rows are committed and visible), before the NOTIFY: an
+	// in-process dispatcher can wake on it without a round trip. It runs on the
+	// committer's goroutine and must return at once (e.g. a non-blocking send on a
+	// channel of capacity 1).
+	OnEvents func()
 }
 
 // Validate reports the first field that is out of range.
@@ -92,6 +107,8 @@ func (c GroupConfig) Validate() error {
 		return fmt.Errorf("store: GroupConfig.LockWait %s is negative", c.LockWait)
 	case c.MaxTries < 0:
 		return fmt.Errorf("store: GroupConfig.MaxTries %d is negative", c.MaxTries)
+	case c.NotifyInterval < 0:
+		return fmt.Errorf("store: GroupConfig.NotifyInterval %s is negative", c.NotifyInterval)
 	}
 	return nil
 }
@@ -117,6 +134,9 @@ func (c GroupConfig) withDefaults(poolConns int) GroupConfig {
 	}
 	if c.MaxTries == 0 {
 		c.MaxTries = DefaultGroupMaxTries
+	}
+	if c.NotifyInterval == 0 {
+		c.NotifyInterval = DefaultNotifyInterval
 	}
 	return c
 }
@@ -145,6 +165,7 @@ func (c GroupConfig) withDefaults(poolConns int) GroupConfig {
 type GroupCommitter struct {
 	commits *batcher[CommitParams, CommitResult]
 	starts  *batcher[AttemptStartParams, StartedAttempt]
+	notify  *notifier
 }
 
 // NewGroupCommitter starts a group committer with the default GroupConfig and maxBatch as
@@ -166,10 +187,40 @@ func (s *PG) NewGroupCommitterConfig(cfg GroupConfig) (*GroupCommitter, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults(int(s.pool.Config().MaxConns))
+	n := newNotifier(s.pool, cfg.NotifyInterval, cfg.TryTimeout, cfg.OnEvents)
+	// Wake the dispatchers after every statement that inserted events (or, resolved after
+	// a lost reply, may have): by its own NOTIFY when one was due, else by the notifier.
+	signalled := func(notified bool, out []rowOutcome[CommitResult], err error) ([]rowOutcome[CommitResult], error) {
+		if err == nil {
+			for _, o := range out {
+				if o.err == nil && !o.busy && o.res.EventInserted {
+					n.events(notified)
+					break
+				}
+			}
+		}
+		return out, err
+	}
 	g := &GroupCommitter{
+		notify: n,
 		commits: newBatcher(cfg, rowOps[CommitParams, CommitResult]{
 			op: "Commit", key: func(p CommitParams) string { return p.Key },
-			exec: s.commitRows, resolve: s.resolveCommits,
+			exec: func(ctx context.Context, batch []CommitParams, lock lockMode) ([]rowOutcome[CommitResult], error) {
+				ride, snap := n.ride()
+				out, err := s.commitRows(ctx, batch, lock, ride)
+				// The statement notified iff it was asked to and inserted an event.
+				notified := ride && err == nil && slices.ContainsFunc(out, func(o rowOutcome[CommitResult]) bool {
+					return o.err == nil && !o.busy && o.res.EventInserted
+				})
+				if notified {
+					n.rodeOK(snap)
+				}
+				return signalled(notified, out, err)
+			},
+			resolve: func(ctx context.Context, batch []CommitParams) ([]rowOutcome[CommitResult], error) {
+				out, err := s.resolveCommits(ctx, batch)
+				return signalled(false, out, err)
+			},
 		}),
 		starts: newBatcher(cfg, rowOps[AttemptStartParams, StartedAttempt]{
 			op: "JobStart", key: func(p AttemptStartParams) string { return p.Key },
@@ -201,6 +252,9 @@ type GroupStats struct {
 	StartBatches, StartRows   int64 // start statements sent and the jobs in them
 	Busy                      int64 // jobs found locked by another transaction (tried again)
 	Resolved                  int64 // statements whose outcome was resolved by re-reading
+	// NOTIFYs that rode in commit statements, NOTIFYs sent on their own (after the last
+	// commit of a burst), and own NOTIFYs that failed.
+	NotifiesRode, Notifies, NotifyFailures int64
 }
 
 // Stats reports how many statements were sent and how many jobs they carried (their
@@ -209,17 +263,20 @@ func (g *GroupCommitter) Stats() GroupStats {
 	return GroupStats{
 		CommitBatches: g.commits.batches.Load(), CommitRows: g.commits.rows.Load(),
 		StartBatches: g.starts.batches.Load(), StartRows: g.starts.rows.Load(),
-		Busy:     g.commits.busy.Load() + g.starts.busy.Load(),
-		Resolved: g.commits.resolved.Load() + g.starts.resolved.Load(),
+		Busy:         g.commits.busy.Load() + g.starts.busy.Load(),
+		Resolved:     g.commits.resolved.Load() + g.starts.resolved.Load(),
+		NotifiesRode: g.notify.rode.Load(), Notifies: g.notify.sent.Load(), NotifyFailures: g.notify.failed.Load(),
 	}
 }
 
 // Close stops taking requests, runs every request already queued (or blocked on a full
-// queue), waits for the statements in flight and returns. Calls after Close fail with
-// ErrGroupCommitterClosed. Safe to call more than once and concurrently.
+// queue), waits for the statements in flight, sends the NOTIFY they owe and returns.
+// Calls after Close fail with ErrGroupCommitterClosed. Safe to call more than once and
+// concurrently.
 func (g *GroupCommitter) Close() {
 	g.commits.close()
 	g.starts.close()
+	g.notify.close()
 }
 
 // rowOps are one kind's fenced statement and its re-read (fenced.go).

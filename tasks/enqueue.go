@@ -123,7 +123,33 @@ func EncodePayload(p Payload, version int) ([]byte, error) {
 // matches its spec, so a task edited by hand or written by another version can not run
 // under a foreign key. A payload of a newer format version is refused with an error that
 // names the version (a newer worker may read it).
+//
+// A payload as enqueuers write it (V2, spec already canonical) is read in one JSON pass and
+// its URL checked with one normaliser pass; anything else takes the full path, which
+// gives the same payload or the same error.
 func DecodePayload(b []byte, n *Normalizer) (Payload, error) {
+	if n == nil {
+		n = DefaultNormalizer
+	}
+	var w payloadWire
+	if err := json.Unmarshal(b, &w); err == nil && w.V != nil && *w.V == PayloadV2 {
+		p := Payload{Key: w.Key, Spec: Spec{Kind: w.Kind, URL: w.URL, SourceID: w.SourceID, Country: w.Country,
+			Window: w.Window, ParserVersion: w.ParserVersion, Scope: w.Scope, Meta: w.Meta}}
+		if key, ok := n.keyOfCanonical(p.Spec); ok && key == p.Key {
+			return p, nil
+		}
+	}
+	return decodePayloadFull(b, n)
+}
+
+// payloadWire reads PayloadV2 and the format version in one pass.
+type payloadWire struct {
+	V *int `json:"v"`
+	payloadV2
+}
+
+// decodePayloadFull is DecodePayload without the fast path.
+func decodePayloadFull(b []byte, n *Normalizer) (Payload, error) {
 	var head struct {
 		V *int `json:"v"`
 	}
@@ -145,9 +171,6 @@ func DecodePayload(b []byte, n *Normalizer) (Payload, error) {
 			Window: w.Window, ParserVersion: w.ParserVersion, Scope: w.Scope, Meta: w.Meta}}
 	default:
 		return Payload{}, fmt.Errorf("tasks: decode payload: format version %d is not one this worker reads (%d, %d)", *head.V, PayloadV1, PayloadV2)
-	}
-	if n == nil {
-		n = DefaultNormalizer
 	}
 	key, err := n.Key(p.Spec)
 	if err != nil {

@@ -73,7 +73,11 @@ func canonicalEncoding(s Spec) []byte {
 		keyEncodingVersion, s.Kind, s.URL, s.SourceID, s.Country, s.Window,
 		strconv.Itoa(s.ParserVersion), s.Scope,
 	}
-	var b []byte
+	size := 0
+	for _, f := range fields {
+		size += len(f) + 6 // length digits (at most 4: fields are bounded), ':' and ','
+	}
+	b := make([]byte, 0, size)
 	for _, f := range fields {
 		b = strconv.AppendInt(b, int64(len(f)), 10)
 		b = append(b, ':')

@@ -49,6 +49,45 @@ func TestPayloadFormats(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, s, got.Spec)
 	})
+	t.Run("FastPathSameAnswers", func(t *testing.T) {
+		// DecodePayload checks a canonical V2 payload with one normaliser pass; every
+		// other payload must get exactly the answer of the full path.
+		canon, err := Spec{Kind: "catalog", URL: "https://shop.example/p/1?a=1&b=2", Country: "US", Window: "w", ParserVersion: 1}.Normalize()
+		require.NoError(t, err)
+		key, err := canon.Key()
+		require.NoError(t, err)
+		raw := canon
+		raw.URL = "HTTPS://Shop.Example:443/p/./1?b=2&a=1&utm_source=x#frag" // same canonical form
+		rawKey := deriveKey(raw)                                             // a key derived without normalising
+		require.NotEqual(t, key, rawKey)
+		for _, tc := range []struct {
+			name string
+			p    Payload
+			err  string
+		}{
+			{"canonical", Payload{Key: key, Spec: canon}, ""},
+			{"raw URL, canonical key", Payload{Key: key, Spec: raw}, ""},
+			{"raw URL, key of the raw URL", Payload{Key: rawKey, Spec: raw}, "does not match its spec"},
+			{"canonical URL, foreign key", Payload{Key: rawKey, Spec: canon}, "does not match its spec"},
+			{"lower-case country", Payload{Key: key, Spec: func() Spec { s := canon; s.Country = "us"; return s }()}, ""},
+			{"invalid window", Payload{Key: key, Spec: func() Spec { s := canon; s.Window = "a b"; return s }()}, "field Window"},
+			{"credentials in URL", Payload{Key: key, Spec: func() Spec { s := canon; s.URL = "https://u:pw@shop.example/p/1"; return s }()}, "credentials"},
+		} {
+			b, err := EncodePayload(tc.p, PayloadV2)
+			require.NoError(t, err)
+			got, err := DecodePayload(b, nil)
+			full, ferr := decodePayloadFull(b, DefaultNormalizer)
+			require.Equal(t, full, got, tc.name)
+			if tc.err == "" {
+				require.NoError(t, err, tc.name)
+				require.NoError(t, ferr, tc.name)
+				continue
+			}
+			require.ErrorContains(t, err, tc.err, tc.name)
+			require.Equal(t, ferr.Error(), err.Error(), tc.name)
+			require.NotContains(t, err.Error(), "pw", tc.name)
+		}
+	})
 	t.Run("Refusals", func(t *testing.T) {
 		_, err := DecodePayload([]byte(`{"v":3,"key":"x"}`), nil)
 		require.ErrorContains(t, err, "format version 3")
@@ -63,4 +102,38 @@ func TestPayloadFormats(t *testing.T) {
 		c := EnqueuerConfig{PayloadVersion: 5}
 		require.ErrorContains(t, c.Validate(), "PayloadVersion 5")
 	})
+}
+
+// BenchmarkDecodePayload is the per-attempt decode a worker does before anything else
+// (issue 11 item 2): JSON, validation and the key check.
+func BenchmarkDecodePayload(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		spec Spec
+	}{
+		{"URL", Spec{Kind: "catalog", URL: "https://shop.example/products/widget-42?color=blue&size=m", Country: "US", Window: "2026-04-23", ParserVersion: 3,
+			Meta: map[string]string{"request": "r1"}}},
+		{"SourceID", Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s, err := tc.spec.Normalize()
+			if err != nil {
+				b.Fatal(err)
+			}
+			k, err := s.Key()
+			if err != nil {
+				b.Fatal(err)
+			}
+			raw, err := EncodePayload(Payload{Key: k, Spec: s}, PayloadV2)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := DecodePayload(raw, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

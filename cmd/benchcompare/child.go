@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -27,7 +29,7 @@ import (
 
 // runSpec is what the parent tells a child process to run (flags of the -child mode).
 type runSpec struct {
-	Mode      string // b1, direct, proto, b3, b3g, b5
+	Mode      string // one of allModes
 	Side      string // ours, peer (b5: ours = duplicate enqueue, peer = fresh enqueue)
 	N         int
 	Conc      int
@@ -38,6 +40,7 @@ type runSpec struct {
 	ProxyAddr string
 	ProxyUser string
 	ProxyPass string // from the environment, never a flag
+	Profile   string // if set, the CPU profile of the measured phase is written there
 }
 
 // runResult is what a child prints (one JSON line on stdout).
@@ -50,12 +53,18 @@ type runResult struct {
 	RedisRT     float64 `json:"redis_rt_per_job"`   // go-redis hook: commands + pipelines
 	RedisCPUUS  float64 `json:"redis_cpu_us_per_job"`
 	PGRT        float64 `json:"pg_rt_per_job"` // pgx tracer: queries + batches + copies
+	// Mode-specific measures.
+	LagP50MS         float64 `json:"lag_p50_ms,omitempty"`          // b4: commit → stream
+	LagP99MS         float64 `json:"lag_p99_ms,omitempty"`          // b4
+	CommitsPerSec    float64 `json:"commits_per_s,omitempty"`       // b4: during the lag phase
+	RedisBytesPerJob float64 `json:"redis_bytes_per_job,omitempty"` // b6: used_memory delta / N
 }
 
 const benchQueue = "bench"
 
 // runChild runs one measured run and returns its result.
 func runChild(ctx context.Context, s runSpec) (runResult, error) {
+	profileTo = s.Profile
 	pgrt := &pgCounter{}
 	pcfg, err := pgxpool.ParseConfig(s.DSN)
 	if err != nil {
@@ -75,8 +84,17 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 	defer rdb.Close()
 	rdb.AddHook(rrt)
 
-	if s.Mode == "b3" || s.Mode == "b3g" {
+	switch s.Mode {
+	case "b3", "b3g":
 		return runB3(ctx, s, st, pool, rdb, rrt, pgrt)
+	case "b2":
+		return runB2(ctx, s, rdb, rrt, pgrt)
+	case "b4":
+		return runB4(ctx, s, st, pool, rdb, rrt, pgrt)
+	case "b6":
+		return runB6(ctx, s, st, rdb, rrt, pgrt)
+	case "b7":
+		return runB7(ctx, s, rdb, rrt, pgrt)
 	}
 	client := asynq.NewClientFromRedisClient(rdb)
 	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: benchQueue})
@@ -256,14 +274,35 @@ type measure struct {
 	rrt0, pg0 int64
 }
 
+// profileTo is the child's -profile file ("" = none); startMeasure starts the profile and
+// stop ends it.
+var profileTo string
+
 func startMeasure(ctx context.Context, rdb *redis.Client, rrt *redisCounter, pgrt *pgCounter) *measure {
+	if profileTo != "" {
+		if f, err := os.Create(profileTo); err == nil {
+			if err := pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+			} else {
+				profileFile = f
+			}
+		}
+	}
 	cmds, rcpu := redisStats(ctx, rdb)
 	return &measure{rdb: rdb, rrt: rrt, pgrt: pgrt, cmds: cmds, redisCPU: rcpu, rrt0: rrt.n.Load(), pg0: pgrt.n.Load(), cpu: processCPU(), start: time.Now()}
 }
 
+// profileFile is the open profile of the measured phase, if any.
+var profileFile *os.File
+
 func (m *measure) stop(ctx context.Context, n int) runResult {
 	elapsed := time.Since(m.start)
 	cpu := processCPU() - m.cpu
+	if profileFile != nil {
+		pprof.StopCPUProfile()
+		profileFile.Close()
+		profileFile = nil
+	}
 	rrt, pg := m.rrt.n.Load()-m.rrt0, m.pgrt.n.Load()-m.pg0
 	cmds, rcpu := redisStats(ctx, m.rdb)
 	f := float64(n)

@@ -19,6 +19,14 @@
 //     store.GroupCommitter) against one INSERT … ON CONFLICT DO NOTHING per job.
 //   - b5: enqueue of N specs with EnqueueMany when every job already exists ("ours" column:
 //     duplicate) against N fresh ones ("peer" column: fresh).
+//   - b2: the lease alone: lua claim + ReleaseDone against SET NX PX + DEL.
+//   - b4: dispatch: outbox.Dispatcher.DispatchOnce of N committed rows against raw
+//     pipelined XADDs of the same entries; then the lag from a grouped commit's return to
+//     its stream entry (p50, p99) with a listening dispatcher, printed below the table.
+//   - b6: Redis bytes per pending job (INFO memory used_memory delta): EnqueueMany against
+//     a bare asynq Enqueue of the same spec; printed below the table.
+//   - b7: the fetch alone through the proxy, new session per fetch: NewSession +
+//     NewCollector + Get against a new colly collector per fetch (robots.txt off on both).
 //
 // Usage:
 //
@@ -62,7 +70,7 @@ const proxyPassEnv = "BENCHCOMPARE_PROXY_PASS"
 const dbComment = "idemscrape benchcompare scratch database"
 
 // allModes are the modes in table order.
-var allModes = []string{"b1", "direct", "proto", "b3", "b3g", "b5"}
+var allModes = []string{"b1", "direct", "proto", "b2", "b3", "b3g", "b4", "b5", "b6", "b7"}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -83,6 +91,7 @@ type options struct {
 	pgDSN   string
 	verbose bool
 	runID   string // names this run's databases: idemscrape_bc_<runID>_*
+	profDir string // if set, every child writes a CPU profile of its measured phase here
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -96,6 +105,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.BoolVar(&o.robots, "robots", true, "honour robots.txt in both ours and the peer")
 	fs.StringVar(&o.pgDSN, "pg", testutil.PGAdminDSN(), "PostgreSQL DSN of a role that may CREATE DATABASE")
 	fs.BoolVar(&o.verbose, "v", false, "print every run")
+	fs.StringVar(&o.profDir, "cpuprofile", "", "directory: every run writes the CPU profile of its measured phase there (<mode>-<side>-c<c>-<run>.pprof)")
 	fs.StringVar(&o.runID, "runid", randomHex(4), "names this run's databases idemscrape_bc_<runid>_* ([a-z0-9])")
 	// -child runs one measured run in this process (the parent re-executes itself).
 	child := fs.String("child", "", "internal: run one measurement (mode/side)")
@@ -106,6 +116,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&cs.Page, "page", "", "internal: page URL of a child run")
 	fs.StringVar(&cs.ProxyAddr, "proxy", "", "internal: proxy address of a child run")
 	fs.StringVar(&cs.ProxyUser, "proxyuser", "", "internal: proxy account of a child run")
+	fs.StringVar(&cs.Profile, "profile", "", "internal: CPU profile file of a child run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -135,6 +146,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	for _, r := range o.runID {
 		if (r < 'a' || r > 'z') && (r < '0' || r > '9') {
 			return fmt.Errorf("-runid: %q has characters outside [a-z0-9]", o.runID)
+		}
+	}
+	if o.profDir != "" {
+		if err := os.MkdirAll(o.profDir, 0o755); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
 		}
 	}
 	if o.n < 1 || o.pairs < 1 {
@@ -179,7 +195,7 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 	seq := 0
 	for _, mode := range o.modes {
 		concs := o.conc
-		if mode == "b5" {
+		if mode == "b5" || mode == "b6" {
 			concs = []int{0} // enqueue has no worker concurrency
 		}
 		for _, c := range concs {
@@ -212,6 +228,7 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 	host, _ := os.Hostname()
 	fmt.Fprintf(out, "benchcompare: N=%d, %d pairs, robots=%v, %d CPUs, %s, %s\n", o.n, o.pairs, o.robots, numCPU(), host, time.Since(started).Round(time.Second))
 	printTable(out, rows)
+	printExtras(out, rows)
 	return nil
 }
 
@@ -235,6 +252,9 @@ func oneRun(ctx context.Context, self string, o options, tpl, db string, s runSp
 	args := []string{"-child", s.Mode + "/" + s.Side, "-n", strconv.Itoa(o.n), "-c", strconv.Itoa(s.Conc),
 		"-robots=" + strconv.FormatBool(o.robots), "-redis", rs.addr, "-dsn", dsn, "-page", s.Page,
 		"-proxy", s.ProxyAddr, "-proxyuser", s.ProxyUser}
+	if o.profDir != "" {
+		args = append(args, "-profile", filepath.Join(o.profDir, fmt.Sprintf("%s-%s-c%d-%s.pprof", s.Mode, s.Side, s.Conc, db)))
+	}
 	cmd := exec.CommandContext(ctx, self, args...)
 	cmd.Env = append(os.Environ(), proxyPassEnv+"="+s.ProxyPass)
 	var stdout, stderr bytes.Buffer

@@ -51,7 +51,9 @@ func TestBenchCompare(t *testing.T) {
 		for _, m := range allModes {
 			assert.Contains(t, table, modeTitles[m])
 		}
-		assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 2+len(allModes), "header lines + one row per mode:\n%s", table)
+		assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 2+len(allModes)+2, "header lines + one row per mode + B4 and B6 lines:\n%s", table)
+		assert.Contains(t, table, "B4 dispatch lag c=20")
+		assert.Contains(t, table, "B6 Redis bytes per pending job")
 		assert.NotContains(t, table, "NaN")
 		assert.NotContains(t, table, "Inf")
 		assert.Zero(t, countDBs(t, admin(t), "idemscrape_bc_"+id+"_%"), "every database of the run is dropped")

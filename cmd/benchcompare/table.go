@@ -23,6 +23,10 @@ var modeTitles = map[string]string{
 	"b3":     "B3 fenced commit vs INSERT",
 	"b3g":    "B3 grouped commit vs INSERT",
 	"b5":     "B5 EnqueueMany dup vs fresh",
+	"b2":     "B2 lease vs SET NX PX + DEL",
+	"b4":     "B4 dispatch vs raw XADD",
+	"b6":     "B6 enqueue ours vs bare asynq",
+	"b7":     "B7 bound fetch vs colly",
 }
 
 func median(xs []float64) float64 {

@@ -1,0 +1,135 @@
+package store_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestGroupCommitNotifies: the commit statement no longer notifies (PostgreSQL serialises
+// notifying commits), so the committer must: a commit that inserted its event is followed
+// by a NOTIFY on OutboxNotifyChannel that a LISTENing connection receives, sent after the
+// row is visible, and by the in-process OnEvents hook, called before Commit returns. A
+// refused commit (no event) calls no hook.
+func TestGroupCommitNotifies(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	var hooks atomic.Int64
+	woken := make(chan struct{}, 1)
+	g, err := s.NewGroupCommitterConfig(store.GroupConfig{OnEvents: func() {
+		hooks.Add(1)
+		select {
+		case woken <- struct{}{}:
+		default:
+		}
+	}})
+	require.NoError(t, err)
+	defer g.Close()
+
+	listener, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, "LISTEN "+store.OutboxNotifyChannel)
+	require.NoError(t, err)
+
+	startedJobs(t, s, "n1", "n2", "n3")
+	// The three commits go in one statement, so the first NOTIFY follows all of them.
+	queued, release := pauseGroup(g)
+	var wg sync.WaitGroup
+	for _, k := range []string{"n1", "n2", "n3"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := g.Commit(ctx, commitParams(k, 1))
+			if err == nil && !res.EventInserted {
+				t.Errorf("%s: event not inserted", k)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	for range 3 {
+		recv(t, queued, "a commit queued")
+	}
+	release()
+	wg.Wait()
+	require.Equal(t, int64(1), hooks.Load(), "OnEvents runs once per statement, before Commit returns")
+	recv(t, woken, "OnEvents")
+
+	wctx, cancel := context.WithTimeout(ctx, failSafe)
+	defer cancel()
+	n, err := listener.Conn().WaitForNotification(wctx)
+	require.NoError(t, err, "a committed event produces a NOTIFY")
+	require.Equal(t, store.OutboxNotifyChannel, n.Channel)
+	require.Equal(t, 3, testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key LIKE 'observed:n%' AND sent_at IS NULL`),
+		"the rows are visible once the NOTIFY arrives")
+
+	// A refused commit (the job is complete) inserts no event: no hook.
+	_, err = g.Commit(ctx, commitParams("n1", 1))
+	require.ErrorIs(t, err, store.ErrJobComplete)
+	require.Equal(t, int64(1), hooks.Load(), "a refused commit wakes nobody")
+
+	g.Close()
+	st := g.Stats()
+	require.Equal(t, int64(1), st.Notifies+st.NotifiesRode, "one NOTIFY for the one statement that inserted events")
+	require.Zero(t, st.NotifyFailures)
+}
+
+// TestGroupCommitTrailingNotify: a commit statement that inserted events without a NOTIFY
+// of its own (one was sent less than NotifyInterval before) is still followed by one: by
+// the committer's own NOTIFY once the interval is over, or at the latest by Close.
+func TestGroupCommitTrailingNotify(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	listener, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, "LISTEN "+store.OutboxNotifyChannel)
+	require.NoError(t, err)
+	wait := func(what string) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, failSafe)
+		defer cancel()
+		_, err := listener.Conn().WaitForNotification(wctx)
+		require.NoError(t, err, what)
+	}
+	startedJobs(t, s, "t1", "t2", "t3", "t4")
+
+	t.Run("ByClose", func(t *testing.T) {
+		// An interval no test outlives: the second commit can only be covered by Close.
+		g, err := s.NewGroupCommitterConfig(store.GroupConfig{NotifyInterval: time.Hour})
+		require.NoError(t, err)
+		defer g.Close()
+		_, err = g.Commit(ctx, commitParams("t1", 1))
+		require.NoError(t, err)
+		wait("the first commit notifies in its own statement")
+		_, err = g.Commit(ctx, commitParams("t2", 1))
+		require.NoError(t, err)
+		g.Close()
+		wait("Close sends the NOTIFY the second commit is owed")
+		st := g.Stats()
+		require.Equal(t, int64(1), st.NotifiesRode)
+		require.Equal(t, int64(1), st.Notifies)
+	})
+	t.Run("ByInterval", func(t *testing.T) {
+		g, err := s.NewGroupCommitterConfig(store.GroupConfig{NotifyInterval: 20 * time.Millisecond})
+		require.NoError(t, err)
+		defer g.Close()
+		_, err = g.Commit(ctx, commitParams("t3", 1))
+		require.NoError(t, err)
+		wait("the first commit's NOTIFY")
+		_, err = g.Commit(ctx, commitParams("t4", 1))
+		require.NoError(t, err)
+		wait("the second commit is followed by a NOTIFY while the committer runs")
+	})
+}
