@@ -2,7 +2,8 @@
 // and their thin Go wrappers: the lease of a job, claimed, renewed and released atomically,
 // and the fencing token every claim issues; and the fleet-wide politeness of a destination
 // host (HostLimits: a GCRA bucket and a shared Retry-After pause per host, on the server's
-// clock).
+// clock); and the trimming of an outbox stream (TrimStream: only entries every consumer
+// group has delivered and acknowledged are removed).
 //
 // Guarantees:
 //   - At most one owner holds a job's lease at a time; the lease expires on the Redis
@@ -17,7 +18,11 @@
 //     holds) still keeps its token above every token issued before.
 //   - ClaimMany and ReleaseMany send many claims or releases in one pipelined round trip,
 //     with the same per-item results as Claim and Release.
-//   - All keys of one job share a hash tag, so every script runs on Redis Cluster.
+//   - TrimStream removes no entry that a consumer group has not delivered, or delivered and
+//     not acknowledged; reading the groups and trimming are one atomic script.
+//   - All keys of one job share a hash tag, both keys of a destination host share one
+//     ({host:<host>}), and the trim script touches one key, so every script runs on Redis
+//     Cluster (TestScriptsSingleSlot runs each on a real 3-master cluster).
 //
 // This package knows nothing of PostgreSQL: the caller passes the floor and raises the
 // fence (store.JobStart).

@@ -98,10 +98,12 @@ type Config struct {
 	// Store is the system of record: the dispatcher, /readyz and the job pages read it.
 	// Required.
 	Store *store.PG
-	// Redis is pinged by /readyz and used by the outbox dispatcher. Required.
+	// Redis is pinged by /readyz and used by the outbox dispatcher: a *redis.Client, or a
+	// *redis.ClusterClient on Redis Cluster (docs/CLUSTER.md: it should reload its slot map
+	// when a node fails, as cmd/worker's does). Required.
 	Redis redis.UniversalClient
 	// RedisConnOpt connects the asynq server and asynqmon (each opens its own
-	// connections). Required.
+	// connections): the same server or cluster as Redis. Required.
 	RedisConnOpt asynq.RedisConnOpt
 	// Queues are the asynq queues served, with their priority weights. Defaults to one
 	// queue per registered kind, tasks.QueueFor(kind) (the kind's name), weight 1: where the

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -36,6 +37,9 @@ func (n *clusterNode) addr() string { return net.JoinHostPort("127.0.0.1", strco
 // clusterNodeTimeout is the nodes' failure-detection time: short, so failover tests run
 // in seconds.
 const clusterNodeTimeout = 1000 * time.Millisecond
+
+// clusterStateReload is how often Client's clients reload the cluster's slot map.
+const clusterStateReload = 500 * time.Millisecond
 
 // StartRedisCluster starts masters × (1 + replicas) redis-server nodes with
 // --cluster-enabled, joins them with `redis-cli --cluster create`, and waits until every
@@ -124,9 +128,16 @@ func (c *RedisCluster) Addrs() []string {
 	return addrs
 }
 
-// Client returns a cluster client for the cluster, closed when the test ends.
+// AsynqOpt returns asynq's connection option for the cluster.
+func (c *RedisCluster) AsynqOpt() asynq.RedisClusterClientOpt {
+	return asynq.RedisClusterClientOpt{Addrs: c.Addrs()}
+}
+
+// Client returns a cluster client for the cluster, closed when the test ends. It reloads
+// its map of slots every clusterStateReload (go-redis's default is a minute, and a dead
+// master sends no MOVED), so it finds a promoted replica soon after WaitHealthy.
 func (c *RedisCluster) Client() *redis.ClusterClient {
-	cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ClusterStateReloadInterval: clusterStateReload})
 	c.t.Cleanup(func() { _ = cl.Close() })
 	return cl
 }

@@ -57,6 +57,7 @@ const (
 	proxyUser      = "chaosacct"
 	unavailableCC  = "DE"
 	windowBaseline = "2026-12-01"
+	windowFaultMix = "2026-12-01-faultmix"
 	windowChaos    = "2026-12-02"
 )
 
@@ -97,7 +98,7 @@ type harness struct {
 	st       *store.PG
 	password string
 
-	phase    atomic.Value // string: "baseline" or "chaos"
+	phase    atomic.Value // string: "setup" or a phase (phaseBaseline, phaseFaultMix, phaseChaos)
 	stopping atomic.Bool
 	slots    []*slot
 	wg       sync.WaitGroup
@@ -127,6 +128,8 @@ type harness struct {
 	baselineJobs int
 	baseBytes    int64 // sum of bytes_total of the baseline's complete jobs
 	baseProxy    int64 // proxy bytes of the baseline
+	mixJobs      int   // jobs of the fault-mix phase
+	mixProxy     int64 // proxy bytes of the fault-mix phase
 	chaosProxy0  int64 // proxy bytes when the chaos phase began
 	chaosProxy   int64
 	timedOut     bool
@@ -260,7 +263,7 @@ func (h *harness) workerEnv(fp string) []string {
 // so that it fires on the first job, batch or commit that reaches it and the process dies),
 // or "" when no targeted kill is pending.
 func (h *harness) takeArm() string {
-	if h.phase.Load() != "chaos" {
+	if h.phase.Load() != phaseChaos {
 		return ""
 	}
 	h.mu.Lock()
@@ -304,7 +307,7 @@ func (h *harness) failpointsFor(armed string) string {
 	if armed != "" {
 		parts = append(parts, armed+":1")
 	}
-	if h.cfg.Break != "" && h.phase.Load() == "chaos" {
+	if h.cfg.Break != "" && h.phase.Load() == phaseChaos {
 		parts = append(parts, h.cfg.Break)
 	}
 	return strings.Join(parts, ",")
@@ -876,9 +879,18 @@ func (h *harness) throttleLoop(ctx context.Context) {
 	}
 }
 
-// runPhase starts the workers and waits until every job of window is terminal; with
-// chaos, the faults are injected at their progress points meanwhile.
-func (h *harness) runPhase(ctx context.Context, window string, deadline time.Time, chaos bool) error {
+// Phases of a run.
+const (
+	phaseBaseline = "baseline" // no fault
+	phaseFaultMix = "faultmix" // the proxy and shop fault mix alone
+	phaseChaos    = "chaos"    // every fault
+)
+
+// runPhase starts the workers and waits until every job of window is terminal. In the
+// chaos phase the faults are injected at their progress points meanwhile; in the fault-mix
+// phase only the proxy and shop fault mix runs.
+func (h *harness) runPhase(ctx context.Context, window string, deadline time.Time, phase string) error {
+	chaos := phase == phaseChaos
 	armAtStart := map[string]int{fpAfterFetch: h.cfg.AfterFetch, fpAfterCommit: h.cfg.AfterCommit, fpAfterXadd: h.cfg.AfterXadd}
 	if chaos && h.cfg.ArmAtStart {
 		h.mu.Lock()
@@ -896,6 +908,14 @@ func (h *harness) runPhase(ctx context.Context, window string, deadline time.Tim
 		}
 		h.stopWorkers()
 	}()
+	if phase == phaseFaultMix {
+		fctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		h.proxy.SetDisconnectProb(h.cfg.DisconnectProb)
+		defer h.proxy.SetDisconnectProb(0)
+		go h.throttleLoop(fctx)
+		return h.waitTerminal(ctx, window, deadline, nil)
+	}
 	if !chaos {
 		return h.waitTerminal(ctx, window, deadline, nil)
 	}
@@ -919,7 +939,7 @@ func (h *harness) runPhase(ctx context.Context, window string, deadline time.Tim
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if c.ProxyFaults {
-		h.proxy.SetDisconnectProb(0.10)
+		h.proxy.SetDisconnectProb(h.cfg.DisconnectProb)
 		go h.throttleLoop(fctx)
 		defer h.proxy.SetDisconnectProb(0)
 	}
@@ -987,27 +1007,42 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 	deadline := began.Add(cfg.Timeout)
 
 	if cfg.Baseline > 0 {
-		h.phase.Store("baseline")
+		h.phase.Store(phaseBaseline)
 		h.logf("baseline: %d jobs, no faults", cfg.Baseline)
 		p0 := h.proxy.Bytes()
 		if err := h.enqueue(ctx, windowBaseline, cfg.Baseline, false); err != nil {
 			return nil, err
 		}
-		if err := h.runPhase(ctx, windowBaseline, deadline, false); err != nil {
+		if err := h.runPhase(ctx, windowBaseline, deadline, phaseBaseline); err != nil {
 			h.logf("baseline: %v", err)
 		}
 		h.baseProxy = h.proxy.Bytes() - p0
 		_ = h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`,
 			windowBaseline).Scan(&h.baselineJobs, &h.baseBytes)
 	}
+	if n := min(cfg.FaultMixJobs, cfg.Baseline); n > 0 && cfg.ProxyFaults {
+		// The baseline's SKUs again, with the proxy fault mix alone: bytes per completed job
+		// against the fault-free run of the same jobs, without kills (a killed attempt never
+		// reports its bytes) or the re-executions of pauses and wipes.
+		h.phase.Store(phaseFaultMix)
+		h.logf("fault mix: %d jobs (the baseline's SKUs), proxy faults only", n)
+		p0 := h.proxy.Bytes()
+		if err := h.enqueue(ctx, windowFaultMix, n, true); err != nil {
+			return nil, err
+		}
+		if err := h.runPhase(ctx, windowFaultMix, deadline, phaseFaultMix); err != nil {
+			h.logf("fault mix: %v", err)
+		}
+		h.mixJobs, h.mixProxy = n, h.proxy.Bytes()-p0
+	}
 
-	h.phase.Store("chaos")
+	h.phase.Store(phaseChaos)
 	h.logf("chaos: %d jobs, %d workers", cfg.Jobs, cfg.Workers)
 	h.chaosProxy0 = h.proxy.Bytes()
 	if err := h.enqueue(ctx, windowChaos, cfg.Jobs, cfg.ProxyFaults); err != nil {
 		return nil, err
 	}
-	if err := h.runPhase(ctx, windowChaos, deadline, true); err != nil {
+	if err := h.runPhase(ctx, windowChaos, deadline, phaseChaos); err != nil {
 		h.logf("chaos: %v", err)
 	}
 	h.chaosProxy = h.proxy.Bytes() - h.chaosProxy0

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
@@ -31,8 +32,9 @@ import (
 
 // options configure one run of the demo.
 type options struct {
-	AdminDSN  string
-	RedisAddr string
+	AdminDSN string
+	// Redis is the server or cluster the demo uses (only its own key prefix and queue).
+	Redis envflag.RedisConfig
 	// Products is the catalog size; the main template makes one job per product and
 	// country of Countries.
 	Products  int
@@ -75,7 +77,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		AdminDSN:         "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		RedisAddr:        "127.0.0.1:6379",
+		Redis:            envflag.RedisConfig{Addr: envflag.DefaultRedisAddr},
 		Products:         30,
 		Countries:        []string{"US", "DE"},
 		Unavailable:      "JP",
@@ -155,10 +157,10 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	}
 
 	// Our own database and Redis namespace, removed at exit.
-	rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr})
+	rdb := o.Redis.NewClient()
 	defer rdb.Close()
 	if err := rdb.Ping(runCtx).Err(); err != nil {
-		return fmt.Errorf("redis at %s (is it running? `make services`): %w", o.RedisAddr, err)
+		return fmt.Errorf("%s (is it running? `make services`): %w", o.Redis, err)
 	}
 	pool, err := createDatabase(runCtx, o.AdminDSN, n)
 	if err != nil {
@@ -183,7 +185,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		return err
 	}
 	st := store.New(pool)
-	asynqOpt := asynq.RedisClientOpt{Addr: o.RedisAddr}
+	asynqOpt := o.Redis.AsynqConnOpt()
 	client := asynq.NewClient(asynqOpt)
 	defer client.Close()
 	insp := asynq.NewInspector(asynqOpt)
@@ -191,7 +193,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 
 	fmt.Fprintf(out, "idemscrape demo, run %s\n", n.RunID)
 	fmt.Fprintf(out, "  database    %s on %s (created for this run, dropped at exit)\n", n.Database, redactDSN(o.AdminDSN))
-	fmt.Fprintf(out, "  redis       %s, keys %s* and asynq queue %s (deleted at exit)\n", o.RedisAddr, n.Prefix, n.Queue)
+	fmt.Fprintf(out, "  redis       %s, keys %s* and asynq queue %s (deleted at exit)\n", strings.TrimPrefix(o.Redis.String(), "redis "), n.Prefix, n.Queue)
 	fmt.Fprintf(out, "  fake shop   %s (its first %d requests answer 429, Retry-After %v)\n", site.URL, o.Throttled, o.RetryAfter)
 	fmt.Fprintf(out, "  fake proxy  %s, %s username format, %.0f%% of requests lose their device", provider.Gateway(), provider.Name(), o.Disconnect*100)
 	if len(unavailable) > 0 {
@@ -415,7 +417,7 @@ type demoScheduler struct {
 // newScheduler builds the scheduler from a YAML configuration, as cmd/scheduler reads it:
 // a daily template over the catalog in the served countries, and one for a few products
 // in the country the proxy has no peers in.
-func newScheduler(o options, n names, client *asynq.Client, rdb *redis.Client, st *store.PG, insp *asynq.Inspector,
+func newScheduler(o options, n names, client *asynq.Client, rdb redis.UniversalClient, st *store.PG, insp *asynq.Inspector,
 	destinations *tasks.DestinationPolicy, logger *slog.Logger) (*demoScheduler, error) {
 	ids := func(k int) string {
 		s := make([]string, k)

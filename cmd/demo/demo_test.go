@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"testing"
@@ -10,9 +11,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
@@ -27,7 +30,7 @@ func TestDemo(t *testing.T) {
 		var n names
 		o := defaultOptions()
 		o.AdminDSN = testutil.PGAdminDSN()
-		o.RedisAddr = testutil.RedisAddr()
+		o.Redis = envflag.RedisConfig{Addr: testutil.RedisAddr()}
 		o.Products = 8
 		o.Countries = []string{"US"}
 		o.UnavailableJobs = 2
@@ -161,6 +164,42 @@ func TestDemo(t *testing.T) {
 		assert.False(t, rdb.SIsMember(ctx, "asynq:queues", n.Queue).Val())
 		assert.True(t, rdb.SIsMember(ctx, "asynq:queues", other.Queue).Val())
 	})
+}
+
+// TestDemoRedisCleanupOnCluster: on a Redis Cluster the run's keys are spread over every
+// master (SCAN sees one node's keys only); the cleanup deletes them all and nothing else.
+func TestDemoRedisCleanupOnCluster(t *testing.T) {
+	ctx := context.Background()
+	cluster := testutil.StartRedisCluster(t, 3, 0)
+	rdb := envflag.RedisConfig{Cluster: cluster.Addrs()}.NewClient()
+	defer rdb.Close()
+	n, other := newNames(testutil.RandomID(4)), newNames(testutil.RandomID(4))
+	var own, foreign []string
+	for i := range 30 {
+		own = append(own, fmt.Sprintf("%s{catalog:sku-%d:US:2026-12-03:v1}:fence", n.Prefix, i))
+		foreign = append(foreign, fmt.Sprintf("%s{catalog:sku-%d:US:2026-12-03:v1}:fence", other.Prefix, i))
+	}
+	own = append(own, n.Prefix+"stream:{catalog}", "asynq:{"+n.Queue+"}:t:x")
+	foreign = append(foreign, other.Prefix+"stream:{catalog}", "asynq:{"+other.Queue+"}:t:x")
+	masters := map[string]bool{}
+	for _, k := range append(append([]string{}, own...), foreign...) {
+		require.NoError(t, rdb.Set(ctx, k, "1", time.Hour).Err())
+		m, err := rdb.(*redis.ClusterClient).MasterForKey(ctx, k)
+		require.NoError(t, err)
+		masters[m.Options().Addr] = true
+	}
+	require.Len(t, masters, 3, "the keys are on every master")
+	require.NoError(t, rdb.SAdd(ctx, "asynq:queues", n.Queue, other.Queue).Err())
+
+	require.NoError(t, cleanupRedis(ctx, rdb, n))
+	for _, k := range own {
+		assert.Zero(t, rdb.Exists(ctx, k).Val(), "own key %s deleted", k)
+	}
+	for _, k := range foreign {
+		assert.Equal(t, int64(1), rdb.Exists(ctx, k).Val(), "foreign key %s kept", k)
+	}
+	assert.False(t, rdb.SIsMember(ctx, "asynq:queues", n.Queue).Val())
+	assert.True(t, rdb.SIsMember(ctx, "asynq:queues", other.Queue).Val())
 }
 
 // assertRunGone checks that the run left nothing behind: no database, no Redis key under its

@@ -24,6 +24,10 @@
 //	make demo                 (starts PostgreSQL and Redis if needed)
 //	make demo UI=1            (keeps the worker's HTTP server up: asynqmon, job pages)
 //	go run ./cmd/demo [-ui] [-pg postgres://postgres@127.0.0.1:5432/postgres] [-redis 127.0.0.1:6379]
+//	go run ./cmd/demo -redis-cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
+//
+// -redis and -redis-cluster also read $IDEMSCRAPE_REDIS and $IDEMSCRAPE_REDIS_CLUSTER, as
+// cmd/worker does.
 package main
 
 import (
@@ -36,6 +40,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemscrape/idemscrape/internal/envflag"
 )
 
 // envUI turns UI mode on when set to 1, true or yes (what `make demo UI=1` passes).
@@ -44,7 +50,10 @@ const envUI = "IDEMSCRAPE_DEMO_UI"
 func main() {
 	o := defaultOptions()
 	flag.StringVar(&o.AdminDSN, "pg", o.AdminDSN, "PostgreSQL DSN of a role that may CREATE DATABASE (the demo creates and drops its own database)")
-	flag.StringVar(&o.RedisAddr, "redis", o.RedisAddr, "Redis address (the demo uses and deletes only its own key prefix and queue)")
+	// -redis / -redis-cluster (and $IDEMSCRAPE_REDIS / $IDEMSCRAPE_REDIS_CLUSTER) as the worker
+	// reads them; the demo uses and deletes only its own key prefix and queue.
+	var rf envflag.Redis
+	rf.Define(&envflag.Set{FS: flag.CommandLine, Prefix: "IDEMSCRAPE_"})
 	flag.IntVar(&o.Products, "products", o.Products, "catalog size: one job per product and served country")
 	flag.Float64Var(&o.Disconnect, "disconnect", o.Disconnect, "probability that the fake proxy's device drops a request")
 	flag.BoolVar(&o.UI, "ui", envBool(envUI), "keep the HTTP server (asynqmon, job pages) up after the summary until Ctrl-C (or set "+envUI+"=1)")
@@ -60,6 +69,11 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
+	var err error
+	if o.Redis, err = rf.Config(); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(2)
+	}
 	o.Out = os.Stdout
 	o.Progress = progressPlain
 	if isTerminal(os.Stdout) {
@@ -71,7 +85,7 @@ func main() {
 	defer stop()
 	tb := &demoTB{}
 	began := time.Now()
-	err := run(ctx, tb, o)
+	err = run(ctx, tb, o)
 	tb.cleanup()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)

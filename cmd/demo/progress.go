@@ -32,7 +32,7 @@ type progress struct {
 	Entries               int64 // stream entries (every published copy)
 }
 
-func readProgress(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, stream string) (progress, error) {
+func readProgress(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, stream string) (progress, error) {
 	var p progress
 	err := pool.QueryRow(ctx, `
 SELECT count(*) FILTER (WHERE state IN ('complete', 'failed')), count(*), count(*) FILTER (WHERE state = 'complete'),
@@ -63,7 +63,7 @@ func (p progress) state() string {
 }
 
 // waitSettled polls the run's state until it settled, showing progress as mode says.
-func waitSettled(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, stream string, mode progressMode, out io.Writer, began time.Time) error {
+func waitSettled(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, stream string, mode progressMode, out io.Writer, began time.Time) error {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var last string

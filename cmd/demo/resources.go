@@ -106,18 +106,30 @@ func redisPatterns(n names) []string {
 }
 
 // cleanupRedis deletes the run's keys (redisPatterns) and its queue's entry in asynq's set
-// of queues, and nothing else. It never flushes.
-func cleanupRedis(ctx context.Context, rdb *redis.Client, n names) error {
-	for _, pattern := range redisPatterns(n) {
-		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
-		for iter.Next(ctx) {
-			if err := rdb.Unlink(ctx, iter.Val()).Err(); err != nil {
-				return fmt.Errorf("delete redis key %s: %w", iter.Val(), err)
+// of queues, and nothing else. It never flushes. On a Redis Cluster it scans every master:
+// SCAN sees only the keys of the node it runs on.
+func cleanupRedis(ctx context.Context, rdb redis.UniversalClient, n names) error {
+	scan := func(ctx context.Context, node redis.UniversalClient) error {
+		for _, pattern := range redisPatterns(n) {
+			iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
+			for iter.Next(ctx) {
+				// Through rdb: on a cluster it routes the key to its slot's master.
+				if err := rdb.Unlink(ctx, iter.Val()).Err(); err != nil {
+					return fmt.Errorf("delete redis key %s: %w", iter.Val(), err)
+				}
+			}
+			if err := iter.Err(); err != nil {
+				return fmt.Errorf("scan redis keys %s: %w", pattern, err)
 			}
 		}
-		if err := iter.Err(); err != nil {
-			return fmt.Errorf("scan redis keys %s: %w", pattern, err)
+		return nil
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		if err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) }); err != nil {
+			return err
 		}
+	} else if err := scan(ctx, rdb); err != nil {
+		return err
 	}
 	return rdb.SRem(ctx, "asynq:queues", n.Queue).Err()
 }

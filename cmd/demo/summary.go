@@ -72,7 +72,7 @@ type check struct {
 	Bad        []string
 }
 
-func collect(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, reg *handlers.Registry, proxy *testutil.FakeProxy,
+func collect(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, reg *handlers.Registry, proxy *testutil.FakeProxy,
 	n names, o options, stream, schemaWindow string) (*summary, error) {
 	s := &summary{Unavailable: o.Unavailable, UnavailableJobs: map[string]int64{}, SchemaWindow: schemaWindow}
 	if o.UnavailableJobs == 0 {

@@ -34,7 +34,11 @@ var auditCmd = command{
 			if *queue == "" {
 				*queue = env("IDEMSCRAPE_QUEUE", "")
 			}
-			rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+			rc, err := redisConfig()
+			if err != nil {
+				return err
+			}
+			rdb := rc.NewClient()
 			defer rdb.Close()
 			cfg.TaskLive = taskLive(rdb, *queue)
 			cfg.EventKeyPrefix = handlers.EventKey("")
@@ -72,7 +76,7 @@ var liveStates = map[string]bool{"pending": true, "active": true, "scheduled": t
 
 // taskLive reads asynq's task hash (asynq:{<queue>}:t:<id>, field state) directly: an
 // archived or completed task, or none, is not live.
-func taskLive(rdb *redis.Client, queue string) ops.TaskLiveFunc {
+func taskLive(rdb redis.UniversalClient, queue string) ops.TaskLiveFunc {
 	return func(ctx context.Context, kind, key string) (bool, error) {
 		q := queue
 		if q == "" {

@@ -250,10 +250,14 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 	return s, ""
 }
 
-// newEnqueuer returns an Enqueuer on IDEMSCRAPE_REDIS with an Inspector (an archived task
+// newEnqueuer returns an Enqueuer on IDEMSCRAPE_REDIS (or IDEMSCRAPE_REDIS_CLUSTER) with an Inspector (an archived task
 // holding a key is repaired) and the queue override, and a func that closes both clients.
 func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, func(), error) {
-	redisOpt := asynq.RedisClientOpt{Addr: redisAddr()}
+	rc, err := redisConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	redisOpt := rc.AsynqConnOpt()
 	client := asynq.NewClient(redisOpt)
 	insp := asynq.NewInspector(redisOpt)
 	closeAll := func() {

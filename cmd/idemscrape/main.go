@@ -12,7 +12,7 @@
 //
 // Every command takes -h. Connections: IDEMSCRAPE_PG (libpq URL, default
 // postgres://postgres@127.0.0.1:5432/postgres) and IDEMSCRAPE_REDIS (host:port, default
-// 127.0.0.1:6379); IDEMSCRAPE_QUEUE overrides the asynq queue (default: the kind's,
+// 127.0.0.1:6379) or IDEMSCRAPE_REDIS_CLUSTER (cluster seed nodes, host:port,host:port,...); IDEMSCRAPE_QUEUE overrides the asynq queue (default: the kind's,
 // tasks.QueueFor, where cmd/worker listens).
 //
 // Exit status: 0 success, 1 failure (or a broken invariant for audit), 2 a usage error.
@@ -33,6 +33,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/store/ops"
 )
 
@@ -82,7 +83,7 @@ func mainUsage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "`idemscrape COMMAND -h` shows a command's flags.")
-	fmt.Fprintln(w, "environment: IDEMSCRAPE_PG (PostgreSQL URL), IDEMSCRAPE_REDIS (host:port), IDEMSCRAPE_QUEUE (asynq queue override)")
+	fmt.Fprintln(w, "environment: IDEMSCRAPE_PG (PostgreSQL URL), IDEMSCRAPE_REDIS (host:port) or IDEMSCRAPE_REDIS_CLUSTER (host:port,host:port,...), IDEMSCRAPE_QUEUE (asynq queue override)")
 }
 
 // run executes one command line and returns the exit status.
@@ -231,7 +232,16 @@ func connect(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-func redisAddr() string { return env("IDEMSCRAPE_REDIS", "127.0.0.1:6379") }
+// redisConfig reads IDEMSCRAPE_REDIS (one server, host:port) or IDEMSCRAPE_REDIS_CLUSTER
+// (cluster seed nodes, host:port,host:port,...); both set, or a bad address, is a usage error
+// naming the variable.
+func redisConfig() (envflag.RedisConfig, error) {
+	rc, err := envflag.RedisFromEnv("IDEMSCRAPE_")
+	if err != nil {
+		return envflag.RedisConfig{}, usageError{err.Error()}
+	}
+	return rc, nil
+}
 
 // sortedKeys returns m's keys in order.
 func sortedKeys[V any](m map[string]V) []string {

@@ -156,6 +156,24 @@ func TestCLI(t *testing.T) {
 		assert.Contains(t, r.stderr, `unknown command "frobnicate"`)
 	})
 
+	t.Run("RedisSettingsConflict", func(t *testing.T) {
+		// IDEMSCRAPE_REDIS and IDEMSCRAPE_REDIS_CLUSTER are mutually exclusive: a usage error
+		// naming both, and nothing enqueued.
+		before := jobs(t)
+		cmd := exec.Command(bin, "enqueue", "-kind", kind, "-source-id", "sku-conflict", "-country", "US",
+			"-window", "2026-04-23", "-parser-version", "3")
+		cmd.Env = append(envFor(dsn), "IDEMSCRAPE_REDIS_CLUSTER=127.0.0.1:1,127.0.0.1:2")
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "stderr: %s", errb.String())
+		assert.Equal(t, 2, ee.ExitCode())
+		assert.Contains(t, errb.String(), "IDEMSCRAPE_REDIS_CLUSTER")
+		assert.Contains(t, errb.String(), "IDEMSCRAPE_REDIS")
+		assert.Equal(t, before, jobs(t), "a refused command stores nothing")
+	})
+
 	t.Run("StrayArgumentsRefused", func(t *testing.T) {
 		spec := []string{"-kind", kind, "-source-id", "sku-x", "-country", "US", "-window", "2026-04-23", "-parser-version", "3"}
 		for _, tc := range []struct {

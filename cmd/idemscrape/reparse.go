@@ -7,8 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/store"
@@ -44,7 +42,11 @@ var reparseCmd = command{
 			if opts.DryRun {
 				cfg.Diff = c.stdout
 			} else {
-				rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+				rc, err := redisConfig()
+				if err != nil {
+					return err
+				}
+				rdb := rc.NewClient()
 				defer rdb.Close()
 				cfg.Redis = rdb
 			}

@@ -11,7 +11,9 @@
 //
 // HTTP (-http): /metrics (Prometheus) and /healthz (PostgreSQL and Redis answer).
 // Every flag is also read from the environment variable shown in -help (IDEMSCRAPE_*, the
-// same names as cmd/worker and cmd/idemscrape: IDEMSCRAPE_PG, IDEMSCRAPE_REDIS, ...).
+// same names as cmd/worker and cmd/idemscrape: IDEMSCRAPE_PG, IDEMSCRAPE_REDIS, ...). A Redis
+// Cluster is -redis-cluster host:port,host:port,… (IDEMSCRAPE_REDIS_CLUSTER) instead of
+// -redis; see docs/CLUSTER.md.
 package main
 
 import (
@@ -33,7 +35,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/scheduler"
@@ -47,7 +48,8 @@ const envPrefix = "IDEMSCRAPE_"
 type config struct {
 	configPath    string
 	pg            string
-	redis         string
+	redis         envflag.Redis
+	redisCfg      envflag.RedisConfig // from redis, set by parseFlags
 	httpAddr      string
 	keyPrefix     string
 	id            string
@@ -62,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s := envflag.New("scheduler", envPrefix, stderr)
 	s.String(&c.configPath, "config", "SCHEDULER_CONFIG", "", "YAML configuration: templates, kinds, reconciler (required)")
 	s.String(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
-	s.String(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
+	c.redis.Define(s)
 	s.String(&c.httpAddr, "http", "SCHEDULER_HTTP_ADDR", "127.0.0.1:8081", "HTTP listen address for /metrics and /healthz (empty: no HTTP)")
 	s.String(&c.keyPrefix, "key-prefix", "KEY_PREFIX", "idemscrape:", "prefix of the lease keys in Redis (the workers' -key-prefix)")
 	s.String(&c.id, "id", "SCHEDULER_ID", "", "this process's name in the reconciler's lease owner (default host/pid)")
@@ -86,6 +88,10 @@ Flags (each also read from the environment variable shown; the flag wins):
 	}
 	if c.configPath == "" {
 		return c, errors.New("-config ($IDEMSCRAPE_SCHEDULER_CONFIG) is required")
+	}
+	var err error
+	if c.redisCfg, err = c.redis.Config(); err != nil {
+		return c, err
 	}
 	return c, c.log.Validate()
 }
@@ -131,9 +137,9 @@ func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) 
 	if len(applied) > 0 {
 		log.Info("applied migrations", "versions", applied)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.redis})
+	rdb := c.redisCfg.NewClient()
 	defer rdb.Close()
-	connOpt := asynq.RedisClientOpt{Addr: c.redis}
+	connOpt := c.redisCfg.AsynqConnOpt()
 	client := asynq.NewClient(connOpt)
 	defer client.Close()
 	insp := asynq.NewInspector(connOpt)
@@ -213,7 +219,7 @@ func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) 
 			return err
 		}
 	}
-	log.Info("scheduler running", "templates", len(file.Templates), "scheduler", sched != nil, "reconciler", rec != nil)
+	log.Info("scheduler running", "templates", len(file.Templates), "scheduler", sched != nil, "reconciler", rec != nil, "redis", c.redisCfg.String())
 	<-ctx.Done()
 	log.Info("shutting down")
 	if sched != nil {

@@ -7,6 +7,11 @@
 //
 //	worker -catalog-base https://shop.example            (see worker -h for the rest)
 //
+// Redis is one server (-redis host:port, IDEMSCRAPE_REDIS; default 127.0.0.1:6379) or a
+// Redis Cluster (-redis-cluster host:port,host:port,…, IDEMSCRAPE_REDIS_CLUSTER: some of its
+// nodes, the client finds the rest); the two are mutually exclusive. Leases, host limits,
+// robots.txt cache, outbox streams and asynq's queues all run on either (docs/CLUSTER.md).
+//
 // Proxy credentials come only from the environment (IDEMSCRAPE_PROXY_PROVIDER, _USER,
 // _PASSWORD, _ZONE, _GATEWAY; see sessions.ProviderFromEnv), and so do the HTTP basic-auth
 // credentials (IDEMSCRAPE_HTTP_USER, IDEMSCRAPE_HTTP_PASSWORD): none of them is ever
@@ -55,9 +60,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
@@ -70,7 +73,9 @@ import (
 
 // config is everything the worker reads from flags and the environment.
 type config struct {
-	pg, redis         string
+	pg                string
+	redis             envflag.Redis
+	redisCfg          envflag.RedisConfig // from redis, set by validate
 	httpAddr          string
 	concurrency       int
 	queues            string
@@ -100,7 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	s := envflag.New("worker", envPrefix, stderr)
 	s.String(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
-	s.String(&c.redis, "redis", "REDIS", "127.0.0.1:6379", "Redis address host:port")
+	c.redis.Define(s)
 	s.String(&c.httpAddr, "http", "HTTP_ADDR", service.DefaultHTTPAddr, "HTTP listen address for /metrics, /healthz, /readyz, /monitoring, /jobs")
 	s.Int(&c.concurrency, "concurrency", "CONCURRENCY", service.DefaultConcurrency, "jobs run at once")
 	s.String(&c.queues, "queues", "QUEUES", "", "asynq queues and weights, name:weight,… (default: one queue per registered kind, named like the kind, weight 1)")
@@ -143,7 +148,8 @@ Flags (each also read from the environment variable shown; the flag wins):
 	if err := s.Parse(args); err != nil {
 		return c, err
 	}
-	return c, c.validate()
+	err := c.validate()
+	return c, err
 }
 
 func (c *config) validate() error {
@@ -160,6 +166,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("-lease-margin %v must be >= 1", c.leaseMargin)
 	}
 	if _, err := parseQueues(c.queues); err != nil {
+		return err
+	}
+	var err error
+	if c.redisCfg, err = c.redis.Config(); err != nil {
 		return err
 	}
 	return c.log.Validate()
@@ -247,7 +257,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	if len(applied) > 0 {
 		log.Info("applied migrations", "versions", applied)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.redis})
+	rdb := c.redisCfg.NewClient()
 	defer rdb.Close()
 
 	collector := sessions.CollectorConfig{RequestTimeout: c.requestTimeout, IgnoreRobotsTxt: c.ignoreRobots}
@@ -294,7 +304,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		Registry:           reg,
 		Store:              store.New(pool),
 		Redis:              rdb,
-		RedisConnOpt:       asynq.RedisClientOpt{Addr: c.redis},
+		RedisConnOpt:       c.redisCfg.AsynqConnOpt(),
 		Queues:             queues,
 		Concurrency:        c.concurrency,
 		ShutdownTimeout:    c.shutdownTimeout,
@@ -314,6 +324,6 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		names = append(names, q)
 	}
 	sort.Strings(names)
-	log.Info("worker starting", "kinds", kinds, "queues", names, "proxy", provider.Name(), "gateway", provider.Gateway())
+	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxy", provider.Name(), "gateway", provider.Gateway())
 	return svc.Run(ctx)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -335,6 +336,26 @@ func TestFlags(t *testing.T) {
 			})
 		}
 	})
+	t.Run("RedisCluster", func(t *testing.T) {
+		t.Setenv("IDEMSCRAPE_REDIS", "")
+		t.Setenv("IDEMSCRAPE_REDIS_CLUSTER", "127.0.0.1:7000,127.0.0.1:7001")
+		c, err := parseFlags([]string{"-catalog-base", "https://s.example"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"127.0.0.1:7000", "127.0.0.1:7001"}, c.redisCfg.Cluster)
+		assert.Equal(t, envflag.ClusterConnOpt{Addrs: c.redisCfg.Cluster}, c.redisCfg.AsynqConnOpt())
+
+		_, err = parseFlags([]string{"-catalog-base", "https://s.example", "-redis", "127.0.0.1:6379"}, &bytes.Buffer{})
+		assert.ErrorContains(t, err, "-redis ($IDEMSCRAPE_REDIS) and -redis-cluster ($IDEMSCRAPE_REDIS_CLUSTER) are both set")
+	})
+	t.Run("RedisDefault", func(t *testing.T) {
+		t.Setenv("IDEMSCRAPE_REDIS", "")
+		t.Setenv("IDEMSCRAPE_REDIS_CLUSTER", "")
+		c, err := parseFlags([]string{"-catalog-base", "https://s.example"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, envflag.RedisConfig{Addr: envflag.DefaultRedisAddr}, c.redisCfg)
+		_, err = parseFlags([]string{"-catalog-base", "https://s.example", "-redis-cluster", "a:1,nope"}, &bytes.Buffer{})
+		assert.ErrorContains(t, err, `-redis-cluster ($IDEMSCRAPE_REDIS_CLUSTER): entry 2 "nope"`)
+	})
 	t.Run("BadEnv", func(t *testing.T) {
 		t.Setenv("IDEMSCRAPE_CONCURRENCY", "many")
 		_, err := parseFlags([]string{"-catalog-base", "https://s.example"}, &bytes.Buffer{})
@@ -344,7 +365,7 @@ func TestFlags(t *testing.T) {
 		var out bytes.Buffer
 		_, err := parseFlags([]string{"-h"}, &out)
 		assert.ErrorIs(t, err, flag.ErrHelp)
-		for _, s := range []string{"IDEMSCRAPE_PROXY_PASSWORD", "IDEMSCRAPE_HTTP_PASSWORD", "-shutdown-timeout", "-allow-loopback", "$IDEMSCRAPE_PG"} {
+		for _, s := range []string{"IDEMSCRAPE_PROXY_PASSWORD", "IDEMSCRAPE_HTTP_PASSWORD", "-shutdown-timeout", "-allow-loopback", "$IDEMSCRAPE_PG", "-redis-cluster", "$IDEMSCRAPE_REDIS_CLUSTER"} {
 			assert.Contains(t, out.String(), s)
 		}
 	})

@@ -2,7 +2,9 @@
 // binaries (cmd/worker, cmd/scheduler) document them: every flag also reads
 // <Prefix><NAME>, the flag wins over the environment, an environment value that does not
 // parse is an error naming the variable, and -log-format / -log-level build one slog
-// logger.
+// logger. -redis / -redis-cluster (Redis) say where Redis is, one server or a Redis
+// Cluster, and RedisConfig builds every Redis client of a binary from that: the go-redis
+// client and asynq's connection option (docs/CLUSTER.md).
 package envflag
 
 import (

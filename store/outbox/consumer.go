@@ -41,19 +41,22 @@ type ConsumerConfig struct {
 	// Prefix of the stream (when Topic is given) and of the ledger keys. Defaults to
 	// DefaultPrefix.
 	Prefix string
-	// Topic whose stream (<Prefix>stream:<Topic>) is consumed. Required unless Stream is
-	// set.
+	// Topic whose stream (<Prefix>stream:{<Topic>}, see StreamKey) is consumed. Required
+	// unless Stream is set.
 	Topic string
 	// Stream is the full stream key; it overrides Topic. Defaults to StreamKey(Prefix,
-	// Topic).
+	// Topic). Its hash tag is also the ledger keys' (LedgerKey), so a consumer's keys live
+	// in one cluster slot.
 	Stream string
 	// Group is the consumer group; created (with MKSTREAM) if missing. Required.
 	Group string
 	// Consumer is this consumer's name within the group; each concurrently running
 	// Consumer needs its own. Defaults to "<hostname>-<pid>-<random>".
 	Consumer string
-	// StartID is where the group starts if this consumer creates it. Defaults to
-	// DefaultStartID ("0", the whole stream); "$" starts with new entries.
+	// StartID is where the group starts if this consumer creates it when it starts.
+	// Defaults to DefaultStartID ("0", the whole stream); "$" starts with new entries. A
+	// group found gone while running (Redis lost its data, the stream was deleted) is
+	// created again at "0" whatever StartID says, so entries published again are read.
 	StartID string
 	// BatchSize is the most entries one XREADGROUP or XAUTOCLAIM returns. Defaults to
 	// DefaultConsumerBatchSize.
@@ -325,8 +328,13 @@ func (c *Consumer) run(ctx context.Context, process processFunc) error {
 			}
 			failures++
 			if isNoGroup(err) {
-				// The stream or group was deleted under us (or Redis restarted empty).
-				if gerr := c.ensureGroup(ctx); gerr == nil {
+				// The stream or group was deleted under us, or Redis lost its data. The
+				// group is created again at the beginning of the stream whatever StartID
+				// says: entries the dispatchers publish again after a loss (and any
+				// published before the group is back) must be read, not skipped.
+				if gerr := c.createGroup(ctx, "0"); gerr == nil {
+					c.log.WarnContext(ctx, "outbox: consumer group was gone (stream deleted, or Redis lost its data); created it again at the beginning of the stream", "err", err)
+					cursor = "0-0"
 					continue
 				}
 			}
@@ -347,10 +355,14 @@ func isNoGroup(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
 }
 
-func (c *Consumer) ensureGroup(ctx context.Context) error {
+func (c *Consumer) ensureGroup(ctx context.Context) error { return c.createGroup(ctx, c.cfg.StartID) }
+
+// createGroup creates the group (and the stream if missing) at start; an existing group is
+// left as it is.
+func (c *Consumer) createGroup(ctx context.Context, start string) error {
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
 	defer cancel()
-	err := c.rdb.XGroupCreateMkStream(rctx, c.cfg.Stream, c.cfg.Group, c.cfg.StartID).Err()
+	err := c.rdb.XGroupCreateMkStream(rctx, c.cfg.Stream, c.cfg.Group, start).Err()
 	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		return fmt.Errorf("outbox: XGROUP CREATE %s %s: %w", c.cfg.Stream, c.cfg.Group, err)
 	}
@@ -538,7 +550,7 @@ func (c *Consumer) ack(ctx context.Context, ids []string) int {
 func (c *Consumer) processLedger(ctx context.Context, evs []Event, h Handler, rep *BatchReport) []string {
 	keys := make([]string, len(evs))
 	for i, ev := range evs {
-		keys[i] = LedgerKey(c.cfg.Prefix, c.cfg.Group, ev.EventKey)
+		keys[i] = LedgerKey(c.cfg.Prefix, c.cfg.Stream, c.cfg.Group, ev.EventKey)
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
 	exists := make([]*redis.IntCmd, len(keys))

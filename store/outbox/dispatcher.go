@@ -68,7 +68,8 @@ func (p TrimPolicy) String() string {
 // DispatcherConfig configures a Dispatcher. The zero value is valid: every field has a
 // default.
 type DispatcherConfig struct {
-	// Prefix of the stream keys (<Prefix>stream:<topic>). Defaults to DefaultPrefix.
+	// Prefix of the stream keys (<Prefix>stream:{<topic>}) and epoch markers. Defaults to
+	// DefaultPrefix.
 	Prefix string
 	// BatchSize is the most rows claimed and published per transaction. Defaults to
 	// DefaultDispatchBatchSize.
@@ -96,6 +97,15 @@ type DispatcherConfig struct {
 	// TrimInterval is the least time between two trims of one topic under TrimConsumed.
 	// Defaults to DefaultTrimInterval.
 	TrimInterval time.Duration
+	// RecoverWindow is how far back rows marked sent are marked unsent again when Redis
+	// lost a stream's data (see the package doc, Redis data loss): events sent earlier are
+	// assumed consumed. Keep it longer than consumers can lag, and shorter than the outbox
+	// retention (PruneSent), the inbox retention and the ledger TTL. Defaults to
+	// DefaultRecoverWindow.
+	RecoverWindow time.Duration
+	// RecoverBatch is how many rows one re-marking statement changes. Defaults to
+	// DefaultRecoverBatch.
+	RecoverBatch int
 
 	// AfterPublish is a failpoint for tests and chaos runs. When set, it is called with the
 	// outbox ids of a batch after all of the batch's XADDs succeeded and before the rows
@@ -135,6 +145,8 @@ func (c *DispatcherConfig) Validate() error {
 		return fmt.Errorf("outbox: DispatcherConfig.Trim: unknown policy %v", c.Trim)
 	case c.TrimInterval < 0:
 		return fmt.Errorf("outbox: DispatcherConfig.TrimInterval %v is negative", c.TrimInterval)
+	case c.RecoverWindow < 0 || c.RecoverBatch < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.RecoverWindow %v / RecoverBatch %d is negative", c.RecoverWindow, c.RecoverBatch)
 	}
 	return nil
 }
@@ -162,6 +174,12 @@ func (c *DispatcherConfig) withDefaults() DispatcherConfig {
 	}
 	if out.TrimInterval == 0 {
 		out.TrimInterval = DefaultTrimInterval
+	}
+	if out.RecoverWindow == 0 {
+		out.RecoverWindow = DefaultRecoverWindow
+	}
+	if out.RecoverBatch == 0 {
+		out.RecoverBatch = DefaultRecoverBatch
 	}
 	if out.Registerer == nil {
 		out.Registerer = prometheus.NewRegistry()
@@ -191,6 +209,11 @@ type Dispatcher struct {
 
 	trimMu   sync.Mutex
 	lastTrim map[string]time.Time
+
+	lockKey  int64             // recoverLockKey(Prefix)
+	epochMu  sync.Mutex        // guards epochs and vanished
+	epochs   map[string]string // topic → epoch marker value last seen ("" not yet)
+	vanished map[string]string // topic → the epoch seen before its marker vanished, until recovered
 }
 
 // NewDispatcher returns a dispatcher that reads the outbox table through pool and
@@ -215,6 +238,9 @@ func NewDispatcher(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg *Dispatche
 		pool: pool, rdb: rdb, cfg: c, log: c.Logger, metrics: m,
 		wake:     make(chan struct{}, 1),
 		lastTrim: make(map[string]time.Time),
+		lockKey:  recoverLockKey(c.Prefix),
+		epochs:   make(map[string]string),
+		vanished: make(map[string]string),
 	}
 	if c.Trim == TrimConsumed {
 		d.trimmer, err = NewTrimmer(rdb, &TrimmerConfig{Prefix: c.Prefix, RedisTimeout: c.RedisTimeout, Logger: c.Logger})
@@ -242,13 +268,32 @@ type outboxRow struct {
 // dispatchers hold), publishes them and marks them sent, in one transaction. It returns
 // the number of rows marked sent; on error none of the batch's rows are marked sent (some
 // may have been published: they are published again by a later batch). A result equal to
-// BatchSize means more rows may be waiting.
+// BatchSize means more rows may be waiting. A batch whose stream has lost its epoch marker
+// (Redis lost its data) is rolled back before anything is published, the stream recovered
+// (see the package doc) and a batch claimed again, once.
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
+	for try := 0; ; try++ {
+		n, lost, err := d.dispatchBatch(ctx)
+		if len(lost) == 0 {
+			return n, err
+		}
+		if try > 0 {
+			return 0, fmt.Errorf("outbox: dispatch: epoch markers of %q gone again right after their recovery", lost)
+		}
+		if err := d.recoverStreams(ctx, lost); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// dispatchBatch is one try of DispatchOnce. lost lists the batch's topics whose epoch
+// marker is absent; the batch is then rolled back unpublished (its rows stay unsent).
+func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, lost []string, err error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	tx, err := d.pool.Begin(qctx)
 	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("outbox: dispatch: begin: %w", err)
+		return 0, nil, fmt.Errorf("outbox: dispatch: begin: %w", err)
 	}
 	defer func() {
 		// A no-op after Commit. Detached from ctx so a cancelled caller still frees the
@@ -260,13 +305,30 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 
 	rows, err := d.claim(ctx, tx)
 	if err != nil || len(rows) == 0 {
-		return 0, err
+		return 0, nil, err
+	}
+
+	// The epoch markers of the batch's topics are read before anything is published (one
+	// round trip per batch): a batch never appends to a stream whose marker is gone, so a
+	// stream that lost its data holds no entry (and no entries-added count) from this
+	// dispatcher until it is recovered.
+	var topics []string
+	seen := make(map[string]bool)
+	for _, r := range rows {
+		if !seen[r.topic] {
+			seen[r.topic] = true
+			topics = append(topics, r.topic)
+		}
+	}
+	d.track(topics...)
+	if lost, err = d.absentEpochs(ctx, topics); err != nil || len(lost) > 0 {
+		return 0, lost, err
 	}
 
 	published, err := d.publish(ctx, rows)
 	if err != nil {
 		d.countRepublished(rows, published)
-		return 0, err
+		return 0, nil, err
 	}
 
 	ids := make([]int64, len(rows))
@@ -276,7 +338,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	if d.cfg.AfterPublish != nil {
 		if err := d.cfg.AfterPublish(ids); err != nil {
 			d.countRepublished(rows, published)
-			return 0, fmt.Errorf("outbox: dispatch: AfterPublish failpoint: %w", err)
+			return 0, nil, fmt.Errorf("outbox: dispatch: AfterPublish failpoint: %w", err)
 		}
 	}
 
@@ -284,23 +346,26 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	defer cancel()
 	if _, err := tx.Exec(qctx, `UPDATE outbox SET sent_at = now() WHERE id = ANY($1)`, ids); err != nil {
 		d.countRepublished(rows, published)
-		return 0, fmt.Errorf("outbox: dispatch: mark %d rows sent: %w", len(ids), err)
+		return 0, nil, fmt.Errorf("outbox: dispatch: mark %d rows sent: %w", len(ids), err)
 	}
 	if err := tx.Commit(qctx); err != nil {
 		// The commit may have happened; if so the republished count is one batch too high.
 		d.countRepublished(rows, published)
-		return 0, fmt.Errorf("outbox: dispatch: commit: %w", err)
+		return 0, nil, fmt.Errorf("outbox: dispatch: commit: %w", err)
 	}
 	d.maybeTrim(ctx, rows)
-	return len(rows), nil
+	return len(rows), nil, nil
 }
 
 func (d *Dispatcher) claim(ctx context.Context, tx pgx.Tx) ([]outboxRow, error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	defer cancel()
+	// The shared recovery lock is held until the batch commits or rolls back: a recovery
+	// (exclusive) waits for batches in flight and holds new claims back while it runs.
 	rows, _ := tx.Query(qctx, `
-SELECT id, event_key, topic, payload::text, created_at FROM outbox
-WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, d.cfg.BatchSize)
+WITH recovery AS (SELECT pg_advisory_xact_lock_shared($2::bigint))
+SELECT id, event_key, topic, payload::text, created_at FROM outbox, recovery
+WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE OF outbox SKIP LOCKED`, d.cfg.BatchSize, d.lockKey)
 	var r outboxRow
 	out := make([]outboxRow, 0, d.cfg.BatchSize)
 	_, err := pgx.ForEachRow(rows, []any{&r.id, &r.eventKey, &r.topic, &r.payload, &r.createdAt}, func() error {
@@ -488,8 +553,12 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	// A batch runs to its end even when Stop (or the caller's context) ends the loop: its
 	// rows are published already, and cutting it short would roll back the mark and publish
 	// them again. Every step of a batch is bounded by QueryTimeout / RedisTimeout and
-	// PublishAttempts, so Stop still returns promptly.
+	// PublishAttempts, so Stop still returns promptly (a recovery after a Redis data loss,
+	// which waits for every dispatcher's batch in flight, is bounded by recoverTimeout).
 	batchCtx := context.WithoutCancel(ctx)
+	if err := d.discoverTopics(ctx); err != nil && ctx.Err() == nil {
+		d.log.WarnContext(ctx, "outbox: finding the topics sent recently failed; only topics published from now on are watched for Redis data loss", "err", err)
+	}
 	for {
 		n, err := d.DispatchOnce(batchCtx)
 		if ctx.Err() != nil {
@@ -510,6 +579,19 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		failures = 0
 		if n >= d.cfg.BatchSize {
 			continue // a full batch: more rows are probably waiting
+		}
+		// Idle: make sure no stream this dispatcher watches lost its data while nothing
+		// was published to it.
+		if recovered, err := d.CheckStreams(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.log.WarnContext(ctx, "outbox: checking the streams' epoch markers failed", "err", err)
+		} else if len(recovered) > 0 {
+			continue // re-marked rows are waiting
+		}
+		if ctx.Err() != nil {
+			return
 		}
 		t := time.NewTimer(jittered(d.cfg.PollInterval, DefaultPollJitter))
 		select {

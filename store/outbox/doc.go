@@ -9,9 +9,10 @@
 // that forgets the NOTIFY is still dispatched, one poll interval later.
 //
 // A [Dispatcher] claims up to BatchSize unsent rows in one transaction
-// (SELECT … FOR UPDATE SKIP LOCKED, oldest first), appends them with one pipelined round of
-// XADD to the stream <prefix>stream:<topic> (see [StreamKey]), and only then marks them sent
-// and commits. Any number of dispatchers may run at once, in one process or many: SKIP LOCKED
+// (SELECT … FOR UPDATE SKIP LOCKED, oldest first), checks that the epoch marker of each
+// topic's stream is there (one pipelined GET, see Redis data loss below), appends them with
+// one pipelined round of XADD to the stream <prefix>stream:{<topic>} (see [StreamKey]), and
+// only then marks them sent and commits. Any number of dispatchers may run at once, in one process or many: SKIP LOCKED
 // hands each a disjoint batch. Guarantees:
 //
 //   - A row is marked sent only after its XADD succeeded. If Redis is down, a publish is
@@ -23,13 +24,63 @@
 //   - There is no order across batches when several dispatchers run: consumers must not
 //     rely on stream order between events.
 //
+// # Redis data loss
+//
+// A row is marked sent once its XADD succeeded; if Redis then loses its data (restarted
+// without persistence, FLUSHALL, a cluster node replaced empty), the entries not yet
+// consumed are gone. The dispatchers find such a loss and publish those events again:
+//
+//   - Every stream has an epoch marker, <prefix>epoch:{<topic>} ([EpochKey], in the
+//     stream's cluster slot, so it is lost exactly when the stream is). A dispatcher reads
+//     the markers of a batch's topics before it publishes the batch, and of every topic it
+//     watches whenever it is idle ([Dispatcher.CheckStreams]; the topics it published to
+//     since it started and those sent within RecoverWindow when it started). It never
+//     appends to a stream whose marker is absent.
+//   - A marker absent means a possible loss. The dispatcher then takes an exclusive
+//     PostgreSQL advisory lock that every batch holds shared from its claim to its commit,
+//     so the batches that published before the loss have committed and no batch claims
+//     rows meanwhile; several dispatchers in several processes recover one at a time, and
+//     the ones after the first find the marker back and do nothing.
+//   - The stream lost its history if this dispatcher had seen the marker and saw it
+//     vanish, or if the stream has recorded fewer entries ever added (XINFO STREAM
+//     entries-added; trimming and XDEL never lower it) than the outbox holds rows of the
+//     topic marked sent: every sent row was appended before it was marked. So a stream
+//     trimmed empty, a second dispatcher starting, a consumer group recreated on an empty
+//     stream or the first start on an intact stream (an upgrade from a version without
+//     markers) re-mark nothing.
+//   - On a loss, the rows of the topic sent within RecoverWindow (24 h by default) before
+//     the recovery are marked unsent again in batches of RecoverBatch, counted in
+//     idemscrape_outbox_streams_lost_total and idemscrape_outbox_remarked_total and logged
+//     once (level ERROR); then the marker is created anew and the rows are dispatched as
+//     usual. A crash in between re-marks again later: more copies, never fewer.
+//   - A [Consumer] whose group vanished while it runs (NOGROUP) creates it again at the
+//     beginning of the new stream ("0", whatever StartID says), so it reads the entries
+//     published again, and any published before it noticed.
+//
+// The effect for consumers: every event that may have been in the lost stream is
+// delivered again, including those the group had already handled before the loss.
+// [Consumer.RunTx] recognises them in its PostgreSQL inbox: exactly once in effect, as
+// long as RecoverWindow is shorter than the inbox retention. [Consumer.Run] keeps its
+// ledger in Redis, in the stream's slot, so it is lost with the stream: every event sent
+// within RecoverWindow before the loss that the group had already handled runs its
+// handler a second time (at least once; exactly once only for idempotent handlers).
+//
+// What it cannot see: a Redis that comes back with part of its data (restarted from an
+// older RDB snapshot or AOF, a replica promoted before it received the last writes) still
+// has the marker, so the entries appended after the snapshot and not yet consumed are not
+// republished. Use appendonly with appendfsync always, or accept that window. An epoch
+// marker deleted or evicted by hand under running dispatchers counts as a loss (a
+// republish, harmless to RunTx consumers): run Redis with maxmemory-policy noeviction, as
+// asynq needs anyway. All dispatchers on one outbox table must use one Prefix (a row sent
+// under another prefix looks missing from this one's streams).
+//
 // # Trimming
 //
 // Redis 7.0 has neither idempotent XADD nor the ACKED trim option, and plain MAXLEN trimming
 // drops entries that a consumer group has not delivered or not acknowledged yet. So the
 // dispatcher does not trim by default ([TrimNever]). A [Trimmer] (or [TrimConsumed] in
-// [DispatcherConfig]) trims with XTRIM MINID to a floor computed atomically (one Lua script)
-// over every consumer group of the stream: the smallest of each group's oldest pending id
+// [DispatcherConfig]) trims with XTRIM MINID to a floor computed atomically (one Lua
+// script, lua.TrimStream in lua/trim.lua) over every consumer group of the stream: the smallest of each group's oldest pending id
 // and the id right after the group's last-delivered-id. The bound is:
 //
 //   - every entry that is pending in some group (delivered, not acknowledged) is kept;
@@ -56,14 +107,16 @@
 //
 // Two idempotency modes:
 //
-//   - [Consumer.Run] keeps a ledger in Redis: key <prefix>ledger:{<group>}:<event_key>. It
+//   - [Consumer.Run] keeps a ledger in Redis: keys <prefix>ledger:{<topic>}:<group>:<event_key>
+//     ([LedgerKey]; the stream's hash tag, so a consumer's keys share one cluster slot). It
 //     is checked before the handler and set (SET NX with a TTL, 7 days by default) only
 //     after the handler succeeded, so a handler that failed is run again on redelivery. A
 //     duplicate whose mark exists is acknowledged and skipped. What it cannot promise: a
 //     crash (or a failed SET) between the handler's side effect and the ledger SET runs the
 //     handler again on redelivery, and two copies of one event handled at the same moment
-//     by two consumers both run it; a mark that expired lets a later replay through. The
-//     effect is at least once; it is exactly once only for handlers that are idempotent.
+//     by two consumers both run it; a mark that expired lets a later replay through; a
+//     Redis that lost its data lost the ledger too (see Redis data loss). The effect is at
+//     least once; it is exactly once only for handlers that are idempotent.
 //   - [Consumer.RunTx] keeps an inbox table in PostgreSQL (outbox_inbox, migration 00002).
 //     Each event runs in one transaction that inserts (group, event_key) into the inbox and
 //     runs the handler with that transaction; a replay finds the row and is skipped. The
@@ -96,6 +149,8 @@
 //	idemscrape_outbox_published_total{topic}      XADDs that succeeded (every copy)
 //	idemscrape_outbox_republished_total{topic}    copies whose batch rolled back afterwards
 //	idemscrape_outbox_dispatch_lag_seconds        now − created_at at XADD time
+//	idemscrape_outbox_streams_lost_total{topic}   streams found to have lost their history
+//	idemscrape_outbox_remarked_total{topic}       sent rows marked unsent again after a loss
 //	idemscrape_outbox_deduplicated_total{group}   duplicates acknowledged without the handler
 //	idemscrape_outbox_claimed_total{group}        entries reclaimed with XAUTOCLAIM
 //	idemscrape_outbox_lost_total{group}           pending entries deleted or trimmed away

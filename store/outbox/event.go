@@ -2,11 +2,15 @@ package outbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -31,14 +35,48 @@ const (
 	FieldCreatedAt = "created_at"
 )
 
-// StreamKey returns the STREAM a topic is published to: <prefix>stream:<topic>.
-func StreamKey(prefix, topic string) string { return prefix + "stream:" + topic }
+// StreamKey returns the STREAM a topic is published to: <prefix>stream:{<topic>}. The hash
+// tag is the topic (see [TopicTag]), so on Redis Cluster a stream, its epoch marker
+// ([EpochKey]) and the ledger marks of its consumers ([LedgerKey]) live in one slot.
+func StreamKey(prefix, topic string) string { return prefix + "stream:" + TopicTag(topic) }
 
-// LedgerKey returns the STRING that marks an event key as handled by group in Run mode:
-// <prefix>ledger:{<group>}:<eventKey>. The hash tag keeps one group's marks on one cluster
-// slot.
-func LedgerKey(prefix, group, eventKey string) string {
-	return prefix + "ledger:{" + group + "}:" + eventKey
+// EpochKey returns the STRING that marks a stream's history as intact:
+// <prefix>epoch:{<topic>}, in the stream's slot. A dispatcher creates it (SET NX) and
+// publishes to the stream only while it exists; finding it gone means Redis lost the
+// stream's data, and the dispatcher publishes again what may have been lost (see the
+// package doc, Redis data loss).
+func EpochKey(prefix, topic string) string { return prefix + "epoch:" + TopicTag(topic) }
+
+// TopicTag returns the hash tag of a topic, braces included: "{<topic>}", or a hash of the
+// topic ("{t:<hex>}") when the topic is empty or holds a brace, which would end or empty
+// the tag.
+func TopicTag(topic string) string {
+	if topic == "" || strings.ContainsAny(topic, "{}") {
+		sum := sha256.Sum256([]byte(topic))
+		return "{t:" + hex.EncodeToString(sum[:12]) + "}"
+	}
+	return "{" + topic + "}"
+}
+
+// streamTag returns the hash tag Redis Cluster hashes stream by, braces included: the
+// first "{…}" with something inside, as Redis finds it, or else "{<stream>}" (a hash of it
+// when it holds a brace), which maps ledger keys to one slot (not the stream's).
+func streamTag(stream string) string {
+	if i := strings.IndexByte(stream, '{'); i >= 0 {
+		if j := strings.IndexByte(stream[i+1:], '}'); j > 0 {
+			return stream[i : i+1+j+1]
+		}
+	}
+	return TopicTag(stream)
+}
+
+// LedgerKey returns the STRING that marks an event key as handled by group in Run mode, for
+// a consumer of stream (its full key, e.g. StreamKey(prefix, topic)):
+// <prefix>ledger:{<tag>}:<group>:<eventKey>, where {<tag>} is the stream's hash tag, so a
+// consumer's stream and ledger marks live in one cluster slot, and group is query-escaped
+// (a ':' in it cannot make two groups' marks collide).
+func LedgerKey(prefix, stream, group, eventKey string) string {
+	return prefix + "ledger:" + streamTag(stream) + ":" + url.QueryEscape(group) + ":" + eventKey
 }
 
 // Event is one outbox event as a consumer receives it.

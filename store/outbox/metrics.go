@@ -23,6 +23,12 @@ type DispatcherMetrics struct {
 	// Lag observes, per published copy, the time from the row's created_at (PostgreSQL
 	// clock) to its XADD (this process's clock).
 	Lag prometheus.Histogram
+	// StreamsLost counts, per topic, recoveries of a stream that Redis lost the history of
+	// (epoch marker gone and fewer entries ever added than rows marked sent).
+	StreamsLost *prometheus.CounterVec
+	// Remarked counts, per topic, outbox rows marked unsent again by those recoveries:
+	// events published again because their stream entries may have been lost.
+	Remarked *prometheus.CounterVec
 }
 
 // ConsumerMetrics are the collectors a Consumer updates, labelled by consumer group.
@@ -56,6 +62,14 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 			Help:    "Time from an outbox row's created_at to its XADD.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14), // 1 ms … ~2.5 min
 		}),
+		StreamsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_outbox_streams_lost_total",
+			Help: "Streams found to have lost their history in Redis (epoch marker gone) and recovered by re-marking sent rows.",
+		}, []string{"topic"}),
+		Remarked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_outbox_remarked_total",
+			Help: "Outbox rows marked unsent again after Redis lost their stream; each is published again.",
+		}, []string{"topic"}),
 	}
 	var err error
 	if m.Published, err = register(reg, m.Published); err != nil {
@@ -65,6 +79,12 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 		return nil, err
 	}
 	if m.Lag, err = register(reg, m.Lag); err != nil {
+		return nil, err
+	}
+	if m.StreamsLost, err = register(reg, m.StreamsLost); err != nil {
+		return nil, err
+	}
+	if m.Remarked, err = register(reg, m.Remarked); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -518,8 +518,9 @@ func firstIDs(t testing.TB, pool *pgxpool.Pool, n int) []int64 {
 }
 
 // TestDispatcherRedisDown stops Redis under a running dispatcher: its batches must fail
-// (after bounded retries) and roll back, so nothing is marked sent; when Redis is back
-// (empty: Restart loses data), it catches up.
+// and roll back (the loop retries with backoff), so nothing is marked sent; when Redis is back
+// (empty: Restart loses data), it catches up, and the one event it had published before
+// Redis went down (lost with Redis's data) is found and published again.
 func TestDispatcherRedisDown(t *testing.T) {
 	ctx := context.Background()
 	srv := testutil.StartRedis(t)
@@ -528,9 +529,6 @@ func TestDispatcherRedisDown(t *testing.T) {
 	b := setup(t)
 	b.rdb = rdb
 	const events = 120
-	insertEvents(t, b.pool, "t", 1, events)
-	srv.Stop()
-
 	type result struct {
 		n   int
 		err error
@@ -541,14 +539,22 @@ func TestDispatcherRedisDown(t *testing.T) {
 		RetryBackoff: time.Millisecond, RetryBackoffMax: 20 * time.Millisecond,
 		OnBatch: func(n int, err error) { results <- result{n, err} },
 	})
+	// One event published while Redis is up: the dispatcher knows the stream's epoch.
+	insertEvents(t, b.pool, "t", 1, 1)
+	n, err := d.DispatchOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	insertEvents(t, b.pool, "t", 2, events-1)
+	srv.Stop()
+
 	require.NoError(t, d.Start(ctx))
 	for i := 0; i < 3; i++ {
 		r := recv(t, results, "failed batch")
 		require.Error(t, r.err, "batch %d with Redis down", i)
-		require.ErrorContains(t, r.err, "after 3 attempts")
+		require.ErrorContains(t, r.err, "epoch marker", "the batch fails at its first Redis round trip, before publishing")
 		require.Zero(t, r.n)
 	}
-	require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`), "nothing marked sent while Redis is down")
+	require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`), "nothing marked sent while Redis is down")
 
 	srv.Start()
 	sent := 0
@@ -559,9 +565,11 @@ func TestDispatcherRedisDown(t *testing.T) {
 		}
 	}
 	d.Stop()
-	require.Equal(t, events, sent)
+	require.Equal(t, events, sent, "the 119 new events and the lost one, published again")
 	require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
-	require.Equal(t, events, xlen(t, rdb, outbox.StreamKey(b.prefix, "t")), "every event in the (new, empty) Redis")
+	require.Equal(t, events, xlen(t, rdb, outbox.StreamKey(b.prefix, "t")), "every event in the (new, empty) Redis, once")
+	require.Equal(t, 1.0, ptu.ToFloat64(d.Metrics().Remarked.WithLabelValues("t")))
+	require.Equal(t, 1.0, ptu.ToFloat64(d.Metrics().StreamsLost.WithLabelValues("t")))
 }
 
 // TestNotifyWakesDispatcher: with polling effectively off, only the NOTIFY of the commit
@@ -724,7 +732,7 @@ func TestConsumerLedgerMarksAfterSuccess(t *testing.T) {
 	stream := outbox.StreamKey(b.prefix, topic)
 	waitFor(t, 30*time.Second, nil, "all acknowledged", func() bool { return groupDone(t, b.rdb, stream, group) })
 	for i := 1; i <= 5; i++ {
-		key := outbox.LedgerKey(b.prefix, group, fmt.Sprintf("ev:%d", i))
+		key := outbox.LedgerKey(b.prefix, stream, group, fmt.Sprintf("ev:%d", i))
 		ttl, err := b.rdb.TTL(ctx, key).Result()
 		require.NoError(t, err)
 		require.Greater(t, ttl, outbox.DefaultLedgerTTL-time.Minute, "ledger mark %s with its TTL", key)
@@ -936,7 +944,7 @@ func TestConsumerConfig(t *testing.T) {
 	ns := testutil.Redis(t)
 	c, err := outbox.NewConsumer(ns.Client, &outbox.ConsumerConfig{Topic: "t", Group: "g"})
 	require.NoError(t, err)
-	require.Equal(t, outbox.DefaultPrefix+"stream:t", c.Stream())
+	require.Equal(t, outbox.DefaultPrefix+"stream:{t}", c.Stream())
 	require.NotEmpty(t, c.Name(), "a generated consumer name")
 	require.Error(t, c.Run(context.Background(), nil))
 }

@@ -2,23 +2,19 @@ package outbox
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/lua"
 )
-
-//go:embed trim.lua
-var trimLua string
-
-var trimScript = redis.NewScript(trimLua)
 
 // TrimmerConfig configures a Trimmer. The zero value is valid.
 type TrimmerConfig struct {
-	// Prefix of the stream keys (<Prefix>stream:<topic>). Defaults to DefaultPrefix.
+	// Prefix of the stream keys (<Prefix>stream:{<topic>}). Defaults to DefaultPrefix.
 	Prefix string
 	// RedisTimeout bounds the trim script. Defaults to DefaultRedisTimeout.
 	RedisTimeout time.Duration
@@ -76,21 +72,14 @@ func (t *Trimmer) Trim(ctx context.Context, topic string) (int64, error) {
 	return t.TrimStream(ctx, StreamKey(t.prefix, topic))
 }
 
-// TrimStream is Trim for a stream given by its full key.
+// TrimStream is Trim for a stream given by its full key. The script is lua.TrimStream
+// (lua/trim.lua), bounded by RedisTimeout.
 func (t *Trimmer) TrimStream(ctx context.Context, stream string) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
-	res, err := trimScript.Run(rctx, t.rdb, []string{stream}).Slice()
+	n, floor, err := lua.TrimStream(rctx, t.rdb, stream)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: trim %s: %w", stream, err)
-	}
-	if len(res) != 2 {
-		return 0, fmt.Errorf("outbox: trim %s: unexpected reply %v", stream, res)
-	}
-	n, ok := res[0].(int64)
-	floor, ok2 := res[1].(string)
-	if !ok || !ok2 {
-		return 0, fmt.Errorf("outbox: trim %s: unexpected reply %v", stream, res)
+		return 0, fmt.Errorf("outbox: trim: %w", err)
 	}
 	if n > 0 {
 		t.log.DebugContext(ctx, "outbox: trimmed stream", "stream", stream, "trimmed", n, "min_id", floor)

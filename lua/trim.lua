@@ -1,17 +1,17 @@
--- KEYS[1] -> <prefix>stream:<topic> (STREAM)
+-- trim.lua: trim an outbox stream to the entries some consumer group still needs, and
+-- nothing more: remove only entries that every group has delivered and acknowledged.
+-- The floor is the smallest, over every consumer group of the stream, of
+--   * the group's oldest pending id (delivered, not acknowledged), and
+--   * the id right after the group's last-delivered-id (the first entry not delivered);
+-- the stream is trimmed with XTRIM MINID = <floor> (exact). Reading the groups and trimming
+-- happen in one script, so no group can appear or move between the two.
+--
+-- KEYS[1] -> <prefix>stream:<topic>   STREAM  the outbox stream (its name may carry a hash tag)
 -- --
 -- (no ARGV)
 --
--- Trims the stream with XTRIM MINID = <floor> (exact), where floor is the smallest, over
--- every consumer group of the stream, of:
---   * the group's oldest pending id (delivered, not acknowledged), and
---   * the id right after the group's last-delivered-id (the first entry not delivered).
--- So only entries that every group has delivered and acknowledged are removed. Reading
--- the groups and trimming happen in one script, so no group can appear or move between
--- the two.
---
--- Returns {trimmed, floor}:
---   {n, "<ms>-<seq>"}  n entries below floor were removed (n may be 0)
+-- Returns
+--   {n, "<ms>-<seq>"}  n entries below the floor were removed (n may be 0)
 --   {0, ""}            the stream does not exist or has no consumer group: nothing removed
 
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'stream' then

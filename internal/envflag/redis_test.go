@@ -1,0 +1,156 @@
+package envflag
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// proto is a Redis error reply as go-redis returns it.
+type proto string
+
+func (e proto) Error() string { return string(e) }
+func (proto) RedisError()     {}
+
+func TestRedis(t *testing.T) {
+	parse := func(t *testing.T, args ...string) (RedisConfig, error) {
+		t.Helper()
+		var r Redis
+		s := New("t", "EFT_", io.Discard)
+		r.Define(s)
+		require.NoError(t, s.Parse(args))
+		return r.Config()
+	}
+	t.Setenv("EFT_REDIS", "")
+	t.Setenv("EFT_REDIS_CLUSTER", "")
+
+	t.Run("DefaultIsOneLocalServer", func(t *testing.T) {
+		c, err := parse(t)
+		require.NoError(t, err)
+		assert.Equal(t, RedisConfig{Addr: DefaultRedisAddr}, c)
+		assert.False(t, c.IsCluster())
+	})
+	t.Run("OneServer", func(t *testing.T) {
+		t.Setenv("EFT_REDIS", "10.0.0.5:6380")
+		c, err := parse(t)
+		require.NoError(t, err)
+		assert.Equal(t, RedisConfig{Addr: "10.0.0.5:6380"}, c)
+		assert.Equal(t, asynq.RedisClientOpt{Addr: "10.0.0.5:6380"}, c.AsynqConnOpt())
+		cl := c.NewClient()
+		defer cl.Close()
+		assert.IsType(t, &redis.Client{}, cl)
+		assert.Equal(t, "redis 10.0.0.5:6380", c.String())
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		t.Setenv("EFT_REDIS_CLUSTER", " 127.0.0.1:7000, 127.0.0.1:7001 ,[::1]:7002")
+		c, err := parse(t)
+		require.NoError(t, err)
+		want := []string{"127.0.0.1:7000", "127.0.0.1:7001", "[::1]:7002"}
+		assert.Equal(t, RedisConfig{Cluster: want}, c)
+		assert.True(t, c.IsCluster())
+		assert.Equal(t, ClusterConnOpt{Addrs: want}, c.AsynqConnOpt())
+		cl := c.NewClient()
+		defer cl.Close()
+		assert.IsType(t, &redis.ClusterClient{}, cl)
+		assert.Equal(t, DefaultClusterStateReload, cl.(*redis.ClusterClient).Options().ClusterStateReloadInterval)
+		ac, ok := c.AsynqConnOpt().MakeRedisClient().(*redis.ClusterClient)
+		require.True(t, ok, "asynq gets a cluster client")
+		defer ac.Close()
+		assert.Equal(t, want, ac.Options().Addrs)
+		assert.Equal(t, DefaultClusterStateReload, ac.Options().ClusterStateReloadInterval)
+	})
+	t.Run("OneSeedStillACluster", func(t *testing.T) {
+		c, err := parse(t, "-redis-cluster", "127.0.0.1:7000")
+		require.NoError(t, err)
+		cl := c.NewClient()
+		defer cl.Close()
+		assert.IsType(t, &redis.ClusterClient{}, cl, "a seed list of one node is still a cluster")
+		assert.IsType(t, ClusterConnOpt{}, c.AsynqConnOpt())
+	})
+	t.Run("OptionIsACopy", func(t *testing.T) {
+		c := RedisConfig{Cluster: []string{"a:1"}}
+		c.AsynqConnOpt().(ClusterConnOpt).Addrs[0] = "changed:2"
+		assert.Equal(t, []string{"a:1"}, c.Cluster)
+	})
+	t.Run("Refused", func(t *testing.T) {
+		tests := []struct {
+			name    string
+			env     map[string]string
+			args    []string
+			wantErr string
+		}{
+			{"BothFromEnvironment", map[string]string{"EFT_REDIS": "a:1", "EFT_REDIS_CLUSTER": "b:2"}, nil,
+				"-redis ($EFT_REDIS) and -redis-cluster ($EFT_REDIS_CLUSTER) are both set"},
+			{"FlagAndEnvironment", map[string]string{"EFT_REDIS_CLUSTER": "b:2"}, []string{"-redis", "a:1"},
+				"are both set"},
+			{"NoPort", nil, []string{"-redis", "localhost"}, `-redis ($EFT_REDIS) "localhost": not host:port`},
+			{"BadPort", nil, []string{"-redis", "localhost:http"}, `port "http" is not a number`},
+			{"PortZero", nil, []string{"-redis", "localhost:0"}, `port "0"`},
+			{"URL", nil, []string{"-redis", "redis://h:6379"}, `-redis ($EFT_REDIS) "redis://h:6379"`},
+			{"ListInSingle", nil, []string{"-redis", "a:1,b:2"}, "one address only (a cluster's nodes go in -redis-cluster ($EFT_REDIS_CLUSTER))"},
+			{"EmptyEntry", map[string]string{"EFT_REDIS_CLUSTER": "a:1,,b:2"}, nil,
+				`-redis-cluster ($EFT_REDIS_CLUSTER): entry 2 "": empty address`},
+			{"BadEntry", nil, []string{"-redis-cluster", "a:1,b"}, `-redis-cluster ($EFT_REDIS_CLUSTER): entry 2 "b": not host:port`},
+			{"NoHost", nil, []string{"-redis-cluster", ":7000"}, `entry 1 ":7000": empty host`},
+			{"Duplicate", nil, []string{"-redis-cluster", "a:1,a:1"}, `entry 2 "a:1" is listed twice`},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				for k, v := range tt.env {
+					t.Setenv(k, v)
+				}
+				_, err := parse(t, tt.args...)
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.wantErr)
+			})
+		}
+	})
+	t.Run("NodeFailure", func(t *testing.T) {
+		for _, tt := range []struct {
+			err  error
+			want bool
+		}{
+			{nil, false},
+			{redis.Nil, false},
+			{context.Canceled, false},
+			{fmt.Errorf("read: %w", context.DeadlineExceeded), false},
+			{errors.New("ERR wrong number of arguments"), false},
+			{redis.ErrClosed, false},
+			{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+			{fmt.Errorf("x: %w", syscall.ECONNRESET), true},
+			{io.EOF, true},
+			{proto("CLUSTERDOWN The cluster is down"), true},
+			{proto("MOVED 3999 127.0.0.1:6381"), false}, // go-redis follows and reloads itself
+		} {
+			assert.Equal(t, tt.want, nodeFailure(tt.err), "%v", tt.err)
+		}
+	})
+	t.Run("FromEnvironment", func(t *testing.T) {
+		c, err := RedisFromEnv("EFT_")
+		require.NoError(t, err)
+		assert.Equal(t, RedisConfig{Addr: DefaultRedisAddr}, c)
+
+		t.Setenv("EFT_REDIS_CLUSTER", "127.0.0.1:7000,127.0.0.1:7001")
+		c, err = RedisFromEnv("EFT_")
+		require.NoError(t, err)
+		assert.Equal(t, []string{"127.0.0.1:7000", "127.0.0.1:7001"}, c.Cluster)
+
+		t.Setenv("EFT_REDIS", "a:1")
+		_, err = RedisFromEnv("EFT_")
+		assert.ErrorContains(t, err, "$EFT_REDIS and $EFT_REDIS_CLUSTER are both set")
+
+		t.Setenv("EFT_REDIS", "")
+		t.Setenv("EFT_REDIS_CLUSTER", "x")
+		_, err = RedisFromEnv("EFT_")
+		assert.ErrorContains(t, err, `$EFT_REDIS_CLUSTER: entry 1 "x": not host:port`)
+	})
+}
