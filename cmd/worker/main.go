@@ -68,6 +68,7 @@ import (
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store/outbox"
 )
 
@@ -95,6 +96,8 @@ type config struct {
 	ignoreRobots      bool
 	log               envflag.Log
 	catalogBase       string
+	savedInputs       string
+	savedPolicy       inputs.Policy
 	maxSessionRestart int
 }
 
@@ -110,7 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Int(&c.concurrency, "concurrency", "CONCURRENCY", service.DefaultConcurrency, "jobs run at once")
 	s.String(&c.queues, "queues", "QUEUES", "", "asynq queues and weights, name:weight,… (default: one queue per registered kind, named like the kind, weight 1)")
 	s.String(&c.keyPrefix, "key-prefix", "KEY_PREFIX", handlers.DefaultKeyPrefix, "prefix of the lease keys in Redis")
-	s.String(&c.streamPrefix, "stream-prefix", "STREAM_PREFIX", outbox.DefaultPrefix, "prefix of the outbox stream keys (<prefix>stream:<topic>)")
+	s.String(&c.streamPrefix, "stream-prefix", "STREAM_PREFIX", outbox.DefaultPrefix, "prefix of the outbox stream keys (<prefix>stream:{<topic>})")
 	s.String(&c.workerID, "worker-id", "WORKER_ID", "", "this worker's name in attempts rows (default host/pid)")
 	s.Duration(&c.leaseDefault, "lease-default", "LEASE_DEFAULT", handlers.DefaultLeaseLength, "lease length of a kind until enough durations were measured")
 	s.Duration(&c.leaseMin, "lease-min", "LEASE_MIN", handlers.DefaultLeaseMin, "shortest lease")
@@ -125,6 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Bool(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow destinations on 127.0.0.0/8 and ::1 (demos and tests only; never in production)")
 	s.Bool(&c.ignoreRobots, "ignore-robots", "IGNORE_ROBOTS", "do not fetch or respect robots.txt")
 	c.log.Define(s)
+	s.String(&c.savedInputs, "saved-inputs", "SAVED_INPUTS", "never", "what the example kind keeps of each attempt for idemscrape reparse: never, always, on_failure or sample(RATE), optionally \",max=BYTES\" (docs/PARSERS.md)")
 	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes (required)")
 
 	s.FS.Usage = func() {
@@ -169,6 +173,9 @@ func (c *config) validate() error {
 		return err
 	}
 	var err error
+	if c.savedPolicy, err = inputs.ParsePolicy(c.savedInputs); err != nil {
+		return fmt.Errorf("-saved-inputs ($IDEMSCRAPE_SAVED_INPUTS): %w", err)
+	}
 	if c.redisCfg, err = c.redis.Config(); err != nil {
 		return err
 	}
@@ -285,7 +292,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	defer reg.Close()
 	kinds := []string{catalog.Kind}
-	var kindOpts []handlers.KindOption
+	kindOpts := []handlers.KindOption{handlers.WithSavedInputs(c.savedPolicy)}
 	if retryOpt != nil {
 		kindOpts = append(kindOpts, retryOpt)
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -335,6 +336,19 @@ func TestFlags(t *testing.T) {
 				assert.Error(t, err)
 			})
 		}
+	})
+	t.Run("SavedInputs", func(t *testing.T) {
+		t.Setenv("IDEMSCRAPE_SAVED_INPUTS", "")
+		c, err := parseFlags([]string{"-catalog-base", "https://s.example"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, inputs.Never, c.savedPolicy.Mode, "nothing is kept unless asked")
+		c, err = parseFlags([]string{"-catalog-base", "https://s.example", "-saved-inputs", "sample(0.25)"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, inputs.Sample, c.savedPolicy.Mode)
+		_, err = parseFlags([]string{"-catalog-base", "https://s.example", "-saved-inputs", "sometimes"}, &bytes.Buffer{})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "-saved-inputs")
+		assert.Contains(t, err.Error(), `"sometimes"`)
 	})
 	t.Run("RedisCluster", func(t *testing.T) {
 		t.Setenv("IDEMSCRAPE_REDIS", "")
