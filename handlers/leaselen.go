@@ -83,9 +83,27 @@ type LeaseLengths struct {
 	kinds map[string]*durationRing
 }
 
+// durationRing holds a kind's recent durations in arrival order (buf) and the same
+// durations sorted (sorted), kept sorted on every Observe — an O(Window) move, no
+// allocation — so that For reads the percentile without copying and sorting the window on
+// every attempt.
 type durationRing struct {
-	buf  []time.Duration
-	next int // where the next sample goes once buf is full
+	buf    []time.Duration
+	sorted []time.Duration
+	next   int // where the next sample goes once buf is full
+}
+
+// insert adds d to sorted, keeping it sorted.
+func (r *durationRing) insert(d time.Duration) {
+	i, _ := slices.BinarySearch(r.sorted, d)
+	r.sorted = slices.Insert(r.sorted, i, d)
+}
+
+// remove deletes one d from sorted.
+func (r *durationRing) remove(d time.Duration) {
+	if i, ok := slices.BinarySearch(r.sorted, d); ok {
+		r.sorted = slices.Delete(r.sorted, i, i+1)
+	}
 }
 
 // NewLeaseLengths returns a LeaseLengths; cfg may be nil for the defaults.
@@ -109,13 +127,16 @@ func (l *LeaseLengths) Observe(kind string, d time.Duration) {
 	defer l.mu.Unlock()
 	r := l.kinds[kind]
 	if r == nil {
-		r = &durationRing{buf: make([]time.Duration, 0, l.cfg.Window)}
+		r = &durationRing{buf: make([]time.Duration, 0, l.cfg.Window), sorted: make([]time.Duration, 0, l.cfg.Window)}
 		l.kinds[kind] = r
 	}
 	if len(r.buf) < l.cfg.Window {
 		r.buf = append(r.buf, d)
+		r.insert(d)
 		return
 	}
+	r.remove(r.buf[r.next])
+	r.insert(d)
 	r.buf[r.next] = d
 	r.next = (r.next + 1) % l.cfg.Window
 }
@@ -124,15 +145,14 @@ func (l *LeaseLengths) Observe(kind string, d time.Duration) {
 func (l *LeaseLengths) For(kind string) time.Duration {
 	l.mu.Lock()
 	r := l.kinds[kind]
-	if r == nil || len(r.buf) < l.cfg.MinSamples {
+	if r == nil || len(r.sorted) < l.cfg.MinSamples {
 		l.mu.Unlock()
 		return l.cfg.Default
 	}
-	sorted := slices.Clone(r.buf)
+	idx := int(float64(len(r.sorted))*l.cfg.Percentile+0.999999) - 1 // nearest-rank
+	idx = max(0, min(idx, len(r.sorted)-1))
+	p := r.sorted[idx]
 	l.mu.Unlock()
-	slices.Sort(sorted)
-	idx := int(float64(len(sorted))*l.cfg.Percentile+0.999999) - 1 // nearest-rank
-	idx = max(0, min(idx, len(sorted)-1))
-	d := time.Duration(float64(sorted[idx]) * l.cfg.Margin)
+	d := time.Duration(float64(p) * l.cfg.Margin)
 	return max(l.cfg.Min, min(d, l.cfg.Max))
 }

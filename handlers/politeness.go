@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -126,9 +127,32 @@ func (l *hostLimiter) reserve(ctx context.Context, host string, lim lua.Limit) (
 	if !reserved {
 		l.r.metrics.hostThrottled.WithLabelValues(l.kind, "wait_too_long").Inc()
 		return 0, &sessions.FetchError{Category: tasks.CategoryThrottled, RetryAfter: wait,
-			Err: fmt.Errorf("fleet-wide limit of %s: next slot in %v, more than HostWaitMax %v", host, wait.Round(time.Millisecond), maxWait)}
+			Err: &HostWaitError{Host: host, Wait: wait, Max: maxWait}}
 	}
 	return wait, nil
+}
+
+// HostWaitError: a request's host slot was further away than Config.HostWaitMax — the
+// host is paused fleet-wide (a Retry-After another job received) or its fleet-wide rate is
+// booked that far ahead — so the attempt ended as throttled, nothing sent, with Wait as its
+// Retry-After. The wait is the fleet's, not the job's: such an attempt is retried once the
+// slot is due, uncounted and out of the job's attempt cap, bandwidth and total time budgets
+// (see Registry.ProcessTask). The job that received the Retry-After itself fails with the
+// destination's own throttled error, waits its full Retry-After, and is charged for it.
+type HostWaitError struct {
+	Host string
+	Wait time.Duration // how far away the host's next slot is
+	Max  time.Duration // Config.HostWaitMax
+}
+
+func (e *HostWaitError) Error() string {
+	return fmt.Sprintf("fleet-wide limit of %s: next slot in %v, more than HostWaitMax %v", e.Host, e.Wait.Round(time.Millisecond), e.Max)
+}
+
+// isHostWait tells a failure that is only the fleet's wait for a host slot.
+func isHostWait(fe *sessions.FetchError) bool {
+	var hw *HostWaitError
+	return fe.Category == tasks.CategoryThrottled && errors.As(fe.Err, &hw)
 }
 
 // Pause implements sessions.HostLimiter: the host's shared not-before moves to now + d

@@ -25,6 +25,7 @@ import (
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/ops"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -620,4 +621,57 @@ func TestHostPauseCapped(t *testing.T) {
 	job, err := r.st.JobGet(ctx, key)
 	require.NoError(t, err)
 	require.Equal(t, string(tasks.CategoryThrottled), job.LastCategory)
+}
+
+// TestFleetPauseNotChargedToBudget: a job that meets a host paused fleet-wide by another
+// job's Retry-After (nothing sent) is retried once the pause is over, uncounted and out of
+// its budgets — not failed as budget_exceeded although the pause is longer than what is
+// left of its total time budget, and although this is its last attempt under the cap. The
+// job that receives a Retry-After itself is still charged for it.
+func TestFleetPauseNotChargedToBudget(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	site := newTimedSite(t)
+	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second, IgnoreRobotsTxt: true},
+		HostLimits: map[string]lua.Limit{site.host: {Rate: 100, Burst: 10}},
+		Rand:       func() float64 { return 0.5 },
+	})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	tight := handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 1, TotalBudget: 30 * time.Second})
+	require.NoError(t, reg.Register("polite.a", itemWorkflow(site.URL), itemParse, tight))
+
+	t.Run("FleetPause", func(t *testing.T) {
+		hl, err := lua.NewHostLimits(r.ns.Client, r.ns.Prefix)
+		require.NoError(t, err)
+		_, err = hl.Pause(ctx, site.host, time.Minute) // another worker's 429
+		require.NoError(t, err)
+		key, task := r.kindJob(t, "polite.a", "a-1")
+		d := decisionOf(reg.ProcessTask(ctx, task))
+		require.True(t, d.Retry, d.ErrorMsg)
+		assert.False(t, d.Counted, "the fleet's wait is not the job's failure")
+		assert.Greater(t, d.Delay, 50*time.Second, "retried once the host's pause is over")
+		job, err := r.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateRetryable, job.State)
+		assert.Equal(t, string(tasks.CategoryThrottled), job.LastCategory)
+		budget, err := ops.New(r.st.Pool()).BudgetGet(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, 1, budget.Attempts, "the attempt is out of the job's attempt cap")
+		assert.Empty(t, site.times("/"), "nothing was sent")
+	})
+	t.Run("OwnRetryAfterStillCharged", func(t *testing.T) {
+		site2 := newTimedSite(t)
+		site2.throttleAt = 1 // the first /item answers 429 Retry-After: 2
+		require.NoError(t, reg.Register("polite.b", itemWorkflow(site2.URL), itemParse,
+			handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 1, TotalBudget: 30 * time.Second})))
+		key, task := r.kindJob(t, "polite.b", "b-1")
+		d := decisionOf(reg.ProcessTask(ctx, task))
+		require.True(t, d.Skip, d.ErrorMsg)
+		job, err := r.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateFailed, job.State)
+		assert.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory, "the destination answered this job: its own failure")
+	})
 }

@@ -159,6 +159,11 @@ type Config struct {
 	IncidentProbeInterval time.Duration
 	// IncidentProbeMax caps the probe interval. Defaults to DefaultIncidentProbeMax.
 	IncidentProbeMax time.Duration
+	// UndecodableMaxAge bounds how long a task whose payload this worker can not read is
+	// retried (late, uncounted, for a newer worker): once its job is older than this
+	// (from the jobs row's created_at, or its last requeue), the job fails as internal
+	// and the task is archived. Defaults to DefaultUndecodableMaxAge.
+	UndecodableMaxAge time.Duration
 }
 
 // ErrIncident: the worker takes no work because of a proxy incident (see Registry.Ready).
@@ -235,6 +240,12 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if cfg.IncidentProbeInterval < 0 || cfg.IncidentProbeMax < cfg.IncidentProbeInterval {
 		return nil, fmt.Errorf("handlers: Config: IncidentProbeInterval %v must be > 0 and <= IncidentProbeMax %v",
 			cfg.IncidentProbeInterval, cfg.IncidentProbeMax)
+	}
+	if cfg.UndecodableMaxAge == 0 {
+		cfg.UndecodableMaxAge = DefaultUndecodableMaxAge
+	}
+	if cfg.UndecodableMaxAge < 0 {
+		return nil, fmt.Errorf("handlers: Config.UndecodableMaxAge %v must be positive", cfg.UndecodableMaxAge)
 	}
 	var err error
 	if cfg.Retry, err = cfg.Retry.withDefaults(); err != nil {

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -393,16 +395,20 @@ func (rp *reparser) parse(in inputs.Input) *reparseItem {
 		return it
 	}
 	o.parsed = true
-	if in.Result == nil {
-		o.changed, o.diff = true, DiffRecords(json.RawMessage("{}"), it.data)
+	old := in.Result
+	if old == nil {
+		old = json.RawMessage("{}")
+	}
+	if rp.opts.DryRun && rp.cfg.Diff != nil {
+		// The diff is printed in a dry run only; otherwise "changed" is all that counts,
+		// which needs no sorted, formatted diff.
+		o.diff = DiffRecords(old, it.data)
+		o.changed = in.Result == nil || o.diff != ""
 	} else {
-		o.diff = DiffRecords(in.Result, it.data)
-		o.changed = o.diff != ""
+		o.changed = in.Result == nil || !sameRecords(old, it.data)
 	}
 	if rp.opts.DryRun {
 		o.result = "dry_run"
-	} else {
-		o.diff = "" // printed in a dry run only
 	}
 	return it
 }
@@ -643,12 +649,8 @@ func (rp *reparser) startAndCommit(ctx context.Context, it *reparseItem, lease l
 		return 0, false
 	}
 	topic := cmpOrStr(rp.cfg.Parsers.Topic(it.job.Spec.Kind), it.job.Spec.Kind)
-	event := it.obs.Event
-	if event == nil {
-		event = map[string]any{"job_key": key, "observation_key": it.obs.ObservationKey, "kind": it.job.Spec.Kind,
-			"parser_version": it.job.Spec.ParserVersion, "data": it.data}
-	}
-	payload, err := json.Marshal(event)
+	payload, err := eventPayload(it.obs.Event, defaultEvent{JobKey: key, ObservationKey: it.obs.ObservationKey,
+		Kind: it.job.Spec.Kind, ParserVersion: it.job.Spec.ParserVersion, Data: it.data})
 	if err == nil {
 		_, err = rp.group.Commit(ctx, store.CommitParams{
 			Key: key, Token: lease.Token, ObservationKey: it.obs.ObservationKey, ParserVersion: it.job.Spec.ParserVersion,
@@ -677,9 +679,7 @@ func (rp *reparser) startAndCommit(ctx context.Context, it *reparseItem, lease l
 // ("  path: old → new", "+ path: new", "- path: old"), paths sorted; "" when they are
 // equal. Objects are compared by key, arrays by index; a nil record is an empty one.
 func DiffRecords(old, cur json.RawMessage) string {
-	a, b := map[string]string{}, map[string]string{}
-	flatten("", decodeAny(old), a)
-	flatten("", decodeAny(cur), b)
+	a, b := flatRecord(old), flatRecord(cur)
 	paths := make([]string, 0, len(a)+len(b))
 	for p := range a {
 		paths = append(paths, p)
@@ -704,6 +704,18 @@ func DiffRecords(old, cur json.RawMessage) string {
 		}
 	}
 	return out.String()
+}
+
+// sameRecords reports whether DiffRecords(old, cur) is "".
+func sameRecords(old, cur json.RawMessage) bool {
+	return maps.Equal(flatRecord(old), flatRecord(cur))
+}
+
+// flatRecord is a record's leaves by path (see flatten).
+func flatRecord(b json.RawMessage) map[string]string {
+	out := map[string]string{}
+	flatten("", decodeAny(b), out)
+	return out
 }
 
 func decodeAny(b json.RawMessage) any {
@@ -739,17 +751,24 @@ func flatten(path string, v any, out map[string]string) {
 			out[path] = "[]"
 		}
 		for i, val := range x {
-			flatten(fmt.Sprintf("%s[%d]", path, i), val, out)
+			flatten(path+"["+strconv.Itoa(i)+"]", val, out)
 		}
 	case nil:
 		if path != "" {
 			out[path] = "null"
 		}
 	default:
-		b, _ := json.Marshal(x)
 		if path == "" {
 			path = "."
 		}
-		out[path] = string(b)
+		switch x := x.(type) {
+		case json.Number: // as json.Marshal writes it
+			out[path] = string(x)
+		case bool:
+			out[path] = strconv.FormatBool(x)
+		default:
+			b, _ := json.Marshal(x)
+			out[path] = string(b)
+		}
 	}
 }

@@ -38,7 +38,8 @@ import (
 // A task is archived (SkipRetry) only once PostgreSQL holds its job as failed: an archived
 // task keeps its task id — the job key — taken for months. A task whose job has no row is
 // revoked (deleted, id freed); one whose payload this worker can not read is retried late,
-// uncounted, for a newer worker. While a proxy incident is open (see incident.go) the
+// uncounted, for a newer worker, until its job is older than Config.UndecodableMaxAge (see
+// undecodable). While a proxy incident is open (see incident.go) the
 // delivery is handed back untouched.
 func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	r.mu.RLock()
@@ -51,14 +52,9 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	}
 	job, err := tasks.DecodePayload(task.Payload(), r.cfg.Normalizer)
 	if err != nil {
-		// Not archived: its job may be runnable in PostgreSQL, and a newer worker (rolling
-		// deploy) may read the payload. The reconciler re-enqueues a job whose task is gone.
-		id, _ := asynq.GetTaskID(ctx)
-		r.metrics.tasksDropped.WithLabelValues(k.name, "undecodable").Inc()
-		r.log.ErrorContext(ctx, "task payload not readable by this worker; retrying it late", "task_id", id, "kind", k.name, "err", err)
-		return &retryError{delay: undecodableDelay, counted: false, err: err}
+		return r.undecodable(ctx, k, err)
 	}
-	log := r.log.With("job", job.Key, "kind", k.name)
+	log := jobLogger(r.log, slog.String("job", job.Key), slog.String("kind", k.name))
 
 	// 0. An open proxy incident: take no work, touch nothing.
 	adm := r.breaker.admit(r.cfg.Now())
@@ -80,14 +76,15 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 1. Lease, then the attempt under its token.
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
 		Key:   job.Key,
-		Owner: r.cfg.WorkerID + "/" + nonce(),
+		Owner: r.owner(),
 		TTL:   r.lengths.For(k.name),
 		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: r.cfg.Provider.Gateway()},
 	})
 	if err != nil {
 		return r.notStarted(k, job, err, log)
 	}
-	log = log.With("attempt", acq.Attempt.AttemptNo, "token", acq.Lease.Token, "endpoint", r.cfg.Provider.Gateway())
+	log = jobLogger(log, slog.Int("attempt", acq.Attempt.AttemptNo), slog.Int64("token", acq.Lease.Token),
+		slog.String("endpoint", r.cfg.Provider.Gateway()))
 
 	// 2. Keep the lease while we work.
 	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
@@ -164,6 +161,80 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 // undecodableDelay is how long a task whose payload this worker can not read waits before
 // it is offered again (to this or a newer worker).
 const undecodableDelay = 10 * time.Minute
+
+// DefaultUndecodableMaxAge is Config.UndecodableMaxAge's default.
+const DefaultUndecodableMaxAge = 24 * time.Hour
+
+// undecodable handles a task whose payload this worker can not read. Its task id is its
+// job key (the Enqueuer's TaskID), so the job's row says what to do:
+//
+//   - no row: revoked (deleted, id freed), as a readable task without a row is;
+//   - complete or failed: acknowledged without work;
+//   - runnable and younger than Config.UndecodableMaxAge (from the row's created_at, or
+//     its last requeue): not archived — a newer worker (rolling deploy) may read it — but
+//     retried late (undecodableDelay), uncounted;
+//   - runnable and older: the job fails as internal under a lease and an attempt of its
+//     own (the attempt's error says why), and the task is archived (SkipRetry) like any
+//     failed job's: no deploy read it in all that time.
+//
+// A database that can not be read, or a task without an id, is retried late, uncounted.
+func (r *Registry) undecodable(ctx context.Context, k *kind, decodeErr error) error {
+	r.metrics.tasksDropped.WithLabelValues(k.name, "undecodable").Inc()
+	key, _ := asynq.GetTaskID(ctx)
+	log := jobLogger(r.log, slog.String("task_id", key), slog.String("kind", k.name))
+	late := func(why string) error {
+		log.ErrorContext(ctx, "task payload not readable by this worker; retrying it late", "why", why, "err", decodeErr)
+		return &retryError{delay: undecodableDelay, counted: false, err: decodeErr}
+	}
+	if key == "" {
+		return late("no task id")
+	}
+	row, err := r.cfg.Store.JobGet(ctx, key)
+	switch {
+	case errors.Is(err, store.ErrJobNotFound):
+		r.metrics.tasksDropped.WithLabelValues(k.name, "no_job_row").Inc()
+		log.ErrorContext(ctx, "unreadable task for a job that has no jobs row: revoked", "err", decodeErr)
+		return fmt.Errorf("%w: task %q: %w", asynq.RevokeTask, key, decodeErr)
+	case err != nil:
+		return late("jobs row not read: " + err.Error())
+	case row.State.Terminal():
+		r.metrics.acknowledgedNoOps.WithLabelValues(k.name, string(row.State)).Inc()
+		return nil
+	}
+	since := row.CreatedAt
+	if b, err := ops.New(r.cfg.Store.Pool()).BudgetGet(ctx, key); err == nil && b.Since != nil && b.Since.After(since) {
+		since = *b.Since // an operator's requeue starts the clock again
+	}
+	age := r.cfg.Now().Sub(since)
+	if age <= r.cfg.UndecodableMaxAge {
+		return late(fmt.Sprintf("unreadable for up to %v of UndecodableMaxAge %v", age.Round(time.Second), r.cfg.UndecodableMaxAge))
+	}
+	// Past the bound: fail the job, fenced like any attempt's failure.
+	job := tasks.Payload{Key: key, Spec: ops.SpecOf(row)}
+	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
+		Key: key, Owner: r.owner(), TTL: r.lengths.For(k.name),
+		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: row.Country, ProxyEndpoint: r.cfg.Provider.Gateway()},
+	})
+	if err != nil {
+		return r.notStarted(k, job, err, log)
+	}
+	defer func() { _ = r.release(ctx, acq.Lease, false) }()
+	text := fmt.Sprintf("task payload not readable by worker %s, and the job is %v old (UndecodableMaxAge %v): %v",
+		r.cfg.WorkerID, age.Round(time.Second), r.cfg.UndecodableMaxAge, decodeErr)
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	err = r.cfg.Store.JobFail(wctx, store.AttemptFinishParams{Key: key, Token: acq.Lease.Token,
+		Category: string(tasks.CategoryInternal), Error: text})
+	if isSuperseded(err) {
+		return nil // another attempt owns the job now
+	}
+	if err != nil {
+		return late("job not failed: " + err.Error())
+	}
+	r.metrics.attempts.WithLabelValues(k.name, store.OutcomeFailed, string(tasks.CategoryInternal)).Inc()
+	log.ErrorContext(ctx, "unreadable task failed its job", "err", text)
+	return fmt.Errorf("%w: %s: %s", asynq.SkipRetry, tasks.CategoryInternal, text)
+}
 
 // probeDone reports the outcome of the delivery the incident breaker let through as its
 // probe. A probe that met the incident again was already handled by failed.
@@ -343,16 +414,10 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 
 // commit is step 5: the fenced, single-statement commit.
 func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq acquired, w workResult) error {
-	event := w.obs.Event
-	if event == nil {
-		event = map[string]any{
-			"job_key": job.Key, "observation_key": w.obs.ObservationKey, "kind": k.name,
-			"parser_version": job.Spec.ParserVersion, "data": w.data,
-		}
-	}
-	payload, err := json.Marshal(event)
+	payload, err := eventPayload(w.obs.Event, defaultEvent{JobKey: job.Key, ObservationKey: w.obs.ObservationKey,
+		Kind: k.name, ParserVersion: job.Spec.ParserVersion, Data: w.data})
 	if err != nil {
-		return fmt.Errorf("encode event: %w", err)
+		return err
 	}
 	sess := w.unit.Session
 	began := time.Now()
@@ -377,6 +442,32 @@ func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq a
 		r.metrics.duplicateResults.WithLabelValues(k.name).Inc()
 	}
 	return nil
+}
+
+// defaultEvent is the outbox event of an observation whose parser set no Event. Its
+// fields are in the order json.Marshal writes a map's keys (sorted): the bytes are those of
+// the map[string]any it replaces, encoded without building and sorting a map per job.
+type defaultEvent struct {
+	Data           json.RawMessage `json:"data"`
+	JobKey         string          `json:"job_key"`
+	Kind           string          `json:"kind"`
+	ObservationKey string          `json:"observation_key"`
+	ParserVersion  int             `json:"parser_version"`
+}
+
+// eventPayload encodes the parser's event, or def when it set none.
+func eventPayload(event any, def defaultEvent) ([]byte, error) {
+	var b []byte
+	var err error
+	if event != nil {
+		b, err = json.Marshal(event)
+	} else {
+		b, err = json.Marshal(&def)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("encode event: %w", err)
+	}
+	return b, nil
 }
 
 // EventKey is the outbox event key of a job's observation: stable across attempts, so a
@@ -448,11 +539,20 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	fe := asFetchError(w.err, tasks.CategoryInternal)
 	now := r.cfg.Now()
 	incident := isIncident(fe.Category)
-	// Neither an incident nor a parser version this worker lacks is the job's failure: out
-	// of its budget, not counted by asynq.
-	exempt := incident || fe.Category == CategoryParserVersion
+	// Neither an incident, nor a parser version this worker lacks, nor a wait for a host
+	// slot the fleet imposed (another job's Retry-After, the host's booked rate) is the
+	// job's failure: out of its budget, not counted by asynq.
+	hostWait := isHostWait(fe)
+	exempt := incident || fe.Category == CategoryParserVersion || hostWait
 	var d decision
 	switch {
+	case hostWait:
+		// Nothing was sent: retry once the slot is due, spread over HostWaitMax so that the
+		// host's queued jobs do not all come back at the same instant. Not charged against
+		// the total time budget: a job near its end would otherwise fail as
+		// budget_exceeded for a pause it did not cause.
+		d = decision{Retry: true, Category: fe.Category,
+			Delay: fe.RetryAfter + time.Duration(r.cfg.Rand()*float64(r.cfg.HostWaitMax))}
 	case fe.Category == CategoryParserVersion:
 		p := k.retry.policy(CategoryParserVersion)
 		d = decision{Retry: true, Category: fe.Category,
@@ -510,7 +610,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		params.NextAttemptAt = now.Add(d.Delay)
 		err = r.cfg.Store.JobMarkRetryable(wctx, params)
 		if err == nil && exempt {
-			// The account's failure (or the deploy's), not the job's: out of the job's
+			// The account's failure (or the deploy's, or the fleet's wait), not the job's: out of the job's
 			// attempt cap and bandwidth budget (it stays in the history). A failure here only
 			// costs the job one attempt of its budget.
 			if _, xerr := ops.New(r.cfg.Store.Pool()).JobBudgetExempt(wctx, job.Key, acq.Lease.Token, w.unit.Bytes); xerr != nil {
@@ -574,11 +674,23 @@ func asFetchError(err error, def tasks.Category) *sessions.FetchError {
 func fingerprint(staged map[string]json.RawMessage) string {
 	b, _ := json.Marshal(staged)
 	sum := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(sum[:])
+	out := make([]byte, 0, len("sha256:")+2*sha256.Size)
+	out = append(out, "sha256:"...)
+	return string(hex.AppendEncode(out, sum[:]))
 }
 
 func nonce() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// owner is a lease owner of this worker: WorkerID/nonce, built in one allocation.
+func (r *Registry) owner() string {
+	var n [6]byte
+	_, _ = rand.Read(n[:])
+	var buf [128]byte
+	b := append(buf[:0], r.cfg.WorkerID...)
+	b = append(b, '/')
+	return string(hex.AppendEncode(b, n[:]))
 }
