@@ -34,10 +34,19 @@ func (k Keys) Tag(jobKey string) string {
 }
 
 // Lease is the lease of a job. // HASH owner, token; PEXPIRE = lease end
-func (k Keys) Lease(jobKey string) string { return k.prefix + k.Tag(jobKey) + ":lease" }
+func (k Keys) Lease(jobKey string) string { return k.jobKey(jobKey, ":lease") }
 
 // Fence is the last fencing token issued for a job. // STRING integer
-func (k Keys) Fence(jobKey string) string { return k.prefix + k.Tag(jobKey) + ":fence" }
+func (k Keys) Fence(jobKey string) string { return k.jobKey(jobKey, ":fence") }
+
+// jobKey is prefix + Tag(jobKey) + suffix in one allocation (the lease hot path builds
+// four of these per job).
+func (k Keys) jobKey(jobKey, suffix string) string {
+	if strings.ContainsAny(jobKey, "{}") {
+		return k.prefix + k.Tag(jobKey) + suffix
+	}
+	return k.prefix + "{" + jobKey + "}" + suffix
+}
 
 // HostTag returns the hash tag of a destination host (host[:port], lower case), braces
 // included: "{host:<host>}", or a hash of the host if it holds a brace.

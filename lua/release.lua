@@ -17,15 +17,18 @@
 --   -1  no lease: it expired or was deleted (lease lost); nothing is deleted
 --   -2  the lease is held by another owner or under another token (not owner); nothing is
 --       deleted
-local owner = redis.call("HGET", KEYS[1], "owner")
-if not owner then
+-- One HMGET reads both fields (was two HGETs).
+local cur = redis.call("HMGET", KEYS[1], "owner", "token")
+if not cur[1] then
   return -1
 end
-if owner ~= ARGV[1] or redis.call("HGET", KEYS[1], "token") ~= ARGV[2] then
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
   return -2
 end
-redis.call("DEL", KEYS[1])
+-- One DEL for both keys when the counter goes too (they share the job's hash tag).
 if ARGV[3] == "1" and redis.call("GET", KEYS[2]) == ARGV[2] then
-  redis.call("DEL", KEYS[2])
+  redis.call("DEL", KEYS[1], KEYS[2])
+else
+  redis.call("DEL", KEYS[1])
 end
 return 1

@@ -10,11 +10,12 @@
 --    1  renewed
 --   -1  no lease: it expired or was deleted (lease lost)
 --   -2  the lease is held by another owner or under another token (not owner)
-local owner = redis.call("HGET", KEYS[1], "owner")
-if not owner then
+-- One HMGET reads both fields (was two HGETs).
+local cur = redis.call("HMGET", KEYS[1], "owner", "token")
+if not cur[1] then
   return -1
 end
-if owner ~= ARGV[1] or redis.call("HGET", KEYS[1], "token") ~= ARGV[2] then
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
   return -2
 end
 redis.call("PEXPIRE", KEYS[1], ARGV[3])

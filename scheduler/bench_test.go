@@ -32,12 +32,23 @@ import (
 func BenchmarkReconcileSweep(b *testing.B) {
 	for _, c := range []struct{ rows, stranded int }{{1_000_000, 10_000}, {1_000_000, 1_000}, {100_000, 1_000}} {
 		b.Run(fmt.Sprintf("rows=%d/stranded=%d", c.rows, c.stranded), func(b *testing.B) {
-			benchSweep(b, c.rows, c.stranded)
+			benchSweep(b, c.rows, c.stranded, 0)
 		})
 	}
 }
 
-func benchSweep(b *testing.B, rows, stranded int) {
+// BenchmarkReconcileSweepConcurrency is one sweep over 10,000 stranded jobs (of 100,000)
+// with ReconcilerConfig.Concurrency re-enqueue batches at once (asynq enqueues one task
+// per round trip).
+func BenchmarkReconcileSweepConcurrency(b *testing.B) {
+	for _, conc := range []int{16, 32, 64} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+			benchSweep(b, 100_000, 10_000, conc)
+		})
+	}
+}
+
+func benchSweep(b *testing.B, rows, stranded, concurrency int) {
 	ctx := context.Background()
 	pool := testutil.PG(b)
 	st := store.New(pool)
@@ -94,7 +105,7 @@ FROM j WHERE state <> 'pending'`, rows, every)
 	f, err := scheduler.ParseFile([]byte("kinds:\n  catalog: {max_lease: 30m}\n"), "", nil)
 	require.NoError(b, err)
 	rec, err := scheduler.NewReconciler(scheduler.ReconcilerConfig{File: f, Store: st, Redis: rdb, Client: client,
-		Logger: quietLogger()})
+		Concurrency: concurrency, Logger: quietLogger()})
 	require.NoError(b, err)
 
 	reset := func() {

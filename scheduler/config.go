@@ -15,6 +15,7 @@ import (
 	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -37,7 +38,9 @@ const (
 	DefaultOutboxLagThreshold = 5 * time.Minute
 	DefaultOutboxRetention    = 7 * 24 * time.Hour
 	DefaultInboxRetention     = 30 * 24 * time.Hour
-	DefaultPruneBatch         = 1000
+	// DefaultSavedInputRetention is how long saved inputs (store/inputs) are kept.
+	DefaultSavedInputRetention = 30 * 24 * time.Hour
+	DefaultPruneBatch          = 1000
 )
 
 // File is the scheduler's YAML configuration (see examples/scheduler.yaml). Unknown fields
@@ -127,6 +130,11 @@ type ReconcilerFile struct {
 	// InboxRetention: consumer inbox rows older than this are deleted. It must exceed the
 	// longest time an event can be replayed. Defaults to DefaultInboxRetention.
 	InboxRetention time.Duration `yaml:"inbox_retention"`
+	// SavedInputRetention: saved inputs (store/inputs: the staged data and raw responses a
+	// reparse replays) created longer ago than this are deleted, and so are the bodies
+	// nothing references any more and no save used for as long. At least
+	// inputs.MinRetention (2h). Defaults to DefaultSavedInputRetention.
+	SavedInputRetention time.Duration `yaml:"saved_input_retention"`
 	// PruneBatch bounds the rows deleted per statement. Defaults to DefaultPruneBatch.
 	PruneBatch int `yaml:"prune_batch"`
 }
@@ -308,6 +316,7 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 		{"outbox_lag_threshold", &r.OutboxLagThreshold, DefaultOutboxLagThreshold},
 		{"outbox_retention", &r.OutboxRetention, DefaultOutboxRetention},
 		{"inbox_retention", &r.InboxRetention, DefaultInboxRetention},
+		{"saved_input_retention", &r.SavedInputRetention, DefaultSavedInputRetention},
 	} {
 		if *d.v < 0 {
 			return &ConfigError{Section: "reconciler", Field: d.name, Reason: "negative"}
@@ -315,6 +324,11 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+	}
+	if r.SavedInputRetention < inputs.MinRetention {
+		return &ConfigError{Section: "reconciler", Field: "saved_input_retention", Reason: fmt.Sprintf(
+			"%v is below the minimum %v (a save refreshes a shared body's last use at most hourly, so a shorter retention could delete a body in use)",
+			r.SavedInputRetention, inputs.MinRetention)}
 	}
 	for _, c := range []struct {
 		name string

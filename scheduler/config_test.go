@@ -58,6 +58,7 @@ func TestTemplateValidation(t *testing.T) {
 		assert.Equal(t, scheduler.DefaultMaxLease, f.MaxLeaseFor("books"))
 		assert.Equal(t, time.Minute, f.Reconciler.Interval)
 		assert.Equal(t, scheduler.DefaultBatchSize, f.Reconciler.BatchSize)
+		assert.Equal(t, scheduler.DefaultSavedInputRetention, f.Reconciler.SavedInputRetention)
 	})
 
 	t.Run("SourceFileRelativeToConfig", func(t *testing.T) {
@@ -103,6 +104,7 @@ func TestTemplateValidation(t *testing.T) {
 		{"NegativeMaxLease", "max_lease: 10m", "max_lease: -1m", `kinds "catalog"`, "max_lease", "negative"},
 		{"ReconcilerBatch", "interval: 1m", "interval: 1m\n  batch_size: -5", "reconciler", "batch_size", "out of range"},
 		{"ReconcilerUnknownField", "interval: 1m", "interval: 1m\n  every: 5m", "reconciler", "every", "unknown field"},
+		{"SavedInputRetentionTooShort", "interval: 1m", "interval: 1m\n  saved_input_retention: 90m", "reconciler", "saved_input_retention", "below the minimum 2h0m0s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -43,6 +44,14 @@ type OutboxMaintainer interface {
 	// PruneInbox deletes at most limit inbox rows seen more than olderThan ago.
 	PruneInbox(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
 }
+
+// InputsPruner deletes saved inputs older than a retention, one bounded batch per call
+// (*inputs.Store).
+type InputsPruner interface {
+	Prune(ctx context.Context, p inputs.PruneParams) (inputs.PruneResult, error)
+}
+
+var _ InputsPruner = (*inputs.Store)(nil)
 
 // Reconciler defaults.
 const (
@@ -75,8 +84,13 @@ const (
 	ActionAlreadyQueued  = "reconciler_already_queued"    // raced with a live enqueue: nothing to do
 	ActionOutboxPruned   = "reconciler_outbox_pruned"     // sent outbox rows deleted
 	ActionInboxPruned    = "reconciler_inbox_pruned"      // inbox rows deleted
-	ActionOutboxLagging  = "reconciler_outbox_lag_reports"
-	ActionSweepErrors    = "reconciler_sweep_errors"
+	// ActionSavedInputsPruned counts saved inputs (with their responses) deleted after
+	// reconciler.saved_input_retention, ActionInputBlobsPruned the stored bodies deleted
+	// because nothing referenced or used them for as long.
+	ActionSavedInputsPruned = "reconciler_saved_inputs_pruned"
+	ActionInputBlobsPruned  = "reconciler_input_blobs_pruned"
+	ActionOutboxLagging     = "reconciler_outbox_lag_reports"
+	ActionSweepErrors       = "reconciler_sweep_errors"
 	// ActionKeyMismatch: a job whose recorded spec no longer derives its key (the
 	// normaliser's configuration changed since it was enqueued) is left for review instead of
 	// being enqueued under another key, which would create a second job.
@@ -92,6 +106,10 @@ type ReconcilerConfig struct {
 	Store ReconcileStore
 	// Outbox reports lag and prunes (PGOutbox). Optional: without it that part is skipped.
 	Outbox OutboxMaintainer
+	// Inputs prunes saved inputs (store/inputs) after File.Reconciler.SavedInputRetention.
+	// Defaults to inputs.New on the Store's pool when Store is a *store.PG; otherwise that
+	// part is skipped.
+	Inputs InputsPruner
 	// Redis holds the leases and asynq's tasks (the same server as Client). Required.
 	Redis redis.UniversalClient
 	// Client enqueues tasks. Required.
@@ -166,6 +184,11 @@ func (c *ReconcilerConfig) Validate() error {
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = DefaultQueryTimeout
 	}
+	if c.Inputs == nil {
+		if pg, ok := c.Store.(*store.PG); ok {
+			c.Inputs = inputs.New(pg.Pool())
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -184,7 +207,8 @@ type SweepReport struct {
 	// count once).
 	Statements, RedisTrips int64
 	// Time spent in each part of the sweep, from its start. The rescue and the re-enqueue
-	// pass run at once: RescueTime and RequeueTime overlap; OutboxTime is what follows.
+	// pass run at once: RescueTime and RequeueTime overlap; OutboxTime is what follows (outbox
+	// lag and pruning, saved-input pruning).
 	RescueTime, RequeueTime, OutboxTime time.Duration
 	Err                                 error
 }
@@ -202,7 +226,8 @@ type SweepReport struct {
 //     archived: its task is enqueued again (TaskID = key deduplicates a race with a live
 //     enqueue; the Inspector deletes an archived task first);
 //   - unsent outbox rows older than the threshold are reported (metric, log); sent outbox
-//     rows and inbox rows older than their retention are deleted in bounded batches.
+//     rows, inbox rows and saved inputs (with the bodies nothing references any more)
+//     older than their retention are deleted in bounded batches.
 //
 // Every action is counted in Prometheus metrics and in store.CountersAdd.
 type Reconciler struct {
@@ -314,8 +339,11 @@ func (r *Reconciler) Sweep(ctx context.Context) SweepReport {
 	requeueEnd := time.Since(begun)
 	if err == nil && r.cfg.Outbox != nil {
 		err = r.outbox(ctx, &rep)
-		rep.OutboxTime = time.Since(begun) - requeueEnd
 	}
+	if err == nil && r.cfg.Inputs != nil {
+		err = r.pruneInputs(ctx, &rep)
+	}
+	rep.OutboxTime = time.Since(begun) - requeueEnd
 	if err != nil {
 		rep.Err = err
 		rep.Actions[ActionSweepErrors]++
@@ -740,6 +768,28 @@ func (r *Reconciler) outbox(ctx context.Context, rep *SweepReport) error {
 	return nil
 }
 
+// pruneInputs deletes saved inputs and unreferenced bodies older than the retention, in
+// batches of PruneBatch, at most DefaultMaxPruneBatches calls per sweep (the next sweep goes
+// on).
+func (r *Reconciler) pruneInputs(ctx context.Context, rep *SweepReport) error {
+	rc := r.cfg.File.Reconciler
+	for range DefaultMaxPruneBatches {
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		res, err := r.cfg.Inputs.Prune(qctx, inputs.PruneParams{Retention: rc.SavedInputRetention, Limit: rc.PruneBatch})
+		cancel()
+		rep.Statements += 2
+		rep.Actions[ActionSavedInputsPruned] += res.Inputs
+		rep.Actions[ActionInputBlobsPruned] += res.Blobs
+		if err != nil {
+			return fmt.Errorf("scheduler: reconciler prune saved inputs: %w", err)
+		}
+		if res.Done(rc.PruneBatch) {
+			return nil
+		}
+	}
+	return nil
+}
+
 // nonce returns 8 random hex digits.
 func nonce() string {
 	var b [4]byte
@@ -779,7 +829,7 @@ func newReconcilerMetrics(reg prometheus.Registerer) (*reconcilerMetrics, promet
 	}
 	m := &reconcilerMetrics{
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemscrape_reconciler_actions_total", Help: "Reconciler actions (rescued, rescue_refused, lease_held, requeued, archived_repaired, already_queued, outbox_pruned, inbox_pruned, outbox_lag_reports, sweep_errors).",
+			Name: "idemscrape_reconciler_actions_total", Help: "Reconciler actions (rescued, rescue_refused, lease_held, requeued, archived_repaired, already_queued, outbox_pruned, inbox_pruned, saved_inputs_pruned, input_blobs_pruned, outbox_lag_reports, sweep_errors, key_mismatch).",
 		}, []string{"action"}),
 		sweepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "idemscrape_reconciler_sweep_seconds", Help: "Duration of one reconciler sweep.",

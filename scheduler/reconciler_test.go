@@ -2,7 +2,9 @@ package scheduler_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store/outbox"
 	"github.com/idemscrape/idemscrape/tasks"
 )
@@ -368,4 +371,69 @@ func TestReconcilerKeyMismatch(t *testing.T) {
 	assert.EqualValues(t, 1, rep.Actions[scheduler.ActionKeyMismatch], "%v", rep.Actions)
 	assert.Zero(t, rep.Actions[scheduler.ActionRequeued])
 	assert.Equal(t, before, countRows(t, b, `SELECT count(*) FROM jobs`), "no second job recorded under the derived key")
+}
+
+// TestReconcilerPrunesSavedInputs: saved inputs older than saved_input_retention go (their
+// responses with them), recent ones stay; a body only an old input used goes, a body a
+// recent input shares stays. Counted in the report, the metric and the counters table.
+func TestReconcilerPrunesSavedInputs(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	leases := b.leases(t)
+	pool := b.st.Pool()
+	in := inputs.New(pool)
+	recs := b.recordJobs(t, "saved", 7)
+	shared := []byte(strings.Repeat("shared body ", 20))
+	for i, rec := range recs {
+		lease := b.run(t, leases, rec.Key, "w")
+		body := append([]byte(fmt.Sprintf("own body %d ", i)), shared[:40]...)
+		res, err := in.Save(ctx, inputs.SaveParams{Key: rec.Key, Fence: lease.Token, Kind: "catalog", ParserVersion: 1,
+			Outcome: inputs.OutcomeParsed, Staged: map[string]json.RawMessage{"i": json.RawMessage(fmt.Sprint(i))},
+			Responses: []inputs.Response{
+				{URL: "https://shop.example.com/p/" + fmt.Sprint(i), Status: 200, FetchedAt: time.Now(), Body: body},
+				{URL: "https://shop.example.com/shared", Status: 200, FetchedAt: time.Now(), Body: shared},
+			}})
+		require.NoError(t, err)
+		require.True(t, res.Saved)
+	}
+	// The first five are 40 days old, and so is every body's last use; the last two are
+	// recent (they keep the shared body, their own bodies and staged data).
+	old := recs[:5]
+	oldKeys := make([]string, len(old))
+	for i, r := range old {
+		oldKeys[i] = r.Key
+	}
+	_, err := pool.Exec(ctx, `UPDATE saved_inputs SET created_at = now() - interval '40 days' WHERE job_key = ANY($1)`, oldKeys)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE input_blobs SET last_used_at = now() - interval '40 days'`)
+	require.NoError(t, err)
+	blobsBefore := countRows(t, b, `SELECT count(*) FROM input_blobs`)
+	require.Equal(t, 7*2+1, blobsBefore, "7 staged + 7 own bodies + 1 shared body")
+
+	// prune_batch 2: several batches in one sweep.
+	r := b.reconciler(t, recOpts{yaml: "prune_batch: 2, saved_input_retention: 720h"})
+	rep := r.Sweep(ctx)
+	require.NoError(t, rep.Err)
+	assert.EqualValues(t, 5, rep.Actions[scheduler.ActionSavedInputsPruned], "%v", rep.Actions)
+	assert.EqualValues(t, 10, rep.Actions[scheduler.ActionInputBlobsPruned], "the old inputs' staged data and own bodies")
+	assert.Equal(t, 2, countRows(t, b, `SELECT count(*) FROM saved_inputs`))
+	assert.Equal(t, 0, countRows(t, b, `SELECT count(*) FROM saved_inputs WHERE job_key = ANY('{`+strings.Join(oldKeys, ",")+`}')`))
+	assert.Equal(t, 4, countRows(t, b, `SELECT count(*) FROM saved_responses`), "the recent inputs' responses stay")
+	assert.Equal(t, 5, countRows(t, b, `SELECT count(*) FROM input_blobs`), "2 staged + 2 own bodies + the shared body")
+	for _, rec := range recs[5:] {
+		got, err := in.Select(ctx, inputs.Selection{Keys: []string{rec.Key}}, "", 10)
+		require.NoError(t, err)
+		require.Len(t, got, 1, "a recent saved input is still readable")
+	}
+	assert.Equal(t, 5.0, testutil.ToFloat64(metricOf(t, r, scheduler.ActionSavedInputsPruned)))
+	assert.Equal(t, 10.0, testutil.ToFloat64(metricOf(t, r, scheduler.ActionInputBlobsPruned)))
+	stats, err := b.st.StatsGet(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 5, stats.Maintenance[scheduler.ActionSavedInputsPruned], "shown by idemscrape stats")
+	assert.EqualValues(t, 10, stats.Maintenance[scheduler.ActionInputBlobsPruned])
+
+	// A second sweep finds nothing more to delete.
+	rep = r.Sweep(ctx)
+	require.NoError(t, rep.Err)
+	assert.Zero(t, rep.Actions[scheduler.ActionSavedInputsPruned]+rep.Actions[scheduler.ActionInputBlobsPruned])
 }

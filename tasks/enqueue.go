@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // Outcome tells what Enqueue did for one spec.
@@ -223,6 +224,15 @@ type EnqueuerConfig struct {
 	// binary idemscrape ships sets it. Defaults to nil: an archived task can then not be
 	// detected and is reported as AlreadyQueued.
 	Inspector *asynq.Inspector
+	// Redis is the server (or cluster) asynq's client writes to. Optional: with it,
+	// EnqueueMany reads the asynq task of every job that already existed and is runnable in
+	// one pipelined round trip, and enqueues only those asynq holds no live task for — a
+	// duplicate enqueue then costs the jobs statement and that one read instead of a
+	// task enqueue (a round trip and a script) per job. Without it every such job goes
+	// through asynq, which answers ErrTaskIDConflict. It must be the server the Client
+	// writes to; a wrong one only costs the fast path (a task it can not see is enqueued
+	// through asynq, which deduplicates by id).
+	Redis redis.UniversalClient
 	// PayloadVersion is the task payload format written (PayloadV1 or PayloadV2). Defaults
 	// to DefaultPayloadVersion; set PayloadV1 while workers that can not read V2 still run.
 	PayloadVersion int
@@ -368,6 +378,10 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 		return nil, fmt.Errorf("tasks: recorder returned %d results for %d records", len(recorded), len(records))
 	}
 
+	live, err := e.liveTasks(ctx, records, recorded)
+	if err != nil {
+		return nil, err
+	}
 	results := make([]Result, len(records))
 	done := make(map[string]bool, len(records))
 	for i, rec := range records {
@@ -381,6 +395,12 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 			results[i].Outcome = AlreadyFailed
 			continue
 		case done[rec.Key]:
+			results[i].Outcome = AlreadyQueued
+			continue
+		case live != nil && live[i]:
+			// The job existed and asynq holds a live task with its id: what asynq would
+			// answer with ErrTaskIDConflict, without asking it.
+			done[rec.Key] = true
 			results[i].Outcome = AlreadyQueued
 			continue
 		}
@@ -402,6 +422,55 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 		}
 	}
 	return results, nil
+}
+
+// AsynqTaskKey is asynq's key of the task with id in queue (asynq v0.26
+// internal/base.TaskKey: "asynq:{<queue>}:t:<id>"): a HASH whose field "state" is pending,
+// active, scheduled, retry, archived, completed or aggregating.
+func AsynqTaskKey(queue, id string) string { return "asynq:{" + queue + "}:t:" + id }
+
+// asynqArchived is the state asynq records for an archived task.
+const asynqArchived = "archived"
+
+// liveTasks reports, per record, whether the job already existed (not created by this
+// call), is runnable, and asynq holds a task with its id in a state other than archived
+// (such a task runs, or has run and is kept: a second enqueue would be refused with
+// ErrTaskIDConflict). It reads those tasks' states in one pipelined round trip; without
+// EnqueuerConfig.Redis, or when no record qualifies, it reads nothing and returns nil.
+// A task that is missing or archived is left to enqueueTask (Requeued, Repaired).
+func (e *Enqueuer) liveTasks(ctx context.Context, records []JobRecord, recorded []JobRecordResult) ([]bool, error) {
+	if e.cfg.Redis == nil {
+		return nil, nil
+	}
+	var idx []int
+	for i, r := range recorded {
+		if !r.Created && r.State != StateComplete && r.State != StateFailed {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil, nil
+	}
+	pipe := e.cfg.Redis.Pipeline()
+	cmds := make([]*redis.StringCmd, len(idx))
+	for j, i := range idx {
+		cmds[j] = pipe.HGet(ctx, AsynqTaskKey(e.queueOf(records[i].Spec.Kind), records[i].Key), "state")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("tasks: read asynq task states: %w", err)
+	}
+	live := make([]bool, len(records))
+	for j, i := range idx {
+		state, err := cmds[j].Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return nil, fmt.Errorf("tasks: read asynq task state of %q: %w", records[i].Key, err)
+		default:
+			live[i] = state != "" && state != asynqArchived
+		}
+	}
+	return live, nil
 }
 
 // taskResult is what enqueueTask did.

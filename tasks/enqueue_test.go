@@ -3,12 +3,15 @@ package tasks_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -25,7 +28,12 @@ type enqueueBundle struct {
 	enq    *tasks.Enqueuer
 }
 
-func setupEnqueue(t testing.TB) *enqueueBundle {
+func setupEnqueue(t testing.TB) *enqueueBundle { return setupEnqueueWith(t, false) }
+
+// setupEnqueueFast is setupEnqueue with EnqueuerConfig.Redis: the duplicate fast path on.
+func setupEnqueueFast(t testing.TB) *enqueueBundle { return setupEnqueueWith(t, true) }
+
+func setupEnqueueWith(t testing.TB, fast bool) *enqueueBundle {
 	t.Helper()
 	pg := store.New(testutil.PG(t))
 	ns := testutil.Redis(t)
@@ -33,9 +41,20 @@ func setupEnqueue(t testing.TB) *enqueueBundle {
 	t.Cleanup(func() { _ = client.Close() })
 	insp := asynq.NewInspector(ns.AsynqOpt())
 	t.Cleanup(func() { _ = insp.Close() })
-	enq, err := tasks.NewEnqueuer(client, pg, &tasks.EnqueuerConfig{Queue: ns.Queue, Inspector: insp})
+	cfg := &tasks.EnqueuerConfig{Queue: ns.Queue, Inspector: insp}
+	if fast {
+		cfg.Redis = ns.Client
+	}
+	enq, err := tasks.NewEnqueuer(client, pg, cfg)
 	require.NoError(t, err)
 	return &enqueueBundle{store: pg, ns: ns, client: client, insp: insp, enq: enq}
+}
+
+// bothPaths runs test with the enqueuer without and with EnqueuerConfig.Redis: every
+// outcome must be the same on the duplicate fast path.
+func bothPaths(t *testing.T, test func(t *testing.T, setupEnqueue func(testing.TB) *enqueueBundle)) {
+	t.Run("ThroughAsynq", func(t *testing.T) { test(t, setupEnqueue) })
+	t.Run("FastPath", func(t *testing.T) { test(t, setupEnqueueFast) })
 }
 
 var productSpec = tasks.Spec{
@@ -84,7 +103,9 @@ func runUntilComplete(t *testing.T, b *enqueueBundle, key string) {
 	}
 }
 
-func TestEnqueueConcurrentDuplicates(t *testing.T) {
+func TestEnqueueConcurrentDuplicates(t *testing.T) { bothPaths(t, testEnqueueConcurrentDuplicates) }
+
+func testEnqueueConcurrentDuplicates(t *testing.T, setupEnqueue func(testing.TB) *enqueueBundle) {
 	ctx := context.Background()
 	b := setupEnqueue(t)
 
@@ -143,7 +164,9 @@ func TestEnqueueConcurrentDuplicates(t *testing.T) {
 	require.Equal(t, 1, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs`))
 }
 
-func TestEnqueueOutcomes(t *testing.T) {
+func TestEnqueueOutcomes(t *testing.T) { bothPaths(t, testEnqueueOutcomes) }
+
+func testEnqueueOutcomes(t *testing.T, setupEnqueue func(testing.TB) *enqueueBundle) {
 	ctx := context.Background()
 
 	t.Run("RequeuedWhenTaskLost", func(t *testing.T) {
@@ -230,7 +253,9 @@ func TestEnqueueOutcomes(t *testing.T) {
 	})
 }
 
-func TestEnqueueRepairsArchivedTask(t *testing.T) {
+func TestEnqueueRepairsArchivedTask(t *testing.T) { bothPaths(t, testEnqueueRepairsArchivedTask) }
+
+func testEnqueueRepairsArchivedTask(t *testing.T, setupEnqueue func(testing.TB) *enqueueBundle) {
 	ctx := context.Background()
 	other := productSpec
 	other.Country = "DE"
@@ -420,4 +445,93 @@ func deadTuples(b *testing.B, dsn, db string) int64 {
 		b.Fatal(err)
 	}
 	return n
+}
+
+// asynqCalls counts the commands asynq's client sends (EVALSHA/EVAL: one per task enqueue).
+type asynqCalls struct{ scripts atomic.Int64 }
+
+func (h *asynqCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *asynqCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := strings.ToLower(cmd.Name()); n == "evalsha" || n == "eval" {
+			h.scripts.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *asynqCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestEnqueueDuplicateFastPath: with EnqueuerConfig.Redis, a batch of duplicates whose
+// tasks are live asks asynq nothing (one pipelined read of the task states), complete and
+// failed jobs touch no Redis, and only the jobs without a live task (lost: Requeued;
+// archived: Repaired; new: Created) go through asynq. Fails without the fast path: every
+// duplicate then costs an asynq enqueue script.
+func TestEnqueueDuplicateFastPath(t *testing.T) {
+	ctx := context.Background()
+	b := setupEnqueue(t)
+	calls := &asynqCalls{}
+	rdb := redis.NewClient(&redis.Options{Addr: b.ns.Addr})
+	rdb.AddHook(calls)
+	t.Cleanup(func() { _ = rdb.Close() })
+	client := asynq.NewClientFromRedisClient(rdb)
+	enq, err := tasks.NewEnqueuer(client, b.store, &tasks.EnqueuerConfig{Queue: b.ns.Queue, Inspector: b.insp, Redis: b.ns.Client})
+	require.NoError(t, err)
+
+	specs := make([]tasks.Spec, 8)
+	for i := range specs {
+		specs[i] = tasks.Spec{Kind: "catalog", SourceID: fmt.Sprintf("sku-%d", i), Country: "US", Window: "2026-04-23", ParserVersion: 1}
+	}
+	first, err := enq.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	for _, r := range first {
+		require.Equal(t, tasks.Created, r.Outcome)
+	}
+	require.EqualValues(t, len(specs), calls.scripts.Load(), "one asynq enqueue per new job")
+
+	calls.scripts.Store(0)
+	again, err := enq.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	for _, r := range again {
+		require.Equal(t, tasks.AlreadyQueued, r.Outcome)
+	}
+	require.Zero(t, calls.scripts.Load(), "live duplicates are answered without asynq")
+	require.Equal(t, len(specs), b.ns.AsynqPending(t))
+
+	// 0: task lost; 1: task archived; 2: complete (its task done); 3: failed (its task
+	// done); 4: still live; 5: given twice; plus a new spec.
+	keys := make([]string, len(first))
+	for i, r := range first {
+		keys[i] = r.Key
+	}
+	require.NoError(t, b.insp.DeleteTask(b.ns.Queue, keys[0]))
+	require.NoError(t, b.insp.ArchiveTask(b.ns.Queue, keys[1]))
+	for i, finish := range []func(context.Context, store.AttemptFinishParams) error{b.store.JobComplete, b.store.JobFail} {
+		key := keys[2+i]
+		require.NoError(t, b.insp.DeleteTask(b.ns.Queue, key))
+		_, err := b.store.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1})
+		require.NoError(t, err)
+		require.NoError(t, finish(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "not_found"}))
+	}
+	fresh := specs[0]
+	fresh.SourceID = "sku-new"
+	calls.scripts.Store(0)
+	mixed, err := enq.EnqueueMany(ctx, []tasks.Spec{specs[0], specs[1], specs[2], specs[3], specs[4], specs[5], specs[5], fresh})
+	require.NoError(t, err)
+	got := make([]tasks.Outcome, len(mixed))
+	for i, r := range mixed {
+		got[i] = r.Outcome
+	}
+	assert.Equal(t, []tasks.Outcome{tasks.Requeued, tasks.Repaired, tasks.AlreadyComplete, tasks.AlreadyFailed,
+		tasks.AlreadyQueued, tasks.AlreadyQueued, tasks.AlreadyQueued, tasks.Created}, got)
+	// Requeued, Repaired (after its conflict: 2) and Created.
+	assert.EqualValues(t, 4, calls.scripts.Load(), "only jobs without a live task reach asynq")
+	for _, k := range []string{keys[0], keys[1], mixed[7].Key} {
+		info, err := b.insp.GetTaskInfo(b.ns.Queue, k)
+		require.NoError(t, err)
+		assert.Equal(t, asynq.TaskStatePending, info.State, k)
+	}
+	assert.False(t, b.ns.AsynqTaskExists(t, keys[2]), "a complete job is not enqueued again")
+	assert.False(t, b.ns.AsynqTaskExists(t, keys[3]), "a failed job is not enqueued again")
 }

@@ -97,7 +97,7 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		return runB7(ctx, s, rdb, rrt, pgrt)
 	}
 	client := asynq.NewClientFromRedisClient(rdb)
-	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: benchQueue})
+	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: benchQueue, Redis: rdb})
 	if err != nil {
 		return runResult{}, err
 	}

@@ -27,8 +27,8 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/internal/envflag"
-	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
