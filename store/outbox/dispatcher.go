@@ -210,10 +210,12 @@ type Dispatcher struct {
 	trimMu   sync.Mutex
 	lastTrim map[string]time.Time
 
-	lockKey  int64             // recoverLockKey(Prefix)
-	epochMu  sync.Mutex        // guards epochs and vanished
-	epochs   map[string]string // topic → epoch marker value last seen ("" not yet)
-	vanished map[string]string // topic → the epoch seen before its marker vanished, until recovered
+	lockKey   int64             // recoverLockKey(Prefix)
+	epochMu   sync.Mutex        // guards epochs and refreshed
+	epochs    map[string]string // topic → its epoch, as last found in PostgreSQL and the marker alike
+	refreshed time.Time         // when the idle check last read every epoch from PostgreSQL
+
+	beforeSettle func(topics []string) // test hook (export_test.go): a batch found topics unsettled
 }
 
 // NewDispatcher returns a dispatcher that reads the outbox table through pool and
@@ -240,7 +242,6 @@ func NewDispatcher(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg *Dispatche
 		lastTrim: make(map[string]time.Time),
 		lockKey:  recoverLockKey(c.Prefix),
 		epochs:   make(map[string]string),
-		vanished: make(map[string]string),
 	}
 	if c.Trim == TrimConsumed {
 		d.trimmer, err = NewTrimmer(rdb, &TrimmerConfig{Prefix: c.Prefix, RedisTimeout: c.RedisTimeout, Logger: c.Logger})
@@ -268,27 +269,32 @@ type outboxRow struct {
 // dispatchers hold), publishes them and marks them sent, in one transaction. It returns
 // the number of rows marked sent; on error none of the batch's rows are marked sent (some
 // may have been published: they are published again by a later batch). A result equal to
-// BatchSize means more rows may be waiting. A batch whose stream has lost its epoch marker
-// (Redis lost its data) is rolled back before anything is published, the stream recovered
-// (see the package doc) and a batch claimed again, once.
+// BatchSize means more rows may be waiting. A batch with a topic whose epoch marker is not
+// the epoch PostgreSQL holds (Redis lost its data, or the topic has no epoch yet) is
+// rolled back before anything is published, the epochs settled (see the package doc) and
+// a batch claimed again, once.
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	for try := 0; ; try++ {
-		n, lost, err := d.dispatchBatch(ctx)
-		if len(lost) == 0 {
+		n, unsettled, err := d.dispatchBatch(ctx)
+		if len(unsettled) == 0 {
 			return n, err
 		}
 		if try > 0 {
-			return 0, fmt.Errorf("outbox: dispatch: epoch markers of %q gone again right after their recovery", lost)
+			return 0, fmt.Errorf("outbox: dispatch: epoch markers of %q differ from PostgreSQL's again right after they were settled (is Redis losing its data?)", unsettled)
 		}
-		if err := d.recoverStreams(ctx, lost); err != nil {
+		if d.beforeSettle != nil {
+			d.beforeSettle(unsettled)
+		}
+		if _, err := d.settle(ctx, unsettled); err != nil {
 			return 0, err
 		}
 	}
 }
 
-// dispatchBatch is one try of DispatchOnce. lost lists the batch's topics whose epoch
-// marker is absent; the batch is then rolled back unpublished (its rows stay unsent).
-func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, lost []string, err error) {
+// dispatchBatch is one try of DispatchOnce. unsettled lists the batch's topics whose epoch
+// marker is not the epoch PostgreSQL holds; the batch is then rolled back unpublished (its
+// rows stay unsent).
+func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []string, err error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	tx, err := d.pool.Begin(qctx)
 	cancel()
@@ -309,9 +315,10 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, lost []string
 	}
 
 	// The epoch markers of the batch's topics are read before anything is published (one
-	// round trip per batch): a batch never appends to a stream whose marker is gone, so a
-	// stream that lost its data holds no entry (and no entries-added count) from this
-	// dispatcher until it is recovered.
+	// round trip per batch; a topic whose marker this dispatcher has not matched with
+	// PostgreSQL yet costs one statement more, in the batch's transaction, under the shared
+	// lock): a batch never appends to a stream whose marker is absent or not PostgreSQL's
+	// epoch, so a lost stream gets nothing from the dispatchers until it is recovered.
 	var topics []string
 	seen := make(map[string]bool)
 	for _, r := range rows {
@@ -320,9 +327,8 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, lost []string
 			topics = append(topics, r.topic)
 		}
 	}
-	d.track(topics...)
-	if lost, err = d.absentEpochs(ctx, topics); err != nil || len(lost) > 0 {
-		return 0, lost, err
+	if unsettled, err = d.unsettled(ctx, tx, topics); err != nil || len(unsettled) > 0 {
+		return 0, unsettled, err
 	}
 
 	published, err := d.publish(ctx, rows)
@@ -556,9 +562,6 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	// PublishAttempts, so Stop still returns promptly (a recovery after a Redis data loss,
 	// which waits for every dispatcher's batch in flight, is bounded by recoverTimeout).
 	batchCtx := context.WithoutCancel(ctx)
-	if err := d.discoverTopics(ctx); err != nil && ctx.Err() == nil {
-		d.log.WarnContext(ctx, "outbox: finding the topics sent recently failed; only topics published from now on are watched for Redis data loss", "err", err)
-	}
 	for {
 		n, err := d.DispatchOnce(batchCtx)
 		if ctx.Err() != nil {
@@ -582,7 +585,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		}
 		// Idle: make sure no stream this dispatcher watches lost its data while nothing
 		// was published to it.
-		if recovered, err := d.CheckStreams(ctx); err != nil {
+		if recovered, err := d.checkStreams(ctx, false); err != nil {
 			if ctx.Err() != nil {
 				return
 			}

@@ -28,31 +28,38 @@
 //
 // A row is marked sent once its XADD succeeded; if Redis then loses its data (restarted
 // without persistence, FLUSHALL, a cluster node replaced empty), the entries not yet
-// consumed are gone. The dispatchers find such a loss and publish those events again:
+// consumed are gone. The dispatchers find such a loss and publish those events again.
+// PostgreSQL is the witness: it keeps each stream's epoch (table outbox_epochs, migration
+// 00007, one row per prefix and topic), and Redis keeps the same id in the stream's epoch
+// marker, <prefix>epoch:{<topic>} ([EpochKey], in the stream's cluster slot, so it is lost
+// exactly when the stream is).
 //
-//   - Every stream has an epoch marker, <prefix>epoch:{<topic>} ([EpochKey], in the
-//     stream's cluster slot, so it is lost exactly when the stream is). A dispatcher reads
-//     the markers of a batch's topics before it publishes the batch, and of every topic it
-//     watches whenever it is idle ([Dispatcher.CheckStreams]; the topics it published to
-//     since it started and those sent within RecoverWindow when it started). It never
-//     appends to a stream whose marker is absent.
-//   - A marker absent means a possible loss. The dispatcher then takes an exclusive
-//     PostgreSQL advisory lock that every batch holds shared from its claim to its commit,
-//     so the batches that published before the loss have committed and no batch claims
-//     rows meanwhile; several dispatchers in several processes recover one at a time, and
-//     the ones after the first find the marker back and do nothing.
-//   - The stream lost its history if this dispatcher had seen the marker and saw it
-//     vanish, or if the stream has recorded fewer entries ever added (XINFO STREAM
-//     entries-added; trimming and XDEL never lower it) than the outbox holds rows of the
-//     topic marked sent: every sent row was appended before it was marked. So a stream
-//     trimmed empty, a second dispatcher starting, a consumer group recreated on an empty
-//     stream or the first start on an intact stream (an upgrade from a version without
-//     markers) re-mark nothing.
-//   - On a loss, the rows of the topic sent within RecoverWindow (24 h by default) before
-//     the recovery are marked unsent again in batches of RecoverBatch, counted in
+//   - A dispatcher reads the markers of a batch's topics before it publishes the batch
+//     (one pipelined GET per batch; a topic it has not matched with PostgreSQL yet costs
+//     one more statement, in the batch's transaction), and, whenever it is idle, those of
+//     every topic PostgreSQL holds an epoch of ([Dispatcher.CheckStreams]; PostgreSQL's
+//     epochs are read again at most once per PollInterval). It never appends to a stream
+//     whose marker is absent or is not PostgreSQL's epoch: the batch rolls back unpublished
+//     and the topic is settled.
+//   - Settling happens under an exclusive PostgreSQL advisory lock that every batch holds
+//     shared from its claim to its commit, so the batches that published before a loss
+//     have committed and no batch claims rows meanwhile. After taking it the dispatcher
+//     reads PostgreSQL's epoch and the marker again, so several dispatchers in several
+//     processes settle one at a time and the ones after the first find it settled: one
+//     loss is recovered once, and one dispatcher's first start is never another's loss.
+//   - No epoch in PostgreSQL: the topic was never dispatched with epochs (a fresh install,
+//     an upgrade from a version without them, a new topic). A new epoch is set as the
+//     marker (a marker already there is adopted) and recorded in PostgreSQL; nothing is
+//     re-marked, whatever the streams hold. So upgrading re-marks nothing: events sent by
+//     the previous version and not consumed stay where they were.
+//   - PostgreSQL's epoch and a marker absent or different: Redis lost the stream's data
+//     (a different marker: Redis came back from a snapshot older than the last recovery).
+//     The rows of the topic sent within RecoverWindow (24 h by default) before the
+//     recovery are marked unsent again in batches of RecoverBatch, counted in
 //     idemscrape_outbox_streams_lost_total and idemscrape_outbox_remarked_total and logged
-//     once (level ERROR); then the marker is created anew and the rows are dispatched as
-//     usual. A crash in between re-marks again later: more copies, never fewer.
+//     once (level ERROR); then a new epoch is written to PostgreSQL and set as the marker,
+//     and the rows are dispatched as usual. A crash in between leaves the two different:
+//     the next dispatcher re-marks again, more copies, never fewer.
 //   - A [Consumer] whose group vanished while it runs (NOGROUP) creates it again at the
 //     beginning of the new stream ("0", whatever StartID says), so it reads the entries
 //     published again, and any published before it noticed.
@@ -65,14 +72,26 @@
 // within RecoverWindow before the loss that the group had already handled runs its
 // handler a second time (at least once; exactly once only for idempotent handlers).
 //
-// What it cannot see: a Redis that comes back with part of its data (restarted from an
-// older RDB snapshot or AOF, a replica promoted before it received the last writes) still
-// has the marker, so the entries appended after the snapshot and not yet consumed are not
-// republished. Use appendonly with appendfsync always, or accept that window. An epoch
-// marker deleted or evicted by hand under running dispatchers counts as a loss (a
+// What it cannot see: a Redis that comes back with part of its data from the current
+// epoch (restarted from an RDB snapshot or AOF taken after the last recovery but before
+// the last writes, a replica promoted before it received them) still has the right
+// marker, so the entries appended after the snapshot and not yet consumed are not
+// republished. Use appendonly with appendfsync always, or accept that window. After such
+// a rollback an operator republishes the events sent since the snapshot, by hand:
+//
+//	UPDATE outbox SET sent_at = NULL
+//	WHERE topic = '<topic>' AND sent_at >= '<time of the snapshot, minus a margin>';
+//
+// (in batches on a large outbox; the dispatchers publish the rows again, RunTx consumers
+// deduplicate them, Run consumers whose ledger went back too run them again). Likewise
+// after an upgrade, for events left unconsumed in a stream under an old key name.
+//
+// An epoch marker deleted or evicted under running dispatchers counts as a loss (a
 // republish, harmless to RunTx consumers): run Redis with maxmemory-policy noeviction, as
-// asynq needs anyway. All dispatchers on one outbox table must use one Prefix (a row sent
-// under another prefix looks missing from this one's streams).
+// asynq needs anyway. Deleting a topic's outbox_epochs row makes its next dispatch a first
+// start (nothing re-marked). All dispatchers on one outbox table should use one Prefix:
+// epochs are kept per prefix and topic, but which prefix's stream a row goes to depends on
+// which dispatcher claims it.
 //
 // # Trimming
 //

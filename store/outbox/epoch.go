@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,21 +21,27 @@ const (
 	DefaultRecoverWindow = 24 * time.Hour
 	// DefaultRecoverBatch is how many rows one re-marking statement changes.
 	DefaultRecoverBatch = 1000
-	// recoverTimeout bounds one recovery: waiting for in-flight batches, re-marking, and
-	// recreating the epoch markers.
+	// recoverTimeout bounds one settlement under the exclusive lock: waiting for in-flight
+	// batches, re-marking, and writing the new epochs.
 	recoverTimeout = 2 * time.Minute
 )
 
 // epochState is what a pipelined GET of a stream's epoch marker found.
 type epochState struct {
-	value string // "" when the marker is absent
+	value string // "" when the marker is absent (or, oddly, empty: treated alike)
 	err   error  // a failed GET (not redis.Nil)
 }
 
+// querier is what pgEpochs reads through: a batch's transaction, the pool, or the
+// recovery's connection.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // recoverLockKey is the PostgreSQL advisory lock that orders dispatch batches (shared,
-// held from the claim to the commit) against a recovery (exclusive): a recovery starts
-// only once every batch that may have published to the lost Redis has committed, and no
-// batch claims rows while it re-marks. One lock per stream prefix.
+// held from the claim to the commit) against a settlement (exclusive): an epoch is created
+// or replaced only once every batch that may have published to the lost Redis has
+// committed, and no batch claims rows while rows are re-marked. One lock per stream prefix.
 func recoverLockKey(prefix string) int64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("idemscrape/outbox/recover\x00" + prefix))
@@ -48,56 +54,25 @@ func newEpoch() string {
 	return hex.EncodeToString(b[:]) + "@" + time.Now().UTC().Format(time.RFC3339)
 }
 
-// absentEpochs reads the epoch markers of topics (one round trip), adopts those present
-// and returns the topics whose marker is absent. For those this dispatcher had seen a
-// marker of, it records that the marker vanished: proof that Redis lost the stream's
-// data, whatever the stream holds by the time it is recovered.
-func (d *Dispatcher) absentEpochs(ctx context.Context, topics []string) ([]string, error) {
-	states, err := d.getEpochs(ctx, topics)
-	if err != nil {
-		return nil, err
-	}
-	var absent []string
-	for _, t := range topics {
-		switch s := states[t]; {
-		case s.err != nil:
-			return nil, fmt.Errorf("outbox: read epoch marker of %q: %w", t, s.err)
-		case s.value == "":
-			absent = append(absent, t)
-			d.epochMu.Lock()
-			if d.epochs[t] != "" {
-				d.vanished[t] = d.epochs[t]
-			}
-			d.epochMu.Unlock()
-		default:
-			d.adopt(ctx, t, s.value)
-		}
-	}
-	return absent, nil
-}
-
-// adopt records the epoch marker value seen for topic. A value that differs from the one
-// remembered means another dispatcher recovered the stream after a loss; that is logged
-// once per change.
-func (d *Dispatcher) adopt(ctx context.Context, topic, value string) {
-	d.epochMu.Lock()
-	old, known := d.epochs[topic]
-	d.epochs[topic] = value
-	d.epochMu.Unlock()
-	if known && old != "" && old != value {
-		d.log.WarnContext(ctx, "outbox: the stream's epoch changed: Redis lost its data and another dispatcher republished what it may have held",
-			"topic", topic, "old_epoch", old, "epoch", value)
-	}
-}
-
-// track adds topics to those the idle check watches.
-func (d *Dispatcher) track(topics ...string) {
+// knownEpoch is the epoch of topic that this dispatcher last found in PostgreSQL and in
+// the marker alike ("" when none yet).
+func (d *Dispatcher) knownEpoch(topic string) string {
 	d.epochMu.Lock()
 	defer d.epochMu.Unlock()
-	for _, t := range topics {
-		if _, ok := d.epochs[t]; !ok {
-			d.epochs[t] = ""
-		}
+	return d.epochs[topic]
+}
+
+// adopt records epoch as topic's current one (PostgreSQL holds it). A value that differs
+// from the one remembered means another dispatcher settled a loss; that is logged once per
+// change.
+func (d *Dispatcher) adopt(ctx context.Context, topic, epoch string) {
+	d.epochMu.Lock()
+	old := d.epochs[topic]
+	d.epochs[topic] = epoch
+	d.epochMu.Unlock()
+	if old != "" && old != epoch {
+		d.log.WarnContext(ctx, "outbox: the stream's epoch changed: Redis lost its data and another dispatcher republished what it may have held",
+			"topic", topic, "old_epoch", old, "epoch", epoch)
 	}
 }
 
@@ -117,29 +92,103 @@ func (d *Dispatcher) getEpochs(ctx context.Context, topics []string) (map[string
 	}
 	out := make(map[string]epochState, len(topics))
 	for i, t := range topics {
-		out[t] = epochOf(cmds[i])
+		v, err := cmds[i].Result()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		out[t] = epochState{value: v, err: err}
 	}
 	return out, nil
 }
 
-func epochOf(cmd *redis.StringCmd) epochState {
-	v, err := cmd.Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return epochState{}
-	case err != nil:
-		return epochState{err: err}
-	case v == "":
-		return epochState{value: "?"} // present, if oddly empty: not a loss
+// pgEpochs reads the epochs PostgreSQL holds for topics under this dispatcher's prefix
+// (every topic of the prefix when topics is nil), in one statement.
+func (d *Dispatcher) pgEpochs(ctx context.Context, q querier, topics []string) (map[string]string, error) {
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	defer cancel()
+	var rows pgx.Rows
+	if topics == nil {
+		rows, _ = q.Query(qctx, `SELECT topic, epoch FROM outbox_epochs WHERE prefix = $1`, d.cfg.Prefix)
+	} else {
+		rows, _ = q.Query(qctx, `SELECT topic, epoch FROM outbox_epochs WHERE prefix = $1 AND topic = ANY($2)`, d.cfg.Prefix, topics)
 	}
-	return epochState{value: v}
+	out := make(map[string]string)
+	var topic, epoch string
+	_, err := pgx.ForEachRow(rows, []any{&topic, &epoch}, func() error {
+		out[topic] = epoch
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: read stream epochs (table outbox_epochs, migration 00007): %w", err)
+	}
+	return out, nil
 }
 
-// CheckStreams reads the epoch marker of every topic this dispatcher has published to or
-// found in the outbox's recently sent rows, and recovers the streams whose marker is gone
-// (see the package doc, Redis data loss). It returns the topics it recovered. The
-// background loop calls it whenever it is idle; call it directly to check at once.
+// unsettled reads the epoch markers of topics (one Redis round trip) and returns the
+// topics whose marker is not the epoch PostgreSQL holds: absent, different, or a topic
+// without an epoch yet. Topics whose marker equals the epoch this dispatcher knows cost
+// nothing more; the others are compared with PostgreSQL through q (one statement), and
+// adopted when they match (another dispatcher settled them).
+func (d *Dispatcher) unsettled(ctx context.Context, q querier, topics []string) ([]string, error) {
+	states, err := d.getEpochs(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
+	var unsure []string
+	for _, t := range topics {
+		switch s := states[t]; {
+		case s.err != nil:
+			return nil, fmt.Errorf("outbox: read epoch marker of %q: %w", t, s.err)
+		case s.value == "" || s.value != d.knownEpoch(t):
+			unsure = append(unsure, t)
+		}
+	}
+	if len(unsure) == 0 {
+		return nil, nil
+	}
+	pg, err := d.pgEpochs(ctx, q, unsure)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, t := range unsure {
+		if e, ok := pg[t]; ok && e == states[t].value {
+			d.adopt(ctx, t, e)
+			continue
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// CheckStreams compares the epoch marker of every topic PostgreSQL holds an epoch of
+// (under this dispatcher's prefix) with that epoch, and settles those that differ (see the
+// package doc, Redis data loss). It returns the topics whose stream was found lost and
+// whose rows were marked unsent again. The background loop runs the same check whenever
+// it is idle (reading PostgreSQL's epochs at most once per PollInterval); call it directly
+// to check at once.
 func (d *Dispatcher) CheckStreams(ctx context.Context) ([]string, error) {
+	return d.checkStreams(ctx, true)
+}
+
+// checkStreams is CheckStreams; refresh false reads PostgreSQL's epochs only if the last
+// read is at least PollInterval old (the idle loop's rate).
+func (d *Dispatcher) checkStreams(ctx context.Context, refresh bool) ([]string, error) {
+	d.epochMu.Lock()
+	due := refresh || time.Since(d.refreshed) >= d.cfg.PollInterval
+	d.epochMu.Unlock()
+	if due {
+		pg, err := d.pgEpochs(ctx, d.pool, nil)
+		if err != nil {
+			return nil, err
+		}
+		for t, e := range pg {
+			d.adopt(ctx, t, e)
+		}
+		d.epochMu.Lock()
+		d.refreshed = time.Now()
+		d.epochMu.Unlock()
+	}
 	d.epochMu.Lock()
 	topics := make([]string, 0, len(d.epochs))
 	for t := range d.epochs {
@@ -149,161 +198,163 @@ func (d *Dispatcher) CheckStreams(ctx context.Context) ([]string, error) {
 	if len(topics) == 0 {
 		return nil, nil
 	}
-	absent, err := d.absentEpochs(ctx, topics)
-	if err != nil || len(absent) == 0 {
+	sort.Strings(topics)
+	todo, err := d.unsettled(ctx, d.pool, topics)
+	if err != nil || len(todo) == 0 {
 		return nil, err
 	}
-	return absent, d.recoverStreams(ctx, absent)
+	return d.settle(ctx, todo)
 }
 
-// discoverTopics adds the topics of rows sent within RecoverWindow to the watched ones, so
-// a dispatcher that starts after Redis lost its data (and has no new event of that topic
-// to publish) still finds the loss. It reads the sent rows of the window once.
-func (d *Dispatcher) discoverTopics(ctx context.Context) error {
-	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
-	defer cancel()
-	rows, _ := d.pool.Query(qctx, `SELECT DISTINCT topic FROM outbox WHERE sent_at >= now() - $1::interval`, d.cfg.RecoverWindow)
-	topics, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("outbox: discover topics: %w", err)
-	}
-	d.track(topics...)
-	return nil
-}
-
-// recoverStreams handles streams whose epoch marker is gone. Under the exclusive recovery
-// lock (so that batches already past their XADD have committed and no new batch claims
-// rows meanwhile), for each topic whose marker is still absent:
+// settle decides, under the exclusive recovery lock, what the epoch of each of topics is,
+// and returns the topics it found lost (their rows re-marked). The lock makes every batch
+// that may have published to the old Redis commit first and holds new claims back; and
+// since every decision that creates or replaces an epoch is taken under it, after
+// re-reading both PostgreSQL and the marker, two dispatchers never both recover one loss
+// nor take each other's first start for a loss. For each topic:
 //
-//  1. it decides whether the stream lost its history: this dispatcher saw the marker
-//     before and saw it vanish, or the stream has recorded fewer entries ever added (XINFO
-//     STREAM entries-added, 0 when the key is missing) than the outbox holds rows of the
-//     topic marked sent. Every sent row was appended to the stream at least once before it
-//     was marked sent, and trimming or deleting entries never lowers entries-added, so an
-//     intact stream always has at least as many (no dispatcher appends to a stream whose
-//     marker is absent, so a recreated stream holds only what a consumer's MKSTREAM or a
-//     batch racing the loss put there). A marker absent on an intact stream (the first
-//     start of this version, or of a new topic) is created and nothing is re-marked;
-//  2. if it did, it marks unsent again, in batches of RecoverBatch, the rows of the topic
-//     sent within RecoverWindow before now, so the dispatchers publish them again (counted
-//     in idemscrape_outbox_remarked_total, logged once per recovery);
-//  3. it creates the marker anew (SET NX, a new random epoch).
-//
-// A crash between 2 and 3 leaves the marker absent: the next dispatcher re-marks again,
-// which only republishes more copies (consumers deduplicate them).
-func (d *Dispatcher) recoverStreams(ctx context.Context, topics []string) error {
+//   - PostgreSQL has no epoch: the topic was never dispatched with epochs (a fresh
+//     install, an upgrade from a version without them, a new topic). The marker is adopted
+//     if present, else a new epoch is SET, then the row is inserted. Nothing is re-marked,
+//     whatever the stream holds. (Marker first: a crash in between leaves a marker without
+//     a row, which the next dispatcher adopts, never a row without a marker.)
+//   - PostgreSQL's epoch equals the marker: another dispatcher settled it; adopted.
+//   - The marker is absent or different: Redis lost the stream's data (or came back from
+//     a snapshot older than the epoch). The rows of the topic sent within RecoverWindow
+//     before now are marked unsent again in batches of RecoverBatch (counted in
+//     idemscrape_outbox_remarked_total, logged once), then a new epoch is written to
+//     PostgreSQL and SET as the marker. A crash in between leaves the two different: the
+//     next dispatcher re-marks again, which only republishes more copies.
+func (d *Dispatcher) settle(ctx context.Context, topics []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, recoverTimeout)
 	defer cancel()
 	// A connection of its own, closed at the end: the session lock cannot outlive it, even
 	// if the unlock fails.
 	conn, err := pgx.ConnectConfig(ctx, d.pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return fmt.Errorf("outbox: recover: connect: %w", err)
+		return nil, fmt.Errorf("outbox: settle epochs: connect: %w", err)
 	}
 	defer closeConn(conn, d.cfg.QueryTimeout)
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, d.lockKey); err != nil {
-		return fmt.Errorf("outbox: recover: wait for in-flight batches (advisory lock): %w", err)
+		return nil, fmt.Errorf("outbox: settle epochs: wait for in-flight batches (advisory lock): %w", err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.QueryTimeout)
 		_, _ = conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, d.lockKey)
 		cancel()
 	}()
+	// Re-read both sides under the lock: another dispatcher may have settled them while
+	// this one waited.
+	pg, err := d.pgEpochs(ctx, conn, topics)
+	if err != nil {
+		return nil, err
+	}
+	states, err := d.getEpochs(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
+	var lost []string
 	for _, topic := range topics {
-		if err := d.recoverStream(ctx, conn, topic); err != nil {
-			return err
+		s := states[topic]
+		if s.err != nil {
+			return lost, fmt.Errorf("outbox: settle epochs: read epoch marker %s: %w", EpochKey(d.cfg.Prefix, topic), s.err)
+		}
+		switch epoch, ok := pg[topic]; {
+		case !ok:
+			err = d.firstEpoch(ctx, conn, topic, s.value)
+		case epoch == s.value:
+			d.adopt(ctx, topic, epoch)
+		default:
+			lost = append(lost, topic)
+			err = d.recoverStream(ctx, conn, topic, epoch, s.value)
+		}
+		if err != nil {
+			return lost, err
 		}
 	}
+	return lost, nil
+}
+
+// firstEpoch gives topic its first epoch: the marker's value if there is one, else a new
+// one SET as the marker; then the PostgreSQL row. Called under the exclusive lock.
+func (d *Dispatcher) firstEpoch(ctx context.Context, conn *pgx.Conn, topic, marker string) error {
+	epoch, key := marker, EpochKey(d.cfg.Prefix, topic)
+	if epoch == "" {
+		epoch = newEpoch()
+		rctx, cancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
+		err := d.rdb.Set(rctx, key, epoch, 0).Err()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("outbox: settle epochs: create epoch marker %s: %w", key, err)
+		}
+	}
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	_, err := conn.Exec(qctx, `INSERT INTO outbox_epochs (prefix, topic, epoch) VALUES ($1, $2, $3)`, d.cfg.Prefix, topic, epoch)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("outbox: settle epochs: record the first epoch of %q: %w", topic, err)
+	}
+	d.adopt(ctx, topic, epoch)
+	d.log.InfoContext(ctx, "outbox: the stream's first epoch (first dispatch of this topic with epochs: nothing republished)",
+		"topic", topic, "epoch", epoch, "adopted_marker", marker != "")
 	return nil
 }
 
-func (d *Dispatcher) recoverStream(ctx context.Context, conn *pgx.Conn, topic string) error {
-	stream, marker := StreamKey(d.cfg.Prefix, topic), EpochKey(d.cfg.Prefix, topic)
-	states, err := d.getEpochs(ctx, []string{topic})
-	if err != nil {
-		return err
-	}
-	if s := states[topic]; s.err != nil {
-		return fmt.Errorf("outbox: recover: read epoch marker %s: %w", marker, s.err)
-	} else if s.value != "" {
-		d.adopt(ctx, topic, s.value) // another dispatcher recovered it first
-		d.epochMu.Lock()
-		delete(d.vanished, topic)
-		d.epochMu.Unlock()
-		return nil
-	}
-
-	rctx, rcancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
-	info, err := d.rdb.XInfoStream(rctx, stream).Result()
-	rcancel()
-	var added int64
-	switch {
-	case err == nil:
-		added = info.EntriesAdded
-	case strings.Contains(err.Error(), "no such key"):
-		added = 0
-	default:
-		return fmt.Errorf("outbox: recover: XINFO STREAM %s: %w", stream, err)
-	}
-	qctx, qcancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
-	d.epochMu.Lock()
-	vanished := d.vanished[topic]
-	d.epochMu.Unlock()
-	var lost bool
+// recoverStream re-marks the rows of a lost stream and starts a new epoch. Called under
+// the exclusive lock; old is PostgreSQL's epoch, marker what Redis holds ("" absent).
+func (d *Dispatcher) recoverStream(ctx context.Context, conn *pgx.Conn, topic, old, marker string) error {
+	key := EpochKey(d.cfg.Prefix, topic)
 	var cut time.Time
-	err = conn.QueryRow(qctx, `
-SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL LIMIT $2::bigint + 1) s) > $2::bigint, now()`,
-		topic, added).Scan(&lost, &cut)
+	qctx, qcancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	err := conn.QueryRow(qctx, `SELECT now()`).Scan(&cut)
 	qcancel()
 	if err != nil {
-		return fmt.Errorf("outbox: recover: count sent rows of %q: %w", topic, err)
+		return fmt.Errorf("outbox: recover %q: %w", topic, err)
 	}
-	lost = lost || vanished != ""
-
+	since := cut.Add(-d.cfg.RecoverWindow)
 	var remarked int64
-	if lost {
-		since := cut.Add(-d.cfg.RecoverWindow)
-		for {
-			qctx, qcancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
-			tag, err := conn.Exec(qctx, `
+	for {
+		qctx, qcancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+		tag, err := conn.Exec(qctx, `
 UPDATE outbox SET sent_at = NULL WHERE id IN (
 	SELECT id FROM outbox WHERE topic = $1 AND sent_at >= $2 AND sent_at < $3
 	ORDER BY sent_at LIMIT $4)`, topic, since, cut, d.cfg.RecoverBatch)
-			qcancel()
-			if err != nil {
-				d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
-				return fmt.Errorf("outbox: recover: re-mark rows of %q sent since %v as unsent (%d done): %w", topic, since, remarked, err)
-			}
-			remarked += tag.RowsAffected()
-			if tag.RowsAffected() < int64(d.cfg.RecoverBatch) {
-				break
-			}
+		qcancel()
+		if err != nil {
+			d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
+			return fmt.Errorf("outbox: recover: re-mark rows of %q sent since %v as unsent (%d done): %w", topic, since, remarked, err)
 		}
-		d.metrics.StreamsLost.WithLabelValues(topic).Inc()
-		d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
+		remarked += tag.RowsAffected()
+		if tag.RowsAffected() < int64(d.cfg.RecoverBatch) {
+			break
+		}
 	}
+	d.metrics.StreamsLost.WithLabelValues(topic).Inc()
+	d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
 
 	epoch := newEpoch()
-	rctx, rcancel = context.WithTimeout(ctx, d.cfg.RedisTimeout)
-	ok, err := d.rdb.SetNX(rctx, marker, epoch, 0).Result()
-	if err == nil && !ok {
-		epoch, err = d.rdb.Get(rctx, marker).Result()
+	qctx, qcancel = context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	_, err = conn.Exec(qctx, `UPDATE outbox_epochs SET epoch = $3, created_at = now() WHERE prefix = $1 AND topic = $2`,
+		d.cfg.Prefix, topic, epoch)
+	qcancel()
+	if err != nil {
+		return fmt.Errorf("outbox: recover: record the new epoch of %q (%d rows re-marked): %w", topic, remarked, err)
 	}
+	rctx, rcancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
+	err = d.rdb.Set(rctx, key, epoch, 0).Err()
 	rcancel()
 	if err != nil {
-		return fmt.Errorf("outbox: recover: create epoch marker %s: %w", marker, err)
+		return fmt.Errorf("outbox: recover: set epoch marker %s (%d rows re-marked): %w", key, remarked, err)
 	}
 	d.epochMu.Lock()
 	d.epochs[topic] = epoch
-	delete(d.vanished, topic)
 	d.epochMu.Unlock()
-	if lost {
-		d.log.ErrorContext(ctx, "outbox: Redis lost the stream's history (epoch marker gone): rows sent within the recover window are marked unsent and will be published again; inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
-			"topic", topic, "stream", stream, "entries_added", added, "marker_vanished", vanished, "remarked", remarked,
-			"since", cut.Add(-d.cfg.RecoverWindow), "epoch", epoch)
-	} else {
-		d.log.InfoContext(ctx, "outbox: created the stream's epoch marker (stream intact: first start, or marker deleted)",
-			"topic", topic, "stream", stream, "entries_added", added, "epoch", epoch)
+	found := marker
+	if found == "" {
+		found = "(absent)"
 	}
+	d.log.ErrorContext(ctx, "outbox: Redis lost the stream's data (its epoch marker is not the one PostgreSQL holds): rows sent within the recover window are marked unsent and will be published again; inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
+		"topic", topic, "stream", StreamKey(d.cfg.Prefix, topic), "epoch_expected", old, "marker_found", found,
+		"remarked", remarked, "since", since, "epoch", epoch)
 	return nil
 }

@@ -57,8 +57,9 @@ func TestRedisLossRepublished(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// wipe loses Redis's data; freshDispatcher: the dispatcher after the loss is a new
-		// process (it never saw the marker: the loss is told by entries-added), started
-		// only once the consumer has recreated its group and the stream (MKSTREAM, empty).
+		// process (it never saw the marker: the loss is told by PostgreSQL's epoch row),
+		// started only once the consumer has recreated its group and the stream (MKSTREAM,
+		// empty).
 		wipe            func(srv *testutil.RedisServer, rdb redis.UniversalClient)
 		freshDispatcher bool
 	}{
@@ -188,13 +189,14 @@ func TestNoRecoveryWithoutLoss(t *testing.T) {
 	require.Zero(t, xlen(t, b.rdb, stream), "trimmed empty")
 	round("stream trimmed empty", 10)
 
-	// A stream whose marker is missing but whose history is intact, found by new processes
-	// only, as after an upgrade from a version without markers. (A running dispatcher that
-	// saw the marker vanish treats it as a loss, by design.)
+	// No epoch in PostgreSQL and no marker, as after an upgrade from a version without
+	// epochs, found by new processes. (A marker gone while PostgreSQL holds the epoch is a
+	// loss, by design: see TestRedisLossRepublished.)
 	m := dispatchers[0].Metrics() // the registry is shared: totals of every dispatcher
+	exec(t, b.pool, `DELETE FROM outbox_epochs`)
 	require.NoError(t, b.rdb.Del(ctx, outbox.EpochKey(b.prefix, topic)).Err())
 	dispatchers = nil
-	round("no marker, intact stream (upgrade), new dispatcher", 5)
+	round("no epoch anywhere (upgrade), new dispatcher", 5)
 	round("and another one", 5)
 
 	require.Zero(t, ptu.ToFloat64(m.Remarked.WithLabelValues(topic)))
@@ -203,7 +205,171 @@ func TestNoRecoveryWithoutLoss(t *testing.T) {
 	info, err := b.rdb.XInfoStream(ctx, stream).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, published, info.EntriesAdded, "each event appended once")
-	require.NotEmpty(t, b.rdb.Get(ctx, outbox.EpochKey(b.prefix, topic)).Val(), "marker created again")
+	marker := b.rdb.Get(ctx, outbox.EpochKey(b.prefix, topic)).Val()
+	require.NotEmpty(t, marker, "marker created again")
+	require.Equal(t, marker, pgEpoch(t, b, topic), "PostgreSQL holds the marker's epoch")
+}
+
+// pgEpoch is the epoch PostgreSQL holds for topic under the bundle's prefix ("" none).
+func pgEpoch(t testing.TB, b *bundle, topic string) string {
+	t.Helper()
+	var epoch string
+	err := b.pool.QueryRow(context.Background(), `SELECT COALESCE(max(epoch), '') FROM outbox_epochs WHERE prefix = $1 AND topic = $2`,
+		b.prefix, topic).Scan(&epoch)
+	require.NoError(t, err)
+	return epoch
+}
+
+// TestUpgradeRemarksNothing: the first dispatcher of this version finds rows sent by the
+// previous one (to streams under the old key names) and an empty stream under the new key,
+// with no epoch in PostgreSQL nor in Redis. It publishes only the new event and re-marks
+// nothing. Also when a marker exists without PostgreSQL's row (a first start that crashed
+// between the two): the marker is adopted.
+func TestUpgradeRemarksNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		marker string // present before the first start; "" none
+	}{
+		{"NoEpochAnywhere", ""},
+		{"MarkerWithoutRow", "left-by-a-crashed-first-start"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := lossBundle(t)
+			ctx := context.Background()
+			const topic = "t"
+			insertEvents(t, b.pool, topic, 1, 10)
+			exec(t, b.pool, `UPDATE outbox SET sent_at = now() - interval '1 hour'`) // sent by the old version
+			if tc.marker != "" {
+				require.NoError(t, b.rdb.Set(ctx, outbox.EpochKey(b.prefix, topic), tc.marker, 0).Err())
+			}
+			insertEvents(t, b.pool, topic, 11, 1)
+
+			d := b.dispatcher(t, outbox.DispatcherConfig{})
+			require.Equal(t, 1, drain(t, d), "only the new event")
+			recovered, err := d.CheckStreams(ctx)
+			require.NoError(t, err)
+			require.Empty(t, recovered)
+			require.Zero(t, ptu.ToFloat64(d.Metrics().Remarked.WithLabelValues(topic)))
+			require.Zero(t, ptu.ToFloat64(d.Metrics().StreamsLost.WithLabelValues(topic)))
+			require.Equal(t, 1, xlen(t, b.rdb, outbox.StreamKey(b.prefix, topic)))
+			require.Equal(t, 11, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`))
+			marker := b.rdb.Get(ctx, outbox.EpochKey(b.prefix, topic)).Val()
+			require.Equal(t, marker, pgEpoch(t, b, topic))
+			if tc.marker != "" {
+				require.Equal(t, tc.marker, marker, "the marker adopted")
+			}
+		})
+	}
+}
+
+// TestStaleMarkerIsLoss: a marker holding an epoch other than PostgreSQL's (Redis came back
+// from a snapshot older than the last recovery) is a loss; so is a marker deleted by hand
+// under a dispatcher that never saw it (a new process).
+func TestStaleMarkerIsLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tamper func(rdb redis.UniversalClient, key string) error
+	}{
+		{"OlderEpoch", func(rdb redis.UniversalClient, key string) error {
+			return rdb.Set(context.Background(), key, "an-older-epoch", 0).Err()
+		}},
+		{"Deleted", func(rdb redis.UniversalClient, key string) error {
+			return rdb.Del(context.Background(), key).Err()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := lossBundle(t)
+			ctx := context.Background()
+			const topic = "t"
+			insertEvents(t, b.pool, topic, 1, 10)
+			require.Equal(t, 10, drain(t, b.dispatcher(t, outbox.DispatcherConfig{})))
+			before := pgEpoch(t, b, topic)
+			require.NoError(t, tc.tamper(b.rdb, outbox.EpochKey(b.prefix, topic)))
+
+			d := b.dispatcher(t, outbox.DispatcherConfig{}) // a new process
+			recovered, err := d.CheckStreams(ctx)
+			require.NoError(t, err)
+			require.Equal(t, []string{topic}, recovered)
+			require.Equal(t, 10, drain(t, d), "republished")
+			require.Equal(t, 10.0, ptu.ToFloat64(d.Metrics().Remarked.WithLabelValues(topic)))
+			after := pgEpoch(t, b, topic)
+			require.NotEqual(t, before, after, "a new epoch")
+			require.Equal(t, after, b.rdb.Get(ctx, outbox.EpochKey(b.prefix, topic)).Val())
+			recovered, err = d.CheckStreams(ctx)
+			require.NoError(t, err)
+			require.Empty(t, recovered, "settled")
+		})
+	}
+}
+
+// TestConcurrentSettle: two dispatchers that both find a topic unsettled at once (their
+// batches rolled back, both about to settle) settle it once: on a fresh topic neither
+// takes the other's first epoch for a loss; after a wipe exactly one recovers.
+func TestConcurrentSettle(t *testing.T) {
+	const topic = "t"
+	for _, wipe := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wipe=%v", wipe), func(t *testing.T) {
+			b, _ := lossBundle(t)
+			ctx := context.Background()
+			const before, after = 30, 20
+			if wipe {
+				insertEvents(t, b.pool, topic, 1, before)
+				require.Equal(t, before, drain(t, b.dispatcher(t, outbox.DispatcherConfig{})))
+				require.NoError(t, b.rdb.FlushAll(ctx).Err()) // the test's own server
+			}
+			insertEvents(t, b.pool, topic, before+1, after)
+
+			// Both dispatchers wait for each other between their rolled-back batch and
+			// their settlement, so both settle the same unsettled topic.
+			var arrived sync.WaitGroup
+			arrived.Add(2)
+			var hooked [2]int
+			ds := make([]*outbox.Dispatcher, 2)
+			for i := range ds {
+				ds[i] = b.dispatcher(t, outbox.DispatcherConfig{BatchSize: 5})
+				outbox.SetBeforeSettle(ds[i], func(topics []string) {
+					assert.Equal(t, []string{topic}, topics)
+					hooked[i]++
+					if hooked[i] == 1 {
+						arrived.Done()
+						arrived.Wait()
+					}
+				})
+			}
+			sent := make([]int, 2)
+			var wg sync.WaitGroup
+			for i, d := range ds {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					n, err := d.DispatchOnce(ctx)
+					assert.NoError(t, err)
+					sent[i] = n
+				}()
+			}
+			wg.Wait()
+			require.Equal(t, [2]int{1, 1}, hooked, "both found the topic unsettled and settled it")
+			total := sent[0] + sent[1]
+			for _, d := range ds {
+				total += drain(t, d)
+			}
+
+			m := ds[0].Metrics() // shared registry
+			want := after
+			if wipe {
+				want = before + after
+				require.Equal(t, 1.0, ptu.ToFloat64(m.StreamsLost.WithLabelValues(topic)), "one recovery")
+				require.Equal(t, float64(before), ptu.ToFloat64(m.Remarked.WithLabelValues(topic)), "each row re-marked once")
+			} else {
+				require.Zero(t, ptu.ToFloat64(m.StreamsLost.WithLabelValues(topic)))
+				require.Zero(t, ptu.ToFloat64(m.Remarked.WithLabelValues(topic)))
+			}
+			require.Equal(t, want, total)
+			require.Equal(t, want, xlen(t, b.rdb, outbox.StreamKey(b.prefix, topic)), "each event once in the stream")
+			require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM outbox_epochs`))
+			require.Equal(t, pgEpoch(t, b, topic), b.rdb.Get(ctx, outbox.EpochKey(b.prefix, topic)).Val())
+		})
+	}
 }
 
 // TestKeysShareSlot: a topic's stream, its epoch marker and every consumer's ledger marks
