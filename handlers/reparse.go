@@ -77,6 +77,57 @@ func (p *Parsers) Parser(kind string, v int) (ParserFunc, bool) {
 // Topic implements ParserSource.
 func (p *Parsers) Topic(kind string) string { return p.topics[kind] }
 
+// ParserVersions returns the versions registered for kind explicitly (not 0), sorted.
+func (p *Parsers) ParserVersions(kind string) []int {
+	var out []int
+	for v := range p.byKind[kind] {
+		if v != 0 {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ReparseVersionError: a reparse to a parser version other than a job's own found no
+// parser registered for that version explicitly (a parser that serves every version runs
+// each job's own version only: "-to-version 7" is more likely a typo than a wish to write
+// version 7 jobs with it). Nothing is written for such a job.
+type ReparseVersionError struct {
+	Kind       string
+	Version    int
+	Registered []int // the kind's explicitly registered versions
+}
+
+func (e *ReparseVersionError) Error() string {
+	have := "none: its parser only reparses each job's own version"
+	if len(e.Registered) > 0 {
+		have = strings.Trim(fmt.Sprint(e.Registered), "[]")
+	}
+	return fmt.Sprintf("handlers: reparse: kind %q has no parser registered for version %d (registered versions: %s)", e.Kind, e.Version, have)
+}
+
+// CheckReparseVersion reports whether src may reparse kind's jobs as parser version v when
+// v is not their own version: src must have a parser registered for v explicitly. A source
+// that does not list its versions (no ParserVersions(kind) []int method, as Registry and
+// Parsers have) is taken at its word (Parser(kind, v)). It returns a *ReparseVersionError
+// otherwise. Reparse applies it to every job it would commit under another version, and up
+// front when the selection names the kind.
+func CheckReparseVersion(src ParserSource, kind string, v int) error {
+	lister, ok := src.(interface{ ParserVersions(kind string) []int })
+	if !ok {
+		if _, ok := src.Parser(kind, v); ok {
+			return nil
+		}
+		return &ReparseVersionError{Kind: kind, Version: v}
+	}
+	vs := lister.ParserVersions(kind)
+	if slices.Contains(vs, v) {
+		return nil
+	}
+	return &ReparseVersionError{Kind: kind, Version: v, Registered: vs}
+}
+
 // Reparse defaults.
 const (
 	DefaultReparseBatch       = 500
@@ -84,6 +135,12 @@ const (
 	// reparseLease is the lease a reparse holds on a job while it commits it: no network is
 	// involved, so a short lease is ample; the fence protects the commit regardless.
 	reparseLease = 30 * time.Second
+	// reparseWriteTimeout bounds each write step of a job (record, re-queue, start and
+	// commit) once a batch is being written: those run under a context that ignores the
+	// caller's cancellation, so that an interrupted reparse never leaves a job half-way
+	// (made runnable, not committed). It is shorter than reparseLease, so the put-back of a
+	// job whose commit failed normally happens while the lease still keeps workers off it.
+	reparseWriteTimeout = 15 * time.Second
 )
 
 // ReparseConfig configures Reparse.
@@ -115,6 +172,9 @@ type ReparseConfig struct {
 	Progress func(ReparseSummary)
 	// Logger. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// commitHook, when set (tests only, see export_test.go), runs before each commit.
+	commitHook func(key string) error
 }
 
 // ReparseOptions choose what to reparse and how.
@@ -144,6 +204,11 @@ type ReparseSummary struct {
 	AlreadyDone int `json:"already_done"`
 	// Busy: a worker holds the job's lease (it is running): left alone.
 	Busy int `json:"busy"`
+	// DuplicateResults: the job was committed (it is complete, with its event) but its
+	// result row was rejected because the observation key already had one, e.g. a parser
+	// whose ObservationKey does not depend on the parser version, run as a new version.
+	// Not counted in Committed.
+	DuplicateResults int `json:"duplicate_results"`
 	// StillFailing counts the parses that failed, by category.
 	StillFailing map[string]int `json:"still_failing"`
 	// Errors counts jobs the reparse could not commit (database, Redis, key mismatch);
@@ -162,8 +227,8 @@ func (s ReparseSummary) String() string {
 	if len(fails) > 0 {
 		failing = strings.Join(fails, ", ")
 	}
-	return fmt.Sprintf("selected %d, reparsed %d (changed %d, unchanged %d), committed %d, already done %d, busy %d, still failing: %s, errors %d",
-		s.Selected, s.Reparsed, s.Changed, s.Unchanged, s.Committed, s.AlreadyDone, s.Busy, failing, s.Errors)
+	return fmt.Sprintf("selected %d, reparsed %d (changed %d, unchanged %d), committed %d, already done %d, busy %d, duplicate results %d, still failing: %s, errors %d",
+		s.Selected, s.Reparsed, s.Changed, s.Unchanged, s.Committed, s.AlreadyDone, s.Busy, s.DuplicateResults, failing, s.Errors)
 }
 
 func mapsKeys(m map[string]int) func(func(string) bool) {
@@ -186,6 +251,17 @@ func mapsKeys(m map[string]int) func(func(string) bool) {
 // started and committed under the lease's token; a new version's job is recorded, started
 // and committed the same way. A parse that fails writes nothing. The commit is idempotent:
 // a second reparse finds the jobs complete and adds nothing.
+//
+// Reparse never leaves a job runnable that it made runnable: once a batch starts writing,
+// each job's re-queue or record, start and commit run to their end whatever happens to ctx
+// (each step bounded by a timeout), so a cancelled reparse stops between batches and
+// returns ctx's error; a job whose commit fails after it was re-queued is put back to
+// failed with its original category, and a new version's job it recorded is failed as
+// internal, each with an attempt whose error says the reparse failed and why (a worker
+// would otherwise fetch it again over the proxy). Another version than a job's own needs a
+// parser registered for that version explicitly (CheckReparseVersion), unless DryRun. A
+// commit whose result row is refused as a duplicate (the observation key has one: a
+// parser whose ObservationKey ignores the version) is counted in DuplicateResults.
 func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (ReparseSummary, error) {
 	sum := ReparseSummary{StillFailing: map[string]int{}}
 	if cfg.Store == nil || cfg.Parsers == nil {
@@ -196,6 +272,13 @@ func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (Repar
 	}
 	if opts.Version < 0 {
 		return sum, fmt.Errorf("handlers: Reparse: Version %d must be >= 0", opts.Version)
+	}
+	if !opts.DryRun && opts.Version > 0 && opts.Selection.Kind != "" && opts.Selection.ParserVersion != opts.Version {
+		// Refused before anything is read or written (jobs of version opts.Version itself
+		// would pass the per-job check; the others would all be refused).
+		if err := CheckReparseVersion(cfg.Parsers, opts.Selection.Kind, opts.Version); err != nil {
+			return sum, err
+		}
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = DefaultKeyPrefix
@@ -215,7 +298,7 @@ func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (Repar
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	rp := &reparser{cfg: cfg, opts: opts, in: inputs.New(cfg.Store.Pool()), ops: ops.New(cfg.Store.Pool())}
+	rp := &reparser{cfg: cfg, opts: opts, in: inputs.New(cfg.Store.Pool()), ops: ops.New(cfg.Store.Pool()), commitHook: cfg.commitHook}
 	if !opts.DryRun {
 		var err error
 		if rp.leases, err = lua.NewLeases(cfg.Redis, cfg.KeyPrefix); err != nil {
@@ -285,7 +368,8 @@ func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (Repar
 			return sum, err
 		}
 	}
-	return sum, nil
+	// The reader stops without a page when the context ends: report that, not success.
+	return sum, ctx.Err()
 }
 
 func cmpOrStr(s, def string) string {
@@ -302,6 +386,9 @@ type reparser struct {
 	ops    *ops.Store
 	leases *lua.Leases
 	group  *store.GroupCommitter
+	// commitHook, when set (tests only), runs before each commit; an error it returns is
+	// the commit's.
+	commitHook func(key string) error
 }
 
 // reparseOutcome is what happened to one saved input.
@@ -312,7 +399,7 @@ type reparseOutcome struct {
 	changed bool
 	failCat string // the parse's failure category
 	diff    string
-	result  string // committed, already_done, busy, error, dry_run
+	result  string // committed, duplicate_result, already_done, busy, error, dry_run
 	errText string
 }
 
@@ -337,6 +424,8 @@ func (s *ReparseSummary) add(o reparseOutcome) {
 		s.AlreadyDone++
 	case "busy":
 		s.Busy++
+	case "duplicate_result":
+		s.DuplicateResults++
 	case "error":
 		s.Errors++
 	}
@@ -367,6 +456,12 @@ func (rp *reparser) parse(in inputs.Input) *reparseItem {
 	if !ok {
 		o.failCat = string(CategoryParserVersion)
 		return it
+	}
+	if !rp.opts.DryRun && o.version != in.ParserVersion {
+		if err := CheckReparseVersion(rp.cfg.Parsers, in.Kind, o.version); err != nil {
+			o.result, o.errText = "error", fmt.Sprintf("%s: %v", in.JobKey, err)
+			return it
+		}
 	}
 	spec, err := rp.cfg.Normalizer.Normalize(tasks.Spec{Kind: in.Kind, URL: in.URL, SourceID: in.SourceID,
 		Country: in.Country, Window: in.Window, ParserVersion: o.version, Scope: in.Scope})
@@ -536,143 +631,268 @@ func (rp *reparser) commitBatch(ctx context.Context, items []*reparseItem) {
 		release(ls)
 		return
 	}
+	if err := ctx.Err(); err != nil {
+		// Interrupted before anything was written: hand the leases back and stop here.
+		ls := make([]lua.Lease, len(hs))
+		for i, h := range hs {
+			fail(h.it, fmt.Errorf("interrupted before commit, nothing written: %w", err))
+			ls[i] = h.lease
+		}
+		release(ls)
+		return
+	}
+	// From here on the batch is written under a context that ignores the caller's
+	// cancellation (each step bounded by reparseWriteTimeout): a reparse interrupted with
+	// Ctrl-C stops between batches, never between making a job runnable (re-queue, record)
+	// and committing it or putting it back (see finishJob).
 	var records []tasks.JobRecord
-	var requeue, run []held
+	var run []reparseJob
 	var giveBack []lua.Lease
 	for _, h := range hs {
 		st, exists := states[h.it.o.key]
+		j := reparseJob{it: h.it, lease: h.lease}
 		switch {
 		case !exists:
 			records = append(records, tasks.JobRecord{Key: h.it.o.key, Spec: h.it.job.Spec})
+			j.recorded = true
 		case st.State == string(tasks.StateComplete):
 			h.it.o.result = "already_done"
 			giveBack = append(giveBack, h.lease)
 			continue
 		case st.State == string(tasks.StateFailed):
-			requeue = append(requeue, h)
+			j.requeue = true
 		}
-		run = append(run, h)
+		run = append(run, j)
 	}
 	if len(records) > 0 {
-		if _, err := rp.cfg.Store.JobsRecord(ctx, records); err != nil {
-			for _, h := range run {
-				fail(h.it, err)
-				giveBack = append(giveBack, h.lease)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reparseWriteTimeout)
+		_, err := rp.cfg.Store.JobsRecord(wctx, records)
+		cancel()
+		if err != nil {
+			// One statement: nothing was recorded, unless the reply was lost after it took
+			// effect; the recorded jobs are put back to failed either way (a job that is not
+			// there is left alone).
+			var wg sync.WaitGroup
+			for _, j := range run {
+				fail(j.it, err)
+				giveBack = append(giveBack, j.lease) // released once the put-backs are done
+				if j.recorded {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						rp.putBack(ctx, &j, string(tasks.CategoryInternal), "recording the job failed: "+err.Error())
+					}()
+				}
 			}
+			wg.Wait()
 			release(giveBack)
 			return
 		}
 	}
+	release(giveBack)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	requeued := map[string]error{}
-	for _, h := range requeue {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, err := rp.ops.JobRequeue(ctx, ops.RequeueParams{Key: h.it.o.key, By: rp.cfg.By,
-				Note: fmt.Sprintf("reparse: parser v%d over the saved input of %s (fence %d)", h.it.job.Spec.ParserVersion, h.it.in.JobKey, h.it.in.SavedFence)})
-			mu.Lock()
-			requeued[h.it.o.key] = err
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
 	var links []inputs.LinkParams
-	for _, h := range run {
-		if err := requeued[h.it.o.key]; err != nil {
-			fail(h.it, err)
-			giveBack = append(giveBack, h.lease)
-			continue
-		}
+	for _, j := range run {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			token, ok := rp.startAndCommit(ctx, h.it, h.lease, owner)
-			if ok {
+			if rp.finishJob(ctx, &j, owner) {
 				mu.Lock()
-				links = append(links, inputs.LinkParams{Key: h.it.o.key, Fence: token, ParserVersion: h.it.job.Spec.ParserVersion,
-					Outcome: inputs.OutcomeParsed, FromKey: h.it.in.JobKey, FromFence: h.it.in.SavedFence})
+				links = append(links, inputs.LinkParams{Key: j.it.o.key, Fence: j.lease.Token, ParserVersion: j.it.job.Spec.ParserVersion,
+					Outcome: inputs.OutcomeParsed, FromKey: j.it.in.JobKey, FromFence: j.it.in.SavedFence})
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	// The new attempts consumed the same inputs: link them (shared blobs), so these jobs can
-	// be reparsed in their turn. Evidence only: a failure is logged.
-	if err := rp.in.Link(ctx, links...); err != nil {
+	// be reparsed in their turn. Evidence only: a failure is logged. It was committed, so the
+	// caller's cancellation does not skip it.
+	lctx, cancel := detached(ctx)
+	defer cancel()
+	if err := rp.in.Link(lctx, links...); err != nil {
 		rp.cfg.Logger.Warn("reparse: saved inputs not linked", "err", err)
 	}
-	release(giveBack)
 }
 
-// startAndCommit starts the job's attempt under the lease's token and commits the
-// observation; it releases the lease (ReleaseDone once committed). It reports the token
-// committed under.
-func (rp *reparser) startAndCommit(ctx context.Context, it *reparseItem, lease lua.Lease, owner string) (int64, bool) {
-	key := it.o.key
+// reparseJob is one target job whose lease a reparse holds, on its way to a commit.
+type reparseJob struct {
+	it    *reparseItem
+	lease lua.Lease // the lease held (replaced when a stale token is re-claimed)
+	// requeue: the job is failed; it is re-queued (made runnable) before it is started.
+	requeue bool
+	// recorded: the job did not exist; this reparse recorded it (pending: runnable).
+	recorded bool
+	// category is the failure category to put a re-queued job back with.
+	category string
+}
+
+// madeRunnable reports whether this reparse made the job runnable (re-queued or recorded
+// it): such a job is never left runnable when its commit does not happen.
+func (j *reparseJob) madeRunnable() bool { return j.requeue || j.recorded }
+
+// finishJob re-queues the job if it is failed, starts its attempt under the lease's token
+// and commits the observation, then releases the lease (ReleaseDone once committed). It
+// runs under a context that ignores the caller's cancellation, each step bounded by
+// reparseWriteTimeout. When the job is not committed, a job the reparse made runnable is put
+// back to failed (putBack) while the lease is still held, so no worker fetches it: a
+// re-queued job with its original category, a job the reparse recorded as internal. A job
+// that was runnable before (pending, retryable) and that the reparse started is handed back
+// retryable, as before. It reports whether the observation was committed (the result may
+// be a duplicate: ResultInserted false).
+func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) bool {
+	it, key := j.it, j.it.o.key
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reparseWriteTimeout)
+	defer cancel()
 	done := false
 	defer func() {
 		rctx, cancel := detached(ctx)
 		defer cancel()
 		var err error
 		if done {
-			err = rp.leases.ReleaseDone(rctx, lease)
+			err = rp.leases.ReleaseDone(rctx, j.lease)
 		} else {
-			err = rp.leases.Release(rctx, lease)
+			err = rp.leases.Release(rctx, j.lease)
 		}
 		if err != nil && !errors.Is(err, lua.ErrLeaseLost) && !errors.Is(err, lua.ErrNotOwner) {
 			rp.cfg.Logger.Warn("reparse: lease release failed", "job", key, "err", err)
 		}
 	}()
-	start := store.AttemptStartParams{Key: key, Token: lease.Token, Worker: "reparse/" + rp.cfg.By, Country: it.job.Spec.Country}
-	_, err := rp.group.JobStart(ctx, start)
+	if j.requeue {
+		j.category = it.in.LastCategory
+		if it.in.JobKey != key || j.category == "" {
+			// Another version's failed job (a previous reparse's): read its category.
+			if job, err := rp.cfg.Store.JobGet(wctx, key); err == nil {
+				j.category = job.LastCategory
+			}
+		}
+		j.category = cmpOrStr(j.category, string(tasks.CategoryInternal))
+		_, err := rp.ops.JobRequeue(wctx, ops.RequeueParams{Key: key, By: rp.cfg.By,
+			Note: fmt.Sprintf("reparse: parser v%d over the saved input of %s (fence %d)", it.job.Spec.ParserVersion, it.in.JobKey, it.in.SavedFence)})
+		if err != nil {
+			it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
+			// One statement; if its reply was lost after it took effect, the job is pending.
+			rp.putBack(ctx, j, j.category, "re-queue failed: "+err.Error())
+			return false
+		}
+	}
+	started, ins, err := rp.startAndCommit(wctx, j, owner)
+	if err == nil {
+		done = true
+		if ins {
+			it.o.result = "committed"
+		} else {
+			it.o.result = "duplicate_result"
+		}
+		return true
+	}
+	var heldErr *lua.HeldError
+	switch {
+	case errors.Is(err, store.ErrJobComplete):
+		it.o.result = "already_done"
+		return false
+	case !started && (errors.As(err, &heldErr) || errors.Is(err, errFenceRace) || errors.Is(err, store.ErrStaleFence)):
+		it.o.result = "busy"
+	default:
+		it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
+	}
+	switch {
+	case j.madeRunnable():
+		cat := j.category
+		if j.recorded {
+			cat = string(tasks.CategoryInternal)
+		}
+		if perr := rp.putBack(ctx, j, cat, err.Error()); perr == nil && it.o.errText != "" {
+			it.o.errText += fmt.Sprintf(" (put back to failed, %s)", cat)
+		}
+	case started:
+		// The job was runnable before; it runs under our token and nothing was committed:
+		// hand it back retryable, so the reconciler and workers take it as they would any
+		// other.
+		fctx, cancel := detached(ctx)
+		defer cancel()
+		if ferr := rp.cfg.Store.JobMarkRetryable(fctx, store.AttemptFinishParams{Key: key, Token: j.lease.Token,
+			NextAttemptAt: time.Now().Add(time.Minute), Category: string(tasks.CategoryInternal),
+			Error: "reparse commit failed: " + err.Error()}); ferr != nil {
+			rp.cfg.Logger.Warn("reparse: failed commit not recorded", "job", key, "err", ferr)
+		}
+	}
+	return false
+}
+
+// startAndCommit starts the job's attempt under the lease's token (re-claiming above a
+// stale fence, as the runner does) and commits the observation. started reports whether
+// the attempt was started under j.lease's token; inserted is the commit's ResultInserted.
+func (rp *reparser) startAndCommit(ctx context.Context, j *reparseJob, owner string) (started, inserted bool, err error) {
+	it, key := j.it, j.it.o.key
+	start := store.AttemptStartParams{Key: key, Token: j.lease.Token, Worker: "reparse/" + rp.cfg.By, Country: it.job.Spec.Country}
+	_, err = rp.group.JobStart(ctx, start)
 	if errors.Is(err, store.ErrStaleFence) {
 		// Redis issued a token at or below the fence PostgreSQL holds (it lost its
 		// counter): re-claim above it, as the runner does.
 		var acq acquired
 		acq, err = acquire(ctx, rp.leases, rp.group, acquireParams{Key: key, Owner: owner, TTL: reparseLease, Start: start})
 		if err == nil {
-			lease = acq.Lease
+			j.lease = acq.Lease
 		}
 	}
 	if err != nil {
-		var heldErr *lua.HeldError
-		switch {
-		case errors.As(err, &heldErr), errors.Is(err, errFenceRace), errors.Is(err, store.ErrStaleFence):
-			it.o.result = "busy"
-		case errors.Is(err, store.ErrJobComplete):
-			it.o.result = "already_done"
-		default:
-			it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
-		}
-		return 0, false
+		return false, false, err
 	}
 	topic := cmpOrStr(rp.cfg.Parsers.Topic(it.job.Spec.Kind), it.job.Spec.Kind)
 	payload, err := eventPayload(it.obs.Event, defaultEvent{JobKey: key, ObservationKey: it.obs.ObservationKey,
 		Kind: it.job.Spec.Kind, ParserVersion: it.job.Spec.ParserVersion, Data: it.data})
+	if err != nil {
+		return true, false, err
+	}
+	p := store.CommitParams{
+		Key: key, Token: j.lease.Token, ObservationKey: it.obs.ObservationKey, ParserVersion: it.job.Spec.ParserVersion,
+		Data: it.data, Fingerprint: it.in.Fingerprint, EventKey: EventKey(key), Topic: topic, EventPayload: payload,
+	}
+	var res store.CommitResult
+	if rp.commitHook != nil {
+		err = rp.commitHook(key)
+	}
 	if err == nil {
-		_, err = rp.group.Commit(ctx, store.CommitParams{
-			Key: key, Token: lease.Token, ObservationKey: it.obs.ObservationKey, ParserVersion: it.job.Spec.ParserVersion,
-			Data: it.data, Fingerprint: it.in.Fingerprint, EventKey: EventKey(key), Topic: topic, EventPayload: payload,
-		})
+		res, err = rp.group.Commit(ctx, p)
 	}
 	if err != nil {
-		// The job runs under our token and nothing was committed: hand it back retryable, so
-		// the reconciler and workers take it as they would any other.
-		wctx, cancel := detached(ctx)
-		defer cancel()
-		if ferr := rp.cfg.Store.JobMarkRetryable(wctx, store.AttemptFinishParams{Key: key, Token: lease.Token,
-			NextAttemptAt: time.Now().Add(time.Minute), Category: string(tasks.CategoryInternal),
-			Error: "reparse commit failed: " + err.Error()}); ferr != nil {
-			rp.cfg.Logger.Warn("reparse: failed commit not recorded", "job", key, "err", ferr)
-		}
-		it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
-		return 0, false
+		return true, false, err
 	}
-	done = true
-	it.o.result = "committed"
-	return lease.Token, true
+	return true, res.ResultInserted, nil
+}
+
+// putBack moves a job this reparse made runnable (re-queued or recorded) and did not commit
+// back to failed with category, under the lease's token, while the lease is still held: a
+// failed attempt whose error says the reparse failed and why. A job that is not running
+// under the token (never started, or its start's reply was lost) is started first. A job
+// that is complete, failed or absent is left alone. It runs on a detached context (the
+// caller's cancellation must not leave the job runnable); a failure is logged as an error
+// (the job is then pending or retryable and a worker may fetch it) and returned.
+func (rp *reparser) putBack(ctx context.Context, j *reparseJob, category, why string) error {
+	key := j.it.o.key
+	cctx, cancel := detached(ctx)
+	defer cancel()
+	settled := func(err error) bool {
+		return errors.Is(err, store.ErrJobComplete) || errors.Is(err, store.ErrJobFailed) || errors.Is(err, store.ErrJobNotFound)
+	}
+	p := store.AttemptFinishParams{Key: key, Token: j.lease.Token, Category: category,
+		Error: fmt.Sprintf("reparse (parser v%d) failed, job put back to failed: %s", j.it.job.Spec.ParserVersion, why)}
+	err := rp.cfg.Store.JobFail(cctx, p)
+	if err == nil || settled(err) {
+		return nil
+	}
+	_, err = rp.cfg.Store.JobStart(cctx, store.AttemptStartParams{Key: key, Token: j.lease.Token,
+		Worker: "reparse/" + rp.cfg.By, Country: j.it.job.Spec.Country})
+	if err == nil {
+		err = rp.cfg.Store.JobFail(cctx, p)
+	}
+	if err == nil || settled(err) {
+		return nil
+	}
+	rp.cfg.Logger.Error("reparse: job left runnable: not put back to failed", "job", key, "category", category, "err", err)
+	return err
 }
 
 // DiffRecords returns the field-level difference of two JSON records, one line per field

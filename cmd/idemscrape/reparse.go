@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +16,10 @@ import (
 
 // builtinParsers are the parsers this binary has: the example kind of cmd/worker. A team's
 // own binary passes its Registry to handlers.Reparse instead (see docs/PARSERS.md).
+// cmd/worker registers catalog.Parse without WithParserVersion (one parser for every
+// version), so here too it serves each job's own version and no version explicitly: a
+// -to-version other than the selected jobs' own is refused (handlers.CheckReparseVersion)
+// rather than writing jobs of a version no parser was written for.
 func builtinParsers() *handlers.Parsers {
 	return new(handlers.Parsers).Add(catalog.Kind, 0, "", catalog.Parse)
 }
@@ -25,7 +31,9 @@ var reparseCmd = command{
 		"field-level diff of old vs new records; otherwise commit through the fenced commit and the outbox like a\n" +
 		"fresh run (the job's own key for its own version — a failed job is re-queued by a note, then completed; a\n" +
 		"new key for another version), holding each job's lease so it never races a worker. A second reparse adds\n" +
-		"nothing. This binary knows the built-in kind \"catalog\"; a team's own binary calls handlers.Reparse.",
+		"nothing. -to-version N other than the jobs' own needs a parser registered for N, else it is refused before\n" +
+		"anything is written. This binary knows the built-in kind \"catalog\" (its parser reparses each job's own\n" +
+		"version only); a team's own binary calls handlers.Reparse.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		var rf handlers.ReparseFlags
 		rf.Register(fs)
@@ -38,7 +46,16 @@ var reparseCmd = command{
 			if err != nil {
 				return usageError{err.Error()}
 			}
-			cfg := handlers.ReparseConfig{Store: store.New(c.pool), KeyPrefix: *prefix, Parsers: builtinParsers(), By: *by}
+			parsers := builtinParsers()
+			if !opts.DryRun && opts.Version > 0 && opts.Selection.ParserVersion != opts.Version {
+				// Before anything is read or written: a typo must not create jobs, results and
+				// events of a version nobody wrote a parser for.
+				kind := cmp.Or(opts.Selection.Kind, catalog.Kind) // the only kind this binary has
+				if err := handlers.CheckReparseVersion(parsers, kind, opts.Version); err != nil {
+					return usageError{"-to-version: " + err.Error()}
+				}
+			}
+			cfg := handlers.ReparseConfig{Store: store.New(c.pool), KeyPrefix: *prefix, Parsers: parsers, By: *by}
 			if opts.DryRun {
 				cfg.Diff = c.stdout
 			} else {
@@ -54,6 +71,10 @@ var reparseCmd = command{
 				cfg.Progress = func(s handlers.ReparseSummary) { fmt.Fprintf(c.stderr, "reparse: %s\n", s) }
 			}
 			sum, err := handlers.Reparse(ctx, cfg, opts)
+			var ve *handlers.ReparseVersionError
+			if errors.As(err, &ve) {
+				return usageError{"-to-version: " + err.Error()}
+			}
 			if *asJSON {
 				if jerr := writeJSON(c.stdout, sum); jerr != nil {
 					return jerr

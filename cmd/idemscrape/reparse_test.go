@@ -83,6 +83,20 @@ func TestReparseCLI(t *testing.T) {
 	assert.Contains(t, r.stdout, "reparse (dry run: nothing written): selected 1, reparsed 1 (changed 1, unchanged 0), committed 0")
 	assert.Zero(t, results())
 
+	// A version no parser is registered for (a typo): refused before anything is written.
+	jobs := func() int { return testutil.Count(t, pool, `SELECT count(*) FROM jobs`) }
+	for _, args := range [][]string{{"-kind", catalog.Kind, "-state", "failed"}, {}} {
+		r = run(t, append([]string{"reparse", "-to-version", "7"}, args...)...)
+		assert.Equal(t, 2, r.code, r.stdout+r.stderr)
+		assert.Contains(t, r.stderr, `kind "catalog" has no parser registered for version 7 (registered versions: none`)
+		assert.Equal(t, 1, jobs())
+		assert.Zero(t, results())
+		assert.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM outbox`))
+		job, err := st.JobGet(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateFailed, job.State)
+	}
+
 	r = run(t, "reparse", "-kind", catalog.Kind, "-state", "failed", "-json")
 	require.Equal(t, 0, r.code, r.stderr)
 	var sum handlers.ReparseSummary
