@@ -46,7 +46,8 @@ type notifier struct {
 	mu      sync.Mutex
 	seq     uint64    // commits that inserted events without notifying, so far
 	covered uint64    // every commit up to this sequence number is covered by a sent NOTIFY
-	last    time.Time // when the last NOTIFY (riding or own) was sent
+	rideAt  time.Time // when a commit statement was last asked to notify (it may not have)
+	last    time.Time // when the last NOTIFY (riding or own) was actually sent
 
 	kick chan struct{} // capacity 1: check whether a NOTIFY is owed
 	stop chan struct{}
@@ -70,10 +71,13 @@ func (n *notifier) ride() (yes bool, snap uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	now := time.Now()
-	if now.Sub(n.last) < n.interval {
+	if now.Sub(n.rideAt) < n.interval || now.Sub(n.last) < n.interval {
 		return false, 0
 	}
-	n.last = now
+	// rideAt, not last: a statement asked to notify sends nothing when it inserts no event
+	// (all its rows refused or busy), and an owed NOTIFY must not wait for one that never
+	// went out.
+	n.rideAt = now
 	return true, n.seq
 }
 
@@ -82,6 +86,7 @@ func (n *notifier) rodeOK(snap uint64) {
 	n.rode.Add(1)
 	n.mu.Lock()
 	n.covered = max(n.covered, snap)
+	n.last = time.Now()
 	n.mu.Unlock()
 }
 

@@ -103,7 +103,7 @@ func TestGroupCommitTrailingNotify(t *testing.T) {
 		_, err := listener.Conn().WaitForNotification(wctx)
 		require.NoError(t, err, what)
 	}
-	startedJobs(t, s, "t1", "t2", "t3", "t4")
+	startedJobs(t, s, "t1", "t2", "t3", "t4", "t5", "t6")
 
 	t.Run("ByClose", func(t *testing.T) {
 		// An interval no test outlives: the second commit can only be covered by Close.
@@ -121,8 +121,27 @@ func TestGroupCommitTrailingNotify(t *testing.T) {
 		require.Equal(t, int64(1), st.NotifiesRode)
 		require.Equal(t, int64(1), st.Notifies)
 	})
+	t.Run("RefusedRideDoesNotDelay", func(t *testing.T) {
+		// The first statement is asked to notify but inserts no event (its commit is
+		// refused: wrong token), so it sends no NOTIFY. The next commit can not ride (the
+		// interval is long), and the NOTIFY it is owed must not wait 2 × interval after a
+		// NOTIFY that never went out: the committer sends its own at once, before Close.
+		g, err := s.NewGroupCommitterConfig(store.GroupConfig{NotifyInterval: time.Hour})
+		require.NoError(t, err)
+		defer g.Close()
+		_, err = g.Commit(ctx, commitParams("t5", 2))
+		require.Error(t, err, "a commit under another token is refused")
+		_, err = g.Commit(ctx, commitParams("t6", 1))
+		require.NoError(t, err)
+		wait("the owed NOTIFY follows at once, not an hour after a ride that sent nothing")
+		st := g.Stats()
+		require.Equal(t, int64(0), st.NotifiesRode)
+		require.Equal(t, int64(1), st.Notifies)
+	})
 	t.Run("ByInterval", func(t *testing.T) {
-		g, err := s.NewGroupCommitterConfig(store.GroupConfig{NotifyInterval: 20 * time.Millisecond})
+		// An interval the second commit comes within, so it can not ride: its NOTIFY is the
+		// committer's own, sent by the loop (not by Close) within 2 × interval.
+		g, err := s.NewGroupCommitterConfig(store.GroupConfig{NotifyInterval: 2 * time.Second})
 		require.NoError(t, err)
 		defer g.Close()
 		_, err = g.Commit(ctx, commitParams("t3", 1))
@@ -131,5 +150,8 @@ func TestGroupCommitTrailingNotify(t *testing.T) {
 		_, err = g.Commit(ctx, commitParams("t4", 1))
 		require.NoError(t, err)
 		wait("the second commit is followed by a NOTIFY while the committer runs")
+		st := g.Stats()
+		require.Equal(t, int64(1), st.NotifiesRode, "only the first commit's NOTIFY rode")
+		require.Equal(t, int64(1), st.Notifies, "the second commit's NOTIFY is the committer's own, before Close")
 	})
 }

@@ -244,6 +244,7 @@ func TestPolicy(t *testing.T) {
 		{in: "sometimes", err: "want never"},
 		{in: "always,max=-1", err: "negative"},
 		{in: "always,cap=1", err: "max=BYTES"},
+		{in: "always,max=0", err: "max=0"},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			p, err := inputs.ParsePolicy(tc.in)

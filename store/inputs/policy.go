@@ -70,6 +70,10 @@ func ParsePolicy(s string) (Policy, error) {
 		if !ok || err != nil {
 			return Policy{}, fmt.Errorf("inputs: policy %q: want ,max=BYTES after the mode", s)
 		}
+		if n == 0 {
+			// 0 in a Policy means "the default cap": written out, it is a mistake.
+			return Policy{}, fmt.Errorf("inputs: policy %q: max=0 would keep nothing; leave ,max out for the default cap", s)
+		}
 		p.MaxBytes = n
 	}
 	if err := p.Validate(); err != nil {
