@@ -14,6 +14,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// LogStreamLost begins the message a dispatcher logs (at error level, once per recovery,
+// with the attributes topic, stream and remarked) when it finds that Redis lost a stream's
+// data and marks the rows sent within the recover window unsent. Tools that read the logs
+// (cmd/chaos) match on it.
+const LogStreamLost = "outbox: Redis lost the stream's data"
+
 // Redis data loss defaults.
 const (
 	// DefaultRecoverWindow is how far back, from the moment a loss is detected, outbox rows
@@ -353,7 +359,7 @@ UPDATE outbox SET sent_at = NULL WHERE id IN (
 	if found == "" {
 		found = "(absent)"
 	}
-	d.log.ErrorContext(ctx, "outbox: Redis lost the stream's data (its epoch marker is not the one PostgreSQL holds): rows sent within the recover window are marked unsent and will be published again; inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
+	d.log.ErrorContext(ctx, LogStreamLost+" (its epoch marker is not the one PostgreSQL holds): rows sent within the recover window are marked unsent and will be published again; inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
 		"topic", topic, "stream", StreamKey(d.cfg.Prefix, topic), "epoch_expected", old, "marker_found", found,
 		"remarked", remarked, "since", since, "epoch", epoch)
 	return nil
