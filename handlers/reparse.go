@@ -317,18 +317,12 @@ func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (Repar
 	defer stopFetch()
 	go func() {
 		defer close(pages)
-		after := ""
-		for {
-			batch, err := rp.in.Select(fctx, opts.Selection, after, cfg.BatchSize)
+		for batch, err := range rp.in.Pages(fctx, opts.Selection, cfg.BatchSize) {
 			select {
 			case pages <- page{batch, err}:
 			case <-fctx.Done():
 				return
 			}
-			if err != nil || len(batch) < cfg.BatchSize {
-				return
-			}
-			after = batch[len(batch)-1].JobKey
 		}
 	}()
 	for pg := range pages {

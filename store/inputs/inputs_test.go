@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -276,4 +277,71 @@ func TestPolicy(t *testing.T) {
 	assert.False(t, inputs.Policy{}.Enabled())
 	assert.False(t, inputs.Policy{Mode: inputs.OnFailure}.Keeps("k", false))
 	assert.True(t, inputs.Policy{Mode: inputs.OnFailure}.Keeps("k", true))
+}
+
+// TestPages: Pages yields what Select yields page after page — every matching job once,
+// in key order, with its latest saved input that has staged data — across the boundary
+// where it selects the next ids (pageSize × 10 at a time), and stops after the last page.
+func TestPages(t *testing.T) {
+	ctx := context.Background()
+	st := store.New(testutil.PG(t))
+	in := inputs.New(st.Pool())
+	const jobs, pageSize = 47, 2 // ids selected 20 at a time: three selections, the last short
+	var want []string
+	latest := map[string]int64{} // job key -> fence of its latest saved input
+	for i := range jobs {
+		key := attempt(t, st, fmt.Sprintf("sku-%02d", i), 1)
+		want = append(want, key)
+		latest[key] = 1
+		save := func(fence int64, v string) {
+			_, err := in.Save(ctx, inputs.SaveParams{Key: key, Fence: fence, Kind: "shop", ParserVersion: 1, Outcome: "parsed",
+				Staged: map[string]json.RawMessage{"v": json.RawMessage(`"` + v + `"`)}})
+			require.NoError(t, err)
+		}
+		save(1, "old")
+		if i%3 == 0 { // a second attempt with its own input: the latest one is read
+			_, err := st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 2, Worker: "test"})
+			require.NoError(t, err)
+			save(2, "new")
+			latest[key] = 2
+		}
+	}
+	// A job of another kind is not selected.
+	spec, err := tasks.Spec{Kind: "other", SourceID: "x", Country: "US", Window: "2026-04-23", ParserVersion: 1}.Normalize()
+	require.NoError(t, err)
+	okey, _ := spec.Key()
+	_, err = st.JobsRecord(ctx, []tasks.JobRecord{{Key: okey, Spec: spec}})
+	require.NoError(t, err)
+	_, err = st.JobStart(ctx, store.AttemptStartParams{Key: okey, Token: 1, Worker: "test"})
+	require.NoError(t, err)
+	_, err = in.Save(ctx, inputs.SaveParams{Key: okey, Fence: 1, Kind: "other", ParserVersion: 1, Outcome: "parsed",
+		Staged: map[string]json.RawMessage{"v": json.RawMessage(`1`)}})
+	require.NoError(t, err)
+
+	slices.Sort(want)
+	var got []string
+	fences := map[string]int64{}
+	pages := 0
+	for page, err := range in.Pages(ctx, inputs.Selection{Kind: "shop"}, pageSize) {
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(page), pageSize)
+		pages++
+		for _, x := range page {
+			got = append(got, x.JobKey)
+			fences[x.JobKey] = x.SavedFence
+			staged, err := x.Staged()
+			require.NoError(t, err)
+			wantV := `"old"`
+			if x.SavedFence == 2 {
+				wantV = `"new"`
+			}
+			require.JSONEq(t, wantV, string(staged["v"]), x.JobKey)
+		}
+	}
+	require.Equal(t, want, got, "every job once, in key order")
+	require.Equal(t, (jobs+pageSize-1)/pageSize, pages)
+	require.Equal(t, latest, fences, "each job's latest saved input")
+	for _, err := range in.Pages(ctx, inputs.Selection{}, 0) {
+		require.ErrorContains(t, err, "page size 0")
+	}
 }
