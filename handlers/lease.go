@@ -70,9 +70,15 @@ func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParam
 			continue
 		}
 		// Give the lease back so the next delivery need not wait for it to expire. A
-		// failure here only delays that delivery; the error that matters is err.
+		// failure here only delays that delivery; the error that matters is err. A job
+		// already complete never runs again: its fence counter goes too (a duplicate
+		// delivery leaves no key; a later claim still starts above PostgreSQL's fence).
 		rctx, cancel := detached(ctx)
-		_ = leases.Release(rctx, lease)
+		if errors.Is(err, store.ErrJobComplete) {
+			_ = leases.ReleaseDone(rctx, lease)
+		} else {
+			_ = leases.Release(rctx, lease)
+		}
 		cancel()
 		if errors.Is(err, store.ErrStaleFence) {
 			return acquired{}, fmt.Errorf("%w: %w", errFenceRace, err)

@@ -414,6 +414,7 @@ func TestCompletedJobLeavesNoRedisKeys(t *testing.T) {
 	}
 	done, task := r.job(t, "sku-11")
 	require.NoError(t, reg.ProcessTask(ctx, task))
+	handlers.WaitReleases(reg) // a committed job's lease is released in the background
 	require.Empty(t, keysOf(done), "no lease, no fence counter")
 
 	again, task := r.job(t, "sku-12")

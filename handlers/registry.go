@@ -200,6 +200,11 @@ type Registry struct {
 
 	mu    sync.RWMutex
 	kinds map[string]*kind
+
+	// releasing: job key -> chan closed when the background release of its committed
+	// lease ended (releaseDone); releases counts them for Close.
+	releasing sync.Map
+	releases  sync.WaitGroup
 }
 
 var kindName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
@@ -375,9 +380,11 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 
 func kindNameOK(s string) bool { return kindName.MatchString(s) }
 
-// Close stops the registry's own group committer, if it made one. Call it after the
-// asynq server has shut down.
+// Close waits for the lease releases of committed jobs still in flight, then stops the
+// registry's own group committer, if it made one. Call it after the asynq server has shut
+// down.
 func (r *Registry) Close() {
+	r.releases.Wait()
 	if r.owned != nil {
 		r.owned.Close()
 	}

@@ -29,7 +29,7 @@ import (
 //  3. run the workflow unit on a sticky session (replayed on session loss);
 //  4. parse the staged data into the observation;
 //  5. commit job + result + outbox event + attempt in one statement, only if fence = N;
-//  6. release the lease.
+//  6. release the lease (a committed job's in the background: see releaseDone).
 //
 // A failure is classified, recorded on the attempt and the job (retryable with its next
 // attempt time, or failed), and returned to asynq as a retry with that same delay or as
@@ -74,6 +74,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	defer cancel()
 
 	// 1. Lease, then the attempt under its token.
+	r.acquireAfterRelease(ctx, job.Key)
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
 		Key:   job.Key,
 		Owner: r.owner(),
@@ -113,9 +114,12 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 6. Release.
 	lost := keeper.Stop()
 	r.lengths.Observe(k.name, time.Since(begun))
-	// A committed job never runs again and PostgreSQL holds its fence: its Redis fence
-	// counter goes with the lease (0 bytes of Redis per completed job).
-	if err := r.release(ctx, acq.Lease, committed); err != nil {
+	if committed {
+		// A committed job never runs again and PostgreSQL holds its fence: its lease and
+		// Redis fence counter go (0 bytes of Redis per completed job), without holding up
+		// the delivery's acknowledgement (see releaseDone).
+		r.releaseDone(ctx, k, acq.Lease, lost, log)
+	} else if err := r.release(ctx, acq.Lease, false); err != nil {
 		if lost == nil && (errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner)) {
 			lost = err // expired between the keeper's last renewal and now: a loss, not a release failure
 		} else if lost == nil {
@@ -284,6 +288,48 @@ const detachedTimeout = 15 * time.Second
 // detached returns a context that survives ctx's cancellation but not a hung connection.
 func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), detachedTimeout)
+}
+
+// releaseDone gives back the lease of a committed job in the background: the commit is
+// durable and PostgreSQL refuses every later start of the job, so nothing waits for the
+// release but the next claim of the same key. A claim of it by this registry waits for the
+// release (acquireAfterRelease); another worker's claim meets a held lease and retries
+// later, as any duplicate delivery does. Close waits for every release in flight; one a
+// crash cuts short leaves a lease that expires with its TTL and a fence counter that
+// expires with its own (7 days).
+func (r *Registry) releaseDone(ctx context.Context, k *kind, lease lua.Lease, lost error, log *slog.Logger) {
+	done := make(chan struct{})
+	r.releasing.Store(lease.Key, done)
+	r.releases.Add(1)
+	go func() {
+		defer r.releases.Done()
+		defer close(done)
+		defer r.releasing.CompareAndDelete(lease.Key, done)
+		err := r.release(ctx, lease, true)
+		switch {
+		case err == nil:
+		case errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner):
+			if lost == nil {
+				// Expired between the keeper's last renewal and the release: the commit had
+				// already been accepted under the fence, so only the metric tells.
+				r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
+			}
+		default:
+			log.WarnContext(ctx, "lease release failed", "err", err)
+		}
+	}()
+}
+
+// acquireAfterRelease waits until a release of key this registry started in the
+// background (releaseDone) has ended, so that a delivery right after a commit claims a
+// free lease instead of meeting its own.
+func (r *Registry) acquireAfterRelease(ctx context.Context, key string) {
+	if ch, ok := r.releasing.Load(key); ok {
+		select {
+		case <-ch.(chan struct{}):
+		case <-ctx.Done():
+		}
+	}
 }
 
 // release gives the lease back on a detached context.
