@@ -202,9 +202,12 @@ type Registry struct {
 	kinds map[string]*kind
 
 	// releasing: job key -> chan closed when the background release of its committed
-	// lease ended (releaseDone); releases counts them for Close.
+	// lease ended (releaseDone); releases counts them for Close. Once closed (under
+	// relMu), a release runs in the delivery itself: Close may already be waiting.
 	releasing sync.Map
 	releases  sync.WaitGroup
+	relMu     sync.Mutex
+	closed    bool
 }
 
 var kindName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
@@ -384,6 +387,9 @@ func kindNameOK(s string) bool { return kindName.MatchString(s) }
 // registry's own group committer, if it made one. Call it after the asynq server has shut
 // down.
 func (r *Registry) Close() {
+	r.relMu.Lock()
+	r.closed = true
+	r.relMu.Unlock()
 	r.releases.Wait()
 	if r.owned != nil {
 		r.owned.Close()

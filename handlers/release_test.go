@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -32,11 +33,16 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 // claim has 2 keys and 4 arguments, a release 2 keys and 3) and holds the first release
 // until gate is closed.
 type leaseScripts struct {
-	key    string
-	events chan string
-	gate   chan struct{}
-	once   sync.Once
+	key      string
+	events   chan string
+	gate     chan struct{}
+	once     sync.Once
+	openOnce sync.Once
 }
+
+// open lets the held release go (again: a no-op). Registered as a cleanup after the
+// registry's, so that a failed test does not leave Close waiting for a held release.
+func (h *leaseScripts) open() { h.openOnce.Do(func() { close(h.gate) }) }
 
 func (h *leaseScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *leaseScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -76,12 +82,20 @@ func TestCommittedLeaseReleasedInBackground(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, rigOpts{})
 	key, task := r.job(t, "sku-13")
+	// Redis has the lease scripts cached (a first EVALSHA would be answered NOSCRIPT and
+	// sent again as EVAL: two calls for one claim).
+	warm, err := lua.NewLeases(r.ns.Client, r.ns.Prefix)
+	require.NoError(t, err)
+	l, err := warm.Claim(ctx, "warm-up", "test", time.Minute, 0)
+	require.NoError(t, err)
+	require.NoError(t, warm.ReleaseDone(ctx, l))
 	hook := &leaseScripts{key: key, events: make(chan string, 16), gate: make(chan struct{})}
 	opts := *r.ns.Client.Options()
 	client := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = client.Close() })
 	client.AddHook(hook)
 	reg := r.registry(t, func(c *handlers.Config) { c.Redis = client })
+	t.Cleanup(hook.open)
 
 	first := make(chan error, 1)
 	go func() { first <- reg.ProcessTask(ctx, task) }()
@@ -96,7 +110,7 @@ func TestCommittedLeaseReleasedInBackground(t *testing.T) {
 	go func() { second <- reg.ProcessTask(ctx, task) }()
 	closed := make(chan struct{})
 	go func() { handlers.WaitReleases(reg); close(closed) }()
-	close(hook.gate)
+	hook.open()
 	require.Equal(t, "released", recv(t, hook.events, "the first release ends"))
 	require.Equal(t, "claim", recv(t, hook.events, "the second delivery claims only after the release"))
 	require.NoError(t, recv(t, second, "the second delivery is acknowledged: the job is complete"))
@@ -106,4 +120,45 @@ func TestCommittedLeaseReleasedInBackground(t *testing.T) {
 	n, err := r.ns.Client.Exists(ctx, r.ns.Prefix+"{"+key+"}:lease", r.ns.Prefix+"{"+key+"}:fence").Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "no lease, no fence counter after Close")
+}
+
+// TestReleaseAfterClose: a job that commits after Close was called (a handler still
+// running past the asynq server's drain timeout) releases its lease in the delivery
+// itself — Close, already returned, waits for nothing more — so ProcessTask returns only
+// after its release ended, and no key stays behind.
+func TestReleaseAfterClose(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-14")
+	warm, err := lua.NewLeases(r.ns.Client, r.ns.Prefix)
+	require.NoError(t, err)
+	l, err := warm.Claim(ctx, "warm-up", "test", time.Minute, 0)
+	require.NoError(t, err)
+	require.NoError(t, warm.ReleaseDone(ctx, l))
+	// One ordered stream of what happens: the hook's events and ProcessTask's return.
+	hook := &leaseScripts{key: key, events: make(chan string, 16), gate: make(chan struct{})}
+	opts := *r.ns.Client.Options()
+	client := redis.NewClient(&opts)
+	t.Cleanup(func() { _ = client.Close() })
+	client.AddHook(hook)
+	// Without the registry's own group committer, which Close stops (a process's own
+	// committer outlives the registry).
+	reg := r.registry(t, func(c *handlers.Config) { c.Redis = client; c.NoGroupCommit = true })
+	t.Cleanup(hook.open)
+	reg.Close()
+	go func() {
+		err := reg.ProcessTask(ctx, task)
+		if err != nil {
+			t.Error(err)
+		}
+		hook.events <- "returned"
+	}()
+	require.Equal(t, "claim", recv(t, hook.events, "the claim"))
+	require.Equal(t, "release", recv(t, hook.events, "the release, held"))
+	hook.open()
+	require.Equal(t, "released", recv(t, hook.events, "the release ends"))
+	require.Equal(t, "returned", recv(t, hook.events, "ProcessTask returns after its release"))
+	n, err := r.ns.Client.Exists(ctx, r.ns.Prefix+"{"+key+"}:lease", r.ns.Prefix+"{"+key+"}:fence").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no lease, no fence counter")
 }

@@ -294,30 +294,44 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // durable and PostgreSQL refuses every later start of the job, so nothing waits for the
 // release but the next claim of the same key. A claim of it by this registry waits for the
 // release (acquireAfterRelease); another worker's claim meets a held lease and retries
-// later, as any duplicate delivery does. Close waits for every release in flight; one a
-// crash cuts short leaves a lease that expires with its TTL and a fence counter that
+// later, as any duplicate delivery does. Close waits for every release in flight (after
+// Close a release runs in the delivery); one a crash cuts short leaves a lease that expires with its TTL and a fence counter that
 // expires with its own (7 days).
 func (r *Registry) releaseDone(ctx context.Context, k *kind, lease lua.Lease, lost error, log *slog.Logger) {
+	r.relMu.Lock()
+	if r.closed {
+		// A handler still running when Close was called (after the asynq server's drain
+		// timeout): release here, Close may be waiting already.
+		r.relMu.Unlock()
+		r.finishRelease(ctx, k, lease, lost, log)
+		return
+	}
+	r.releases.Add(1)
+	r.relMu.Unlock()
 	done := make(chan struct{})
 	r.releasing.Store(lease.Key, done)
-	r.releases.Add(1)
 	go func() {
 		defer r.releases.Done()
 		defer close(done)
 		defer r.releasing.CompareAndDelete(lease.Key, done)
-		err := r.release(ctx, lease, true)
-		switch {
-		case err == nil:
-		case errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner):
-			if lost == nil {
-				// Expired between the keeper's last renewal and the release: the commit had
-				// already been accepted under the fence, so only the metric tells.
-				r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
-			}
-		default:
-			log.WarnContext(ctx, "lease release failed", "err", err)
-		}
+		r.finishRelease(ctx, k, lease, lost, log)
 	}()
+}
+
+// finishRelease releases a committed job's lease and counts a loss the keeper did not see.
+func (r *Registry) finishRelease(ctx context.Context, k *kind, lease lua.Lease, lost error, log *slog.Logger) {
+	err := r.release(ctx, lease, true)
+	switch {
+	case err == nil:
+	case errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner):
+		if lost == nil {
+			// Expired between the keeper's last renewal and the release: the commit had
+			// already been accepted under the fence, so only the metric tells.
+			r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
+		}
+	default:
+		log.WarnContext(ctx, "lease release failed", "err", err)
+	}
 }
 
 // acquireAfterRelease waits until a release of key this registry started in the

@@ -13,7 +13,9 @@
 // asynq puts the tasks of the jobs still running back to pending and cancels their
 // context: the runner records their attempt as retryable and releases their lease, and
 // Shutdown waits for that (Config.DrainTimeout). Every job is then complete or runnable
-// again, and no lease is held. The dispatcher stops after its in-flight batch.
+// again; once reg.Close has returned (it waits for the lease releases of committed jobs,
+// which run in the background) no lease is held. The dispatcher stops after its in-flight
+// batch.
 //
 //	reg, _ := handlers.NewRegistry(handlers.Config{...})
 //	_ = reg.Register("catalog", workflow, parser)

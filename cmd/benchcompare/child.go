@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -53,6 +54,9 @@ type runResult struct {
 	RedisRT     float64 `json:"redis_rt_per_job"`   // go-redis hook: commands + pipelines
 	RedisCPUUS  float64 `json:"redis_cpu_us_per_job"`
 	PGRT        float64 `json:"pg_rt_per_job"` // pgx tracer: queries + batches + copies
+	// PGCPUUS is the CPU of every postgres process on this machine per job (/proc; 0 when
+	// PostgreSQL runs elsewhere). Only the benchmark's own database is busy during a run.
+	PGCPUUS float64 `json:"pg_cpu_us_per_job"`
 	// Mode-specific measures.
 	LagP50MS         float64 `json:"lag_p50_ms,omitempty"`          // b4: commit → stream
 	LagP99MS         float64 `json:"lag_p99_ms,omitempty"`          // b4
@@ -193,7 +197,13 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		srv.Shutdown()
 		return runResult{}, ctx.Err()
 	}
-	res := m.stop(ctx, s.N)
+	end := time.Now()
+	if closer, ok := h.(interface{ Close() }); ok {
+		// Ours: the lease releases of the last jobs run in the background; their Redis
+		// commands count (the clock stopped at the N-th success, for both sides).
+		closer.Close()
+	}
+	res := m.stopAt(ctx, s.N, end)
 	srv.Shutdown()
 
 	q := `SELECT count(*) FROM results`
@@ -272,6 +282,7 @@ type measure struct {
 	cmds      int64
 	redisCPU  float64
 	rrt0, pg0 int64
+	pgCPU     time.Duration
 }
 
 // profileTo is the child's -profile file ("" = none); startMeasure starts the profile and
@@ -289,15 +300,20 @@ func startMeasure(ctx context.Context, rdb *redis.Client, rrt *redisCounter, pgr
 		}
 	}
 	cmds, rcpu := redisStats(ctx, rdb)
-	return &measure{rdb: rdb, rrt: rrt, pgrt: pgrt, cmds: cmds, redisCPU: rcpu, rrt0: rrt.n.Load(), pg0: pgrt.n.Load(), cpu: processCPU(), start: time.Now()}
+	return &measure{rdb: rdb, rrt: rrt, pgrt: pgrt, cmds: cmds, redisCPU: rcpu, rrt0: rrt.n.Load(), pg0: pgrt.n.Load(),
+		pgCPU: postgresCPU(), cpu: processCPU(), start: time.Now()}
 }
 
 // profileFile is the open profile of the measured phase, if any.
 var profileFile *os.File
 
-func (m *measure) stop(ctx context.Context, n int) runResult {
-	elapsed := time.Since(m.start)
+func (m *measure) stop(ctx context.Context, n int) runResult { return m.stopAt(ctx, n, time.Now()) }
+
+// stopAt is stop with the clock stopped at end (the counters are read now).
+func (m *measure) stopAt(ctx context.Context, n int, end time.Time) runResult {
+	elapsed := end.Sub(m.start)
 	cpu := processCPU() - m.cpu
+	pgCPU := postgresCPU() - m.pgCPU
 	if profileFile != nil {
 		pprof.StopCPUProfile()
 		profileFile.Close()
@@ -313,6 +329,7 @@ func (m *measure) stop(ctx context.Context, n int) runResult {
 		RedisRT:     float64(rrt) / f,
 		RedisCPUUS:  (rcpu - m.redisCPU) * 1e6 / f,
 		PGRT:        float64(pg) / f,
+		PGCPUUS:     float64(pgCPU.Microseconds()) / f,
 	}
 }
 
@@ -321,6 +338,40 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// postgresCPU is the user + system CPU time so far of every process named postgres on
+// this machine (server, backends, WAL writer, checkpointer), from /proc at clock-tick
+// resolution; 0 where /proc is not readable. A backend that exits during the measured
+// phase takes its CPU with it (the pools keep theirs open).
+func postgresCPU() time.Duration {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var ticks int64
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime stime: fields 14 and 15; comm may hold spaces.
+		open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+		if open < 0 || end < open || string(b[open+1:end]) != "postgres" {
+			continue
+		}
+		f := bytes.Fields(b[end+1:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(string(f[11]), 10, 64)
+		st, _ := strconv.ParseInt(string(f[12]), 10, 64)
+		ticks += u + st
+	}
+	return time.Duration(ticks) * (time.Second / 100) // USER_HZ is 100 on Linux
 }
 
 // redisStats returns the total calls of INFO commandstats and used_cpu_sys+user.

@@ -53,7 +53,7 @@ func col(rs []runResult, f func(runResult) float64) []float64 {
 // min–max of the per-pair ratios, for throughput, then the costs per job.
 func printTable(out io.Writer, rows []tableRow) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "mode\tc\tours jobs/s\tpeer jobs/s\tratio\tspread\tCPU µs/job ours\tpeer\tratio\tRedis cmds/job ours\tpeer\tRedis RT/job ours\tpeer\tRedis CPU µs/job ours\tpeer\tPG RT/job ours\tpeer\t")
+	fmt.Fprintln(w, "mode\tc\tours jobs/s\tpeer jobs/s\tratio\tspread\tCPU µs/job ours\tpeer\tratio\tRedis cmds/job ours\tpeer\tRedis RT/job ours\tpeer\tRedis CPU µs/job ours\tpeer\tPG RT/job ours\tpeer\tPG CPU µs/job ours\tpeer\t")
 	for _, r := range rows {
 		tput := func(x runResult) float64 { return x.JobsPerSec }
 		o, p := median(col(r.ours, tput)), median(col(r.peer, tput))
@@ -67,12 +67,13 @@ func printTable(out io.Writer, rows []tableRow) {
 		if r.conc == 0 {
 			c = "-"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%.2f×\t%.2f–%.2f\t%.0f\t%.0f\t%.2f×\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.2f\t\n",
+		fmt.Fprintf(w, "%s\t%s\t%.0f\t%.0f\t%.2f×\t%.2f–%.2f\t%.0f\t%.0f\t%.2f×\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\t%.0f\t\n",
 			modeTitles[r.mode], c, o, p, o/p, slices.Min(ratios), slices.Max(ratios), cpuO, cpuP, cpuO/cpuP,
 			median(col(r.ours, func(x runResult) float64 { return x.RedisCmds })), median(col(r.peer, func(x runResult) float64 { return x.RedisCmds })),
 			median(col(r.ours, func(x runResult) float64 { return x.RedisRT })), median(col(r.peer, func(x runResult) float64 { return x.RedisRT })),
 			median(col(r.ours, func(x runResult) float64 { return x.RedisCPUUS })), median(col(r.peer, func(x runResult) float64 { return x.RedisCPUUS })),
-			median(col(r.ours, func(x runResult) float64 { return x.PGRT })), median(col(r.peer, func(x runResult) float64 { return x.PGRT })))
+			median(col(r.ours, func(x runResult) float64 { return x.PGRT })), median(col(r.peer, func(x runResult) float64 { return x.PGRT })),
+			median(col(r.ours, func(x runResult) float64 { return x.PGCPUUS })), median(col(r.peer, func(x runResult) float64 { return x.PGCPUUS })))
 	}
 	_ = w.Flush()
 }

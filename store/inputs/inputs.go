@@ -484,11 +484,23 @@ func (s *Store) Select(ctx context.Context, sel Selection, after string, limit i
 	if limit < 1 {
 		return nil, fmt.Errorf("inputs: Select: limit %d must be >= 1", limit)
 	}
-	ids, _, err := s.selectIDs(ctx, sel, after, limit)
+	// One snapshot for both statements: an input pruned between them would make the page
+	// short, and a caller paging "until fewer than limit come back" would stop early.
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("inputs: Select: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	ids, _, err := selectIDs(ctx, tx, sel, after, limit)
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}
-	return s.load(ctx, ids)
+	return load(ctx, tx, ids)
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // pagesAhead is how many pages of Pages one selection of ids covers: each selection reads
@@ -499,7 +511,9 @@ const pagesAhead = 10
 // Pages yields the jobs matching sel, in key order, in pages of up to pageSize, each job
 // with its latest saved input that has staged data — what Select returns page after page,
 // with the matching inputs chosen pagesAhead pages at a time on narrow rows and only each
-// page's blobs read. A read error is yielded once, and ends the sequence.
+// page's blobs read. A read error is yielded once, and ends the sequence. Pages stops when
+// the selection runs out, not on a short page: an input pruned between its selection and
+// its read only leaves its job out.
 func (s *Store) Pages(ctx context.Context, sel Selection, pageSize int) iter.Seq2[[]Input, error] {
 	return func(yield func([]Input, error) bool) {
 		if pageSize < 1 {
@@ -508,7 +522,7 @@ func (s *Store) Pages(ctx context.Context, sel Selection, pageSize int) iter.Seq
 		}
 		after := ""
 		for {
-			ids, last, err := s.selectIDs(ctx, sel, after, pageSize*pagesAhead)
+			ids, last, err := selectIDs(ctx, s.pool, sel, after, pageSize*pagesAhead)
 			if err != nil {
 				yield(nil, err)
 				return
@@ -516,7 +530,7 @@ func (s *Store) Pages(ctx context.Context, sel Selection, pageSize int) iter.Seq
 			for rest := ids; len(rest) > 0; {
 				page := rest[:min(pageSize, len(rest))]
 				rest = rest[len(page):]
-				ins, err := s.load(ctx, page)
+				ins, err := load(ctx, s.pool, page)
 				if err != nil {
 					yield(nil, err)
 					return
@@ -536,7 +550,7 @@ func (s *Store) Pages(ctx context.Context, sel Selection, pageSize int) iter.Seq
 // selectIDs returns the ids of the saved inputs Select would return, in key order, and
 // the last job key. The matching inputs are chosen on narrow rows: ordering whole rows
 // with their blobs sorted every matching input, on disk, for each page.
-func (s *Store) selectIDs(ctx context.Context, sel Selection, after string, limit int) ([]int64, string, error) {
+func selectIDs(ctx context.Context, q querier, sel Selection, after string, limit int) ([]int64, string, error) {
 	var from, to *time.Time
 	if !sel.From.IsZero() {
 		from = &sel.From
@@ -544,7 +558,7 @@ func (s *Store) selectIDs(ctx context.Context, sel Selection, after string, limi
 	if !sel.To.IsZero() {
 		to = &sel.To
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := q.Query(ctx, `
 SELECT DISTINCT ON (s.job_key) s.id, s.job_key
 FROM saved_inputs s
 JOIN jobs j ON j.key = s.job_key
@@ -579,8 +593,8 @@ LIMIT $10`, after, sel.Kind, sel.ParserVersion, sel.Window, from, to, sel.Catego
 
 // load reads the saved inputs ids (from selectIDs) with their jobs, staged blobs and
 // results, in key order.
-func (s *Store) load(ctx context.Context, ids []int64) ([]Input, error) {
-	rows, err := s.pool.Query(ctx, `
+func load(ctx context.Context, q querier, ids []int64) ([]Input, error) {
+	rows, err := q.Query(ctx, `
 SELECT s.job_key, j.kind, COALESCE(j.url, ''), COALESCE(j.source_id, ''), j.country,
 	j."window", j.parser_version, j.scope, j.state, COALESCE(j.last_category, ''), j.fence,
 	s.fence, s.outcome, s.fingerprint, s.created_at, b.sha256, b.encoding, b.data, b.size,
