@@ -14,3 +14,6 @@ func SetGroupHooks(g *GroupCommitter, h GroupHooks) {
 	g.commits.hooks = gh
 	g.starts.hooks = gh
 }
+
+// StartSQL is the fenced start statement (lockSkip) and StartableStates its $7.
+var StartSQL, StartableStates = startSQLs[lockSkip], startableStates
