@@ -51,8 +51,10 @@ func WithParserVersion(v int) KindOption { return func(k *kind) { k.version = v 
 func WithSavedInputs(p inputs.Policy) KindOption { return func(k *kind) { k.saved = p } }
 
 // WithRecordedFingerprints seeds the kind's schema fingerprints for parser version v
-// (e.g. those of a previous run, or a reviewed sample): drift is judged against them and
-// against those of the parses this registry commits (see Observation.Schema).
+// (e.g. a reviewed sample): drift is judged against them, against those the fleet's
+// committed parses recorded in PostgreSQL (schema_fingerprints, read on first use) and
+// against those of the parses this registry commits (see Observation.Schema). Seeds stay
+// in this registry's memory; they are not written to PostgreSQL.
 func WithRecordedFingerprints(v int, fps ...parse.Fingerprint) KindOption {
 	return func(k *kind) {
 		for _, fp := range fps {
@@ -152,7 +154,14 @@ type schemaHistory struct {
 	mu   sync.Mutex
 	fps  []parse.Fingerprint
 	keys []string
+	// loadedAt: when the fleet's recorded fingerprints were last read from PostgreSQL
+	// (zero: never; see Registry.schemas).
+	loadedAt time.Time
 }
+
+// schemaRefresh is how often, at most, a drift verdict re-reads the fleet's recorded
+// fingerprints before it stands (another worker may have committed the schema since).
+const schemaRefresh = 10 * time.Second
 
 const maxRecorded = 32
 
@@ -177,17 +186,75 @@ func (k *kind) schema(v int) *schemaHistory {
 	return h
 }
 
-func (h *schemaHistory) record(fp parse.Fingerprint) {
+// record adds fp to the history; it returns fp's JSON and whether fp was new to it.
+func (h *schemaHistory) record(fp parse.Fingerprint) ([]byte, bool) {
 	b, _ := json.Marshal(fp)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if slices.Contains(h.keys, string(b)) {
-		return
+		return b, false
 	}
 	if len(h.fps) == maxRecorded {
 		h.fps, h.keys = h.fps[1:], h.keys[1:]
 	}
 	h.fps, h.keys = append(h.fps, fp), append(h.keys, string(b))
+	return b, true
+}
+
+// schemas returns the kind's fingerprint history of parser version v, with the fleet's
+// recorded fingerprints (schema_fingerprints) read from PostgreSQL the first time: a
+// worker that starts judges drift against what was committed before, not against
+// nothing.
+func (r *Registry) schemas(ctx context.Context, k *kind, v int) (*schemaHistory, error) {
+	h := k.schema(v)
+	h.mu.Lock()
+	loaded := !h.loadedAt.IsZero()
+	h.mu.Unlock()
+	if loaded {
+		return h, nil
+	}
+	return h, r.loadSchemas(ctx, k, v, h)
+}
+
+// loadSchemas adds the fleet's most recently seen fingerprints to h.
+func (r *Registry) loadSchemas(ctx context.Context, k *kind, v int, h *schemaHistory) error {
+	fps, err := r.cfg.Store.SchemaFingerprintsRecent(ctx, k.name, v, maxRecorded)
+	if err != nil {
+		return err
+	}
+	for i := len(fps) - 1; i >= 0; i-- { // oldest first: the history drops its oldest
+		var fp parse.Fingerprint
+		if json.Unmarshal(fps[i], &fp) != nil {
+			continue // written by a version whose fingerprint this one can not read
+		}
+		h.record(fp)
+	}
+	h.mu.Lock()
+	h.loadedAt = r.cfg.Now()
+	h.mu.Unlock()
+	return nil
+}
+
+// refreshDue reports whether a drift verdict should re-read the recorded fingerprints.
+func (h *schemaHistory) refreshDue(now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return now.Sub(h.loadedAt) >= schemaRefresh
+}
+
+// recordSchema adds a committed parse's fingerprint to the history and, when it is new
+// to this worker, to schema_fingerprints (a failure there is logged: this worker still
+// knows it).
+func (r *Registry) recordSchema(ctx context.Context, k *kind, v int, fp parse.Fingerprint, log *slog.Logger) {
+	b, added := k.schema(v).record(fp)
+	if !added {
+		return
+	}
+	rctx, cancel := detached(ctx)
+	defer cancel()
+	if err := r.cfg.Store.SchemaFingerprintRecord(rctx, k.name, v, b); err != nil {
+		log.WarnContext(ctx, "schema fingerprint not recorded in PostgreSQL", "err", err)
+	}
 }
 
 // drift returns a *parse.DriftError when fp is a surprising change against the history.
@@ -209,12 +276,25 @@ func isValidation(err error) bool {
 
 // runParser runs the job's parser version over staged and applies the schema check: a
 // surprising Observation.Schema is a *parse.DriftError (joined with the parser's own
-// error, if any). A validation failure or drift has category validation; other errors
-// keep theirs (parse_error by default).
-func runParser(k *kind, parser ParserFunc, job tasks.Payload, staged map[string]json.RawMessage) (Observation, *sessions.FetchError) {
+// error, if any), judged against the fingerprints committed before (this worker's and,
+// read from PostgreSQL, the fleet's; a drift verdict re-reads them at most every
+// schemaRefresh). A validation failure or drift has category validation; other errors
+// keep theirs (parse_error by default); fingerprints that can not be read make it
+// internal (retryable).
+func (r *Registry) runParser(ctx context.Context, k *kind, parser ParserFunc, job tasks.Payload, staged map[string]json.RawMessage) (Observation, *sessions.FetchError) {
 	obs, err := parser(job, staged)
 	if obs.Schema != nil {
-		if derr := k.schema(job.Spec.ParserVersion).drift(*obs.Schema); derr != nil {
+		v := job.Spec.ParserVersion
+		h, herr := r.schemas(ctx, k, v)
+		if herr != nil {
+			return obs, &sessions.FetchError{Category: tasks.CategoryInternal,
+				Err: fmt.Errorf("schema fingerprints of %q v%d: %w", k.name, v, herr)}
+		}
+		derr := h.drift(*obs.Schema)
+		if derr != nil && h.refreshDue(r.cfg.Now()) && r.loadSchemas(ctx, k, v, h) == nil {
+			derr = h.drift(*obs.Schema)
+		}
+		if derr != nil {
 			err = errors.Join(derr, err)
 		}
 	}

@@ -139,7 +139,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	switch {
 	case committed:
 		if w.obs.Schema != nil {
-			k.schema(job.Spec.ParserVersion).record(*w.obs.Schema)
+			r.recordSchema(ctx, k, job.Spec.ParserVersion, *w.obs.Schema, log)
 		}
 		log.InfoContext(ctx, "job complete", "session", w.session(), "bytes", w.unit.Bytes, "exit", w.unit.ExitEvidence())
 		return nil
@@ -453,7 +453,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		return w
 	}
 	var perr *sessions.FetchError
-	if w.obs, perr = runParser(k, parser, job, w.unit.Staged); perr != nil {
+	if w.obs, perr = r.runParser(ctx, k, parser, job, w.unit.Staged); perr != nil {
 		w.err = perr
 		if perr.Category == tasks.CategoryValidation {
 			r.quarantineParse(ctx, job, acq, &w, log)

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -338,4 +339,39 @@ func TestMigrateConcurrent(t *testing.T) {
 	require.Equal(t, len(migrations), total, "each migration applied once across all workers")
 	_, err = store.New(pool).JobsRecord(ctx, []tasks.JobRecord{{Key: "k", Spec: tasks.Spec{Kind: "k", SourceID: "k", Country: "US", Window: "w", ParserVersion: 1}}})
 	require.NoError(t, err, "the schema works")
+}
+
+// TestSchemaFingerprints: a fingerprint is stored once per kind and parser version (a
+// known one only refreshed), read back most recently seen first; bad input is refused
+// with an error naming it, and nothing is stored.
+func TestSchemaFingerprints(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	a, b := json.RawMessage(`{"selectors":[{"selector":"h1","count":1}]}`), json.RawMessage(`{"selectors":[{"selector":"h2","count":2}]}`)
+	require.NoError(t, s.SchemaFingerprintRecord(ctx, "shop", 1, a))
+	require.NoError(t, s.SchemaFingerprintRecord(ctx, "shop", 1, b))
+	require.NoError(t, s.SchemaFingerprintRecord(ctx, "shop", 2, a))
+	_, err := pool.Exec(ctx, `UPDATE schema_fingerprints SET last_seen = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	require.NoError(t, s.SchemaFingerprintRecord(ctx, "shop", 1, a)) // seen again: most recent
+	got, err := s.SchemaFingerprintsRecent(ctx, "shop", 1, 10)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	require.JSONEq(t, string(a), string(got[0]))
+	require.JSONEq(t, string(b), string(got[1]))
+	got, err = s.SchemaFingerprintsRecent(ctx, "shop", 1, 1)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	got, err = s.SchemaFingerprintsRecent(ctx, "other", 1, 10)
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	require.ErrorContains(t, s.SchemaFingerprintRecord(ctx, "", 1, a), "kind is empty")
+	require.ErrorContains(t, s.SchemaFingerprintRecord(ctx, "shop", 0, a), "parser version 0")
+	require.ErrorContains(t, s.SchemaFingerprintRecord(ctx, "shop", 1, json.RawMessage(`[1]`)), "not a JSON object")
+	require.ErrorContains(t, s.SchemaFingerprintRecord(ctx, "shop", 1, json.RawMessage(`{`)), "not a JSON object")
+	_, err = s.SchemaFingerprintsRecent(ctx, "shop", 1, 0)
+	require.ErrorContains(t, err, "limit 0")
+	require.Equal(t, 3, testutil.Count(t, pool, `SELECT count(*) FROM schema_fingerprints`))
 }
