@@ -154,9 +154,11 @@ type schemaHistory struct {
 	mu   sync.Mutex
 	fps  []parse.Fingerprint
 	keys []string
-	// loadedAt: when the fleet's recorded fingerprints were last read from PostgreSQL
-	// (zero: never; see Registry.schemas).
+	// loadedAt: when the fleet's recorded fingerprints were last read from PostgreSQL, or
+	// a re-read was claimed (zero: never; see Registry.schemas). loading serialises the
+	// first read, so concurrent first parses send one query.
 	loadedAt time.Time
+	loading  sync.Mutex
 }
 
 // schemaRefresh is how often, at most, a drift verdict re-reads the fleet's recorded
@@ -201,52 +203,101 @@ func (h *schemaHistory) record(fp parse.Fingerprint) ([]byte, bool) {
 	return b, true
 }
 
+// widens reports whether fp tells the history something its fingerprints do not: a
+// selector they never queried or one they all queried that fp did not, a count outside
+// their range (a list's varying length included), or no fingerprint at all yet. Only such
+// a fingerprint is recorded: most pages of a kind repeat what is known, and a list's
+// length alone would otherwise make nearly every page a new fingerprint.
+func (h *schemaHistory) widens(fp parse.Fingerprint) bool {
+	h.mu.Lock()
+	recorded := slices.Clone(h.fps)
+	h.mu.Unlock()
+	if len(recorded) == 0 {
+		return true
+	}
+	rep, _ := parse.Drift(recorded, fp)
+	return len(rep.Changes) > 0
+}
+
 // schemas returns the kind's fingerprint history of parser version v, with the fleet's
 // recorded fingerprints (schema_fingerprints) read from PostgreSQL the first time: a
 // worker that starts judges drift against what was committed before, not against
-// nothing.
+// nothing. Concurrent first calls send one query.
 func (r *Registry) schemas(ctx context.Context, k *kind, v int) (*schemaHistory, error) {
 	h := k.schema(v)
-	h.mu.Lock()
-	loaded := !h.loadedAt.IsZero()
-	h.mu.Unlock()
-	if loaded {
+	if h.loaded() {
+		return h, nil
+	}
+	h.loading.Lock()
+	defer h.loading.Unlock()
+	if h.loaded() {
 		return h, nil
 	}
 	return h, r.loadSchemas(ctx, k, v, h)
 }
 
-// loadSchemas adds the fleet's most recently seen fingerprints to h.
+func (h *schemaHistory) loaded() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.loadedAt.IsZero()
+}
+
+// loadSchemas merges the fleet's most recently seen fingerprints into h: they go before
+// what h holds (seeds and this worker's own), so that a full history drops fleet
+// fingerprints first, never the seeds of WithRecordedFingerprints.
 func (r *Registry) loadSchemas(ctx context.Context, k *kind, v int, h *schemaHistory) error {
-	fps, err := r.cfg.Store.SchemaFingerprintsRecent(ctx, k.name, v, maxRecorded)
+	rows, err := r.cfg.Store.SchemaFingerprintsRecent(ctx, k.name, v, maxRecorded)
 	if err != nil {
 		return err
 	}
-	for i := len(fps) - 1; i >= 0; i-- { // oldest first: the history drops its oldest
+	var fps []parse.Fingerprint
+	var keys []string
+	for i := len(rows) - 1; i >= 0; i-- { // oldest first
 		var fp parse.Fingerprint
-		if json.Unmarshal(fps[i], &fp) != nil {
+		if json.Unmarshal(rows[i], &fp) != nil {
 			continue // written by a version whose fingerprint this one can not read
 		}
-		h.record(fp)
+		b, _ := json.Marshal(fp)
+		fps, keys = append(fps, fp), append(keys, string(b))
 	}
 	h.mu.Lock()
-	h.loadedAt = r.cfg.Now()
-	h.mu.Unlock()
+	defer h.mu.Unlock()
+	for i, key := range h.keys {
+		if j := slices.Index(keys, key); j >= 0 {
+			fps, keys = slices.Delete(fps, j, j+1), slices.Delete(keys, j, j+1)
+		}
+		fps, keys = append(fps, h.fps[i]), append(keys, key)
+	}
+	if n := len(fps) - maxRecorded; n > 0 {
+		fps, keys = fps[n:], keys[n:]
+	}
+	h.fps, h.keys, h.loadedAt = fps, keys, r.cfg.Now()
 	return nil
 }
 
-// refreshDue reports whether a drift verdict should re-read the recorded fingerprints.
-func (h *schemaHistory) refreshDue(now time.Time) bool {
+// claimRefresh reports whether a drift verdict should re-read the recorded fingerprints
+// (the last read is schemaRefresh old) and, if so, claims the re-read: concurrent
+// verdicts do not all re-read.
+func (h *schemaHistory) claimRefresh(now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return now.Sub(h.loadedAt) >= schemaRefresh
+	if now.Sub(h.loadedAt) < schemaRefresh {
+		return false
+	}
+	h.loadedAt = now
+	return true
 }
 
-// recordSchema adds a committed parse's fingerprint to the history and, when it is new
-// to this worker, to schema_fingerprints (a failure there is logged: this worker still
-// knows it).
+// recordSchema adds a committed parse's fingerprint to the history when it widens it
+// (see widens) and then writes it to schema_fingerprints, so the fleet judges against it
+// too: once per new fingerprint and worker, not once per job. A failed write is logged
+// (this worker still knows it; another records it when it commits such a page).
 func (r *Registry) recordSchema(ctx context.Context, k *kind, v int, fp parse.Fingerprint, log *slog.Logger) {
-	b, added := k.schema(v).record(fp)
+	h := k.schema(v)
+	if !h.widens(fp) {
+		return
+	}
+	b, added := h.record(fp)
 	if !added {
 		return
 	}
@@ -277,21 +328,16 @@ func isValidation(err error) bool {
 // runParser runs the job's parser version over staged and applies the schema check: a
 // surprising Observation.Schema is a *parse.DriftError (joined with the parser's own
 // error, if any), judged against the fingerprints committed before (this worker's and,
-// read from PostgreSQL, the fleet's; a drift verdict re-reads them at most every
-// schemaRefresh). A validation failure or drift has category validation; other errors
-// keep theirs (parse_error by default); fingerprints that can not be read make it
-// internal (retryable).
+// read from PostgreSQL before the fetch, the fleet's; a drift verdict re-reads them at
+// most every schemaRefresh). A validation failure or drift has category validation;
+// other errors keep theirs (parse_error by default).
 func (r *Registry) runParser(ctx context.Context, k *kind, parser ParserFunc, job tasks.Payload, staged map[string]json.RawMessage) (Observation, *sessions.FetchError) {
 	obs, err := parser(job, staged)
 	if obs.Schema != nil {
 		v := job.Spec.ParserVersion
-		h, herr := r.schemas(ctx, k, v)
-		if herr != nil {
-			return obs, &sessions.FetchError{Category: tasks.CategoryInternal,
-				Err: fmt.Errorf("schema fingerprints of %q v%d: %w", k.name, v, herr)}
-		}
+		h := k.schema(v) // read before the fetch (work)
 		derr := h.drift(*obs.Schema)
-		if derr != nil && h.refreshDue(r.cfg.Now()) && r.loadSchemas(ctx, k, v, h) == nil {
+		if derr != nil && h.claimRefresh(r.cfg.Now()) && r.loadSchemas(ctx, k, v, h) == nil {
 			derr = h.drift(*obs.Schema)
 		}
 		if derr != nil {

@@ -407,6 +407,12 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 			Kind: k.name, Version: job.Spec.ParserVersion, Have: k.versions(), Worker: r.cfg.WorkerID}}
 		return w
 	}
+	// The fleet's schema fingerprints of this version (once per process): read before
+	// anything is fetched, so that a database that can not give them costs no bandwidth.
+	if _, err := r.schemas(ctx, k, job.Spec.ParserVersion); err != nil {
+		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: err}
+		return w
+	}
 	unit, err := k.workflow(job)
 	if err != nil {
 		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("build workflow: %w", err)}

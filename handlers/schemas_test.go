@@ -3,11 +3,13 @@ package handlers_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
@@ -84,9 +86,9 @@ func TestSchemaFingerprintsShared(t *testing.T) {
 	require.Equal(t, string(tasks.CategoryValidation), atts[0].Category)
 	require.Contains(t, atts[0].Error, "schema drift")
 
-	// The changed schema is accepted by the fleet (recorded by another worker, e.g. one
-	// seeded with it after review). A, whose history is from before, refuses it until
-	// its re-read is due, then accepts it.
+	// The changed schema is accepted by the fleet (an operator records it after review;
+	// another worker that committed it would have too). A, whose history is from before,
+	// refuses it until its re-read is due, then accepts it.
 	fp, err := json.Marshal(changed)
 	require.NoError(t, err)
 	require.NoError(t, r.st.SchemaFingerprintRecord(ctx, catalog.Kind, 1, fp))
@@ -98,6 +100,30 @@ func TestSchemaFingerprintsShared(t *testing.T) {
 	key, task = r.job(t, "sku-4")
 	require.NoError(t, a.ProcessTask(ctx, task), "the drift verdict re-read the fleet's fingerprints")
 	require.Equal(t, tasks.StateComplete, state(key))
+
+	// Only a fingerprint that widens what is known is written: a list of 3, then of 5
+	// items (outside 3–3), then of 4 (inside 3–5: not written).
+	rows := func() int {
+		got, err := r.st.SchemaFingerprintsRecent(ctx, catalog.Kind, 2, 10)
+		require.NoError(t, err)
+		return len(got)
+	}
+	list := func(n int) parse.Fingerprint {
+		return parse.Fingerprint{Selectors: []parse.SelectorCount{{Selector: "h1.name", Count: 1, Required: true}, {Selector: "li.spec", Count: n, List: true}}}
+	}
+	for i, n := range []int{3, 5, 4} {
+		pa.set(list(n))
+		spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: fmt.Sprintf("sku-%d", 5+i), Country: "US", Window: "2026-04-23", ParserVersion: 2}.Normalize()
+		require.NoError(t, err)
+		key, err := spec.Key()
+		require.NoError(t, err)
+		_, err = r.st.JobsRecord(ctx, []tasks.JobRecord{{Key: key, Spec: spec}})
+		require.NoError(t, err)
+		payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
+		require.NoError(t, err)
+		require.NoError(t, a.ProcessTask(ctx, asynq.NewTask(catalog.Kind, payload)))
+		require.Equal(t, min(i+1, 2), rows(), "after a list of %d", n)
+	}
 }
 
 // TestSchemaFingerprintsUnreadable: when the recorded fingerprints can not be read, a parse
@@ -121,6 +147,7 @@ func TestSchemaFingerprintsUnreadable(t *testing.T) {
 	atts, err := r.st.AttemptList(ctx, key)
 	require.NoError(t, err)
 	require.Contains(t, atts[0].Error, `schema fingerprints of "catalog" v1`)
+	require.Zero(t, r.site.TotalHits(), "refused before anything was fetched")
 
 	_, err = r.st.Pool().Exec(ctx, `ALTER TABLE schema_fingerprints_away RENAME TO schema_fingerprints`)
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemscrape/idemscrape/tasks"
@@ -392,7 +393,7 @@ LEFT JOIN attempts a ON a.job_key = i.key AND a.fence = i.token`, keys, tokens)
 		switch {
 		case r.attemptNo != nil && r.createdAt != nil:
 			out[i].res = r.started()
-		case r.found && r.fence < p.Token && (st == tasks.StatePending || st == tasks.StateRetryable || st == tasks.StateRunning):
+		case r.found && r.fence < p.Token && slices.Contains(startableStates, string(st)):
 			out[i].busy = true
 		default:
 			out[i].err = s.refusal(ctx, "JobStart", p.Key, p.Token, r.found, r.state, r.fence, startStale(p.Token))

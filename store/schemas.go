@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,10 +49,12 @@ func (s *PG) SchemaFingerprintRecord(ctx context.Context, kind string, version i
 	case !json.Valid(fp) || len(fp) == 0 || fp[0] != '{':
 		return fmt.Errorf("store: SchemaFingerprintRecord %q v%d: fingerprint is not a JSON object", kind, version)
 	}
-	sum := sha256.Sum256(fp)
+	// The key is the sha256 of jsonb's own text of it: the same schema gets one row
+	// whatever key order or spacing its writer used.
 	_, err := s.pool.Exec(ctx, `
-INSERT INTO schema_fingerprints (kind, parser_version, sha256, fingerprint) VALUES ($1, $2, $3, $4)
-ON CONFLICT (kind, parser_version, sha256) DO UPDATE SET last_seen = now()`, kind, version, sum[:], string(fp))
+INSERT INTO schema_fingerprints (kind, parser_version, sha256, fingerprint)
+VALUES ($1, $2, sha256(convert_to($3::jsonb::text, 'UTF8')), $3::jsonb)
+ON CONFLICT (kind, parser_version, sha256) DO UPDATE SET last_seen = now()`, kind, version, string(fp))
 	if err != nil {
 		return fmt.Errorf("store: record schema fingerprint of %q v%d: %w", kind, version, err)
 	}
