@@ -73,17 +73,12 @@ func (h *leaseScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestCommittedLeaseReleasedInBackground: the delivery of a job that committed returns
-// without waiting for its lease release (ProcessTask returns while the release is held);
-// a second delivery of the same job to the same registry waits for that release, then
-// claims and is acknowledged as complete (no lease_busy retry); Close waits for releases in
-// flight; and afterwards the job leaves no Redis key.
-func TestCommittedLeaseReleasedInBackground(t *testing.T) {
+// hookedRegistry returns a registry on the rig whose Redis client carries a leaseScripts
+// hook for key, with the lease scripts already in Redis's script cache (a first EVALSHA
+// would be answered NOSCRIPT and sent again as EVAL: two calls for one claim).
+func (r *rig) hookedRegistry(t *testing.T, key string, mutate func(*handlers.Config)) (*handlers.Registry, *leaseScripts) {
+	t.Helper()
 	ctx := context.Background()
-	r := newRig(t, rigOpts{})
-	key, task := r.job(t, "sku-13")
-	// Redis has the lease scripts cached (a first EVALSHA would be answered NOSCRIPT and
-	// sent again as EVAL: two calls for one claim).
 	warm, err := lua.NewLeases(r.ns.Client, r.ns.Prefix)
 	require.NoError(t, err)
 	l, err := warm.Claim(ctx, "warm-up", "test", time.Minute, 0)
@@ -94,8 +89,26 @@ func TestCommittedLeaseReleasedInBackground(t *testing.T) {
 	client := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = client.Close() })
 	client.AddHook(hook)
-	reg := r.registry(t, func(c *handlers.Config) { c.Redis = client })
-	t.Cleanup(hook.open)
+	reg := r.registry(t, func(c *handlers.Config) {
+		c.Redis = client
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	t.Cleanup(hook.open) // after the registry's cleanup is registered: runs before Close
+	return reg, hook
+}
+
+// TestCommittedLeaseReleasedInBackground: the delivery of a job that committed returns
+// without waiting for its lease release (ProcessTask returns while the release is held);
+// a second delivery of the same job to the same registry waits for that release, then
+// claims and is acknowledged as complete (no lease_busy retry); Close waits for releases in
+// flight; and afterwards the job leaves no Redis key.
+func TestCommittedLeaseReleasedInBackground(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	key, task := r.job(t, "sku-13")
+	reg, hook := r.hookedRegistry(t, key, nil)
 
 	first := make(chan error, 1)
 	go func() { first <- reg.ProcessTask(ctx, task) }()
@@ -130,21 +143,10 @@ func TestReleaseAfterClose(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, rigOpts{})
 	key, task := r.job(t, "sku-14")
-	warm, err := lua.NewLeases(r.ns.Client, r.ns.Prefix)
-	require.NoError(t, err)
-	l, err := warm.Claim(ctx, "warm-up", "test", time.Minute, 0)
-	require.NoError(t, err)
-	require.NoError(t, warm.ReleaseDone(ctx, l))
-	// One ordered stream of what happens: the hook's events and ProcessTask's return.
-	hook := &leaseScripts{key: key, events: make(chan string, 16), gate: make(chan struct{})}
-	opts := *r.ns.Client.Options()
-	client := redis.NewClient(&opts)
-	t.Cleanup(func() { _ = client.Close() })
-	client.AddHook(hook)
 	// Without the registry's own group committer, which Close stops (a process's own
-	// committer outlives the registry).
-	reg := r.registry(t, func(c *handlers.Config) { c.Redis = client; c.NoGroupCommit = true })
-	t.Cleanup(hook.open)
+	// committer outlives the registry). One ordered stream of what happens: the hook's
+	// events and ProcessTask's return.
+	reg, hook := r.hookedRegistry(t, key, func(c *handlers.Config) { c.NoGroupCommit = true })
 	reg.Close()
 	go func() {
 		err := reg.ProcessTask(ctx, task)
