@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -799,68 +798,37 @@ func TestConsumerRunTx(t *testing.T) {
 	require.Equal(t, 3, count(t, b.pool, `SELECT count(*) FROM outbox_inbox WHERE consumer_group = $1 AND stream_id IS NOT NULL`, group))
 }
 
-// TestTrimKeepsPending: Trim removes only entries every group delivered and acknowledged.
+// TestTrimKeepsPending: the Trimmer trims the topic's stream (its key under the prefix)
+// with lua.TrimStream: only entries every group delivered and acknowledged go. The
+// script's cases (no group, undelivered entries, the slowest group, a group that read
+// nothing, the floor it reports) are lua.TestTrimStream's; here one stream with a pending
+// entry shows the wiring.
 func TestTrimKeepsPending(t *testing.T) {
 	ctx := context.Background()
+	t.Run("OldestPendingIsTheFloor", func(t *testing.T) {
+		ns := testutil.Redis(t)
+		stream := outbox.StreamKey(ns.Prefix, "t")
+		ids := make([]string, 10)
+		for i := range ids {
+			id, err := ns.Client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"i", i}}).Result()
+			require.NoError(t, err)
+			ids[i] = id
+		}
+		require.NoError(t, ns.Client.XGroupCreate(ctx, stream, "g", "0").Err())
+		require.NoError(t, ns.Client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c",
+			Streams: []string{stream, ">"}, Count: 10, Block: -1}).Err())
+		require.NoError(t, ns.Client.XAck(ctx, stream, "g", ids[0], ids[1], ids[2], ids[5], ids[8]).Err())
 
-	type group struct {
-		name    string
-		deliver int   // entries read by the group (from the start)
-		ack     []int // indexes acknowledged
-	}
-	tests := []struct {
-		name        string
-		entries     int
-		groups      []group
-		wantTrimmed int64
-		wantKept    []int // indexes still in the stream
-	}{
-		{"NoGroup", 5, nil, 0, []int{0, 1, 2, 3, 4}},
-		{"OldestPendingIsTheFloor", 10, []group{{"g", 10, []int{0, 1, 2, 5, 8}}}, 3, []int{3, 4, 5, 6, 7, 8, 9}},
-		{"UndeliveredKept", 10, []group{{"g", 6, []int{0, 1, 2, 3, 4, 5}}}, 6, []int{6, 7, 8, 9}},
-		{"AllConsumed", 4, []group{{"g", 4, []int{0, 1, 2, 3}}}, 4, nil},
-		{"SlowestGroupWins", 10, []group{{"fast", 10, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}}, {"slow", 4, []int{0, 1}}}, 2, []int{2, 3, 4, 5, 6, 7, 8, 9}},
-		{"GroupThatReadNothing", 5, []group{{"fast", 5, []int{0, 1, 2, 3, 4}}, {"new", 0, nil}}, 0, []int{0, 1, 2, 3, 4}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ns := testutil.Redis(t)
-			stream := outbox.StreamKey(ns.Prefix, "t")
-			ids := make([]string, tt.entries)
-			for i := range ids {
-				id, err := ns.Client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"i", i}}).Result()
-				require.NoError(t, err)
-				ids[i] = id
-			}
-			for _, g := range tt.groups {
-				require.NoError(t, ns.Client.XGroupCreate(ctx, stream, g.name, "0").Err())
-				if g.deliver > 0 {
-					require.NoError(t, ns.Client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: g.name, Consumer: "c",
-						Streams: []string{stream, ">"}, Count: int64(g.deliver), Block: -1}).Err())
-				}
-				for _, i := range g.ack {
-					require.NoError(t, ns.Client.XAck(ctx, stream, g.name, ids[i]).Err())
-				}
-			}
-			tr, err := outbox.NewTrimmer(ns.Client, &outbox.TrimmerConfig{Prefix: ns.Prefix})
-			require.NoError(t, err)
-			n, err := tr.Trim(ctx, "t")
-			require.NoError(t, err)
-			require.Equal(t, tt.wantTrimmed, n)
-
-			msgs, err := ns.Client.XRange(ctx, stream, "-", "+").Result()
-			require.NoError(t, err)
-			var kept []int
-			for _, m := range msgs {
-				i, err := strconv.Atoi(m.Values["i"].(string))
-				require.NoError(t, err)
-				kept = append(kept, i)
-			}
-			if diff := cmp.Diff(tt.wantKept, kept); diff != "" {
-				t.Errorf("entries kept (-want +got):\n%s", diff)
-			}
-		})
-	}
+		tr, err := outbox.NewTrimmer(ns.Client, &outbox.TrimmerConfig{Prefix: ns.Prefix})
+		require.NoError(t, err)
+		n, err := tr.Trim(ctx, "t")
+		require.NoError(t, err)
+		require.Equal(t, int64(3), n, "entries 0–2: the oldest pending (3) is the floor")
+		msgs, err := ns.Client.XRange(ctx, stream, "-", "+").Result()
+		require.NoError(t, err)
+		require.Len(t, msgs, 7)
+		require.Equal(t, ids[3], msgs[0].ID)
+	})
 
 	t.Run("NoStream", func(t *testing.T) {
 		ns := testutil.Redis(t)
