@@ -1,4 +1,5 @@
 # idemscrape — the two commands a newcomer needs are `make demo` and `make test`.
+SHELL     := /bin/bash
 GO        ?= go
 PKGS      ?= ./...
 BENCHTIME ?= 2s
@@ -6,9 +7,13 @@ BENCHTIME ?= 2s
 .PHONY: test check vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
 
 ## test: services (and the test browser) up, vet, then every test with the race detector
-## against real Redis and PostgreSQL.
+## against real Redis and PostgreSQL; per-package times at the end, slowest first.
 test: services vet
-	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	@log=$$(mktemp); set -o pipefail; \
+	$(GO) test -race -count=1 -timeout 20m $(PKGS) 2>&1 | tee $$log; st=$$?; \
+	echo; echo "per-package times, slowest first (load $$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)):"; \
+	awk '($$1 == "ok" || $$1 == "FAIL") && $$3 ~ /^[0-9.]+s$$/ { printf "%10s  %-4s %s\n", $$3, $$1, $$2 }' $$log | sort -rn; \
+	rm -f $$log; exit $$st
 
 ## vet: go vet.
 vet:

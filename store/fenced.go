@@ -67,11 +67,11 @@ WITH input AS (
 	UPDATE jobs j SET state = 'complete', completed_at = now(), updated_at = now(),
 		next_attempt_at = NULL, last_category = NULL, bytes_total = j.bytes_total + i.bytes
 	FROM input i JOIN locked USING (key)
-	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND j.fence = i.token AND j.state = 'running'
+	WHERE j.key = ANY($1::text[]) AND j.key = i.key%[4]s
 	RETURNING j.key
 ), res AS (
 	INSERT INTO results (observation_key, job_key, parser_version, data, response_fingerprint, fence)
-	SELECT i.obs_key, i.key, i.pv, i.data, i.fp, i.token FROM input i JOIN upd USING (key)
+	SELECT %[5]s, i.key, i.pv, i.data, i.fp, i.token FROM input i JOIN upd USING (key)
 	ON CONFLICT (observation_key) DO NOTHING
 	RETURNING job_key
 ), ev AS (
@@ -110,8 +110,10 @@ CROSS JOIN (SELECT count(*) FROM notify) AS signalled`
 
 // commitSQLs[lock][notify] are the commit statements.
 var commitSQLs = [2][2]string{
-	lockWait: {fmt.Sprintf(commitSQL, lockWait.clause(), "", ""), fmt.Sprintf(commitSQL, lockWait.clause(), commitNotifySQL, commitNotifyJoin)},
-	lockSkip: {fmt.Sprintf(commitSQL, lockSkip.clause(), "", ""), fmt.Sprintf(commitSQL, lockSkip.clause(), commitNotifySQL, commitNotifyJoin)},
+	lockWait: {fmt.Sprintf(commitSQL, lockWait.clause(), "", "", commitFence, commitResultKey),
+		fmt.Sprintf(commitSQL, lockWait.clause(), commitNotifySQL, commitNotifyJoin, commitFence, commitResultKey)},
+	lockSkip: {fmt.Sprintf(commitSQL, lockSkip.clause(), "", "", commitFence, commitResultKey),
+		fmt.Sprintf(commitSQL, lockSkip.clause(), commitNotifySQL, commitNotifyJoin, commitFence, commitResultKey)},
 }
 
 // commitRows runs the fenced commit of distinct jobs in one statement (see PG.Commit);

@@ -15,37 +15,45 @@ import (
 // tiny is a scenario with one of every fault, small enough for the unit tests.
 func tiny() Config {
 	return Config{Jobs: 30, Baseline: 5, FaultMixJobs: 5, Workers: 2, Concurrency: 5, Lease: 3 * time.Second,
-		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, ArmAtStart: true, Pauses: 1, RedisWipes: 1, PGRounds: 2,
-		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 5, Timeout: 5 * time.Minute}
+		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, BeforeCommit: 1, ArmAtStart: true, Pauses: 1, RedisWipes: 1, PGRounds: 2,
+		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 5, Timeout: 10 * time.Minute}
 }
 
 func TestChaos(t *testing.T) {
+	// The runs are independent (each its own redis-server, database, fakes and processes)
+	// and mostly wait on their processes: they run in parallel with each other and with
+	// TestChaosCatchesMissingFence's.
 	t.Run("TinyScenarioPasses", func(t *testing.T) {
+		t.Parallel()
 		var out bytes.Buffer
 		rep, err := run(context.Background(), tiny(), t, &out)
 		require.NoError(t, err)
 		rep.Print(&out)
 		t.Log("\n" + out.String())
 		assert.Empty(t, rep.Failed())
+		assert.Empty(t, rep.Incomplete, "every fault fired and every job ended")
 		names := map[string]bool{}
 		for _, r := range rep.Invariants {
 			names[r.Name] = true
 			assert.Contains(t, []string{resultPass, resultInfo}, r.Result, r.Name)
 		}
 		for _, n := range []string{InvLost, InvDupResults, InvDupEffects, InvEffectsLost, InvEffectsWiped, InvReexec, InvXaddReplays,
-			InvStale, InvFences, InvTwoSessions, InvBudget, InvCanary, InfoBytes, InfoBytesChaos} {
+			InvStale, InvStaleRefused, InvFences, InvTwoSessions, InvBudget, InvCanary, InfoBytes, InfoBytesChaos} {
 			assert.True(t, names[n], "invariant %q not checked", n)
 		}
+		// A stale commit reached PostgreSQL and was refused (the check reads PostgreSQL).
+		assert.Contains(t, lineOf(out.String(), InvStaleRefused), "1 refused of k = 1 ")
 		// The faults were injected, not just configured.
 		faults := map[string]string{}
 		for _, f := range rep.Faults {
 			faults[f.Name] = f.Observed
 		}
 		for name, want := range map[string]string{
-			"failpoint after_fetch (SIGKILL)":           "fired",
-			"failpoint after_commit (SIGKILL)":          "fired",
-			"failpoint after_xadd (dispatcher SIGKILL)": "fired",
-			"redis-server killed, restarted empty":      "1",
+			"failpoint after_fetch (SIGKILL)":                    "fired",
+			"failpoint after_commit (SIGKILL)":                   "fired",
+			"failpoint after_xadd (dispatcher SIGKILL)":          "fired",
+			"redis-server killed, restarted empty":               "1",
+			"failpoint before_commit (SIGSTOP until taken over)": "1 continued after a takeover",
 		} {
 			assert.Contains(t, faults[name], want, name)
 			assert.NotRegexp(t, `^0 `, faults[name], "%s: nothing injected", name)
@@ -53,10 +61,11 @@ func TestChaos(t *testing.T) {
 	})
 
 	t.Run("BrokenBuildFailsAndNamesTheInvariant", func(t *testing.T) {
+		t.Parallel()
 		// The workers run as a broken build that writes a second result row per job; the
 		// command must exit 1 and name the invariant.
 		cfg := Config{Jobs: 8, Workers: 1, Concurrency: 4, Lease: 3 * time.Second, Break: fpDupResult + ":1",
-			Seed: 6, Timeout: 3 * time.Minute}
+			Seed: 6, Timeout: 8 * time.Minute}
 		var out bytes.Buffer
 		code := runMain(context.Background(), cfg, &out)
 		t.Log("\n" + out.String())
@@ -66,6 +75,42 @@ func TestChaos(t *testing.T) {
 		assert.Contains(t, line, resultFail)
 		assert.Contains(t, line, "catalog:sku-", "the offending job keys are named")
 	})
+}
+
+// TestChaosCatchesMissingFence runs the workers as builds without PostgreSQL's last line
+// of defence and shows that the harness fails and names the invariant: a stale commit
+// (a worker stopped just before its commit statement until another finished its job)
+// reaches PostgreSQL in every run, so a commit without its fence check is accepted, and
+// one whose result also bypasses the unique index leaves a second result.
+func TestChaosCatchesMissingFence(t *testing.T) {
+	for _, tc := range []struct {
+		name, tags string
+		seed       int64
+		// staleWait: the second case keeps the stale worker stopped until another worker
+		// committed the job, so that its commit comes second and writes a second result.
+		staleWait time.Duration
+		want      []string
+	}{
+		{"NoFenceCheck", tagNoFence, 11, 0, []string{InvStale, InvStaleRefused}},
+		{"NoFenceCheckNoUniqueIndex", tagNoFence + "," + tagNoUnique, 12, 4 * time.Minute, []string{InvStale, InvStaleRefused, InvDupResults}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := Config{Jobs: 12, Workers: 2, Concurrency: 3, Lease: 3 * time.Second, BeforeCommit: 1, ArmAtStart: true,
+				StaleWait: tc.staleWait, BuildTags: tc.tags, Seed: tc.seed, Timeout: 8 * time.Minute}
+			var out bytes.Buffer
+			code := runMain(context.Background(), cfg, &out)
+			t.Log("\n" + out.String())
+			require.Equal(t, 1, code, "the harness must fail on a build without the guards")
+			for _, inv := range tc.want {
+				assert.Contains(t, out.String(), inv, inv)
+				line := lineOf(out.String(), inv)
+				assert.Contains(t, line, resultFail, "invariant %q", inv)
+				assert.Contains(t, line, "catalog:sku-", "the offending job keys are named: %s", inv)
+			}
+			assert.Contains(t, lineOf(out.String(), "FAIL: "), InvStale)
+		})
+	}
 }
 
 func lineOf(s, prefix string) string {
@@ -108,11 +153,13 @@ func TestFlags(t *testing.T) {
 	})
 	t.Run("Refused", func(t *testing.T) {
 		for name, args := range map[string][]string{
-			"UnknownBreak": {"-break", "no_fence:1"},
-			"ZeroJobs":     {"-jobs", "0"},
-			"ShortLease":   {"-lease", "10ms"},
-			"BadBool":      {"-canary", "maybe"},
-			"StrayArg":     {"extra"},
+			"UnknownBreak":   {"-break", "no_fence:1"},
+			"UnknownTag":     {"-build-tags", "chaos_nofence,race"},
+			"StaleOneWorker": {"-before-commit", "1", "-workers", "1"},
+			"ZeroJobs":       {"-jobs", "0"},
+			"ShortLease":     {"-lease", "10ms"},
+			"BadBool":        {"-canary", "maybe"},
+			"StrayArg":       {"extra"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				_, err := parseFlags(args, io.Discard)

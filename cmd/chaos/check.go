@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -29,6 +30,7 @@ const (
 	InvReexec        = "re-executions >= execution kills"
 	InvXaddReplays   = "replays recognised >= after_xadd kills"
 	InvStale         = "0 stale commits accepted"
+	InvStaleRefused  = "PostgreSQL refused >= k stale commits"
 	InvFences        = "fences strictly increase per job"
 	InvTwoSessions   = "no result from two sessions"
 	InvBudget        = "no job over its bandwidth budget"
@@ -39,6 +41,7 @@ const (
 	resultFail       = "FAIL"
 	resultInfo       = "INFO"
 	resultGap        = "GAP"
+	resultIncomplete = "INCOMPLETE"
 	maxOffenders     = 5
 	bytesRatioTarget = 1.25
 )
@@ -56,6 +59,10 @@ type Row struct {
 type Report struct {
 	Faults     []Row
 	Invariants []Row
+	// Incomplete says why the run did not show everything it set out to (it reached its
+	// timeout with jobs open, a targeted fault never fired) although nothing was violated:
+	// exit status 4, not 1.
+	Incomplete []string
 	Wall       time.Duration
 	Database   string
 	Logs       string
@@ -86,9 +93,15 @@ func (r *Report) Print(w io.Writer) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nwall time %v; database %s; logs %s\n", r.Wall.Round(time.Second), r.Database, r.Logs)
-	if failed := r.Failed(); len(failed) > 0 {
+	switch failed := r.Failed(); {
+	case len(failed) > 0:
 		fmt.Fprintf(w, "FAIL: %s\n", strings.Join(failed, "; "))
-	} else {
+		if len(r.Incomplete) > 0 {
+			fmt.Fprintf(w, "(also incomplete: %s)\n", strings.Join(r.Incomplete, "; "))
+		}
+	case len(r.Incomplete) > 0:
+		fmt.Fprintf(w, "INCOMPLETE: %s (no invariant was violated by what did run)\n", strings.Join(r.Incomplete, "; "))
+	default:
 		fmt.Fprintln(w, "PASS: every invariant held")
 	}
 	for _, inv := range r.Invariants {
@@ -145,6 +158,11 @@ func (h *harness) check(ctx context.Context) (*Report, error) {
 	randomKills, execKills := h.randomKills, h.execKills
 	pauses, pausesHeld := h.pauses, h.pausesHeld
 	pausedAtt := append([]pausedAttempt(nil), h.pausedAtt...)
+	var stale []staleCommit
+	for _, sc := range h.stale {
+		stale = append(stale, *sc)
+	}
+	extraJobs := h.extraJobs
 	wipes, lastWipe := h.redisWipes, h.lastWipe
 	pgRounds, pgTerminated, throttled, restarts := h.pgRounds, h.pgTerminated, h.throttled, h.restarts
 	keys := h.enqueued[windowChaos]
@@ -172,6 +190,7 @@ func (h *harness) check(ctx context.Context) (*Report, error) {
 		{Name: "failpoint after_fetch (SIGKILL)", Injected: fmt.Sprint(c.AfterFetch), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterFetch], pending[fpAfterFetch], strings.Join(fpKeys[fpAfterFetch], " "))},
 		{Name: "failpoint after_commit (SIGKILL)", Injected: fmt.Sprint(c.AfterCommit), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterCommit], pending[fpAfterCommit], strings.Join(fpKeys[fpAfterCommit], " "))},
 		{Name: "failpoint after_xadd (dispatcher SIGKILL)", Injected: fmt.Sprint(c.AfterXadd), Observed: fmt.Sprintf("%d fired (%d not armed in time)", fp[fpAfterXadd], pending[fpAfterXadd])},
+		{Name: "failpoint before_commit (SIGSTOP until taken over)", Injected: fmt.Sprint(c.BeforeCommit), Observed: staleObserved(stale, pending[fpBeforeCommit])},
 		{Name: fmt.Sprintf("SIGSTOP pauses of %v (lease %v)", c.Lease*5/2, c.Lease), Injected: fmt.Sprint(c.Pauses), Observed: fmt.Sprintf("%d done, %d held running attempts", pauses, pausesHeld)},
 		{Name: "redis-server killed, restarted empty", Injected: fmt.Sprint(c.RedisWipes), Observed: fmt.Sprint(wipes)},
 		{Name: "pg_terminate_backend rounds (workers)", Injected: fmt.Sprint(c.PGRounds), Observed: fmt.Sprintf("%d rounds, %d connections terminated", pgRounds, pgTerminated)},
@@ -183,6 +202,17 @@ func (h *harness) check(ctx context.Context) (*Report, error) {
 	if c.Canary {
 		rep.Faults[len(rep.Faults)-1].Observed = "searched in logs, pg_dump, Redis, stream, /metrics"
 	}
+	if extraJobs > 0 {
+		rep.Faults[0].Observed += fmt.Sprintf("; %d extra jobs so that every targeted failpoint fired", extraJobs)
+	}
+	for _, name := range []string{fpAfterFetch, fpAfterCommit, fpAfterXadd, fpBeforeCommit} {
+		if pending[name] > 0 {
+			rep.Incomplete = append(rep.Incomplete, fmt.Sprintf("failpoint %s: %d of its injections never fired (no worker reached it before the jobs ran out)", name, pending[name]))
+		}
+	}
+	if c.BuildTags != "" {
+		rep.Faults = append(rep.Faults, Row{Name: "BROKEN BUILD (build tags)", Injected: c.BuildTags, Observed: "workers built without the guards named"})
+	}
 	if c.Break != "" {
 		rep.Faults = append(rep.Faults, Row{Name: "BROKEN BUILD (worker failpoint)", Injected: c.Break, Observed: fmt.Sprintf("%d fired", fp[strings.SplitN(c.Break, ":", 2)[0]])})
 	}
@@ -192,24 +222,38 @@ func (h *harness) check(ctx context.Context) (*Report, error) {
 		add(Row{Name: name, Observed: "check failed: " + err.Error(), Result: resultFail})
 	}
 
-	// Lost jobs: every enqueued key terminal (failed with a category).
+	// Lost jobs: every enqueued key terminal (failed with a category). A job still open
+	// when the run reached its timeout is not shown lost: the run is INCOMPLETE.
 	{
 		off, n, err := h.keys(ctx, `
 SELECT k FROM unnest($1::text[]) AS k LEFT JOIN jobs j ON j.key = k
-WHERE j.key IS NULL OR j.state NOT IN ('complete', 'failed') OR (j.state = 'failed' AND COALESCE(j.last_category, '') = '')
-ORDER BY k`, keys)
+WHERE j.key IS NULL OR (j.state = 'failed' AND COALESCE(j.last_category, '') = '')
+	OR (NOT $2 AND j.state NOT IN ('complete', 'failed'))
+ORDER BY k`, keys, timedOut)
 		if err != nil {
 			fail(InvLost, err)
 		} else {
 			var complete, failed int
-			var cats string
+			var cats, open string
+			var nOpen int
 			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), count(*) FILTER (WHERE state = 'failed'),
-	COALESCE(string_agg(DISTINCT last_category, ',') FILTER (WHERE state = 'failed'), '') FROM jobs WHERE "window" = $1`, windowChaos).Scan(&complete, &failed, &cats)
+	COALESCE(string_agg(DISTINCT last_category, ',') FILTER (WHERE state = 'failed'), ''),
+	count(*) FILTER (WHERE state NOT IN ('complete', 'failed'))
+FROM jobs WHERE "window" = $1`, windowChaos).Scan(&complete, &failed, &cats, &nOpen)
+			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(string_agg(state || ' ' || n, ', ' ORDER BY state), '') FROM (
+	SELECT state, count(*) AS n FROM jobs WHERE "window" = $1 AND state NOT IN ('complete', 'failed') GROUP BY state) t`, windowChaos).Scan(&open)
 			obs := fmt.Sprintf("%d enqueued: %d complete, %d failed [%s], %d lost", len(keys), complete, failed, cats, n)
+			res := passIf(n == 0)
 			if timedOut {
-				obs += " (timed out)"
+				if nOpen > 0 {
+					obs += fmt.Sprintf("; %d still open at the timeout (%s)", nOpen, open)
+					rep.Incomplete = append(rep.Incomplete, fmt.Sprintf("%d jobs still open (%s) when the run reached its %v timeout%s", nOpen, open, c.Timeout, loadAvg()))
+					if n == 0 {
+						res = resultIncomplete
+					}
+				}
 			}
-			add(Row{Name: InvLost, Observed: obs, Result: passIf(n == 0 && !timedOut), Offenders: off})
+			add(Row{Name: InvLost, Observed: obs, Result: res, Offenders: off})
 		}
 	}
 	// Duplicate results: exactly one result per complete job, none for others.
@@ -332,9 +376,25 @@ SELECT count(*) FILTER (WHERE a.outcome <> 'complete'), count(*) FILTER (WHERE a
 	count(*) FILTER (WHERE a.outcome = 'complete' AND EXISTS (SELECT 1 FROM attempts b WHERE b.job_key = a.job_key AND b.fence > a.fence)),
 	COALESCE(string_agg(DISTINCT a.outcome || '/' || COALESCE(a.category, '-'), ',') FILTER (WHERE a.outcome <> 'complete'), '')
 FROM unnest($1::text[], $2::int[]) AS p(k, n) JOIN attempts a ON a.job_key = p.k AND a.attempt_no = p.n`, pk, pn).Scan(&pRefused, &pComplete, &pNewer, &how)
-			add(Row{Name: InvStale, Observed: fmt.Sprintf("%d accepted; paused attempts: %d held, %d ended without committing [%s], %d committed (%d with a newer fence); all: %d superseded, %d lease lost/expired",
-				n+pNewer, len(pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost),
-				Result: passIf(n == 0 && pNewer == 0), Offenders: off})
+			sAcc, sRef, sOff, serr := h.staleVerdicts(ctx, stale)
+			if serr != nil {
+				fail(InvStale, serr)
+			} else {
+				add(Row{Name: InvStale, Observed: fmt.Sprintf("%d accepted; stale commits sent after a takeover: %d accepted; paused attempts: %d held, %d ended without committing [%s], %d committed (%d with a newer fence); all: %d superseded, %d lease lost/expired",
+					n+pNewer+sAcc, sAcc, len(pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost),
+					Result: passIf(n == 0 && pNewer == 0 && sAcc == 0), Offenders: union(off, sOff)})
+				// PostgreSQL's fence is the last line of defence: every commit that reached
+				// it after its job was taken over must have been refused.
+				k := sRef + sAcc
+				row := Row{Name: InvStaleRefused, Observed: fmt.Sprintf("%d refused of k = %d stale commits that reached PostgreSQL after a takeover (%d stopped before committing)", sRef, k, len(stale)),
+					Result: passIf(sRef >= k), Offenders: sOff}
+				if c.BeforeCommit > 0 && k == 0 {
+					row.Result = resultIncomplete
+					row.Observed += "; none reached it"
+					rep.Incomplete = append(rep.Incomplete, fmt.Sprintf("no stale commit reached PostgreSQL after a takeover (%d wanted)", c.BeforeCommit))
+				}
+				add(row)
+			}
 		}
 	}
 	// Fences.
@@ -562,4 +622,97 @@ func redisValue(ctx context.Context, rdb *redis.Client, key string) string {
 		}
 	}
 	return sb.String()
+}
+
+// staleObserved is the before_commit fault row's observation.
+func staleObserved(stale []staleCommit, notArmed int) string {
+	var took, fin int
+	outcomes := map[string]int{}
+	for _, sc := range stale {
+		if sc.TookOver {
+			took++
+		}
+		if sc.Finished {
+			fin++
+		}
+		o := sc.Outcome
+		if o == "" {
+			o = "never sent"
+		}
+		outcomes[o]++
+	}
+	var parts []string
+	for _, o := range []string{"refused", "accepted", "error", "never sent"} {
+		if outcomes[o] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", o, outcomes[o]))
+		}
+	}
+	return fmt.Sprintf("%d fired (%d not armed in time), %d continued after a takeover (%d after another worker finished the job); worker says: %s",
+		len(stale), notArmed, took, fin, strings.Join(parts, ", "))
+}
+
+// staleVerdicts reads from PostgreSQL what became of the stale commits that were sent
+// after their job was taken over: accepted if the attempt of that token completed or a
+// result carries that token, refused otherwise. It trusts PostgreSQL, not the worker's
+// word; offenders are the accepted ones' keys.
+func (h *harness) staleVerdicts(ctx context.Context, stale []staleCommit) (accepted, refused int, offenders []string, err error) {
+	var keys []string
+	var tokens []int64
+	for _, sc := range stale {
+		if sc.TookOver && sc.Outcome != "" {
+			keys, tokens = append(keys, sc.Key), append(tokens, sc.Token)
+		}
+	}
+	if len(keys) == 0 {
+		return 0, 0, nil, nil
+	}
+	rows, err := h.pool.Query(ctx, `
+SELECT s.k, EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = s.k AND a.fence = s.t AND a.outcome = 'complete')
+	OR EXISTS (SELECT 1 FROM results r WHERE r.job_key = s.k AND r.fence = s.t)
+FROM unnest($1::text[], $2::bigint[]) AS s(k, t) ORDER BY s.k`, keys, tokens)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var acc bool
+		if err := rows.Scan(&k, &acc); err != nil {
+			return 0, 0, nil, err
+		}
+		if acc {
+			accepted++
+			if len(offenders) < maxOffenders {
+				offenders = append(offenders, k)
+			}
+		} else {
+			refused++
+		}
+	}
+	return accepted, refused, offenders, rows.Err()
+}
+
+// loadAvg is ", load L" with the box's 1-minute load average, for messages about time
+// that ran out ("" where /proc/loadavg can not be read).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return ", load " + f[0]
+}
+
+// union is a followed by the values of b that a lacks, at most maxOffenders.
+func union(a, b []string) []string {
+	out := append([]string(nil), a...)
+	for _, v := range b {
+		if !slices.Contains(out, v) && len(out) < maxOffenders {
+			out = append(out, v)
+		}
+	}
+	return out
 }

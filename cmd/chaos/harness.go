@@ -43,7 +43,17 @@ const (
 	fpAfterFetch   = "after_fetch"
 	fpAfterCommit  = "after_commit"
 	fpAfterXadd    = "after_xadd"
+	fpBeforeCommit = "before_commit"
 	fpDupResult    = "dup_result"
+	tagNoFence     = "chaos_nofence"  // store/commit_nofence.go
+	tagNoUnique    = "chaos_nounique" // store/commit_nounique.go
+	// takeoverWait bounds how long a worker stopped at before_commit stays stopped when
+	// nobody takes its job over (the reconciler rescues it within about two leases).
+	takeoverWait = 60 * time.Second
+	// extraRounds bounds the rounds of extra jobs enqueued when the chaos phase's jobs
+	// were all done before every targeted failpoint fired; each round is Workers ×
+	// Concurrency jobs.
+	extraRounds    = 5
 	dbMarker       = "idemscrape-chaos-harness"
 	sideEffectsDDL = `CREATE TABLE chaos_side_effects (
 	id         bigserial   PRIMARY KEY,
@@ -77,6 +87,7 @@ type slot struct {
 	harnessKill bool   // the harness SIGKILLed the current generation
 	armed       string // the failpoint this generation runs with at probability 1, or ""
 	fired       bool   // this generation wrote a FAILPOINT line
+	armDone     bool   // the arm fired without ending the process (before_commit): no longer counted in armedNow
 	done        chan struct{}
 }
 
@@ -113,6 +124,10 @@ type harness struct {
 	pauses       int
 	pausesHeld   int
 	pausedAtt    []pausedAttempt // running attempts of the paused workers, at SIGSTOP
+	stale        []*staleCommit  // before_commit firings
+	staleWG      sync.WaitGroup  // resumeStale goroutines
+	runCtx       context.Context
+	extraJobs    int // jobs enqueued beyond cfg.Jobs so that every targeted failpoint fired
 	redisWipes   int
 	lastWipe     time.Time // PostgreSQL's clock
 	pgRounds     int
@@ -157,7 +172,11 @@ func (h *harness) build(ctx context.Context) error {
 	}
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
 	for _, name := range []string{"worker", "scheduler"} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(h.bins, name), "./cmd/"+name)
+		args := []string{"build", "-o", filepath.Join(h.bins, name)}
+		if h.cfg.BuildTags != "" {
+			args = append(args, "-tags", h.cfg.BuildTags)
+		}
+		cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/"+name)...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go build ./cmd/%s: %v: %s", name, err, out)
@@ -269,7 +288,7 @@ func (h *harness) takeArm() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	best := ""
-	for _, name := range []string{fpAfterFetch, fpAfterCommit, fpAfterXadd} {
+	for _, name := range []string{fpAfterFetch, fpAfterCommit, fpAfterXadd, fpBeforeCommit} {
 		if h.pendingArms[name] > 0 && (best == "" || h.pendingArms[name] > h.pendingArms[best]) {
 			best = name
 		}
@@ -343,7 +362,7 @@ func (s *slot) start() error {
 		logf.Close()
 		return err
 	}
-	s.cmd, s.alive, s.paused, s.harnessKill, s.armed, s.fired = cmd, true, false, false, armed, false
+	s.cmd, s.alive, s.paused, s.harnessKill, s.armed, s.fired, s.armDone = cmd, true, false, false, armed, false, false
 	done := make(chan struct{})
 	s.done = done
 	id := s.id
@@ -354,19 +373,36 @@ func (s *slot) start() error {
 			line := sc.Text()
 			fmt.Fprintln(logf, line)
 			if strings.HasPrefix(line, failpointLine+" ") {
-				h.recordFailpoint(line)
-				s.mu.Lock()
-				s.fired = true
-				s.mu.Unlock()
+				switch fl := h.recordFailpoint(line); fl.name {
+				case fpBeforeCommit:
+					// The worker stopped itself just before its commit statement.
+					s.mu.Lock()
+					s.fired, s.paused = true, true
+					if s.armed == fpBeforeCommit && !s.armDone {
+						s.armDone = true
+						h.mu.Lock()
+						h.armedNow--
+						h.mu.Unlock()
+					}
+					s.mu.Unlock()
+					h.staleWG.Add(1)
+					go h.resumeStale(s, cmd.Process, fl)
+				case fpBeforeCommit + "_sent":
+					h.staleSent(fl)
+				default:
+					s.mu.Lock()
+					s.fired = true
+					s.mu.Unlock()
+				}
 			}
 		}
 		_ = cmd.Wait()
 		logf.Close()
 		s.mu.Lock()
 		s.alive = false
-		fired, byHarness := s.fired, s.harnessKill
+		fired, byHarness, armDone := s.fired, s.harnessKill, s.armDone
 		s.mu.Unlock()
-		if armed != "" {
+		if armed != "" && !armDone {
 			h.mu.Lock()
 			h.armedNow--
 			if !fired {
@@ -380,23 +416,131 @@ func (s *slot) start() error {
 	return nil
 }
 
-// recordFailpoint counts one "FAILPOINT name=… …" line of a worker.
-func (h *harness) recordFailpoint(line string) {
-	var name, detail string
+// failpointFields are the fields of one "FAILPOINT name=… …" line.
+type failpointFields struct {
+	name, detail, outcome string
+	token                 int64
+}
+
+// recordFailpoint counts one "FAILPOINT name=… …" line of a worker and returns its fields.
+func (h *harness) recordFailpoint(line string) failpointFields {
+	var fl failpointFields
 	for _, f := range strings.Fields(line)[1:] {
-		k, v, _ := strings.Cut(f, "=")
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			continue
+		}
+		if k == "err" {
+			break // the rest is the error's text, which may hold anything
+		}
 		switch k {
 		case "name":
-			name = v
+			fl.name = v
 		case "key", "outbox_ids":
-			detail = v
+			fl.detail = v
+		case "token":
+			fl.token, _ = strconv.ParseInt(v, 10, 64)
+		case "outcome":
+			fl.outcome = v
 		}
+	}
+	if strings.HasSuffix(fl.name, "_sent") {
+		return fl
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.fpKills[name]++
-	if len(h.fpKeys[name]) < 5 {
-		h.fpKeys[name] = append(h.fpKeys[name], detail)
+	h.fpKills[fl.name]++
+	if len(h.fpKeys[fl.name]) < 5 {
+		h.fpKeys[fl.name] = append(h.fpKeys[fl.name], fl.detail)
+	}
+	return fl
+}
+
+// staleCommit is one before_commit firing: a worker stopped just before committing Key
+// under Token.
+type staleCommit struct {
+	Key      string
+	Token    int64
+	TookOver bool   // the job's fence was above Token when the worker was continued
+	Finished bool   // … and the job was complete or failed: another worker finished it
+	Outcome  string // what the worker said PostgreSQL did with the commit: refused, accepted, error; "" if it never said
+}
+
+// resumeStale continues a worker stopped at before_commit once its job was taken over
+// (its fence raised: the reconciler rescued it) and, with Config.StaleWait, once another
+// worker finished it or StaleWait passed; or when the run's phase ends, or nobody took
+// the job over within takeoverWait. It waits on the job's row.
+func (h *harness) resumeStale(s *slot, proc *os.Process, fl failpointFields) {
+	defer h.staleWG.Done()
+	sc := &staleCommit{Key: fl.detail, Token: fl.token}
+	h.mu.Lock()
+	h.stale = append(h.stale, sc)
+	ctx := h.runCtx
+	h.mu.Unlock()
+	h.logf("worker stopped before committing %s under token %d; continued once the job is taken over", sc.Key, sc.Token)
+	began := time.Now()
+	for {
+		var fence int64
+		var state string
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := h.pool.QueryRow(qctx, `SELECT fence, state FROM jobs WHERE key = $1`, sc.Key).Scan(&fence, &state)
+		cancel()
+		took := err == nil && fence > sc.Token
+		fin := took && (state == string(tasks.StateComplete) || state == string(tasks.StateFailed))
+		if err == nil {
+			h.mu.Lock()
+			sc.TookOver, sc.Finished = took, fin
+			h.mu.Unlock()
+		}
+		waited := time.Since(began)
+		if fin || (took && waited >= h.cfg.StaleWait) || (!took && waited > takeoverWait) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	_ = proc.Signal(syscall.SIGCONT)
+	s.mu.Lock()
+	if s.cmd != nil && s.cmd.Process == proc {
+		s.paused = false
+	}
+	s.mu.Unlock()
+	h.logf("worker continued before committing %s (taken over: %v, finished by another: %v, after %v)",
+		sc.Key, sc.TookOver, sc.Finished, time.Since(began).Round(time.Second))
+}
+
+// waitStaleSent waits until every worker stopped at before_commit was continued and
+// reported its commit's outcome, for at most takeoverWait (a worker killed meanwhile never
+// reports).
+func (h *harness) waitStaleSent(ctx context.Context) {
+	deadline := time.Now().Add(takeoverWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		h.mu.Lock()
+		n := 0
+		for _, sc := range h.stale {
+			if sc.Outcome == "" {
+				n++
+			}
+		}
+		h.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	h.logf("a stale commit was not reported within %v%s", takeoverWait, loadAvg())
+}
+
+// staleSent records what became of a stale commit, as the worker reported it.
+func (h *harness) staleSent(fl failpointFields) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, sc := range h.stale {
+		if sc.Key == fl.detail && sc.Token == fl.token {
+			sc.Outcome = fl.outcome
+		}
 	}
 }
 
@@ -557,6 +701,12 @@ func (h *harness) scrapeMetrics(name, addr string) {
 // enqueue records and enqueues n catalog jobs of window, sku-1 … sku-n; with the proxy
 // fault mix, 2 % ask for the country the proxy has no exit in.
 func (h *harness) enqueue(ctx context.Context, window string, n int, faultMix bool) error {
+	return h.enqueueFrom(ctx, window, 1, n, faultMix)
+}
+
+// enqueueFrom enqueues n jobs of window for the SKUs from, from+1, …, adding their keys to
+// the window's.
+func (h *harness) enqueueFrom(ctx context.Context, window string, from, n int, faultMix bool) error {
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: h.redis.Addr})
 	defer client.Close()
 	enq, err := tasks.NewEnqueuer(client, h.st, nil)
@@ -564,7 +714,7 @@ func (h *harness) enqueue(ctx context.Context, window string, n int, faultMix bo
 		return err
 	}
 	var specs []tasks.Spec
-	for i := 1; i <= n; i++ {
+	for i := from; i < from+n; i++ {
 		cc := "US"
 		if faultMix && i%50 == 25 {
 			cc = unavailableCC
@@ -584,7 +734,7 @@ func (h *harness) enqueue(ctx context.Context, window string, n int, faultMix bo
 		}
 	}
 	h.mu.Lock()
-	h.enqueued[window] = keys
+	h.enqueued[window] = append(h.enqueued[window], keys...)
 	h.mu.Unlock()
 	return nil
 }
@@ -616,7 +766,7 @@ func (h *harness) waitTerminal(ctx context.Context, window string, deadline time
 			h.mu.Lock()
 			h.timedOut = true
 			h.mu.Unlock()
-			return fmt.Errorf("%s: %d of %d jobs terminal at the deadline", window, done, total)
+			return fmt.Errorf("%s: did not finish in %v: %d of %d jobs terminal at the deadline%s", window, h.cfg.Timeout, done, total, loadAvg())
 		}
 		select {
 		case <-ctx.Done():
@@ -891,7 +1041,8 @@ const (
 // phase only the proxy and shop fault mix runs.
 func (h *harness) runPhase(ctx context.Context, window string, deadline time.Time, phase string) error {
 	chaos := phase == phaseChaos
-	armAtStart := map[string]int{fpAfterFetch: h.cfg.AfterFetch, fpAfterCommit: h.cfg.AfterCommit, fpAfterXadd: h.cfg.AfterXadd}
+	armAtStart := map[string]int{fpAfterFetch: h.cfg.AfterFetch, fpAfterCommit: h.cfg.AfterCommit, fpAfterXadd: h.cfg.AfterXadd,
+		fpBeforeCommit: h.cfg.BeforeCommit}
 	if chaos && h.cfg.ArmAtStart {
 		h.mu.Lock()
 		for name, n := range armAtStart {
@@ -899,14 +1050,25 @@ func (h *harness) runPhase(ctx context.Context, window string, deadline time.Tim
 		}
 		h.mu.Unlock()
 	}
+	pctx, pcancel := context.WithCancel(ctx)
+	h.mu.Lock()
+	h.runCtx = pctx
+	h.mu.Unlock()
 	if err := h.startWorkers(); err != nil {
+		pcancel()
 		return err
 	}
 	defer func() {
+		// A worker stopped at before_commit is continued now, whatever its job's state, and
+		// its commit must reach PostgreSQL before the workers are stopped (a commit racing
+		// the shutdown could be cut off and never tested).
+		pcancel()
+		h.waitStaleSent(ctx)
 		for _, s := range h.slots {
 			h.scrapeMetrics(fmt.Sprintf("worker %d", s.i), fmt.Sprintf("127.0.0.1:%d", s.port))
 		}
 		h.stopWorkers()
+		h.staleWG.Wait()
 	}()
 	if phase == phaseFaultMix {
 		fctx, cancel := context.WithCancel(ctx)
@@ -944,12 +1106,40 @@ func (h *harness) runPhase(ctx context.Context, window string, deadline time.Tim
 		defer h.proxy.SetDisconnectProb(0)
 	}
 	next := 0
-	return h.waitTerminal(ctx, window, deadline, func(frac float64) {
+	err := h.waitTerminal(ctx, window, deadline, func(frac float64) {
 		for next < len(evs) && evs[next].at <= frac {
 			evs[next].run(fctx)
 			next++
 		}
 	})
+	// Every job done before every targeted failpoint fired (a small run on a busy box, or
+	// an armed worker that never got the job that reaches its point): more jobs, so that
+	// the run shows what it set out to show instead of passing without it.
+	from := c.Jobs + 1
+	for round := 0; err == nil && round < extraRounds && h.unfiredArms() > 0; round++ {
+		n := c.Workers * c.Concurrency
+		h.logf("chaos: %d targeted failpoints not fired yet; %d more jobs", h.unfiredArms(), n)
+		if err := h.enqueueFrom(ctx, window, from, n, c.ProxyFaults); err != nil {
+			return err
+		}
+		from += n
+		h.mu.Lock()
+		h.extraJobs += n
+		h.mu.Unlock()
+		err = h.waitTerminal(ctx, window, deadline, nil)
+	}
+	return err
+}
+
+// unfiredArms counts the targeted failpoints scheduled or armed that have not fired.
+func (h *harness) unfiredArms() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := h.armedNow
+	for _, v := range h.pendingArms {
+		n += v
+	}
+	return n
 }
 
 // run is the whole chaos run: setup, baseline, chaos, checks. It returns the report;
@@ -985,7 +1175,7 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 		h.password = "canary-" + testutil.RandomID(12)
 	}
 	h.redis = testutil.StartRedis(tb)
-	h.site = testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: cfg.Seed, Products: max(cfg.Jobs, cfg.Baseline), StrictExit: true})
+	h.site = testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: cfg.Seed, Products: max(cfg.Jobs+extraRounds*cfg.Workers*cfg.Concurrency, cfg.Baseline), StrictExit: true})
 	h.proxy = testutil.NewFakeProxy(tb, testutil.FakeProxyConfig{Seed: cfg.Seed, Format: testutil.ProxyFormatOxylabs,
 		User: proxyUser, Password: h.password, UnavailableCountries: []string{unavailableCC}})
 	if err := h.createDB(ctx); err != nil {

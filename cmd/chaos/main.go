@@ -25,9 +25,20 @@
 // would. The proxy password is a canary searched for at the end in every log, a pg_dump,
 // every Redis key and value, the stream and /metrics.
 //
+// A stale commit (-before-commit) stops a worker after its last lease check, just before
+// its commit statement, until another worker finished the job; the commit then reaches
+// PostgreSQL, and "PostgreSQL refused ≥ k stale commits" checks that its fence refused
+// every one of them.
+//
 // At the end it prints what it injected and, per invariant, what it observed, PASS or
-// FAIL and the first offending job keys, and exits 1 if any invariant failed (2 on a bad
-// flag, 3 if the run itself could not be carried out).
+// FAIL and the first offending job keys, and exits 1 if any invariant failed, 4 if the run
+// is INCOMPLETE (it reached -timeout with jobs still open, or a targeted fault never fired:
+// nothing was violated, but not everything was shown), 2 on a bad flag, 3 if the run itself
+// could not be carried out.
+//
+// -build-tags chaos_nofence[,chaos_nounique] builds the workers without the commit's fence
+// check (and with results that bypass the unique index): the harness must fail naming
+// "0 stale commits accepted" (and "0 duplicate results"); see TestChaosCatchesMissingFence.
 //
 // -break dup_result:P runs the workers as a deliberately broken build (a second result row
 // per job with probability P) to show that the harness fails and names the invariant.
@@ -74,6 +85,21 @@ type Config struct {
 	// spreading the arms over the run's progress: for runs so small that a spread arm could
 	// come after the last job. Defaults to false.
 	ArmAtStart bool
+	// BeforeCommit are stale commits: a worker stops itself (SIGSTOP) after its last lease
+	// check, just before its commit statement (cmd/worker's before_commit failpoint); the
+	// harness continues it once the job was taken over (its fence raised), so that the
+	// stale commit reaches PostgreSQL, whose fence must refuse it.
+	BeforeCommit int
+	// StaleWait keeps a worker stopped at before_commit until another worker finished its
+	// job, for at most this long, so that the stale commit comes after a newer one (the
+	// case that writes a second result when the unique index is bypassed). asynq hands a
+	// stopped worker's task to another only after its 30 s lease and a recoverer sweep, so
+	// this takes one to two minutes. Defaults to 0: continued once taken over.
+	StaleWait time.Duration
+	// BuildTags builds the workers as a deliberately broken build: "chaos_nofence" (the
+	// commit checks no fence), "chaos_nounique" (results bypass the unique index), or both,
+	// comma-separated. Defaults to none (the shipped build).
+	BuildTags string
 	// Pauses are SIGSTOP/SIGCONT of a random worker for 2.5 × Lease.
 	Pauses int
 	// RedisWipes kill the redis-server and start it again without data.
@@ -96,7 +122,8 @@ type Config struct {
 	Break string
 	// Seed of the fake shop, the fake proxy and the harness's choices.
 	Seed int64
-	// Timeout bounds the whole run; jobs still open then count as lost.
+	// Timeout bounds the whole run. A run that reaches it with jobs still open, or with a
+	// targeted fault that never fired, is INCOMPLETE (exit 4), not a broken invariant.
 	Timeout time.Duration
 	// LogDir keeps the processes' logs there. Defaults to a temporary directory.
 	LogDir string
@@ -116,30 +143,47 @@ func (c *Config) Validate() error {
 	case c.Lease < time.Second:
 		return fmt.Errorf("-lease %v must be >= 1s", c.Lease)
 	case c.Baseline < 0 || c.FaultMixJobs < 0 || c.RandomKills < 0 || c.AfterFetch < 0 || c.AfterCommit < 0 || c.AfterXadd < 0 ||
-		c.Pauses < 0 || c.RedisWipes < 0 || c.PGRounds < 0:
+		c.BeforeCommit < 0 || c.Pauses < 0 || c.RedisWipes < 0 || c.PGRounds < 0:
 		return errors.New("counts must not be negative")
+	case c.StaleWait < 0:
+		return fmt.Errorf("-stale-wait %v must not be negative", c.StaleWait)
 	case c.DisconnectProb < 0 || c.DisconnectProb >= 1:
 		return fmt.Errorf("-disconnect-prob %v must be in [0, 1)", c.DisconnectProb)
 	case c.Timeout <= 0:
 		return fmt.Errorf("-timeout %v must be positive", c.Timeout)
 	case c.Break != "" && !strings.HasPrefix(c.Break, fpDupResult+":"):
 		return fmt.Errorf("-break %q: the only broken build is %s:<probability>", c.Break, fpDupResult)
+	case c.BeforeCommit > 0 && c.Workers < 2:
+		return fmt.Errorf("-before-commit %d needs -workers >= 2 (another worker takes the stopped one's job over)", c.BeforeCommit)
+	}
+	if c.BuildTags != "" {
+		for _, t := range strings.Split(c.BuildTags, ",") {
+			if t != tagNoFence && t != tagNoUnique {
+				return fmt.Errorf("-build-tags %q: %q is not a broken build (known: %s, %s)", c.BuildTags, t, tagNoFence, tagNoUnique)
+			}
+		}
 	}
 	return nil
 }
 
+// exitIncomplete is the exit status of a run that violated nothing but did not finish
+// what it set out to show (see Report.Incomplete).
+const exitIncomplete = 4
+
 // Full is the full mix of issue 13 (make chaos).
 func Full() Config {
 	return Config{Jobs: 10000, Baseline: 1000, FaultMixJobs: 1000, Workers: 3, Concurrency: 10, Lease: 3 * time.Second,
-		RandomKills: 20, AfterFetch: 10, AfterCommit: 10, AfterXadd: 100, Pauses: 5, RedisWipes: 1, PGRounds: 30,
+		RandomKills: 20, AfterFetch: 10, AfterCommit: 10, AfterXadd: 100, BeforeCommit: 5, StaleWait: 150 * time.Second, Pauses: 5, RedisWipes: 1, PGRounds: 30,
 		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 1, Timeout: 45 * time.Minute}
 }
 
-// Short is the CI mix (make chaos-short): every kind of fault, fewer of each.
+// Short is the CI mix (make chaos-short): every kind of fault, fewer of each, sized to
+// finish on a loaded 2-core box (a few minutes idle); its bound is generous because a
+// run that reaches it is INCOMPLETE, which fails CI as surely as a broken invariant.
 func Short() Config {
-	return Config{Jobs: 1000, Baseline: 200, FaultMixJobs: 200, Workers: 3, Concurrency: 10, Lease: 3 * time.Second,
-		RandomKills: 4, AfterFetch: 2, AfterCommit: 2, AfterXadd: 5, Pauses: 2, RedisWipes: 1, PGRounds: 5,
-		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 1, Timeout: 4*time.Minute + 30*time.Second}
+	return Config{Jobs: 600, Baseline: 150, FaultMixJobs: 150, Workers: 3, Concurrency: 10, Lease: 3 * time.Second,
+		RandomKills: 4, AfterFetch: 2, AfterCommit: 2, AfterXadd: 5, BeforeCommit: 2, Pauses: 2, RedisWipes: 1, PGRounds: 5,
+		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 1, Timeout: 15 * time.Minute}
 }
 
 func parseFlags(args []string, stderr io.Writer) (Config, error) {
@@ -157,6 +201,9 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&f.AfterFetch, "after-fetch", -1, "kills at the after_fetch failpoint")
 	fs.IntVar(&f.AfterCommit, "after-commit", -1, "kills at the after_commit failpoint (after the commit, before the ack)")
 	fs.IntVar(&f.AfterXadd, "after-xadd", -1, "dispatcher kills between XADD and mark-sent")
+	fs.IntVar(&f.BeforeCommit, "before-commit", -1, "stale commits: a worker stopped just before its commit statement until its job is taken over")
+	fs.DurationVar(&f.StaleWait, "stale-wait", -1, "keep a worker stopped before its commit until another finished the job, at most this long (0: until taken over)")
+	fs.StringVar(&f.BuildTags, "build-tags", "", "build the workers BROKEN: chaos_nofence, chaos_nounique (comma-separated)")
 	fs.IntVar(&f.Pauses, "pauses", -1, "SIGSTOP pauses of 2.5 leases")
 	fs.IntVar(&f.RedisWipes, "redis-wipes", -1, "redis-server kills and empty restarts")
 	fs.IntVar(&f.PGRounds, "pg-terminate", -1, "pg_terminate_backend rounds on the workers' connections")
@@ -194,6 +241,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	setInt(&c.AfterFetch, f.AfterFetch)
 	setInt(&c.AfterCommit, f.AfterCommit)
 	setInt(&c.AfterXadd, f.AfterXadd)
+	setInt(&c.BeforeCommit, f.BeforeCommit)
 	setInt(&c.Pauses, f.Pauses)
 	setInt(&c.RedisWipes, f.RedisWipes)
 	setInt(&c.PGRounds, f.PGRounds)
@@ -202,6 +250,9 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	}
 	if f.Timeout >= 0 {
 		c.Timeout = f.Timeout
+	}
+	if f.StaleWait >= 0 {
+		c.StaleWait = f.StaleWait
 	}
 	if f.DisconnectProb >= 0 {
 		c.DisconnectProb = f.DisconnectProb
@@ -223,7 +274,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 			return Config{}, fmt.Errorf("%q: want true or false", b.s)
 		}
 	}
-	c.Break, c.LogDir, c.KeepDB, c.Verbose, c.StrictEvents = f.Break, f.LogDir, f.KeepDB, f.Verbose, f.StrictEvents
+	c.Break, c.BuildTags, c.LogDir, c.KeepDB, c.Verbose, c.StrictEvents = f.Break, f.BuildTags, f.LogDir, f.KeepDB, f.Verbose, f.StrictEvents
 	return c, c.Validate()
 }
 
@@ -265,8 +316,11 @@ func runMain(ctx context.Context, cfg Config, out io.Writer) (code int) {
 		return 3
 	}
 	rep.Print(out)
-	if len(rep.Failed()) > 0 {
+	switch {
+	case len(rep.Failed()) > 0:
 		return 1
+	case len(rep.Incomplete) > 0:
+		return exitIncomplete
 	}
 	return 0
 }

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,6 +39,15 @@ const (
 	// FailAfterCommit kills the process after the fenced commit returned success, before
 	// the lease is released and asynq acknowledges the task.
 	FailAfterCommit = "after_commit"
+	// FailBeforeCommit stops the process (SIGSTOP on itself) just before the fenced commit
+	// statement is sent, after the runner's last check that its lease holds: the moment a
+	// GC pause or a stalled VM would hurt most. cmd/chaos continues it (SIGCONT) once the
+	// job was taken over (its fence in PostgreSQL is above this attempt's token); the
+	// commit then goes out on a context that ignores the job's cancellation, as a statement
+	// already on its way would, and PostgreSQL's fence must refuse it. It fires at most
+	// once per process and writes a second line, name=before_commit_sent, with the
+	// commit's outcome once the statement returned.
+	FailBeforeCommit = "before_commit"
 	// FailAfterXadd kills the process in the outbox dispatcher after a batch's XADDs
 	// succeeded and before its rows are marked sent (outbox.DispatcherConfig.AfterPublish).
 	FailAfterXadd = "after_xadd"
@@ -61,7 +72,7 @@ func parseFailpoints(s string) (failpoints, error) {
 	if strings.TrimSpace(s) == "" {
 		return fp, nil
 	}
-	known := map[string]bool{FailAfterFetch: true, FailAfterCommit: true, FailAfterXadd: true, FailDupResult: true}
+	known := map[string]bool{FailAfterFetch: true, FailAfterCommit: true, FailBeforeCommit: true, FailAfterXadd: true, FailDupResult: true}
 	for _, part := range strings.Split(s, ",") {
 		name, p, ok := strings.Cut(strings.TrimSpace(part), ":")
 		if !ok {
@@ -136,19 +147,21 @@ func (fp failpoints) afterPublish() func(ids []int64) error {
 	}
 }
 
-// failCommitter wraps the group committer for after_commit and dup_result. It keeps the
-// group committer's JobStart (the runner batches attempt starts through it).
+// failCommitter wraps the group committer for before_commit, after_commit and
+// dup_result. It keeps the group committer's JobStart (the runner batches attempt starts
+// through it).
 type failCommitter struct {
 	*store.GroupCommitter
-	fp   failpoints
-	pool *pgxpool.Pool
+	fp      failpoints
+	pool    *pgxpool.Pool
+	stopped atomic.Bool // before_commit fired (at most once per process)
 }
 
 // committer returns the Committer the registry should use, or nil (the registry's own
 // default) when neither commit failpoint is on. The caller closes the returned committer
 // after the registry.
 func (fp failpoints) committer(st *store.PG, pool *pgxpool.Pool) *failCommitter {
-	if !fp.on(FailAfterCommit) && !fp.on(FailDupResult) {
+	if !fp.on(FailAfterCommit) && !fp.on(FailDupResult) && !fp.on(FailBeforeCommit) {
 		return nil
 	}
 	return &failCommitter{GroupCommitter: st.NewGroupCommitter(0, 0), fp: fp, pool: pool}
@@ -156,6 +169,9 @@ func (fp failpoints) committer(st *store.PG, pool *pgxpool.Pool) *failCommitter 
 
 // Commit commits through the group committer, then runs the commit failpoints.
 func (c *failCommitter) Commit(ctx context.Context, p store.CommitParams) (store.CommitResult, error) {
+	if c.fp.on(FailBeforeCommit) && !c.stopped.Load() && c.fp.hit(FailBeforeCommit) && c.stopped.CompareAndSwap(false, true) {
+		return c.staleCommit(ctx, p)
+	}
 	res, err := c.GroupCommitter.Commit(ctx, p)
 	if err != nil {
 		return res, err
@@ -194,4 +210,26 @@ func retryOption(s string) (handlers.KindOption, error) {
 		pol[cat] = p
 	}
 	return handlers.WithRetry(handlers.RetryConfig{Policies: pol}), nil
+}
+
+// staleCommit is before_commit: the process stops itself, and once continued sends the
+// commit whatever became of the job's lease meanwhile, then reports what PostgreSQL said.
+func (c *failCommitter) staleCommit(ctx context.Context, p store.CommitParams) (store.CommitResult, error) {
+	fmt.Fprintf(os.Stderr, "%s name=%s pid=%d key=%s token=%d\n", failpointLine, FailBeforeCommit, os.Getpid(), p.Key, p.Token)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // returns once cmd/chaos sent SIGCONT
+	res, err := c.GroupCommitter.Commit(context.WithoutCancel(ctx), p)
+	outcome := "accepted"
+	var te *store.TransitionError
+	switch {
+	case errors.As(err, &te):
+		outcome = "refused"
+	case err != nil:
+		outcome = "error"
+	}
+	detail := ""
+	if err != nil {
+		detail = " err=" + strconv.Quote(err.Error()) // last: the harness splits the line on spaces
+	}
+	fmt.Fprintf(os.Stderr, "%s name=%s pid=%d key=%s token=%d outcome=%s%s\n", failpointLine, FailBeforeCommit+"_sent", os.Getpid(), p.Key, p.Token, outcome, detail)
+	return res, err
 }

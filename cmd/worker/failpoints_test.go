@@ -18,9 +18,9 @@ func TestFailpoints(t *testing.T) {
 		assert.Nil(t, wf, "the workflow is not wrapped unless enabled")
 	})
 	t.Run("Parsed", func(t *testing.T) {
-		fp, err := parseFailpoints("after_fetch:0.01, after_commit:0.5,after_xadd:1,dup_result:0")
+		fp, err := parseFailpoints("after_fetch:0.01, after_commit:0.5,after_xadd:1,dup_result:0,before_commit:1")
 		require.NoError(t, err)
-		assert.Equal(t, failpoints{FailAfterFetch: 0.01, FailAfterCommit: 0.5, FailAfterXadd: 1, FailDupResult: 0}, fp)
+		assert.Equal(t, failpoints{FailAfterFetch: 0.01, FailAfterCommit: 0.5, FailAfterXadd: 1, FailDupResult: 0, FailBeforeCommit: 1}, fp)
 		assert.True(t, fp.on(FailAfterXadd))
 		assert.False(t, fp.on(FailDupResult), "probability 0 is off")
 		assert.NotNil(t, fp.afterPublish())
