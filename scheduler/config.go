@@ -85,6 +85,11 @@ type Template struct {
 	Scope string `yaml:"scope"`
 	// CatchUp is "last" or "none". Defaults to "last".
 	CatchUp string `yaml:"catchup"`
+	// RetryUntil is how long after its scheduled time a window whose tick failed is tried
+	// again (with backoff) before it is given up as a gap (idemscrape_scheduler_window_gaps,
+	// `idemscrape windows -gaps`, filled by `idemscrape windows -fill`). Defaults to the
+	// time until the template's next scheduled tick.
+	RetryUntil time.Duration `yaml:"retry_until"`
 
 	sched    cron.Schedule
 	loc      *time.Location
@@ -454,6 +459,9 @@ func (t *Template) validate(n *tasks.Normalizer, dir string) error {
 	}
 	if t.ParserVersion < 1 {
 		return fail("parser_version", "%d, want >= 1", t.ParserVersion)
+	}
+	if t.RetryUntil < 0 {
+		return fail("retry_until", "%v, want a positive duration (or none: until the next tick)", t.RetryUntil)
 	}
 	if len(t.Countries) == 0 {
 		return fail("countries", "at least one country is required")

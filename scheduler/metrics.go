@@ -11,6 +11,8 @@ type metrics struct {
 	jobs        *prometheus.CounterVec
 	tickSeconds *prometheus.HistogramVec
 	lastTick    *prometheus.GaugeVec
+	gaps        *prometheus.GaugeVec
+	retries     *prometheus.CounterVec
 }
 
 // newMetrics registers the scheduler's metrics on reg, or on a new private registry
@@ -36,8 +38,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, prometheus.Gatherer, error
 		lastTick: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemscrape_scheduler_last_tick_timestamp_seconds", Help: "Scheduled time of the last successful tick.",
 		}, []string{"template"}),
+		gaps: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemscrape_scheduler_window_gaps", Help: "Due windows past their retry deadline that were never enqueued (idemscrape windows -gaps; fill with idemscrape windows -fill).",
+		}, []string{"template"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_scheduler_tick_retries_total", Help: "Failed ticks tried again, by outcome of the retry (ok, error, given_up: past the window's deadline).",
+		}, []string{"template", "result"}),
 	}
 	var err error
+	m.gaps = register(reg, m.gaps, &err)
+	m.retries = register(reg, m.retries, &err)
 	m.ticks = register(reg, m.ticks, &err)
 	m.jobs = register(reg, m.jobs, &err)
 	m.tickSeconds = register(reg, m.tickSeconds, &err)

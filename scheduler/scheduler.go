@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -22,6 +23,10 @@ const (
 	// DefaultQueryTimeout bounds every statement and Redis round trip of a tick batch or a
 	// reconciler page.
 	DefaultQueryTimeout = 30 * time.Second
+	// DefaultRetryMin and DefaultRetryMax bound the backoff between tries of a failed tick
+	// (doubling, full jitter).
+	DefaultRetryMin = time.Second
+	DefaultRetryMax = time.Minute
 )
 
 // Config wires a Scheduler (and a Reconciler) to its services.
@@ -35,6 +40,12 @@ type Config struct {
 	Redis redis.UniversalClient
 	// Store records jobs rows (store.PG). Required.
 	Store tasks.JobRecorder
+	// Windows records every due window before its specs are enqueued (store.PG). Defaults
+	// to Store when Store implements WindowRecorder; required otherwise.
+	Windows WindowRecorder
+	// RetryMin and RetryMax bound the backoff between tries of a failed tick. Default to
+	// DefaultRetryMin and DefaultRetryMax.
+	RetryMin, RetryMax time.Duration
 	// Inspector lets the enqueuers repair an archived task of a runnable job. Optional.
 	Inspector *asynq.Inspector
 	// Destinations is the policy every source URL must pass (tasks.EnqueuerConfig).
@@ -74,6 +85,21 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("scheduler: Config.TickBatch %d is negative", c.TickBatch)
 	case c.QueryTimeout < 0:
 		return fmt.Errorf("scheduler: Config.QueryTimeout %v is negative", c.QueryTimeout)
+	case c.RetryMin < 0 || c.RetryMax < 0 || (c.RetryMax > 0 && c.RetryMin > c.RetryMax):
+		return fmt.Errorf("scheduler: Config.RetryMin %v and RetryMax %v must be positive, RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+	}
+	if c.Windows == nil {
+		w, ok := c.Store.(WindowRecorder)
+		if !ok {
+			return errors.New("scheduler: Config.Windows is required (Store does not record windows)")
+		}
+		c.Windows = w
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = min(DefaultRetryMin, max(c.RetryMax, time.Millisecond))
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = max(DefaultRetryMax, c.RetryMin)
 	}
 	if c.Normalizer == nil {
 		c.Normalizer = tasks.DefaultNormalizer
@@ -102,6 +128,8 @@ type TickReport struct {
 	At       time.Time // the scheduled instant
 	Window   string
 	CatchUp  bool // the start-up catch-up of a missed window
+	Try      int  // 1 for a window's first tick, 2… for its retries after a failure
+	GaveUp   bool // the tick failed and the window's retry deadline has passed: a gap
 	Specs    int  // sources × countries
 	Invalid  int  // sources (from the file) that make no valid spec; logged and skipped
 	// Outcomes counts specs per tasks.Outcome name; "already_queued" includes specs skipped
@@ -143,8 +171,10 @@ func New(cfg Config) (*Scheduler, error) {
 // Gatherer returns the private metrics registry, or nil when Config.Registerer was given.
 func (s *Scheduler) Gatherer() prometheus.Gatherer { return s.gath }
 
-// Start starts one loop per template: the catch-up tick first (catchup: last), then a tick
-// at every scheduled time. Calling Start on a started Scheduler does nothing.
+// Start counts the window gaps (idemscrape_scheduler_window_gaps), then starts one loop
+// per template: the catch-up tick first (catchup: last), then a tick at every scheduled
+// time; a failed tick is tried again with backoff until its window's deadline
+// (Template.RetryUntil). Calling Start on a started Scheduler does nothing.
 func (s *Scheduler) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -153,6 +183,8 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
 	s.running = true
+	// The gaps a stopped scheduler left are counted before anything else runs.
+	s.refreshGaps(ctx)
 	for i := range s.cfg.File.Templates {
 		t := &s.cfg.File.Templates[i]
 		s.wg.Add(1)
@@ -183,14 +215,14 @@ func (s *Scheduler) loop(ctx context.Context, t *Template) {
 	next := t.sched.Next(now)
 	if t.CatchUp == CatchUpLast {
 		if last := lastFire(t, now); !last.IsZero() {
-			s.runTick(ctx, t, last, true)
+			s.runWindow(ctx, t, last, true)
 		}
 	}
 	for {
 		if !sleepUntil(ctx, next, s.cfg.Now) {
 			return
 		}
-		s.runTick(ctx, t, next, false)
+		s.runWindow(ctx, t, next, false)
 		at := next
 		next = t.sched.Next(at)
 		if now := s.cfg.Now(); !next.After(now) {
@@ -203,12 +235,8 @@ func (s *Scheduler) loop(ctx context.Context, t *Template) {
 	}
 }
 
-func (s *Scheduler) runTick(ctx context.Context, t *Template, at time.Time, catchUp bool) {
-	rep := s.Tick(ctx, t.Name, at)
-	rep.CatchUp = catchUp
-	if ctx.Err() != nil && rep.Err != nil {
-		return // stopping
-	}
+// signal sends rep to Config.TestSignal, if set.
+func (s *Scheduler) signal(ctx context.Context, rep TickReport) {
 	if s.cfg.TestSignal != nil {
 		select {
 		case s.cfg.TestSignal <- rep:
@@ -260,12 +288,39 @@ func (s *Scheduler) template(name string) *Template {
 	return nil
 }
 
-func (s *Scheduler) tick(ctx context.Context, t *Template, at time.Time, rep *TickReport) error {
+func (s *Scheduler) tick(ctx context.Context, t *Template, at time.Time, rep *TickReport) (err error) {
 	win, err := t.Window.Window(at, t.loc)
 	if err != nil {
 		return err
 	}
 	rep.Window = win
+	// The window is recorded before anything of it is enqueued: a tick that fails after
+	// this leaves a row that says so, and one that fails before it leaves a due window
+	// without a row; both are gaps until a tick succeeds.
+	bctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	err = s.cfg.Windows.WindowBegin(bctx, store.WindowParams{Template: t.Name, Window: win, Kind: t.Kind, Due: at})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Recorded even when the tick's context ended (a stopping scheduler), briefly.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.QueryTimeout)
+		defer cancel()
+		if err != nil {
+			if rerr := s.cfg.Windows.WindowFailed(rctx, t.Name, win, err); rerr != nil {
+				s.cfg.Logger.WarnContext(ctx, "could not record the failed tick", "template", t.Name, "window", win, "err", rerr)
+			}
+			return
+		}
+		n := 0
+		for o, c := range rep.Outcomes {
+			if o != "invalid" {
+				n += c
+			}
+		}
+		err = s.cfg.Windows.WindowEnqueued(rctx, t.Name, win, rep.Specs, n)
+	}()
 	srcs := make([]source, 0, len(t.Sources.URLs)+len(t.Sources.IDs))
 	for _, u := range t.Sources.URLs {
 		srcs = append(srcs, source{url: u})

@@ -1,0 +1,216 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/idemscrape/idemscrape/store"
+)
+
+// WindowRecorder records the scheduler's windows (store.PG): a window's row is written
+// before its specs are enqueued and marked enqueued after, so that a due window that was
+// never enqueued can be found and filled.
+type WindowRecorder interface {
+	WindowBegin(ctx context.Context, p store.WindowParams) error
+	WindowEnqueued(ctx context.Context, template, window string, specs, enqueued int) error
+	WindowFailed(ctx context.Context, template, window string, cause error) error
+	WindowsFirstDue(ctx context.Context) (map[string]time.Time, error)
+	WindowsEnqueued(ctx context.Context, template string, windows []string) (map[string]bool, error)
+}
+
+var _ WindowRecorder = (*store.PG)(nil)
+
+// maxGapScan bounds the scheduled instants one template's gap search walks (the latest
+// ones): a secondly template has 86,400 a day.
+const maxGapScan = 100_000
+
+// runWindow ticks the window of the scheduled instant at, and while the tick fails tries
+// it again with backoff until it succeeds or the window's retry deadline (deadline) has
+// passed: then the window is a gap, counted and logged once.
+func (s *Scheduler) runWindow(ctx context.Context, t *Template, at time.Time, catchUp bool) {
+	until := s.deadline(t, at)
+	for try := 1; ; try++ {
+		rep := s.Tick(ctx, t.Name, at)
+		rep.CatchUp, rep.Try = catchUp, try
+		if ctx.Err() != nil && rep.Err != nil {
+			return // stopping: the next start's catch-up (or a fill) completes the window
+		}
+		if try > 1 {
+			result := "ok"
+			if rep.Err != nil {
+				result = "error"
+			}
+			s.metrics.retries.WithLabelValues(t.Name, result).Inc()
+		}
+		wait := s.backoff(try)
+		if rep.Err != nil && s.cfg.Now().Add(wait).After(until) {
+			rep.GaveUp = true
+			s.metrics.retries.WithLabelValues(t.Name, "given_up").Inc()
+			s.cfg.Logger.ErrorContext(ctx, "window given up: a gap until filled (idemscrape windows -fill)",
+				"template", t.Name, "window", rep.Window, "due", at, "tries", try, "err", rep.Err)
+		}
+		s.signal(ctx, rep)
+		if rep.Err == nil || rep.GaveUp {
+			s.refreshGaps(ctx)
+			return
+		}
+		s.cfg.Logger.WarnContext(ctx, "tick failed; trying again", "template", t.Name, "window", rep.Window, "try", try, "in", wait)
+		if !sleepUntil(ctx, s.cfg.Now().Add(wait), s.cfg.Now) {
+			return
+		}
+	}
+}
+
+// deadline is when a window due at stops being retried: RetryUntil after it, or the
+// template's next scheduled instant.
+func (s *Scheduler) deadline(t *Template, at time.Time) time.Time {
+	if t.RetryUntil > 0 {
+		return at.Add(t.RetryUntil)
+	}
+	if next := t.sched.Next(at); !next.IsZero() {
+		return next
+	}
+	return at.Add(24 * time.Hour)
+}
+
+// backoff is the wait before try+1: doubling from RetryMin, at most RetryMax, full
+// jitter over its upper half (never less than half, so retries do not bunch up at zero).
+func (s *Scheduler) backoff(try int) time.Duration {
+	d := s.cfg.RetryMin
+	for i := 1; i < try && d < s.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, s.cfg.RetryMax)
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// Gap is a due window that was never enqueued and is no longer being retried.
+type Gap struct {
+	Template string
+	Kind     string
+	Window   string
+	Due      time.Time
+}
+
+// Gaps returns every gap of every template: the scheduled instants from the template's
+// first recorded window up to now (at most the latest maxGapScan), past their retry
+// deadline, whose window is not recorded enqueued. A template that never recorded a
+// window has none.
+func (s *Scheduler) Gaps(ctx context.Context) ([]Gap, error) {
+	first, err := s.cfg.Windows.WindowsFirstDue(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := s.cfg.Now()
+	var out []Gap
+	for i := range s.cfg.File.Templates {
+		t := &s.cfg.File.Templates[i]
+		from, ok := first[t.Name]
+		if !ok {
+			continue
+		}
+		var due []time.Time
+		var wins []string
+		for at := from; !at.IsZero() && !s.deadline(t, at).After(now); at = t.sched.Next(at) {
+			w, err := t.Window.Window(at, t.loc)
+			if err != nil {
+				return nil, err
+			}
+			due, wins = append(due, at), append(wins, w)
+			if len(due) > maxGapScan {
+				due, wins = due[1:], wins[1:]
+			}
+		}
+		if len(wins) == 0 {
+			continue
+		}
+		done, err := s.cfg.Windows.WindowsEnqueued(ctx, t.Name, wins)
+		if err != nil {
+			return nil, err
+		}
+		for j, w := range wins {
+			if !done[w] {
+				out = append(out, Gap{Template: t.Name, Kind: t.Kind, Window: w, Due: due[j]})
+			}
+		}
+	}
+	return out, nil
+}
+
+// refreshGaps sets idemscrape_scheduler_window_gaps from Gaps (logged, not fatal, when
+// PostgreSQL can not say).
+func (s *Scheduler) refreshGaps(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	gaps, err := s.Gaps(qctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.cfg.Logger.WarnContext(ctx, "could not count window gaps", "err", err)
+		}
+		return
+	}
+	n := map[string]int{}
+	for _, g := range gaps {
+		n[g.Template]++
+	}
+	for i := range s.cfg.File.Templates {
+		name := s.cfg.File.Templates[i].Name
+		s.metrics.gaps.WithLabelValues(name).Set(float64(n[name]))
+	}
+}
+
+// ErrNoSuchWindow: the template has no scheduled instant whose window is the one asked
+// for, between its first recorded window (or a year back) and now.
+var ErrNoSuchWindow = errors.New("scheduler: no such window")
+
+// Fill ticks the template's window now, whatever its state: jobs that exist are found,
+// not enqueued again, so a fill of an enqueued window, or two fills (or a fill and a
+// scheduler) at once, produce each job once. The window must have been due: its instant is
+// searched from the template's first recorded window (or a year back) up to now.
+func (s *Scheduler) Fill(ctx context.Context, template, window string) (TickReport, error) {
+	t := s.template(template)
+	if t == nil {
+		return TickReport{}, fmt.Errorf("scheduler: no template %q in the configuration", template)
+	}
+	first, err := s.cfg.Windows.WindowsFirstDue(ctx)
+	if err != nil {
+		return TickReport{}, err
+	}
+	now := s.cfg.Now()
+	from, ok := first[template]
+	if !ok || from.After(now.AddDate(-1, 0, 0)) {
+		from = now.AddDate(-1, 0, 0)
+	}
+	var found time.Time
+	n := 0
+	for at := t.sched.Next(from.Add(-time.Nanosecond)); !at.IsZero() && !at.After(now) && n < 10*maxGapScan; at = t.sched.Next(at) {
+		n++
+		w, err := t.Window.Window(at, t.loc)
+		if err != nil {
+			return TickReport{}, err
+		}
+		if w == window {
+			found = at // the latest instant of the window (a window may span several ticks)
+		}
+	}
+	if found.IsZero() {
+		return TickReport{}, fmt.Errorf("%w: template %q has no due window %q (windows look like %q)", ErrNoSuchWindow, template, window, exampleWindow(t, now))
+	}
+	rep := s.Tick(ctx, template, found)
+	if rep.Err == nil {
+		s.refreshGaps(ctx)
+	}
+	return rep, rep.Err
+}
+
+func exampleWindow(t *Template, now time.Time) string {
+	if at := lastFire(t, now); !at.IsZero() {
+		if w, err := t.Window.Window(at, t.loc); err == nil {
+			return w
+		}
+	}
+	return ""
+}
