@@ -41,6 +41,12 @@ const (
 	// DefaultSavedInputRetention is how long saved inputs (store/inputs) are kept.
 	DefaultSavedInputRetention = 30 * 24 * time.Hour
 	DefaultPruneBatch          = 1000
+	// DefaultRequeueChangedPerSweep bounds the runnable jobs that changed or came due that
+	// one sweep checks (the rest wait for the next sweep, from where this one stopped).
+	DefaultRequeueChangedPerSweep = 10_000
+	// DefaultRequeueScanPerSweep is how many other runnable jobs one sweep checks, moving
+	// through them all in key order across sweeps (a task deleted by hand is found again).
+	DefaultRequeueScanPerSweep = 1000
 )
 
 // File is the scheduler's YAML configuration (see examples/scheduler.yaml). Unknown fields
@@ -142,6 +148,14 @@ type ReconcilerFile struct {
 	SavedInputRetention time.Duration `yaml:"saved_input_retention"`
 	// PruneBatch bounds the rows deleted per statement. Defaults to DefaultPruneBatch.
 	PruneBatch int `yaml:"prune_batch"`
+	// RequeueChangedPerSweep bounds the runnable jobs that changed or came due since the
+	// last sweep that one sweep checks for a missing asynq task. Defaults to
+	// DefaultRequeueChangedPerSweep.
+	RequeueChangedPerSweep int `yaml:"requeue_changed_per_sweep"`
+	// RequeueScanPerSweep is how many of the other runnable jobs one sweep checks, in key
+	// order, resuming where the last sweep stopped. After Redis lost its data every
+	// runnable job is checked in one sweep instead. Defaults to DefaultRequeueScanPerSweep.
+	RequeueScanPerSweep int `yaml:"requeue_scan_per_sweep"`
 }
 
 // ConfigError reports one invalid setting. Section is `template "<name>"` (or
@@ -339,13 +353,23 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 		name string
 		v    *int
 		def  int
-	}{{"batch_size", &r.BatchSize, DefaultBatchSize}, {"prune_batch", &r.PruneBatch, DefaultPruneBatch}} {
-		if *c.v < 0 || *c.v > 100_000 {
-			return &ConfigError{Section: "reconciler", Field: c.name, Reason: fmt.Sprintf("%d out of range, want 1..100000", *c.v)}
+		max  int
+	}{{"batch_size", &r.BatchSize, DefaultBatchSize, 100_000}, {"prune_batch", &r.PruneBatch, DefaultPruneBatch, 100_000},
+		{"requeue_changed_per_sweep", &r.RequeueChangedPerSweep, DefaultRequeueChangedPerSweep, 1_000_000},
+		{"requeue_scan_per_sweep", &r.RequeueScanPerSweep, DefaultRequeueScanPerSweep, 1_000_000}} {
+		if *c.v < 0 || *c.v > c.max {
+			return &ConfigError{Section: "reconciler", Field: c.name, Reason: fmt.Sprintf("%d out of range, want 1..%d", *c.v, c.max)}
 		}
 		if *c.v == 0 {
 			*c.v = c.def
 		}
+	}
+	// An event can be published again (a lost mark, a Redis loss) as long as its outbox row
+	// is kept: the inbox must still know it then.
+	if r.InboxRetention <= r.OutboxRetention {
+		return &ConfigError{Section: "reconciler", Field: "inbox_retention", Reason: fmt.Sprintf(
+			"%v must exceed outbox_retention %v: an event can be published again while its outbox row is kept, and a consumer's inbox must still recognise it",
+			r.InboxRetention, r.OutboxRetention)}
 	}
 	return nil
 }

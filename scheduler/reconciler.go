@@ -29,6 +29,7 @@ type ReconcileStore interface {
 	tasks.JobRecorder
 	JobsListRunning(ctx context.Context, p store.JobsListParams) ([]store.RunningJob, error)
 	JobsListRunnable(ctx context.Context, p store.JobsListParams) ([]store.Job, error)
+	JobsListRunnableActive(ctx context.Context, after store.ActivityCursor, until time.Time, limit int) ([]store.Job, store.ActivityCursor, error)
 	JobsRescue(ctx context.Context, ps []store.JobRescueParams) ([]error, error)
 	CountersAdd(ctx context.Context, deltas map[string]int64) error
 }
@@ -206,6 +207,12 @@ type SweepReport struct {
 	// Statements counts PostgreSQL statements, RedisTrips Redis round trips (pipelines
 	// count once).
 	Statements, RedisTrips int64
+	// RowsRead counts the jobs rows the sweep's statements returned; RedisCommands the
+	// Redis commands it sent (each of a pipeline; an enqueue counts one).
+	RowsRead, RedisCommands int64
+	// FullRequeue: Redis had lost its data (the reconciler's marker was gone), so the
+	// re-enqueue pass checked every runnable job instead of those that changed.
+	FullRequeue bool
 	// Time spent in each part of the sweep, from its start. The rescue and the re-enqueue
 	// pass run at once: RescueTime and RequeueTime overlap; OutboxTime is what follows (outbox
 	// lag and pruning, saved-input pruning).
@@ -237,6 +244,10 @@ type Reconciler struct {
 	metrics *reconcilerMetrics
 	gath    prometheus.Gatherer
 
+	requeue requeueCursor // guarded by requeueMu: where the re-enqueue pass goes on
+	// requeueMu serialises the re-enqueue passes of concurrent Sweep calls.
+	requeueMu sync.Mutex
+
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -253,6 +264,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		return nil, err
 	}
 	r := &Reconciler{cfg: cfg, leases: leases}
+	r.requeue.changed.At = cfg.Now().Add(-requeueLookback)
 	if r.metrics, r.gath, err = newReconcilerMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
@@ -375,6 +387,9 @@ func (rep *SweepReport) merge(o SweepReport) {
 	}
 	rep.Statements += o.Statements
 	rep.RedisTrips += o.RedisTrips
+	rep.RowsRead += o.RowsRead
+	rep.RedisCommands += o.RedisCommands
+	rep.FullRequeue = rep.FullRequeue || o.FullRequeue
 }
 
 func nonZero(m map[string]int64) map[string]int64 {
@@ -424,6 +439,7 @@ func (r *Reconciler) rescueRunning(ctx context.Context, rep *SweepReport) error 
 		cancel()
 		mu.Lock()
 		rep.Statements++
+		rep.RowsRead += int64(len(page))
 		mu.Unlock()
 		if err != nil {
 			wg.Wait()
@@ -587,30 +603,6 @@ func forEach(limit, n int, f func(i int)) {
 	wg.Wait()
 }
 
-func (r *Reconciler) requeueRunnable(ctx context.Context, rep *SweepReport) error {
-	limit := r.cfg.File.Reconciler.BatchSize
-	due := r.cfg.Now().Add(dueSlack)
-	after := ""
-	for {
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-		page, err := r.cfg.Store.JobsListRunnable(pctx, store.JobsListParams{AfterKey: after, Limit: limit, DueBefore: due})
-		cancel()
-		rep.Statements++
-		if err != nil {
-			return err
-		}
-		if len(page) > 0 {
-			if err := r.requeuePage(ctx, page, rep); err != nil {
-				return err
-			}
-		}
-		if len(page) < limit {
-			return nil
-		}
-		after = page[len(page)-1].Key
-	}
-}
-
 // requeuePage checks the asynq task of every job of the page in one pipelined round trip
 // and enqueues again those without a live task, one EnqueueMany per queue.
 func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *SweepReport) error {
@@ -622,6 +614,7 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 		cmds[i] = pipe.HGet(pctx, AsynqTaskKey(r.cfg.File.QueueFor(j.Kind), j.Key), "state")
 	}
 	rep.RedisTrips++
+	rep.RedisCommands += int64(len(page))
 	if _, err := pipe.Exec(pctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("scheduler: reconciler read task states: %w", err)
 	}
@@ -701,6 +694,7 @@ func (r *Reconciler) enqueueSpecs(ctx context.Context, byQueue map[string][]task
 		defer mu.Unlock()
 		rep.Statements++
 		rep.RedisTrips += int64(len(c.specs))
+		rep.RedisCommands += int64(len(c.specs))
 		if err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("scheduler: reconciler re-enqueue: %w", err)

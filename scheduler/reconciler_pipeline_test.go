@@ -93,6 +93,15 @@ func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		handshake := true // a new connection's HELLO / CLIENT SETINFO go as a pipeline too
+		for _, cmd := range cmds {
+			if n := cmd.Name(); n != "hello" && n != "client" && n != "auth" && n != "select" {
+				handshake = false
+			}
+		}
+		if handshake {
+			return next(ctx, cmds)
+		}
 		c.mu.Lock()
 		c.pipelines++
 		for _, cmd := range cmds {
@@ -136,10 +145,13 @@ func TestReconcilerRescuePagePipelined(t *testing.T) {
 	require.EqualValues(t, n, rep.Actions[scheduler.ActionRescued], "%v", rep.Actions)
 	counter.mu.Lock()
 	defer counter.mu.Unlock()
-	assert.Zero(t, counter.single, "no command outside a pipeline: %v", counter.names)
+	// Outside pipelines only the re-enqueue pass's marker: GET, and SET after its first,
+	// full check (RequeueMarkerKey): per sweep, never per job.
+	assert.Equal(t, []string{"get", "set"}, counter.names, "no per-job command outside a pipeline")
 	assert.Equal(t, 2*n, counter.pipedEval, "one claim and one release per job")
-	// The claims, the releases and the re-enqueue pass's task-state page (once or twice:
-	// it runs while the rescue does).
-	assert.LessOrEqual(t, counter.pipelines, 4)
-	assert.GreaterOrEqual(t, counter.pipelines, 3)
+	// The claims, the releases and at most one task-state page of the re-enqueue pass (it
+	// runs while the rescue does: it finds the jobs runnable only if it reads after their
+	// rescue; connection handshakes are not counted).
+	assert.LessOrEqual(t, counter.pipelines, 3)
+	assert.GreaterOrEqual(t, counter.pipelines, 2)
 }

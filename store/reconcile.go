@@ -149,6 +149,51 @@ LIMIT $3`, p.AfterKey, timeOrNil(p.DueBefore), limit)
 	return out, nil
 }
 
+// ActivityCursor is a position among pending and retryable jobs ordered by activity
+// time — GREATEST(updated_at, next_attempt_at): when the row last changed or when it comes
+// due, whichever is later — then key.
+type ActivityCursor struct {
+	At  time.Time
+	Key string
+}
+
+// Activity is the job's activity time (see ActivityCursor).
+func (j Job) Activity() time.Time {
+	if j.NextAttemptAt != nil && j.NextAttemptAt.After(j.UpdatedAt) {
+		return *j.NextAttemptAt
+	}
+	return j.UpdatedAt
+}
+
+// JobsListRunnableActive returns one page of pending and retryable jobs whose activity
+// time is after the cursor and at or before until, in (activity, key) order, at most
+// limit (JobsListParams' bounds); and the cursor after the page. It reads through the
+// activity index (migration 00011), so its cost follows the jobs that changed or came due,
+// not the backlog.
+func (s *PG) JobsListRunnableActive(ctx context.Context, after ActivityCursor, until time.Time, limit int) ([]Job, ActivityCursor, error) {
+	limit, err := JobsListParams{Limit: limit}.limit("JobsListRunnableActive")
+	if err != nil {
+		return nil, after, err
+	}
+	rows, _ := s.pool.Query(ctx, `
+SELECT `+jobColumns+`
+FROM jobs
+WHERE state IN ('pending', 'retryable')
+	AND (GREATEST(updated_at, next_attempt_at), key) > ($1::timestamptz, $2::text)
+	AND GREATEST(updated_at, next_attempt_at) <= $3
+ORDER BY GREATEST(updated_at, next_attempt_at), key
+LIMIT $4`, after.At, after.Key, until, limit)
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[Job])
+	if err != nil {
+		return nil, after, fmt.Errorf("store: JobsListRunnableActive: %w", err)
+	}
+	if len(out) > 0 {
+		last := out[len(out)-1]
+		after = ActivityCursor{At: last.Activity(), Key: last.Key}
+	}
+	return out, after, nil
+}
+
 // JobRescueParams moves a running job whose worker's lease expired back to retryable.
 type JobRescueParams struct {
 	Key string
