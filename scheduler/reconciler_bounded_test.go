@@ -102,4 +102,3 @@ FROM generate_series(1, $1) AS g`, n)
 	assert.LessOrEqual(t, large.commands, 2*small.commands, "Redis commands at %d jobs vs 1,000", big)
 	assert.LessOrEqual(t, large.statements, 2*small.statements)
 }
-
