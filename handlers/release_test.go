@@ -15,15 +15,15 @@ import (
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
-// recv returns the next value of ch; the fail-safe only ends a test that would otherwise
-// hang (it is not what the test waits for).
+// recv returns the next value of ch; the fail-safe (handlers.WaitTimeout) only ends a test
+// that would otherwise hang (it is not what the test waits for).
 func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(time.Minute):
-		t.Fatalf("fail-safe: %s never happened", what)
+	case <-time.After(handlers.WaitTimeout):
+		t.Fatal("fail-safe: " + handlers.NotHappened(what, handlers.WaitTimeout))
 		var zero T
 		return zero
 	}

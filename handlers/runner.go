@@ -410,7 +410,13 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 	// The fleet's schema fingerprints of this version (once per process): read before
 	// anything is fetched, so that a database that can not give them costs no bandwidth.
 	if _, err := r.schemas(ctx, k, job.Spec.ParserVersion); err != nil {
-		w.err = &sessions.FetchError{Category: tasks.CategoryInternal, Err: err}
+		cat := tasks.CategoryInternal
+		if ctx.Err() != nil {
+			// The read was cut by the job's own context (lease lost, shutdown), not by a
+			// broken database: the attempt was interrupted, like one cut mid-fetch.
+			cat, err = tasks.CategoryInterrupted, fmt.Errorf("%w (reading schema fingerprints: %w)", context.Cause(ctx), err)
+		}
+		w.err = &sessions.FetchError{Category: cat, Err: err}
 		return w
 	}
 	unit, err := k.workflow(job)

@@ -177,7 +177,8 @@ func TestFailureCategories(t *testing.T) {
 		minD, maxD   time.Duration
 		noAttemptRow bool
 	}
-	check := func(t *testing.T, r *rig, key string, err error, w want) {
+	// check judges one delivery; start is a time before it began.
+	check := func(t *testing.T, r *rig, key string, start time.Time, err error, w want) {
 		t.Helper()
 		dec := decisionOf(err)
 		require.Equal(t, w.decision.Ack, dec.Ack, "ack: %v", err)
@@ -207,9 +208,13 @@ func TestFailureCategories(t *testing.T) {
 			require.Equal(t, string(w.category), last.Category)
 		}
 		if w.state == tasks.StateRetryable {
-			// PostgreSQL mirrors asynq: next_attempt_at = now + the delay asynq will wait.
+			// PostgreSQL mirrors asynq: next_attempt_at = the runner's now + the delay asynq
+			// will wait, its now taken during the delivery: between start and this check,
+			// however long the delivery took (PostgreSQL keeps microseconds).
 			require.NotNil(t, job.NextAttemptAt)
-			require.WithinDuration(t, time.Now().Add(dec.Delay), *job.NextAttemptAt, 5*time.Second)
+			lo, hi := start.Add(dec.Delay).Truncate(time.Microsecond), time.Now().Add(dec.Delay)
+			require.False(t, job.NextAttemptAt.Before(lo) || job.NextAttemptAt.After(hi),
+				"next_attempt_at %v is not the delivery's now + %v: outside [%v, %v]", *job.NextAttemptAt, dec.Delay, lo, hi)
 		}
 	}
 
@@ -217,9 +222,10 @@ func TestFailureCategories(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: "rotated"}})
 		key, task := r.job(t, "sku-1")
 		reg := r.registry(t, nil)
+		start := time.Now()
 		err := reg.ProcessTask(ctx, task)
 		// An incident, not the job's failure: retryable, uncounted, after the probe interval.
-		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryProxyAuth, outcome: store.OutcomeRetryable,
+		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryProxyAuth, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true}, minD: handlers.DefaultIncidentProbeInterval, maxD: 2*handlers.DefaultIncidentProbeInterval + time.Second})
 		require.ErrorIs(t, reg.Ready(), handlers.ErrIncident)
 		// While it is open the next delivery is handed back untouched.
@@ -231,9 +237,10 @@ func TestFailureCategories(t *testing.T) {
 	t.Run("ExitUnavailable", func(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, UnavailableCountries: []string{"US"}}})
 		key, task := r.job(t, "sku-1")
+		start := time.Now()
 		err := r.registry(t, nil).ProcessTask(ctx, task)
 		// attempt 1, base 30 s, full jitter at 0.5 ⇒ 15 s
-		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryExitUnavailable, outcome: store.OutcomeRetryable,
+		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryExitUnavailable, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 15 * time.Second, maxD: 15 * time.Second})
 		require.Equal(t, 3, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM quarantine WHERE job_key = $1`, key),
 			"the first session and its two replacements were quarantined")
@@ -242,27 +249,33 @@ func TestFailureCategories(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
 		r.site.Throttle(1, 90*time.Second)
+		start := time.Now()
 		err := r.registry(t, nil).ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryThrottled, outcome: store.OutcomeRetryable,
+		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryThrottled, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 90 * time.Second, maxD: 90 * time.Second})
 	})
 	t.Run("Timeout", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
-		r.site.SetSlow(time.Second)
+		// The site answers only after the fail-safe wait (or when the client goes away), so
+		// the request timeout ends the request however late a loaded box fires it; were
+		// there no timeout, the attempt would complete instead, not hang the suite.
+		r.site.SetSlow(handlers.WaitTimeout)
 		reg := r.registry(t, func(c *handlers.Config) {
 			c.Collector.RequestTimeout = 100 * time.Millisecond
 			c.MaxSessionRestarts = -1
 		})
+		start := time.Now()
 		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategoryTimeout, outcome: store.OutcomeRetryable,
+		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryTimeout, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 5 * time.Second, maxD: 5 * time.Second})
 	})
 	t.Run("SessionLost", func(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, DisconnectProb: 1}})
 		key, task := r.job(t, "sku-1")
+		start := time.Now()
 		err := r.registry(t, nil).ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateRetryable, category: tasks.CategorySessionLost, outcome: store.OutcomeRetryable,
+		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategorySessionLost, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 2500 * time.Millisecond, maxD: 2500 * time.Millisecond})
 	})
 	t.Run("ParseError", func(t *testing.T) {
@@ -272,15 +285,17 @@ func TestFailureCategories(t *testing.T) {
 			func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
 				return handlers.Observation{}, errors.New("price format 1.234,56 not understood")
 			})
+		start := time.Now()
 		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryParseError, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryParseError, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 	})
 	t.Run("Validation", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
 		r.site.SetSchemaChange(true)
+		start := time.Now()
 		err := r.registry(t, nil).ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryValidation, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryValidation, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 		require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM quarantine WHERE reason LIKE 'validation%'`))
 		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
 	})
@@ -291,26 +306,47 @@ func TestFailureCategories(t *testing.T) {
 		// Another worker holds the lease.
 		_, err := r.ns.Client.HSet(ctx, r.ns.Prefix+"{"+key+"}:lease", "owner", "other-worker", "token", "1").Result()
 		require.NoError(t, err)
+		start := time.Now()
 		require.NoError(t, r.ns.Client.PExpire(ctx, r.ns.Prefix+"{"+key+"}:lease", 20*time.Second).Err())
 		err = reg.ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StatePending, outcome: "", decision: asynqDecision{Retry: true, Counted: false},
-			minD: 19 * time.Second, maxD: 21 * time.Second, noAttemptRow: true})
+		// Retried when the holder's lease runs out (what was left of its 20 s when the claim
+		// met it, to the millisecond) plus the jitter (Rand 0.5 of 1 s): no later than 20.5 s,
+		// no earlier than that less the time since the lease was set.
+		const lease, jitter = 20 * time.Second, 500 * time.Millisecond
+		check(t, r, key, start, err, want{state: tasks.StatePending, outcome: "", decision: asynqDecision{Retry: true, Counted: false},
+			minD: lease + jitter - time.Since(start) - time.Millisecond, maxD: lease + jitter, noAttemptRow: true})
 	})
 	t.Run("Superseded", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
-		reg := r.registry(t, nil)
 		// While the attempt's workflow runs, its lease expires and another worker takes
-		// the job over (we fake both: a higher-token start straight in PostgreSQL).
-		r.site.SetSlow(300 * time.Millisecond)
+		// the job over (we fake both: a higher-token start straight in PostgreSQL). The
+		// workflow's first step waits for the takeover, so it happens mid-workflow however
+		// slow the box is.
+		running, takenOver := make(chan struct{}), make(chan struct{})
+		hold := sync.OnceFunc(func() { close(running); <-takenOver })
+		reg := r.registryKind(t, func(job tasks.Payload) (*sessions.Unit, error) {
+			u, err := catalog.Workflow(r.site.URL)(job)
+			if err != nil {
+				return nil, err
+			}
+			orig := u.Steps[0].Run
+			u.Steps[0].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+				hold()
+				return orig(ctx, sc)
+			}
+			return u, nil
+		}, catalog.Parse)
+		takeOver := sync.OnceFunc(func() { close(takenOver) })
+		t.Cleanup(takeOver) // a failed test does not leave the delivery (and Close) waiting
 		done := make(chan error, 1)
 		go func() { done <- reg.ProcessTask(ctx, task) }()
-		require.Eventually(t, func() bool {
-			return testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM attempts WHERE outcome = 'running'`) == 1
-		}, 5*time.Second, 5*time.Millisecond)
+		recv(t, running, "the workflow's first step")
+		require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM attempts WHERE outcome = 'running'`))
 		_, err := r.st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1000, Worker: "other"})
 		require.NoError(t, err)
-		err = <-done
+		takeOver()
+		err = recv(t, done, "the superseded delivery's end")
 		require.NoError(t, err, "a superseded delivery is acknowledged: the newer attempt owns the job")
 		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
 		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox`))
@@ -323,8 +359,9 @@ func TestFailureCategories(t *testing.T) {
 		r.site.Throttle(1, time.Second)
 		require.Equal(t, asynqDecision{Retry: true, Counted: true}, keep(decisionOf(reg.ProcessTask(ctx, task))))
 		r.site.Throttle(1, time.Second)
+		start := time.Now()
 		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryBudgetExceeded, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryBudgetExceeded, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 		atts, _ := r.st.AttemptList(ctx, key)
 		require.Contains(t, atts[1].Error, "2 attempts")
 		require.Contains(t, atts[1].Error, "throttled")
@@ -346,8 +383,9 @@ func TestFailureCategories(t *testing.T) {
 			}
 			return u, nil
 		}, catalog.Parse)
+		start := time.Now()
 		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, err, want{state: tasks.StateFailed, category: tasks.CategoryUnsafeStepIncomplete, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryUnsafeStepIncomplete, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 	})
 	t.Run("CompleteJobAcknowledgedWithoutWork", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
