@@ -43,10 +43,10 @@ func TestCommit(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, store.CommitResult{ResultInserted: true, EventInserted: true}, res)
 
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, failSafe)
 		defer cancel()
 		n, err := listener.Conn().WaitForNotification(wctx)
-		require.NoError(t, err, "the commit notifies dispatchers")
+		require.NoError(t, err, "the commit notifies dispatchers (load %s)", loadAvg())
 		require.Equal(t, store.OutboxNotifyChannel, n.Channel)
 
 		job, err := s.JobGet(ctx, "c1")

@@ -290,11 +290,11 @@ func TestRefusalSeesConcurrentWriter(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { _, err := start(ctx, s, "k", 6); errc <- err }()
 	// Wait until the start is blocked on the row lock.
-	require.Eventually(t, func() bool {
+	waitUntil(t, "the start blocked on the row lock", func() bool {
 		return testutil.Count(t, s.Pool(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1
-	}, 10*time.Second, 5*time.Millisecond)
+	})
 	require.NoError(t, tx.Commit(ctx))
-	err = <-errc
+	err = recv(t, errc, "the start's answer")
 	require.ErrorIs(t, err, store.ErrJobComplete)
 	var te *store.TransitionError
 	require.ErrorAs(t, err, &te)

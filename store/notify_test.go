@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,7 +69,7 @@ func TestGroupCommitNotifies(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, failSafe)
 	defer cancel()
 	n, err := listener.Conn().WaitForNotification(wctx)
-	require.NoError(t, err, "a committed event produces a NOTIFY")
+	require.NoError(t, err, notWithin("a committed event's NOTIFY"))
 	require.Equal(t, store.OutboxNotifyChannel, n.Channel)
 	require.Equal(t, 3, testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key LIKE 'observed:n%' AND sent_at IS NULL`),
 		"the rows are visible once the NOTIFY arrives")
@@ -101,9 +102,9 @@ func TestGroupCommitTrailingNotify(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, failSafe)
 		defer cancel()
 		_, err := listener.Conn().WaitForNotification(wctx)
-		require.NoError(t, err, what)
+		require.NoError(t, err, notWithin(what))
 	}
-	startedJobs(t, s, "t1", "t2", "t3", "t4", "t5", "t6")
+	startedJobs(t, s, "t1", "t2", "t3", "t5", "t6")
 
 	t.Run("ByClose", func(t *testing.T) {
 		// An interval no test outlives: the second commit can only be covered by Close.
@@ -145,18 +146,40 @@ func TestGroupCommitTrailingNotify(t *testing.T) {
 	t.Run("ByInterval", func(t *testing.T) {
 		// An interval the second commit comes within, so it can not ride: its NOTIFY is the
 		// committer's own, sent by the loop (not by Close) within 2 × interval.
-		g, err := s.NewGroupCommitterConfig(store.GroupConfig{NotifyInterval: 2 * time.Second})
+		//
+		// Whether a commit comes within the interval of the last NOTIFY is up to the box's
+		// pace, so the test does not assume it: a commit that came later rode (as it
+		// should; the test reads that from the stats when Commit returns) and the case is
+		// tried again with the next job, right after that ride.
+		const interval = 2 * time.Second
+		g, err := s.NewGroupCommitterConfig(store.GroupConfig{NotifyInterval: interval})
 		require.NoError(t, err)
 		defer g.Close()
 		_, err = g.Commit(ctx, commitParams("t3", 1))
 		require.NoError(t, err)
+		require.Equal(t, int64(1), g.Stats().NotifiesRode, "the first commit notifies in its own statement")
 		wait("the first commit's NOTIFY")
-		_, err = g.Commit(ctx, commitParams("t4", 1))
-		require.NoError(t, err)
-		wait("the second commit is followed by a NOTIFY while the committer runs")
+		rode := int64(1)
+		deadline := time.Now().Add(failSafe)
+		for i := 0; ; i++ {
+			if time.Now().After(deadline) {
+				t.Fatal(notWithin(fmt.Sprintf("a commit within %s of the last NOTIFY (%d tries)", interval, i)))
+			}
+			key := fmt.Sprintf("t4-%d", i)
+			startedJobs(t, s, key)
+			_, err = g.Commit(ctx, commitParams(key, 1))
+			require.NoError(t, err)
+			if g.Stats().NotifiesRode == rode {
+				break // it came within the interval and did not ride
+			}
+			rode++
+			t.Logf("%s came %s or more after the last NOTIFY and rode; again (load %s)", key, interval, loadAvg())
+			wait("the NOTIFY that rode")
+		}
+		wait("the commit that did not ride is followed by a NOTIFY while the committer runs")
 		g.Close() // the NOTIFY already arrived: Close has nothing owed to send, it waits for the count
 		st := g.Stats()
-		require.Equal(t, int64(1), st.NotifiesRode, "only the first commit's NOTIFY rode")
-		require.Equal(t, int64(1), st.Notifies, "the second commit's NOTIFY is the committer's own, before Close")
+		require.Equal(t, rode, st.NotifiesRode, "only the NOTIFYs seen riding rode")
+		require.Equal(t, int64(1), st.Notifies, "the last commit's NOTIFY is the committer's own, before Close")
 	})
 }

@@ -156,11 +156,11 @@ func TestJobRescue(t *testing.T) {
 		}
 		commitErr, rescueErr := make(chan error, 1), make(chan error, 1)
 		go func() { _, err := s.Commit(ctx, commitParams(key, 3)); commitErr <- err }()
-		require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
+		waitUntil(t, "the commit waiting on the row lock", waiting(1))
 		go func() { rescueErr <- s.JobRescue(ctx, store.JobRescueParams{Key: key, ExpectFence: 3, Token: 4}) }()
-		require.Eventually(t, waiting(2), 10*time.Second, 5*time.Millisecond)
+		waitUntil(t, "the rescue waiting on the row lock too", waiting(2))
 		require.NoError(t, tx.Commit(ctx))
-		raceOutcome(t, key, 3, <-commitErr, <-rescueErr)
+		raceOutcome(t, key, 3, recv(t, commitErr, "the commit's answer"), recv(t, rescueErr, "the rescue's answer"))
 	})
 
 	t.Run("RaceManyJobs", func(t *testing.T) {
@@ -400,16 +400,16 @@ func TestJobsRescue(t *testing.T) {
 		}
 		batchDone := make(chan batchRes, 1)
 		go func() { _, err := s.Commit(ctx, commitParams("lk-race", 3)); commitErr <- err }()
-		require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
+		waitUntil(t, "the commit waiting on the row lock", waiting(1))
 		go func() {
 			errs, err := s.JobsRescue(ctx, []store.JobRescueParams{
 				{Key: "lk-race", ExpectFence: 3, Token: 4}, {Key: "lk-free", ExpectFence: 3, Token: 4}})
 			batchDone <- batchRes{errs, err}
 		}()
-		require.Eventually(t, waiting(2), 10*time.Second, 5*time.Millisecond)
+		waitUntil(t, "the batch waiting on the row lock too", waiting(2))
 		require.NoError(t, tx.Commit(ctx))
-		cerr := <-commitErr
-		br := <-batchDone
+		cerr := recv(t, commitErr, "the commit's answer")
+		br := recv(t, batchDone, "the batch's answer")
 		require.NoError(t, br.err)
 		require.NoError(t, br.errs[1], "the other row of the batch is rescued")
 		winner := rescueRaceOutcome(t, s, pool, "lk-race", 3, cerr, br.errs[0])
@@ -496,6 +496,7 @@ func TestJobsListRunning(t *testing.T) {
 	// taken over a moment ago, so its current attempt is recent), interleaved with jobs in
 	// every other state.
 	var wantOld, wantAll []string
+	fixtureStart := testNow(t, s)
 	for i := 0; i < 23; i++ {
 		key := fmt.Sprintf("run-%02d", i)
 		record(t, s, key)
@@ -565,7 +566,9 @@ func TestJobsListRunning(t *testing.T) {
 			ParserVersion: 3}, page[0], "the current attempt, after a takeover; the job's spec")
 		require.Equal(t, tasks.Spec{Kind: "catalog", SourceID: "run-03", Country: "US", Window: "2026-04-23", ParserVersion: 3},
 			page[0].Spec())
-		require.WithinDuration(t, testNow(t, s), page[0].AttemptStartedAt, time.Minute)
+		// Started during the fixture (however long it took), not an hour ago.
+		require.False(t, page[0].AttemptStartedAt.Before(fixtureStart), "%v before the fixture's start %v", page[0].AttemptStartedAt, fixtureStart)
+		require.False(t, page[0].AttemptStartedAt.After(testNow(t, s)), "%v in the future", page[0].AttemptStartedAt)
 		require.Equal(t, 1, page[1].AttemptNo)
 	})
 

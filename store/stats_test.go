@@ -186,7 +186,7 @@ func TestStatsSixMeasures(t *testing.T) {
 	var handled, dedup int
 	waitReports := func(wantHandled, wantDedup int) {
 		t.Helper()
-		timeout := time.NewTimer(30 * time.Second)
+		timeout := time.NewTimer(failSafe)
 		defer timeout.Stop()
 		for handled < wantHandled || dedup < wantDedup {
 			select {
@@ -194,7 +194,8 @@ func TestStatsSixMeasures(t *testing.T) {
 				handled += r.Handled
 				dedup += r.Deduplicated
 			case <-timeout.C:
-				t.Fatalf("consumer handled %d (want %d), deduplicated %d (want %d)", handled, wantHandled, dedup, wantDedup)
+				t.Fatalf("%s: consumer handled %d (want %d), deduplicated %d (want %d)",
+					notWithin("the consumer's reports"), handled, wantHandled, dedup, wantDedup)
 			}
 		}
 	}
