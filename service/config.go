@@ -125,7 +125,11 @@ type Config struct {
 	// NoDispatcher turns the outbox dispatcher off (run it elsewhere). Defaults to false.
 	NoDispatcher bool
 	// Dispatcher configures the outbox dispatcher. Its Registerer and Logger default to the
-	// service's. Defaults to outbox's defaults.
+	// service's. Defaults to outbox's defaults, under which the streams it publishes to are
+	// bounded: entries every consumer group acknowledged are trimmed and each stream is
+	// capped at outbox.DefaultMaxLen entries (outbox.TrimConsumed; a group further behind
+	// loses the oldest events, counted and logged). Set Trim to outbox.TrimNever, or MaxLen
+	// to outbox.NoMaxLen, to turn that off (docs/OPERATIONS.md, Bounded Redis).
 	Dispatcher *outbox.DispatcherConfig
 
 	// HTTPAddr is the listen address of the HTTP server (/metrics, /healthz, /readyz,

@@ -29,7 +29,7 @@ type progress struct {
 	Unsent                int64
 	Inbox, Replays        int64 // consumed events and recognised replays
 	Alerts                int64
-	Entries               int64 // stream entries (every published copy)
+	Entries               int64 // stream entries ever appended (every published copy)
 }
 
 func readProgress(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, stream string) (progress, error) {
@@ -44,11 +44,23 @@ FROM jobs`).Scan(&p.Done, &p.Total, &p.Complete, &p.Attempts, &p.Bytes, &p.Unsen
 	if err != nil {
 		return p, err
 	}
-	p.Entries, err = rdb.XLen(ctx, stream).Result()
-	if err == redis.Nil {
-		err = nil
-	}
+	p.Entries, err = streamEntries(ctx, rdb, stream)
 	return p, err
+}
+
+// streamEntries returns how many entries were ever appended to stream (XINFO STREAM
+// entries-added): every published copy, including those the dispatcher has since trimmed
+// (it trims what every consumer group acknowledged, by default). 0 if there is no stream yet.
+func streamEntries(ctx context.Context, rdb redis.UniversalClient, stream string) (int64, error) {
+	n, err := rdb.Exists(ctx, stream).Result()
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	info, err := rdb.XInfoStream(ctx, stream).Result()
+	if err != nil {
+		return 0, err
+	}
+	return info.EntriesAdded, nil
 }
 
 // settled: every job is complete or failed, every outbox event was published, and every

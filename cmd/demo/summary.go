@@ -102,7 +102,7 @@ FROM jobs`, consumerGroup, string(tasks.CategoryThrottled), string(tasks.Categor
 		d := time.Duration(*gap * float64(time.Second))
 		s.ThrottleMinGap = &d
 	}
-	if s.Entries, err = rdb.XLen(ctx, stream).Result(); err != nil {
+	if s.Entries, err = streamEntries(ctx, rdb, stream); err != nil {
 		return nil, fmt.Errorf("summary: stream length: %w", err)
 	}
 	if err := scanPairs(ctx, pool, `SELECT attempts, count(*) FROM jobs GROUP BY attempts ORDER BY attempts`, func(a, b int64) {

@@ -99,6 +99,10 @@ type config struct {
 	savedInputs       string
 	savedPolicy       inputs.Policy
 	maxSessionRestart int
+	streamTrim        string
+	streamTrimPolicy  outbox.TrimPolicy // from streamTrim, set by validate
+	streamTrimEvery   time.Duration
+	streamMaxLen      int
 }
 
 // envPrefix is the prefix of every environment variable of the worker.
@@ -114,6 +118,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.String(&c.queues, "queues", "QUEUES", "", "asynq queues and weights, name:weight,… (default: one queue per registered kind, named like the kind, weight 1)")
 	s.String(&c.keyPrefix, "key-prefix", "KEY_PREFIX", handlers.DefaultKeyPrefix, "prefix of the lease keys in Redis")
 	s.String(&c.streamPrefix, "stream-prefix", "STREAM_PREFIX", outbox.DefaultPrefix, "prefix of the outbox stream keys (<prefix>stream:{<topic>})")
+	s.String(&c.streamTrim, "stream-trim", "STREAM_TRIM", outbox.TrimConsumed.String(), "how the dispatcher trims the outbox streams it publishes to: consumed (entries every consumer group acknowledged, and the -stream-max-len cap) or never (streams grow until Redis is full)")
+	s.Duration(&c.streamTrimEvery, "stream-trim-interval", "STREAM_TRIM_INTERVAL", outbox.DefaultTrimInterval, "least time between two trims of one stream by this worker (a stream may exceed -stream-max-len by what is published in between)")
+	s.Int(&c.streamMaxLen, "stream-max-len", "STREAM_MAX_LEN", outbox.DefaultMaxLen, "most entries a trim leaves in each outbox stream, acknowledged or not: a consumer group further behind loses the oldest events (counted in idemscrape_outbox_stream_cap_lost_total, logged); -1: no cap (a group that stops reading grows the stream without bound); ignored with -stream-trim never")
 	s.String(&c.workerID, "worker-id", "WORKER_ID", "", "this worker's name in attempts rows (default host/pid)")
 	s.Duration(&c.leaseDefault, "lease-default", "LEASE_DEFAULT", handlers.DefaultLeaseLength, "lease length of a kind until enough durations were measured")
 	s.Duration(&c.leaseMin, "lease-min", "LEASE_MIN", handlers.DefaultLeaseMin, "shortest lease")
@@ -179,7 +186,46 @@ func (c *config) validate() error {
 	if c.redisCfg, err = c.redis.Config(); err != nil {
 		return err
 	}
+	if err := c.validateStreams(); err != nil {
+		return err
+	}
 	return c.log.Validate()
+}
+
+// validateStreams checks the -stream-trim flags, naming the flag that is wrong.
+func (c *config) validateStreams() error {
+	var err error
+	if c.streamTrimPolicy, err = outbox.ParseTrimPolicy(c.streamTrim); err != nil {
+		return fmt.Errorf("-stream-trim ($IDEMSCRAPE_STREAM_TRIM) %q: want consumed or never", c.streamTrim)
+	}
+	if c.streamTrimPolicy == outbox.TrimNever {
+		return nil
+	}
+	switch {
+	case c.streamTrimEvery <= 0:
+		return fmt.Errorf("-stream-trim-interval ($IDEMSCRAPE_STREAM_TRIM_INTERVAL) %v must be positive", c.streamTrimEvery)
+	case c.streamMaxLen != outbox.NoMaxLen && c.streamMaxLen < outbox.DefaultDispatchBatchSize:
+		return fmt.Errorf("-stream-max-len ($IDEMSCRAPE_STREAM_MAX_LEN) %d: want a number of entries of at least %d (the dispatcher's batch), or -1 for no cap",
+			c.streamMaxLen, outbox.DefaultDispatchBatchSize)
+	}
+	return c.dispatcherConfig(nil).Validate()
+}
+
+// streamMaxLenText is -stream-max-len as the start-up log line shows it.
+func streamMaxLenText(c config) string {
+	if c.streamTrimPolicy == outbox.TrimNever || c.streamMaxLen == outbox.NoMaxLen {
+		return "none"
+	}
+	return strconv.Itoa(c.streamMaxLen)
+}
+
+// dispatcherConfig is the outbox dispatcher's configuration from the flags.
+func (c *config) dispatcherConfig(afterPublish func([]int64) error) *outbox.DispatcherConfig {
+	dc := &outbox.DispatcherConfig{Prefix: c.streamPrefix, AfterPublish: afterPublish, Trim: c.streamTrimPolicy}
+	if c.streamTrimPolicy == outbox.TrimConsumed {
+		dc.TrimInterval, dc.MaxLen = c.streamTrimEvery, c.streamMaxLen
+	}
+	return dc
 }
 
 // parseQueues reads "name:weight,name2:weight2" ("name" alone means weight 1); "" is nil.
@@ -317,7 +363,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		ShutdownTimeout:    c.shutdownTimeout,
 		DrainTimeout:       c.drainTimeout,
 		NoDispatcher:       c.noDispatcher,
-		Dispatcher:         &outbox.DispatcherConfig{Prefix: c.streamPrefix, AfterPublish: fp.afterPublish()},
+		Dispatcher:         c.dispatcherConfig(fp.afterPublish()),
 		HTTPAddr:           c.httpAddr,
 		MonitoringReadOnly: c.readOnly,
 		BasicAuth:          auth,
@@ -331,6 +377,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		names = append(names, q)
 	}
 	sort.Strings(names)
-	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxy", provider.Name(), "gateway", provider.Gateway())
+	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxy", provider.Name(), "gateway", provider.Gateway(),
+		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c))
 	return svc.Run(ctx)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
+	"github.com/idemscrape/idemscrape/store/outbox"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -370,6 +371,52 @@ func TestFlags(t *testing.T) {
 		_, err = parseFlags([]string{"-catalog-base", "https://s.example", "-redis-cluster", "a:1,nope"}, &bytes.Buffer{})
 		assert.ErrorContains(t, err, `-redis-cluster ($IDEMSCRAPE_REDIS_CLUSTER): entry 2 "nope"`)
 	})
+	t.Run("StreamTrim", func(t *testing.T) {
+		for _, name := range []string{"IDEMSCRAPE_STREAM_TRIM", "IDEMSCRAPE_STREAM_TRIM_INTERVAL", "IDEMSCRAPE_STREAM_MAX_LEN"} {
+			t.Setenv(name, "")
+		}
+		base := []string{"-catalog-base", "https://s.example", "-stream-prefix", "p:"}
+		c, err := parseFlags(base, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, &outbox.DispatcherConfig{Prefix: "p:", Trim: outbox.TrimConsumed, TrimInterval: time.Minute, MaxLen: 1_000_000},
+			c.dispatcherConfig(nil), "trimmed and capped by default")
+
+		c, err = parseFlags(append(base, "-stream-max-len", "-1", "-stream-trim-interval", "10s"), &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, &outbox.DispatcherConfig{Prefix: "p:", Trim: outbox.TrimConsumed, TrimInterval: 10 * time.Second, MaxLen: outbox.NoMaxLen},
+			c.dispatcherConfig(nil))
+
+		t.Setenv("IDEMSCRAPE_STREAM_TRIM", "never")
+		t.Setenv("IDEMSCRAPE_STREAM_MAX_LEN", "5000")
+		c, err = parseFlags(base, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, &outbox.DispatcherConfig{Prefix: "p:", Trim: outbox.TrimNever}, c.dispatcherConfig(nil), "never: the cap is ignored")
+		require.NoError(t, c.dispatcherConfig(nil).Validate())
+		c, err = parseFlags(append(base, "-stream-trim", "consumed"), &bytes.Buffer{})
+		require.NoError(t, err, "the flag wins over the environment")
+		assert.Equal(t, 5000, c.dispatcherConfig(nil).MaxLen)
+		t.Setenv("IDEMSCRAPE_STREAM_TRIM", "")
+		t.Setenv("IDEMSCRAPE_STREAM_MAX_LEN", "")
+
+		for name, tc := range map[string]struct {
+			args []string
+			want string
+		}{
+			"UnknownPolicy": {[]string{"-stream-trim", "acked"}, `-stream-trim ($IDEMSCRAPE_STREAM_TRIM) "acked": want consumed or never`},
+			"ZeroCap":       {[]string{"-stream-max-len", "0"}, "-stream-max-len ($IDEMSCRAPE_STREAM_MAX_LEN) 0"},
+			"CapBelowBatch": {[]string{"-stream-max-len", "499"}, "at least 500"},
+			"NegativeCap":   {[]string{"-stream-max-len", "-2"}, "-stream-max-len"},
+			"ZeroInterval":  {[]string{"-stream-trim-interval", "0s"}, "-stream-trim-interval"},
+		} {
+			t.Run(name, func(t *testing.T) {
+				_, err := parseFlags(append(base, tc.args...), &bytes.Buffer{})
+				assert.ErrorContains(t, err, tc.want)
+			})
+		}
+		t.Setenv("IDEMSCRAPE_STREAM_MAX_LEN", "lots")
+		_, err = parseFlags(base, &bytes.Buffer{})
+		assert.ErrorContains(t, err, "IDEMSCRAPE_STREAM_MAX_LEN")
+	})
 	t.Run("BadEnv", func(t *testing.T) {
 		t.Setenv("IDEMSCRAPE_CONCURRENCY", "many")
 		_, err := parseFlags([]string{"-catalog-base", "https://s.example"}, &bytes.Buffer{})
@@ -379,7 +426,8 @@ func TestFlags(t *testing.T) {
 		var out bytes.Buffer
 		_, err := parseFlags([]string{"-h"}, &out)
 		assert.ErrorIs(t, err, flag.ErrHelp)
-		for _, s := range []string{"IDEMSCRAPE_PROXY_PASSWORD", "IDEMSCRAPE_HTTP_PASSWORD", "-shutdown-timeout", "-allow-loopback", "$IDEMSCRAPE_PG", "-redis-cluster", "$IDEMSCRAPE_REDIS_CLUSTER"} {
+		for _, s := range []string{"IDEMSCRAPE_PROXY_PASSWORD", "IDEMSCRAPE_HTTP_PASSWORD", "-shutdown-timeout", "-allow-loopback", "$IDEMSCRAPE_PG", "-redis-cluster", "$IDEMSCRAPE_REDIS_CLUSTER",
+			"-stream-trim", "$IDEMSCRAPE_STREAM_TRIM", "-stream-trim-interval", "$IDEMSCRAPE_STREAM_TRIM_INTERVAL", "-stream-max-len", "$IDEMSCRAPE_STREAM_MAX_LEN", "(default 1000000)"} {
 			assert.Contains(t, out.String(), s)
 		}
 	})

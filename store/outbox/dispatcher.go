@@ -36,25 +36,38 @@ const (
 	// DefaultRedisTimeout bounds every Redis round trip (except a consumer's blocking read,
 	// which is bounded by its Block).
 	DefaultRedisTimeout = 5 * time.Second
-	// DefaultTrimInterval is how often a dispatcher with TrimConsumed trims one topic.
+	// DefaultTrimInterval is how often a dispatcher trims one topic (TrimConsumed): the
+	// acknowledged entries, and the length cap.
 	DefaultTrimInterval = time.Minute
+	// DefaultMaxLen is the length cap of each stream under TrimConsumed: the most entries
+	// a trim leaves in it (see DispatcherConfig.MaxLen). About 0.4 GB of Redis memory with
+	// the runner's events: 399 bytes each, measured (docs/OPERATIONS.md, Bounded Redis).
+	DefaultMaxLen = 1_000_000
+	// NoMaxLen as DispatcherConfig.MaxLen turns the length cap off: only acknowledged
+	// entries are trimmed, and a consumer group that stops reading grows the stream
+	// without bound.
+	NoMaxLen = -1
+	// DefaultLossLogInterval is the least time between two log lines about events the
+	// length cap took from consumer groups, per topic.
+	DefaultLossLogInterval = 10 * time.Minute
 )
 
 // TrimPolicy says whether a Dispatcher trims the streams it publishes to.
 type TrimPolicy int
 
 const (
-	// TrimNever: the dispatcher never trims; streams grow until something else trims them
-	// (a Trimmer run by an operator or the reconciler). The default, because Redis 7 cannot
-	// trim only acknowledged entries.
-	TrimNever TrimPolicy = iota
-	// TrimConsumed: after a batch, the dispatcher runs Trimmer.Trim on each topic it
-	// published to, at most once per TrimInterval per topic: only entries every consumer
-	// group has delivered and acknowledged are removed (see the package doc for the bound).
-	TrimConsumed
+	// TrimConsumed, the default (the zero value): after a batch, at most once per
+	// TrimInterval per topic, the dispatcher removes the entries every consumer group has
+	// delivered and acknowledged (Trimmer.Trim; see the package doc for the bound), and
+	// caps the stream at MaxLen entries, counting what the cap takes from groups that had
+	// not acknowledged it (see the package doc, Trimming).
+	TrimConsumed TrimPolicy = iota
+	// TrimNever: the dispatcher never trims, the length cap included; streams grow until
+	// something else trims them (a Trimmer run by an operator) or Redis runs out of memory.
+	TrimNever
 )
 
-// String implements fmt.Stringer.
+// String implements fmt.Stringer: "consumed" or "never", the names ParseTrimPolicy reads.
 func (p TrimPolicy) String() string {
 	switch p {
 	case TrimNever:
@@ -63,6 +76,35 @@ func (p TrimPolicy) String() string {
 		return "consumed"
 	}
 	return "TrimPolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// ParseTrimPolicy reads a policy by its name: "consumed" or "never".
+func ParseTrimPolicy(s string) (TrimPolicy, error) {
+	switch s {
+	case "consumed":
+		return TrimConsumed, nil
+	case "never":
+		return TrimNever, nil
+	}
+	return 0, fmt.Errorf("outbox: trim policy %q: want consumed or never", s)
+}
+
+// MarshalText implements encoding.TextMarshaler (the policy's name).
+func (p TrimPolicy) MarshalText() ([]byte, error) {
+	if p != TrimConsumed && p != TrimNever {
+		return nil, fmt.Errorf("outbox: unknown trim policy %d", int(p))
+	}
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler (see ParseTrimPolicy).
+func (p *TrimPolicy) UnmarshalText(b []byte) error {
+	v, err := ParseTrimPolicy(string(b))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
 }
 
 // DispatcherConfig configures a Dispatcher. The zero value is valid: every field has a
@@ -92,11 +134,33 @@ type DispatcherConfig struct {
 	QueryTimeout time.Duration
 	// RedisTimeout bounds every Redis round trip. Defaults to DefaultRedisTimeout.
 	RedisTimeout time.Duration
-	// Trim is the trimming policy. Defaults to TrimNever.
+	// Trim is the trimming policy of the streams the dispatcher publishes to. Defaults to
+	// TrimConsumed (the zero value): entries every consumer group acknowledged are
+	// removed, and MaxLen caps each stream. TrimNever turns every trim off, the cap
+	// included.
 	Trim TrimPolicy
-	// TrimInterval is the least time between two trims of one topic under TrimConsumed.
-	// Defaults to DefaultTrimInterval.
+	// TrimInterval is the least time between two trims of one topic by this dispatcher
+	// under TrimConsumed (both the acknowledged entries and the cap). A trim rides on a batch that publishes
+	// to the topic: the cap is one more command in the batch's XADD pipeline, the
+	// acknowledged entries one round trip after the commit. Between two trims a stream
+	// grows by what is published to it meanwhile. Defaults to DefaultTrimInterval.
 	TrimInterval time.Duration
+	// MaxLen caps each stream under TrimConsumed: a trim that finds a stream longer
+	// removes its oldest entries down to MaxLen (exactly), whether every consumer group
+	// acknowledged them or not. A consumer group that had not acknowledged a removed entry
+	// (never delivered to it, or delivered and pending) loses that event: counted in
+	// idemscrape_outbox_stream_cap_lost_total{topic,group} and logged (see
+	// LossLogInterval). Between two trims a stream may exceed MaxLen by what was
+	// published in between. Must be 0, NoMaxLen (no cap: a group that stops reading grows
+	// the stream without bound) or at least BatchSize; must be 0 under TrimNever. Defaults
+	// to DefaultMaxLen.
+	MaxLen int
+	// LossLogInterval is the window of the log lines (level ERROR) about events the cap
+	// took from consumer groups, per topic: a topic's first loss is logged at once and
+	// opens a window; within it, only a group that starts losing is logged (at once);
+	// other losses are counted in the metrics and summed into the next line, written by
+	// the first loss after the window. Defaults to DefaultLossLogInterval.
+	LossLogInterval time.Duration
 	// RecoverWindow is how far back rows marked sent are marked unsent again when Redis
 	// lost a stream's data (see the package doc, Redis data loss): events sent earlier are
 	// assumed consumed. Keep it longer than consumers can lag, and shorter than the outbox
@@ -145,10 +209,27 @@ func (c *DispatcherConfig) Validate() error {
 		return fmt.Errorf("outbox: DispatcherConfig.Trim: unknown policy %v", c.Trim)
 	case c.TrimInterval < 0:
 		return fmt.Errorf("outbox: DispatcherConfig.TrimInterval %v is negative", c.TrimInterval)
+	case c.MaxLen < NoMaxLen:
+		return fmt.Errorf("outbox: DispatcherConfig.MaxLen %d: want a number of entries, 0 (DefaultMaxLen) or NoMaxLen (-1, no cap)", c.MaxLen)
+	case c.MaxLen > 0 && c.Trim == TrimNever:
+		return fmt.Errorf("outbox: DispatcherConfig.MaxLen %d is set but Trim is never, which turns the cap off too", c.MaxLen)
+	case c.MaxLen > 0 && c.MaxLen < c.batchSize():
+		return fmt.Errorf("outbox: DispatcherConfig.MaxLen %d is below the batch size %d: a batch could be trimmed away before anyone read it",
+			c.MaxLen, c.batchSize())
+	case c.LossLogInterval < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.LossLogInterval %v is negative", c.LossLogInterval)
 	case c.RecoverWindow < 0 || c.RecoverBatch < 0:
 		return fmt.Errorf("outbox: DispatcherConfig.RecoverWindow %v / RecoverBatch %d is negative", c.RecoverWindow, c.RecoverBatch)
 	}
 	return nil
+}
+
+// batchSize is BatchSize or its default.
+func (c *DispatcherConfig) batchSize() int {
+	if c.BatchSize == 0 {
+		return DefaultDispatchBatchSize
+	}
+	return c.BatchSize
 }
 
 func (c *DispatcherConfig) withDefaults() DispatcherConfig {
@@ -174,6 +255,12 @@ func (c *DispatcherConfig) withDefaults() DispatcherConfig {
 	}
 	if out.TrimInterval == 0 {
 		out.TrimInterval = DefaultTrimInterval
+	}
+	if out.MaxLen == 0 && out.Trim == TrimConsumed {
+		out.MaxLen = DefaultMaxLen
+	}
+	if out.LossLogInterval == 0 {
+		out.LossLogInterval = DefaultLossLogInterval
 	}
 	if out.RecoverWindow == 0 {
 		out.RecoverWindow = DefaultRecoverWindow
@@ -207,8 +294,10 @@ type Dispatcher struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the loop and the listener have returned
 
-	trimMu   sync.Mutex
-	lastTrim map[string]time.Time
+	trimMu   sync.Mutex             // guards lastTrim and losses
+	lastTrim map[string]time.Time   // topic → when this dispatcher last trimmed it
+	losses   map[string]*lossWindow // topic → what the cap took since its last log line
+	capStep  int                    // most entries one cap.lua call removes (defaultCapStep)
 
 	lockKey   int64             // recoverLockKey(Prefix)
 	epochMu   sync.Mutex        // guards epochs and refreshed
@@ -240,6 +329,8 @@ func NewDispatcher(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg *Dispatche
 		pool: pool, rdb: rdb, cfg: c, log: c.Logger, metrics: m,
 		wake:     make(chan struct{}, 1),
 		lastTrim: make(map[string]time.Time),
+		losses:   make(map[string]*lossWindow),
+		capStep:  defaultCapStep,
 		lockKey:  recoverLockKey(c.Prefix),
 		epochs:   make(map[string]string),
 	}
@@ -331,7 +422,14 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 		return 0, unsettled, err
 	}
 
-	published, err := d.publish(ctx, rows)
+	// The topics due for a trim get their length cap in the XADD pipeline (no round trip
+	// of its own) and their trim of acknowledged entries after the commit.
+	due := d.dueTrims(topics)
+	var caps []string
+	if d.cfg.MaxLen != NoMaxLen {
+		caps = due
+	}
+	published, capAgain, err := d.publish(ctx, rows, caps)
 	if err != nil {
 		d.countRepublished(rows, published)
 		return 0, nil, err
@@ -359,7 +457,7 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 		d.countRepublished(rows, published)
 		return 0, nil, fmt.Errorf("outbox: dispatch: commit: %w", err)
 	}
-	d.maybeTrim(ctx, rows)
+	d.trim(ctx, due, capAgain)
 	return len(rows), nil, nil
 }
 
@@ -385,8 +483,11 @@ WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE OF outbox SKIP LOCKED`, d.
 }
 
 // publish XADDs rows in one pipeline, retrying only the XADDs that failed, up to
-// PublishAttempts rounds. published[i] reports whether row i's XADD succeeded.
-func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow) (published []bool, err error) {
+// PublishAttempts rounds. published[i] reports whether row i's XADD succeeded. The first
+// round also caps the streams of the topics in caps (cap.lua after the XADDs, in the same
+// pipeline); capAgain lists the topics whose cap must run again on its own (the script
+// was not cached, or the step left entries above the cap).
+func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow, caps []string) (published []bool, capAgain []string, err error) {
 	published = make([]bool, len(rows))
 	todo := make([]int, len(rows))
 	for i := range rows {
@@ -394,27 +495,56 @@ func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow) (published [
 	}
 	for attempt := 1; ; attempt++ {
 		var failed []int
-		failed, err = d.xadd(ctx, rows, todo, published)
+		var capCmds []*redis.Cmd
+		failed, capCmds, err = d.xadd(ctx, rows, todo, published, caps)
+		capAgain = append(capAgain, d.capped(ctx, caps, capCmds)...)
+		caps = nil
 		if err == nil {
-			return published, nil
+			return published, capAgain, nil
 		}
 		d.log.WarnContext(ctx, "outbox: publish failed", "attempt", attempt, "of", d.cfg.PublishAttempts,
 			"failed", len(failed), "batch", len(rows), "err", err)
 		if attempt >= d.cfg.PublishAttempts {
-			return published, fmt.Errorf("outbox: dispatch: publish %d of %d rows failed after %d attempts: %w",
+			return published, nil, fmt.Errorf("outbox: dispatch: publish %d of %d rows failed after %d attempts: %w",
 				len(failed), len(rows), attempt, err)
 		}
 		if !sleepCtx(ctx, backoff(attempt, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)) {
-			return published, fmt.Errorf("outbox: dispatch: publish: %w (last error: %v)", context.Cause(ctx), err)
+			return published, nil, fmt.Errorf("outbox: dispatch: publish: %w (last error: %v)", context.Cause(ctx), err)
 		}
 		todo = failed
 	}
 }
 
-func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, published []bool) (failed []int, err error) {
+// capped records the results of the cap commands of a publish round and returns the
+// topics whose cap must run again on its own.
+func (d *Dispatcher) capped(ctx context.Context, caps []string, cmds []*redis.Cmd) (again []string) {
+	for k, topic := range caps {
+		v, err := cmds[k].Result()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, topic) // Redis lost its script cache: EVAL after the commit
+			continue
+		}
+		var res capResult
+		if err == nil {
+			res, err = parseCapReply(v)
+		}
+		if err != nil {
+			d.log.WarnContext(ctx, "outbox: stream length cap failed; it runs again at the next trim", "topic", topic, "err", err)
+			continue
+		}
+		d.recordCap(ctx, topic, res)
+		if res.over > 0 && res.removed > 0 {
+			again = append(again, topic)
+		}
+	}
+	return again
+}
+
+func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, published []bool, caps []string) (failed []int, capCmds []*redis.Cmd, err error) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
 	defer cancel()
 	cmds := make([]*redis.StringCmd, len(todo))
+	capCmds = make([]*redis.Cmd, len(caps))
 	_, err = d.rdb.Pipelined(rctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
 			r := rows[i]
@@ -428,6 +558,9 @@ func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, pub
 					FieldCreatedAt, r.createdAt.UTC().Format(time.RFC3339Nano),
 				},
 			})
+		}
+		for k, topic := range caps {
+			capCmds[k] = capScript.EvalSha(rctx, p, []string{StreamKey(d.cfg.Prefix, topic)}, d.capArgs()...)
 		}
 		return nil
 	})
@@ -446,7 +579,7 @@ func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, pub
 		d.metrics.Lag.Observe(now.Sub(rows[i].createdAt).Seconds())
 	}
 	if len(failed) == 0 {
-		return nil, nil
+		return nil, capCmds, nil
 	}
 	if firstErr == nil {
 		firstErr = err
@@ -454,7 +587,7 @@ func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, pub
 	if firstErr == nil {
 		firstErr = errors.New("XADD failed")
 	}
-	return failed, firstErr
+	return failed, capCmds, firstErr
 }
 
 func (d *Dispatcher) countRepublished(rows []outboxRow, published []bool) {
@@ -471,24 +604,37 @@ func (d *Dispatcher) countRepublished(rows []outboxRow, published []bool) {
 	}
 }
 
-func (d *Dispatcher) maybeTrim(ctx context.Context, rows []outboxRow) {
-	if d.trimmer == nil {
-		return
+// dueTrims returns the topics (of a batch about to be published) that this dispatcher has
+// not trimmed for TrimInterval, and marks them trimmed now. None under TrimNever.
+func (d *Dispatcher) dueTrims(topics []string) []string {
+	if d.cfg.Trim == TrimNever {
+		return nil
 	}
 	now := time.Now()
 	var due []string
 	d.trimMu.Lock()
-	for _, r := range rows {
-		if last, ok := d.lastTrim[r.topic]; !ok || now.Sub(last) >= d.cfg.TrimInterval {
-			d.lastTrim[r.topic] = now
-			due = append(due, r.topic)
+	defer d.trimMu.Unlock()
+	for _, topic := range topics {
+		if last, ok := d.lastTrim[topic]; !ok || now.Sub(last) >= d.cfg.TrimInterval {
+			d.lastTrim[topic] = now
+			due = append(due, topic)
 		}
 	}
-	d.trimMu.Unlock()
+	return due
+}
+
+// trim runs after a batch committed: the trim of acknowledged entries of the due topics
+// (one round trip each), then the caps that must run on their own (capAgain, see publish).
+// The acknowledged entries go first, so that a cap catching up on a long stream does not
+// count as capped what the trim removes anyway.
+func (d *Dispatcher) trim(ctx context.Context, due, capAgain []string) {
 	for _, topic := range due {
 		if _, err := d.trimmer.Trim(ctx, topic); err != nil {
 			d.log.WarnContext(ctx, "outbox: trim failed", "topic", topic, "err", err)
 		}
+	}
+	for _, topic := range capAgain {
+		d.capStream(ctx, topic)
 	}
 }
 

@@ -97,16 +97,46 @@
 //
 // Redis 7.0 has neither idempotent XADD nor the ACKED trim option, and plain MAXLEN trimming
 // drops entries that a consumer group has not delivered or not acknowledged yet. So the
-// dispatcher does not trim by default ([TrimNever]). A [Trimmer] (or [TrimConsumed] in
-// [DispatcherConfig]) trims with XTRIM MINID to a floor computed atomically (one Lua
-// script, lua.TrimStream in lua/trim.lua) over every consumer group of the stream: the smallest of each group's oldest pending id
-// and the id right after the group's last-delivered-id. The bound is:
+// dispatcher's default policy, [TrimConsumed], does two things to each topic it publishes
+// to, at most once per TrimInterval (a minute by default) per topic and riding on a batch
+// that publishes to it, never a round trip per event:
+//
+//   - It removes what every group has acknowledged ([Trimmer], one round trip after the
+//     batch's commit): XTRIM MINID to a floor computed atomically (one Lua script,
+//     lua.TrimStream in lua/trim.lua) over every consumer group of the stream, the smallest
+//     of each group's oldest pending id and the id right after the group's
+//     last-delivered-id.
+//   - It caps the stream at MaxLen entries (1,000,000 by default; store/outbox/cap.lua, one
+//     more command in the batch's XADD pipeline): a stream found longer loses its oldest
+//     entries down to MaxLen, acknowledged or not. The safety valve: a group that stopped
+//     reading holds the floor above for ever, and without a cap its stream would grow until
+//     Redis, which must run with noeviction, refuses every write — asynq's included.
+//
+// The bound of the first, alone:
 //
 //   - every entry that is pending in some group (delivered, not acknowledged) is kept;
 //   - every entry that some group has not been delivered yet is kept;
 //   - only entries that every group has delivered and acknowledged can be removed; a group
 //     with a slow consumer therefore holds the stream's length up, by design;
-//   - a stream without any consumer group is never trimmed (nobody has read it).
+//   - a stream without any consumer group is never trimmed by it (nobody has read it).
+//
+// The cap takes precedence: a stream holds at most MaxLen entries after a trim, and between
+// two trims grows by what is published to it meanwhile (MaxLen + one TrimInterval of
+// events). A group further behind than MaxLen entries loses events: the removed entries
+// it had not acknowledged — never delivered to it, or delivered and still pending — are
+// counted per group, in the same script that trims, so no group moves in between
+// (idemscrape_outbox_stream_cap_lost_total{topic,group}; every entry the cap removes is in
+// idemscrape_outbox_stream_capped_total{topic}), and logged at level ERROR naming the topic
+// and the groups (counts only, never events): one line when a topic first loses events, then
+// one per LossLogInterval (and one when another group starts losing). A group that keeps
+// within MaxLen entries of the head loses nothing. Pending entries the cap removed also
+// surface in the group's consumers, which report them as lost when they reclaim them. The
+// script also keeps Redis's lag of such a group true (Redis 7.0 would go on counting the
+// removed entries in it): see cap.lua. Its counts assume that nothing else removes entries
+// a group has not read (MAXLEN on another XADD, XDEL).
+//
+// [TrimNever] turns both off; MaxLen = [NoMaxLen] keeps the first and turns the cap off.
+// See docs/OPERATIONS.md (Bounded Redis) for the memory per event and maxmemory.
 //
 // What the floor cannot protect: a group created later with a start id in the trimmed
 // range, or moved back with XGROUP SETID, does not find the entries that were trimmed
@@ -170,6 +200,8 @@
 //	idemscrape_outbox_dispatch_lag_seconds        now − created_at at XADD time
 //	idemscrape_outbox_streams_lost_total{topic}   streams found to have lost their history
 //	idemscrape_outbox_remarked_total{topic}       sent rows marked unsent again after a loss
+//	idemscrape_outbox_stream_capped_total{topic}  entries the length cap removed
+//	idemscrape_outbox_stream_cap_lost_total{topic,group}  of those, entries the group had not acknowledged
 //	idemscrape_outbox_deduplicated_total{group}   duplicates acknowledged without the handler
 //	idemscrape_outbox_claimed_total{group}        entries reclaimed with XAUTOCLAIM
 //	idemscrape_outbox_lost_total{group}           pending entries deleted or trimmed away

@@ -29,6 +29,14 @@ type DispatcherMetrics struct {
 	// Remarked counts, per topic, outbox rows marked unsent again by those recoveries:
 	// events published again because their stream entries may have been lost.
 	Remarked *prometheus.CounterVec
+	// Capped counts, per topic, stream entries removed by the length cap
+	// (DispatcherConfig.MaxLen), acknowledged by every group or not.
+	Capped *prometheus.CounterVec
+	// CapLost counts, per topic and consumer group, entries the length cap removed before
+	// the group acknowledged them (never delivered to it, or delivered and pending): events
+	// the group will never handle. An entry that was pending also surfaces in the group's
+	// consumers as idemscrape_outbox_lost_total{group} when they reclaim it.
+	CapLost *prometheus.CounterVec
 }
 
 // ConsumerMetrics are the collectors a Consumer updates, labelled by consumer group.
@@ -70,6 +78,14 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 			Name: "idemscrape_outbox_remarked_total",
 			Help: "Outbox rows marked unsent again after Redis lost their stream; each is published again.",
 		}, []string{"topic"}),
+		Capped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_outbox_stream_capped_total",
+			Help: "Stream entries removed by the stream length cap (MaxLen), acknowledged or not.",
+		}, []string{"topic"}),
+		CapLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_outbox_stream_cap_lost_total",
+			Help: "Stream entries the length cap removed before the consumer group acknowledged them: events the group never handles.",
+		}, []string{"topic", "group"}),
 	}
 	var err error
 	if m.Published, err = register(reg, m.Published); err != nil {
@@ -85,6 +101,12 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 		return nil, err
 	}
 	if m.Remarked, err = register(reg, m.Remarked); err != nil {
+		return nil, err
+	}
+	if m.Capped, err = register(reg, m.Capped); err != nil {
+		return nil, err
+	}
+	if m.CapLost, err = register(reg, m.CapLost); err != nil {
 		return nil, err
 	}
 	return m, nil
