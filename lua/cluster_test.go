@@ -172,6 +172,19 @@ func TestScriptsSingleSlot(t *testing.T) {
 		}
 	}
 
+	// The unlock script, on robots.txt locks of random origins (one taken and released,
+	// one left to another owner).
+	for i := range 100 {
+		origin := fmt.Sprintf("https://shop-%d.example:%d", r.IntN(1e6), 1+r.IntN(65535))
+		if i%10 == 0 {
+			origin = fmt.Sprintf("http://{odd}host-%d", i)
+		}
+		lock := leases.Keys().RobotsLock(origin)
+		require.NoError(t, rdb.Set(ctx, lock, "owner-a", time.Minute).Err())
+		require.ErrorIs(t, lua.Unlock(ctx, rdb, lock, "owner-b"), lua.ErrLockNotOwner, "unlock %q", lock)
+		require.NoError(t, lua.Unlock(ctx, rdb, lock, "owner-a"), "unlock %q", lock)
+	}
+
 	// The trim script, on streams named as the outbox names them (one per topic, with a
 	// consumer group that consumed part of it).
 	for i := range 50 {

@@ -20,9 +20,11 @@
 //     with the same per-item results as Claim and Release.
 //   - TrimStream removes no entry that a consumer group has not delivered, or delivered and
 //     not acknowledged; reading the groups and trimming are one atomic script.
+//   - Unlock deletes a lock (robots.txt's fetch lock) only while its value is still the
+//     caller's owner token: a holder that outlived its lock never deletes another's.
 //   - All keys of one job share a hash tag, both keys of a destination host share one
-//     ({host:<host>}), and the trim script touches one key, so every script runs on Redis
-//     Cluster (TestScriptsSingleSlot runs each on a real 3-master cluster).
+//     ({host:<host>}), and the trim and unlock scripts touch one key each, so every script
+//     runs on Redis Cluster (TestScriptsSingleSlot runs each on a real 3-master cluster).
 //
 // This package knows nothing of PostgreSQL: the caller passes the floor and raises the
 // fence (store.JobStart).

@@ -2,6 +2,7 @@ package sessions
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,8 +34,9 @@ const (
 	// DefaultRobotsErrorTTL is how long a robots.txt that answered 5xx counts as "disallow
 	// everything" before it is fetched again (RFC 9309 §2.3.1.4).
 	DefaultRobotsErrorTTL = time.Minute
-	// DefaultRobotsLockTTL bounds one worker's fetch of a robots.txt; the others wait for it.
-	DefaultRobotsLockTTL = 30 * time.Second
+	// DefaultRobotsLockMargin is how much longer than the fetch it guards a robots.txt
+	// fetch lock lives (see RobotsConfig.LockMargin).
+	DefaultRobotsLockMargin = 5 * time.Second
 	// DefaultRobotsLocalTTL caps how long a process keeps a robots.txt in memory without
 	// asking Redis again.
 	DefaultRobotsLocalTTL = 5 * time.Minute
@@ -60,9 +62,15 @@ type RobotsConfig struct {
 	// ErrorTTL is how long a 5xx robots.txt disallows everything before the next fetch.
 	// Defaults to DefaultRobotsErrorTTL.
 	ErrorTTL time.Duration
-	// LockTTL bounds one fetch (the lock's expiry), and how long others wait for it before
-	// the attempt gives up as network (retryable). Defaults to DefaultRobotsLockTTL.
-	LockTTL time.Duration
+	// LockMargin is how much longer than the robots.txt fetch's own timeout the fetch lock
+	// lives. The fetch is bounded by the collector's RequestTimeout as a whole (host-limit
+	// waits, every redirect and the body included), and its lock expires RequestTimeout +
+	// LockMargin after it was taken, so it can not expire while its fetch still runs: the
+	// margin covers the Redis round trips around the fetch and a short stall of the worker.
+	// Another worker of the origin waits at most its own RequestTimeout + LockMargin for
+	// the fetch before its attempt gives up as network (retryable). Defaults to
+	// DefaultRobotsLockMargin; at least 1ms.
+	LockMargin time.Duration
 	// LocalTTL caps how long this process trusts its in-memory copy before reading Redis
 	// again (never past the entry's own expiry). Defaults to DefaultRobotsLocalTTL.
 	LocalTTL time.Duration
@@ -78,9 +86,12 @@ type RobotsConfig struct {
 }
 
 // RobotsCache is robots.txt for a whole fleet: one entry per origin (scheme://host[:port])
-// in Redis with the file's TTL, fetched by one worker at a time (a lock with SET NX PX;
-// the others poll the entry until it appears or the lock expires), plus a small in-memory
-// copy per process. A collector with a RobotsCache checks every hop against it. The fetch
+// in Redis with the file's TTL, fetched by one worker at a time, plus a small in-memory
+// copy per process. The fetch lock (lua.Keys.RobotsLock, SET NX PX) holds a random owner
+// token, lives longer than the fetch it guards (RequestTimeout + LockMargin) and is given
+// up by compare-and-delete (lua.Unlock): a worker whose lock did expire never deletes the
+// lock another worker took since. The others poll the entry until it appears or the lock
+// expires. A collector with a RobotsCache checks every hop against it. The fetch
 // goes through the session of the request that needed it (same proxy, same exit), and its
 // bytes are reported to OnFetch instead of the job.
 //
@@ -93,7 +104,7 @@ type RobotsConfig struct {
 // allowed.
 //
 // Redis round trips per job: none while the in-memory copy is fresh; else one GET; the one
-// worker that fetches adds SET NX, GET, SET, DEL.
+// worker that fetches adds SET NX, GET, SET and the unlock script.
 type RobotsCache struct {
 	cfg  RobotsConfig
 	keys lua.Keys
@@ -130,7 +141,7 @@ func NewRobotsCache(cfg RobotsConfig) (*RobotsCache, error) {
 		def  time.Duration
 	}{
 		{"TTL", &cfg.TTL, DefaultRobotsTTL}, {"MinTTL", &cfg.MinTTL, DefaultRobotsMinTTL},
-		{"ErrorTTL", &cfg.ErrorTTL, DefaultRobotsErrorTTL}, {"LockTTL", &cfg.LockTTL, DefaultRobotsLockTTL},
+		{"ErrorTTL", &cfg.ErrorTTL, DefaultRobotsErrorTTL}, {"LockMargin", &cfg.LockMargin, DefaultRobotsLockMargin},
 		{"LocalTTL", &cfg.LocalTTL, DefaultRobotsLocalTTL},
 	}
 	for _, d := range defaults {
@@ -202,7 +213,9 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 		return l.entry, nil
 	}
 	key, lockKey := rc.keys.Robots(org), rc.keys.RobotsLock(org)
-	deadline := time.Now().Add(rc.cfg.LockTTL + robotsPoll)
+	lockTTL := rc.lockTTL(b)
+	deadline := time.Now().Add(lockTTL + robotsPoll)
+	owner := "" // this call's lock value (random, made when first needed): only this call gives the lock up
 	for {
 		raw, err := rc.cfg.Redis.Get(ctx, key).Result()
 		switch {
@@ -215,7 +228,10 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 		case !errors.Is(err, redis.Nil):
 			return nil, rc.redisFailure(ctx, org, err)
 		}
-		got, err := rc.cfg.Redis.SetNX(ctx, lockKey, "1", rc.cfg.LockTTL).Result()
+		if owner == "" {
+			owner = rand.Text()
+		}
+		got, err := rc.cfg.Redis.SetNX(ctx, lockKey, owner, lockTTL).Result()
 		if err != nil {
 			return nil, rc.redisFailure(ctx, org, err)
 		}
@@ -224,7 +240,7 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 			// and our SET NX: look once more before fetching.
 			if raw, err := rc.cfg.Redis.Get(ctx, key).Result(); err == nil {
 				if e, derr := decodeRobots(raw); derr == nil {
-					rc.cfg.Redis.Del(ctx, lockKey)
+					rc.unlock(ctx, lockKey, owner)
 					rc.remember(org, e)
 					return e, nil
 				}
@@ -233,21 +249,22 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 			if ferr != nil {
 				// Not the host's answer (session lost, proxy refusal, timeout): nothing is
 				// cached, the next worker may try at once.
-				rc.cfg.Redis.Del(context.WithoutCancel(ctx), lockKey)
+				rc.unlock(ctx, lockKey, owner)
 				return nil, ferr
 			}
 			ttl := time.Duration(e.Expires-rc.cfg.Now().UnixMilli()) * time.Millisecond
 			raw, _ := json.Marshal(e)
 			if err := rc.cfg.Redis.Set(ctx, key, raw, max(ttl, time.Millisecond)).Err(); err != nil {
+				rc.unlock(ctx, lockKey, owner)
 				return nil, rc.redisFailure(ctx, org, err)
 			}
-			rc.cfg.Redis.Del(ctx, lockKey)
+			rc.unlock(ctx, lockKey, owner)
 			rc.remember(org, e)
 			return e, nil
 		}
 		if !time.Now().Before(deadline) {
 			return nil, &FetchError{Category: tasks.CategoryNetwork,
-				Err: fmt.Errorf("robots.txt of %s: another worker has been fetching it for more than %v; retried later", org, rc.cfg.LockTTL)}
+				Err: fmt.Errorf("robots.txt of %s: another worker has been fetching it for more than %v; retried later", org, lockTTL)}
 		}
 		t := time.NewTimer(robotsPoll)
 		select {
@@ -257,6 +274,29 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 		case <-t.C:
 		}
 	}
+}
+
+// robotsUnlockTimeout bounds giving a fetch lock up, which runs even when the request's
+// context is done (else the lock would hold the others back until it expires).
+const robotsUnlockTimeout = 5 * time.Second
+
+// robotsFetchTimeout bounds one robots.txt fetch through b as a whole: the host limit's
+// waits, every redirect and the body.
+func robotsFetchTimeout(b *Bound) time.Duration { return b.cfg.RequestTimeout }
+
+// lockTTL is how long the fetch lock of a fetch through b lives: strictly longer than the
+// fetch (by LockMargin, at least 1ms), so it can not expire while the fetch runs.
+func (rc *RobotsCache) lockTTL(b *Bound) time.Duration {
+	return robotsFetchTimeout(b) + rc.cfg.LockMargin
+}
+
+// unlock gives the fetch lock up if it still holds owner (lua.Unlock). A lock that expired,
+// or that another worker took since, is left alone: it is not ours to delete. Errors are
+// not the request's: at worst the lock holds the others back until it expires.
+func (rc *RobotsCache) unlock(ctx context.Context, lockKey, owner string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), robotsUnlockTimeout)
+	defer cancel()
+	_ = lua.Unlock(ctx, rc.cfg.Redis, lockKey, owner)
 }
 
 func (rc *RobotsCache) redisFailure(ctx context.Context, org string, err error) error {
@@ -336,7 +376,7 @@ func (rc *RobotsCache) fetch(ctx context.Context, b *Bound, org string) (*robots
 			rc.cfg.OnFetch(org, status, moved.Load())
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, robotsFetchTimeout(b)) // the lock outlives it: lockTTL
 	defer cancel()
 	target := org + "/robots.txt"
 	for hop := 0; ; hop++ {
