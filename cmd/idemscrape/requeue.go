@@ -9,13 +9,15 @@ import (
 
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 var requeueCmd = command{
 	name: "requeue", args: "KEY", npos: 1, db: true,
 	summary: "Put a failed job back to pending with a fresh retry budget (attempt cap, bandwidth and total time count\n" +
 		"again from now; its attempts stay as evidence), record who and when as a job note, and enqueue its task.\n" +
-		"Only failed jobs are re-queued.",
+		"Only failed jobs are re-queued, and only while their recorded spec still derives their key (a job whose\n" +
+		"spec derives another key since a normaliser change is refused and left as it was).",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		by := fs.String("by", os.Getenv("USER"), "who re-queues (recorded on the job note)")
 		note := fs.String("note", "", "why (recorded on the job note)")
@@ -25,29 +27,29 @@ var requeueCmd = command{
 			if *by == "" {
 				return usageError{"-by is empty and $USER is not set: say who re-queues"}
 			}
-			job, err := ops.New(c.pool).JobRequeue(ctx, ops.RequeueParams{Key: key, By: *by, Note: *note})
+			// The key is checked before anything is written, with the normaliser the enqueuer
+			// below derives keys with (newEnqueuer keeps EnqueuerConfig's default): a job whose
+			// spec derives another key could never be enqueued again (the reconciler refuses it
+			// too), so making it pending would strand it.
+			job, err := ops.New(c.pool).JobRequeue(ctx, ops.RequeueParams{Key: key, By: *by, Note: *note,
+				Normalizer: tasks.DefaultNormalizer})
 			switch {
 			case errors.Is(err, store.ErrJobNotFound):
 				return fmt.Errorf("no job with key %q", key)
 			case errors.Is(err, ops.ErrNotFailed):
 				return fmt.Errorf("refused: %w", err)
+			case errors.Is(err, ops.ErrKeyMismatch):
+				return fmt.Errorf("refused, nothing changed: %w; its task could never run under its key (enqueueing "+
+					"the spec would record a second job, and the reconciler refuses it): review the job", err)
 			case err != nil:
 				return err
-			}
-			spec := ops.SpecOf(job)
-			if k, err := spec.Key(); err != nil || k != key {
-				// The row's spec no longer derives its key (a normaliser change): enqueueing it would
-				// record a second job under the new key, and the reconciler refuses it too
-				// (reconciler_key_mismatch). Say so; the job needs review.
-				return fmt.Errorf("job %q is pending again but its spec derives key %q (%v): its task was not enqueued, "+
-					"and the reconciler will not enqueue it either (normaliser changed?): review the job", key, k, err)
 			}
 			enq, closeAll, err := newEnqueuer(c, *queue)
 			if err != nil {
 				return err
 			}
 			defer closeAll()
-			res, err := enq.Enqueue(ctx, spec)
+			res, err := enq.Enqueue(ctx, ops.SpecOf(job))
 			if err != nil {
 				return fmt.Errorf("job %q is pending again (noted, by %s) but enqueueing its task failed: %w; "+
 					"the reconciler enqueues it", key, *by, err)

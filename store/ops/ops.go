@@ -260,11 +260,49 @@ func (s *Store) JobStatus(ctx context.Context, key, eventKey string) (Status, er
 // ErrNotFailed: JobRequeue was asked to re-queue a job that is not failed.
 var ErrNotFailed = errors.New("only a failed job can be re-queued")
 
+// ErrKeyMismatch: JobRequeue was asked to re-queue a job whose recorded spec no longer
+// derives its key with RequeueParams.Normalizer. KeyMismatchError wraps it.
+var ErrKeyMismatch = errors.New("the job's recorded spec no longer derives its key")
+
+// KeyMismatchError is JobRequeue's refusal of a job whose recorded spec derives another key
+// (Derived) or none (Err: the spec is invalid under the current configuration). Such a job
+// could never run again from the queue: enqueueing its spec would record a second job under
+// Derived, and the reconciler refuses to enqueue it (reconciler_key_mismatch). It wraps
+// ErrKeyMismatch.
+type KeyMismatchError struct {
+	Key     string // the job's key
+	Derived string // the key its recorded spec derives now; "" when Err is set
+	Err     error  // why the spec derives no key, or nil
+}
+
+func (e *KeyMismatchError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("job %q: its recorded spec derives no key now: %v", e.Key, e.Err)
+	}
+	return fmt.Sprintf("job %q: its recorded spec now derives key %q, not its own (the normaliser's "+
+		"configuration, e.g. its tracking parameters, changed since the job was enqueued)", e.Key, e.Derived)
+}
+
+// Unwrap returns ErrKeyMismatch and the derivation error, if any.
+func (e *KeyMismatchError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrKeyMismatch, e.Err}
+	}
+	return []error{ErrKeyMismatch}
+}
+
 // RequeueParams re-queues one failed job.
 type RequeueParams struct {
 	Key  string
 	By   string // the operator, recorded on the note; required
 	Note string // free text, optional; cut to 2000 bytes
+	// Normalizer, when set, must derive Key from the job's recorded spec (SpecOf), or the
+	// job is refused (KeyMismatchError) before anything is written. Set it to the
+	// enqueuers' normaliser whenever the caller enqueues the job's task afterwards (as
+	// `idemscrape requeue` does), so that a job which could never be enqueued again is not
+	// made pending. Defaults to no check (nil), for callers that run the job under its key
+	// themselves instead of enqueueing its spec.
+	Normalizer *tasks.Normalizer
 }
 
 // maxNoteText bounds job_notes.note.
@@ -278,15 +316,31 @@ const maxNoteText = 2000
 // as evidence). The fence is kept: fences never go back. It returns the job as updated.
 //
 // A job that is not failed is refused with an error wrapping ErrNotFailed (naming its
-// state); a missing one with store.ErrJobNotFound. The caller then enqueues the job's task
-// (tasks.Enqueuer, which also deletes an archived task holding the key); if that fails the
-// job stays pending and the reconciler enqueues it.
+// state); a missing one with store.ErrJobNotFound; with p.Normalizer set, one whose recorded
+// spec no longer derives its key with a *KeyMismatchError (wrapping ErrKeyMismatch), checked
+// first. A refused job is left exactly as it was: no state change, no note. The caller then
+// enqueues the job's task (tasks.Enqueuer, which also deletes an archived task holding the
+// key); if that fails the job stays pending and the reconciler enqueues it.
 func (s *Store) JobRequeue(ctx context.Context, p RequeueParams) (store.Job, error) {
 	switch {
 	case p.Key == "":
 		return store.Job{}, errors.New("ops: JobRequeue: Key is empty")
 	case strings.TrimSpace(p.By) == "":
 		return store.Job{}, fmt.Errorf("ops: JobRequeue %q: By (who re-queues) is empty", p.Key)
+	}
+	if p.Normalizer != nil {
+		// A separate read is enough: a job's spec columns are written once, when its row is
+		// recorded, and never updated, so the spec checked here is the one re-queued below.
+		job, err := s.st.JobGet(ctx, p.Key)
+		switch {
+		case errors.Is(err, store.ErrJobNotFound):
+			return store.Job{}, fmt.Errorf("ops: JobRequeue %q: %w", p.Key, store.ErrJobNotFound)
+		case err != nil:
+			return store.Job{}, fmt.Errorf("ops: JobRequeue %q: %w", p.Key, err)
+		}
+		if derived, err := p.Normalizer.Key(SpecOf(job)); err != nil || derived != p.Key {
+			return store.Job{}, fmt.Errorf("ops: JobRequeue: %w", &KeyMismatchError{Key: p.Key, Derived: derived, Err: err})
+		}
 	}
 	note := p.Note
 	if len(note) > maxNoteText {

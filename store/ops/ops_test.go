@@ -41,6 +41,19 @@ func (b *bundle) record(t *testing.T, keys ...string) {
 	require.NoError(t, err)
 }
 
+// recordURL records a pending job for url as an Enqueuer configured with n would (the
+// normalised spec under the key n derives) and returns both.
+func (b *bundle) recordURL(t *testing.T, n *tasks.Normalizer, url string) (tasks.Spec, string) {
+	t.Helper()
+	spec, err := n.Normalize(tasks.Spec{Kind: "catalog", URL: url, Country: "US", Window: "2026-04-23", ParserVersion: 3})
+	require.NoError(t, err)
+	key, err := n.Key(spec)
+	require.NoError(t, err)
+	_, err = b.st.JobsRecord(context.Background(), []tasks.JobRecord{{Key: key, Spec: spec}})
+	require.NoError(t, err)
+	return spec, key
+}
+
 func (b *bundle) start(t *testing.T, key string, token int64) {
 	t.Helper()
 	_, err := b.st.JobStart(context.Background(), store.AttemptStartParams{Key: key, Token: token, Worker: "w", Country: "US"})
@@ -274,6 +287,65 @@ func TestJobRequeue(t *testing.T) {
 		require.ErrorIs(t, err, store.ErrJobNotFound)
 		_, err = b.ops.JobRequeue(ctx, ops.RequeueParams{Key: "p", By: " "})
 		assert.ErrorContains(t, err, "By")
+		assert.Zero(t, testutil.Count(t, b.pool, `SELECT count(*) FROM job_notes`))
+	})
+
+	// A job recorded under one normaliser configuration and re-queued under another: the
+	// tracking parameter "ref" is removed only by the new one, so the recorded spec derives
+	// another key now. The refusal leaves the job as it was; the same job under the
+	// configuration it was recorded with is re-queued.
+	t.Run("KeyMismatchRefusedUnchanged", func(t *testing.T) {
+		b := setup(t)
+		spec, key := b.recordURL(t, tasks.DefaultNormalizer, "https://shop.example/p/42?ref=mail&color=red")
+		b.start(t, key, 1)
+		b.fail(t, key, 1)
+		changed := tasks.NewNormalizer(tasks.WithTrackingParams("ref"))
+		derived, err := changed.Key(spec)
+		require.NoError(t, err)
+		require.NotEqual(t, key, derived, "precondition: the new configuration derives another key")
+
+		tables := []string{"jobs", "job_notes", "attempts"}
+		before := map[string][]string{}
+		for _, tbl := range tables {
+			before[tbl] = testutil.TableSnapshot(t, b.pool, tbl)
+		}
+		_, err = b.ops.JobRequeue(ctx, ops.RequeueParams{Key: key, By: "alice", Note: "try again", Normalizer: changed})
+		require.ErrorIs(t, err, ops.ErrKeyMismatch)
+		var mismatch *ops.KeyMismatchError
+		require.ErrorAs(t, err, &mismatch)
+		assert.Equal(t, ops.KeyMismatchError{Key: key, Derived: derived}, *mismatch)
+		assert.ErrorContains(t, err, fmt.Sprintf("job %q", key))
+		assert.ErrorContains(t, err, fmt.Sprintf("%q", derived))
+		assert.ErrorContains(t, err, "normaliser")
+		for _, tbl := range tables {
+			assert.Equal(t, before[tbl], testutil.TableSnapshot(t, b.pool, tbl), "%s: nothing written", tbl)
+		}
+		job, err := b.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateFailed, job.State)
+
+		// A missing job is still a missing job, with the check on.
+		_, err = b.ops.JobRequeue(ctx, ops.RequeueParams{Key: "nope", By: "alice", Normalizer: changed})
+		require.ErrorIs(t, err, store.ErrJobNotFound)
+
+		// Under the configuration it was recorded with, the key matches: re-queued.
+		job, err = b.ops.JobRequeue(ctx, ops.RequeueParams{Key: key, By: "alice", Normalizer: tasks.DefaultNormalizer})
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StatePending, job.State)
+		assert.Equal(t, spec, ops.SpecOf(job))
+		notes, err := b.ops.NoteListByJob(ctx, key)
+		require.NoError(t, err)
+		assert.Len(t, notes, 1)
+	})
+
+	t.Run("KeyCheckStillRefusesNotFailed", func(t *testing.T) {
+		b := setup(t)
+		_, key := b.recordURL(t, tasks.DefaultNormalizer, "https://shop.example/p/43")
+		before := testutil.TableSnapshot(t, b.pool, "jobs")
+		_, err := b.ops.JobRequeue(ctx, ops.RequeueParams{Key: key, By: "alice", Normalizer: tasks.DefaultNormalizer})
+		require.ErrorIs(t, err, ops.ErrNotFailed)
+		assert.NotErrorIs(t, err, ops.ErrKeyMismatch)
+		assert.Equal(t, before, testutil.TableSnapshot(t, b.pool, "jobs"))
 		assert.Zero(t, testutil.Count(t, b.pool, `SELECT count(*) FROM job_notes`))
 	})
 
