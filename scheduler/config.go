@@ -41,6 +41,18 @@ const (
 	// DefaultSavedInputRetention is how long saved inputs (store/inputs) are kept.
 	DefaultSavedInputRetention = 30 * 24 * time.Hour
 	DefaultPruneBatch          = 1000
+	// DefaultJobRetention is how long a terminal job (complete or failed) is kept after
+	// its last change, with everything recorded under its key: attempts, results,
+	// quarantine, notes, saved inputs. The longest retention: nothing outlives a result.
+	DefaultJobRetention = 90 * 24 * time.Hour
+	// MinJobRetention is the shortest job_retention accepted.
+	MinJobRetention = 24 * time.Hour
+	// DefaultQuarantineRetention is how long quarantined staging (the staged data of
+	// abandoned sessions, the bulk of what a job leaves behind) is kept, whatever the
+	// job's state.
+	DefaultQuarantineRetention = 7 * 24 * time.Hour
+	// MinQuarantineRetention is the shortest quarantine_retention accepted.
+	MinQuarantineRetention = time.Hour
 	// DefaultRequeueChangedPerSweep bounds the runnable jobs that changed or came due that
 	// one sweep checks (the rest wait for the next sweep, from where this one stopped).
 	DefaultRequeueChangedPerSweep = 10_000
@@ -146,6 +158,17 @@ type ReconcilerFile struct {
 	// nothing references any more and no save used for as long. At least
 	// inputs.MinRetention (2h). Defaults to DefaultSavedInputRetention.
 	SavedInputRetention time.Duration `yaml:"saved_input_retention"`
+	// JobRetention: terminal jobs (complete, failed) last changed longer ago than this are
+	// deleted with their attempts, results, quarantine, notes and saved inputs, and so are
+	// schedule_windows rows due longer ago. A key enqueued again after that is a new job.
+	// At least MinJobRetention and at least every other retention here (a result is kept
+	// longest; a consumer's inbox must not take a new job's event for a replay of the pruned
+	// one's). Defaults to DefaultJobRetention.
+	JobRetention time.Duration `yaml:"job_retention"`
+	// QuarantineRetention: quarantined staging older than this is deleted, whatever the
+	// job's state. At least MinQuarantineRetention, at most JobRetention. Defaults to
+	// DefaultQuarantineRetention.
+	QuarantineRetention time.Duration `yaml:"quarantine_retention"`
 	// PruneBatch bounds the rows deleted per statement. Defaults to DefaultPruneBatch.
 	PruneBatch int `yaml:"prune_batch"`
 	// RequeueChangedPerSweep bounds the runnable jobs that changed or came due since the
@@ -336,6 +359,8 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 		{"outbox_retention", &r.OutboxRetention, DefaultOutboxRetention},
 		{"inbox_retention", &r.InboxRetention, DefaultInboxRetention},
 		{"saved_input_retention", &r.SavedInputRetention, DefaultSavedInputRetention},
+		{"job_retention", &r.JobRetention, DefaultJobRetention},
+		{"quarantine_retention", &r.QuarantineRetention, DefaultQuarantineRetention},
 	} {
 		if *d.v < 0 {
 			return &ConfigError{Section: "reconciler", Field: d.name, Reason: "negative"}
@@ -370,6 +395,37 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 		return &ConfigError{Section: "reconciler", Field: "inbox_retention", Reason: fmt.Sprintf(
 			"%v must exceed outbox_retention %v: an event can be published again while its outbox row is kept, and a consumer's inbox must still recognise it",
 			r.InboxRetention, r.OutboxRetention)}
+	}
+	return r.validateRetention()
+}
+
+// validateRetention checks the job and quarantine retentions against their minimums and
+// against the other retentions, naming both settings.
+func (r *ReconcilerFile) validateRetention() error {
+	switch {
+	case r.JobRetention < MinJobRetention:
+		return &ConfigError{Section: "reconciler", Field: "job_retention", Reason: fmt.Sprintf(
+			"%v is below the minimum %v", r.JobRetention, MinJobRetention)}
+	case r.QuarantineRetention < MinQuarantineRetention:
+		return &ConfigError{Section: "reconciler", Field: "quarantine_retention", Reason: fmt.Sprintf(
+			"%v is below the minimum %v", r.QuarantineRetention, MinQuarantineRetention)}
+	case r.QuarantineRetention > r.JobRetention:
+		return &ConfigError{Section: "reconciler", Field: "quarantine_retention", Reason: fmt.Sprintf(
+			"%v exceeds job_retention %v: a job's quarantine is deleted with the job", r.QuarantineRetention, r.JobRetention)}
+	}
+	for _, o := range []struct {
+		name string
+		v    time.Duration
+		why  string
+	}{
+		{"inbox_retention", r.InboxRetention, "a key enqueued again after its job was pruned is a new job, and a consumer's inbox that still knew the pruned job's event would drop the new one's as a replay"},
+		{"outbox_retention", r.OutboxRetention, "an event would outlive its result"},
+		{"saved_input_retention", r.SavedInputRetention, "saved inputs are deleted with their job, so they could not be kept that long"},
+	} {
+		if r.JobRetention < o.v {
+			return &ConfigError{Section: "reconciler", Field: "job_retention", Reason: fmt.Sprintf(
+				"%v is shorter than %s %v: %s", r.JobRetention, o.name, o.v, o.why)}
+		}
 	}
 	return nil
 }

@@ -34,3 +34,28 @@ func TestSeasonSettingsChecked(t *testing.T) {
 	assert.Equal(t, scheduler.DefaultRequeueScanPerSweep, f.Reconciler.RequeueScanPerSweep)
 	assert.Equal(t, scheduler.DefaultRequeueChangedPerSweep, f.Reconciler.RequeueChangedPerSweep)
 }
+
+// TestRetentionSettingsChecked: job and quarantine retention against their minimums and
+// the other retentions, each error naming both settings.
+func TestRetentionSettingsChecked(t *testing.T) {
+	for name, tc := range map[string]struct{ yaml, want1, want2 string }{
+		"JobBelowMinimum":         {"job_retention: 12h", "job_retention", "minimum 24h"},
+		"JobBelowInbox":           {"job_retention: 480h", "job_retention", "inbox_retention 720h"},
+		"JobBelowSavedInputs":     {"job_retention: 800h, saved_input_retention: 900h", "job_retention", "saved_input_retention 900h"},
+		"QuarantineBelowMinimum":  {"quarantine_retention: 30m", "quarantine_retention", "minimum 1h"},
+		"QuarantineAboveJobs":     {"job_retention: 800h, quarantine_retention: 900h", "quarantine_retention", "job_retention 800h"},
+		"NegativeJobRetention":    {"job_retention: -1h", "job_retention", "negative"},
+		"NegativeQuarantineValue": {"quarantine_retention: -1h", "quarantine_retention", "negative"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := scheduler.ParseFile([]byte("reconciler: {"+tc.yaml+"}\n"), "", nil)
+			require.ErrorIs(t, err, scheduler.ErrInvalidConfig)
+			assert.ErrorContains(t, err, tc.want1)
+			assert.ErrorContains(t, err, tc.want2)
+		})
+	}
+	f, err := scheduler.ParseFile([]byte("reconciler: {}\n"), "", nil)
+	require.NoError(t, err)
+	assert.Equal(t, scheduler.DefaultJobRetention, f.Reconciler.JobRetention)
+	assert.Equal(t, scheduler.DefaultQuarantineRetention, f.Reconciler.QuarantineRetention)
+}

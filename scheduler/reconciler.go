@@ -111,6 +111,10 @@ type ReconcilerConfig struct {
 	// Defaults to inputs.New on the Store's pool when Store is a *store.PG; otherwise that
 	// part is skipped.
 	Inputs InputsPruner
+	// Retention deletes terminal jobs, quarantine and windows past their retention
+	// (File.Reconciler.JobRetention, QuarantineRetention; see retention.go). Defaults to the
+	// Store when it is a *store.PG; otherwise that part is skipped.
+	Retention RetentionPruner
 	// Redis holds the leases and asynq's tasks (the same server as Client). Required.
 	Redis redis.UniversalClient
 	// Client enqueues tasks. Required.
@@ -190,6 +194,11 @@ func (c *ReconcilerConfig) Validate() error {
 			c.Inputs = inputs.New(pg.Pool())
 		}
 	}
+	if c.Retention == nil {
+		if pg, ok := c.Store.(*store.PG); ok {
+			c.Retention = pg
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -234,7 +243,9 @@ type SweepReport struct {
 //     enqueue; the Inspector deletes an archived task first);
 //   - unsent outbox rows older than the threshold are reported (metric, log); sent outbox
 //     rows, inbox rows and saved inputs (with the bodies nothing references any more)
-//     older than their retention are deleted in bounded batches.
+//     older than their retention are deleted in bounded batches;
+//   - terminal jobs with all their rows, quarantine and schedule windows past their
+//     retention are deleted in bounded batches (retention.go).
 //
 // Every action is counted in Prometheus metrics and in store.CountersAdd.
 type Reconciler struct {
@@ -354,6 +365,9 @@ func (r *Reconciler) Sweep(ctx context.Context) SweepReport {
 	}
 	if err == nil && r.cfg.Inputs != nil {
 		err = r.pruneInputs(ctx, &rep)
+	}
+	if err == nil && r.cfg.Retention != nil {
+		err = r.pruneRetention(ctx, &rep)
 	}
 	rep.OutboxTime = time.Since(begun) - requeueEnd
 	if err != nil {
@@ -745,18 +759,8 @@ func (r *Reconciler) outbox(ctx context.Context, rep *SweepReport) error {
 		{ActionOutboxPruned, r.cfg.Outbox.PruneSent, rc.OutboxRetention},
 		{ActionInboxPruned, r.cfg.Outbox.PruneInbox, rc.InboxRetention},
 	} {
-		for range DefaultMaxPruneBatches {
-			qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-			n, err := p.prune(qctx, p.age, rc.PruneBatch)
-			cancel()
-			rep.Statements++
-			if err != nil {
-				return fmt.Errorf("scheduler: reconciler prune: %w", err)
-			}
-			rep.Actions[p.action] += n
-			if n < int64(rc.PruneBatch) {
-				break
-			}
+		if err := r.pruneBatches(ctx, rep, p.action, p.prune, p.age); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -89,10 +89,10 @@ func (s *Scheduler) backoff(try int) time.Duration {
 
 // Gap is a due window that was never enqueued and is no longer being retried.
 type Gap struct {
-	Template string
-	Kind     string
-	Window   string
-	Due      time.Time
+	Template string    `json:"template"`
+	Kind     string    `json:"kind"`
+	Window   string    `json:"window"`
+	Due      time.Time `json:"due"`
 }
 
 // Gaps returns every gap of every template: the scheduled instants from the template's

@@ -44,10 +44,10 @@ type command struct {
 	summary  string
 	db       bool // needs a migrated database
 	setFlags func(fs *flag.FlagSet) func(ctx context.Context, c *cli, pos []string) error
-	npos     int // exact number of positional arguments
+	npos     int // exact number of positional arguments; -1: any (the command checks them)
 }
 
-var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, statsCmd, auditCmd, requeueCmd, reparseCmd}
+var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, statsCmd, auditCmd, requeueCmd, reparseCmd, windowsCmd}
 
 // cli is what every command gets: its output streams and, for db commands, the pool.
 type cli struct {
@@ -204,6 +204,7 @@ func parseArgs(fs *flag.FlagSet, args []string, n int, names string) ([]string, 
 		args = rest[1:]
 	}
 	switch {
+	case n < 0:
 	case len(pos) > n:
 		extra := pos[n:]
 		quoted := make([]string, len(extra))

@@ -349,7 +349,13 @@ func TestCLI(t *testing.T) {
 	t.Run("Stats", func(t *testing.T) {
 		r := run(t, "", "stats")
 		require.Equal(t, 0, r.code, r.stderr)
-		golden(t, "stats.golden", normalise(r.stdout, kind))
+		// The storage section (sizes vary with PostgreSQL's pages) is checked apart.
+		measures, sto, ok := strings.Cut(r.stdout, "\nTABLE ")
+		require.True(t, ok, "a storage section: %s", r.stdout)
+		golden(t, "stats.golden", normalise(measures, kind))
+		assert.Regexp(t, `(?m)^jobs +\d+ +\d+(\.\d)? (B|kB|MB)$`, sto)
+		assert.Regexp(t, `(?m)^quarantine +\d+`, sto)
+		assert.Contains(t, sto, "retention deletes next: 0 terminal jobs with all their rows (job_retention 2160h0m0s), 0 quarantine rows (quarantine_retention 168h0m0s), 0 schedule windows")
 		r = run(t, "", "stats", "-json")
 		require.Equal(t, 0, r.code, r.stderr)
 		var st map[string]any
@@ -360,6 +366,8 @@ func TestCLI(t *testing.T) {
 		}
 		assert.NotEmpty(t, st["retries_caused_by_category"])
 		assert.NotEmpty(t, st["diagnosis"])
+		require.Contains(t, st, "storage")
+		assert.Len(t, st["storage"].(map[string]any)["tables"], 11)
 		assert.NotRegexp(t, `"[A-Z][A-Za-z]*":`, r.stdout, "snake_case fields only")
 	})
 
@@ -421,5 +429,67 @@ func TestCLI(t *testing.T) {
 			assert.Equal(t, 1, r.code, "%v", args)
 			assert.Contains(t, r.stderr, "run `idemscrape migrate`", "%v", args)
 		}
+	})
+
+	// windows: the recorded windows, the gaps found from the scheduler's configuration
+	// (exit 1 while there is one), a fill that enqueues a gap's jobs once, and the usage
+	// rules. Its own database: the fixture above is left as the audit found it.
+	t.Run("Windows", func(t *testing.T) {
+		wpool := testutil.PG(t)
+		wdsn := dsnOf(t, wpool)
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "scheduler.yaml")
+		require.NoError(t, os.WriteFile(cfg, []byte(`templates:
+  - name: daily-prices
+    cron: "@daily"
+    window: daily
+    kind: `+kind+`
+    catchup: none
+    sources: {ids: [sku-1, sku-2]}
+    countries: [US]
+    parser_version: 1
+kinds:
+  `+kind+`: {queue: `+ns.Queue+`}
+`), 0o600))
+		// The scheduler ran 4 days ago and then was down: 3 windows due since are gaps
+		// (today's is not yet past its deadline, the next tick).
+		day := time.Now().UTC().Truncate(24 * time.Hour)
+		_, err := wpool.Exec(ctx, `INSERT INTO schedule_windows (template, "window", kind, due_at, state, enqueued_at)
+VALUES ('daily-prices', $1, $2, $3, 'enqueued', $3)`, day.AddDate(0, 0, -4).Format("2006-01-02"), kind, day.AddDate(0, 0, -4))
+		require.NoError(t, err)
+		r := runIn(t, wdsn, "", "windows")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Regexp(t, `daily-prices\s+`+day.AddDate(0, 0, -4).Format("2006-01-02")+`\s+\S+\s+enqueued`, r.stdout)
+
+		r = runIn(t, wdsn, "", "windows", "-config", cfg, "-gaps")
+		assert.Equal(t, 1, r.code, "exit 1 while there is a gap: %s", r.stderr)
+		assert.Contains(t, r.stdout, "3 gap(s)")
+		gap := day.AddDate(0, 0, -2).Format("2006-01-02")
+		assert.Contains(t, r.stdout, gap)
+
+		for range 2 { // a second fill finds the jobs and enqueues nothing new
+			r = runIn(t, wdsn, "", "windows", "-config", cfg, "-fill", "daily-prices", gap)
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Contains(t, r.stdout, "filled daily-prices/"+gap)
+		}
+		assert.Equal(t, 2, testutil.Count(t, wpool, `SELECT count(*) FROM jobs WHERE "window" = '`+gap+`'`), "each job of the window once")
+		r = runIn(t, wdsn, "", "windows", "-config", cfg, "-gaps", "-json")
+		assert.Equal(t, 1, r.code)
+		var gaps []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &gaps))
+		assert.Len(t, gaps, 2, "the filled window is no gap any more")
+		for _, g := range gaps {
+			assert.Contains(t, g, "window")
+			assert.NotEqual(t, gap, g["window"])
+		}
+
+		for _, args := range [][]string{{"windows", "-gaps"}, {"windows", "-fill", "a"}, {"windows", "-gaps", "-fill", "a", "b"},
+			{"windows", "extra"}, {"windows", "-limit", "0"}} {
+			r = runIn(t, wdsn, "", args...)
+			assert.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
+		}
+		r = runIn(t, wdsn, "", "windows", "-config", cfg, "-fill", "nope", gap)
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, r.stderr, "nope")
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
 )
@@ -18,12 +19,26 @@ var statsCmd = command{
 	summary: "Show the six duplicate-work measures (attempts per completed job, jobs completed after lease recovery,\n" +
 		"duplicate result writes rejected, outbox events deduplicated downstream, bytes per logical job, failure\n" +
 		"categories by retries caused), the reconciler's maintenance counters, and a diagnosis when the duplicate\n" +
-		"rate rises. Computed from PostgreSQL alone.",
+		"rate rises; the tables' sizes and what retention deletes next (with the scheduler's -config, or the\n" +
+		"default retentions). Computed from PostgreSQL alone.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		asJSON := fs.Bool("json", false, "print JSON (snake_case fields) instead of tables")
+		config := fs.String("config", env("IDEMSCRAPE_SCHEDULER_CONFIG", ""), "the scheduler's YAML configuration, for its retentions (default: the default retentions; env IDEMSCRAPE_SCHEDULER_CONFIG)")
 		return func(ctx context.Context, c *cli, _ []string) error {
-			st, err := store.New(c.pool).StatsGet(ctx)
+			rc, err := reconcilerSettings(*config)
 			if err != nil {
+				return err
+			}
+			pg := store.New(c.pool)
+			st, err := pg.StatsGet(ctx)
+			if err != nil {
+				return err
+			}
+			sto := storage{JobRetention: rc.JobRetention.String(), QuarantineRetention: rc.QuarantineRetention.String()}
+			if sto.Tables, err = pg.TableSizes(ctx); err != nil {
+				return err
+			}
+			if sto.RetentionDue, err = pg.RetentionDue(ctx, rc.JobRetention, rc.QuarantineRetention); err != nil {
 				return err
 			}
 			diag := ops.Diagnose(st)
@@ -34,9 +49,13 @@ var statsCmd = command{
 				return writeJSON(c.stdout, struct {
 					store.Stats
 					Diagnosis []string `json:"diagnosis"`
-				}{st, diag})
+					Storage   storage  `json:"storage"`
+				}{st, diag, sto})
 			}
-			return writeStats(c.stdout, st, diag)
+			if err := writeStats(c.stdout, st, diag); err != nil {
+				return err
+			}
+			return writeStorage(c.stdout, sto)
 		}
 	},
 }
@@ -110,4 +129,60 @@ func writeStats(w io.Writer, st store.Stats, diag []string) error {
 		fmt.Fprintln(w, "diagnosis: "+d)
 	}
 	return nil
+}
+
+// storage is the storage part of stats: table sizes and what retention deletes next.
+type storage struct {
+	Tables              []store.TableSize      `json:"tables"`
+	JobRetention        string                 `json:"job_retention"`
+	QuarantineRetention string                 `json:"quarantine_retention"`
+	RetentionDue        store.RetentionPreview `json:"retention_due"`
+}
+
+// reconcilerSettings reads the reconciler's settings from the scheduler's configuration
+// file, or the defaults without one.
+func reconcilerSettings(path string) (scheduler.ReconcilerFile, error) {
+	if path == "" {
+		f, err := scheduler.ParseFile([]byte("{}"), "", nil)
+		if err != nil {
+			return scheduler.ReconcilerFile{}, err
+		}
+		return f.Reconciler, nil
+	}
+	f, err := scheduler.LoadFile(path)
+	if err != nil {
+		return scheduler.ReconcilerFile{}, err
+	}
+	return f.Reconciler, nil
+}
+
+func writeStorage(w io.Writer, s storage) error {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tROWS (EST.)\tSIZE")
+	for _, t := range s.Tables {
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", t.Table, t.Rows, humanBytes(t.Bytes))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nretention deletes next: %d terminal jobs with all their rows (job_retention %s), %d quarantine rows (quarantine_retention %s), %d schedule windows\n",
+		s.RetentionDue.TerminalJobs, s.JobRetention, s.RetentionDue.Quarantine, s.QuarantineRetention, s.RetentionDue.Windows)
+	return nil
+}
+
+// humanBytes renders n bytes as B, kB, MB, GB (powers of 1024).
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, suffix := float64(n)/unit, "kB"
+	for _, s := range []string{"MB", "GB", "TB"} {
+		if v < unit {
+			break
+		}
+		v, suffix = v/unit, s
+	}
+	return fmt.Sprintf("%.1f %s", v, suffix)
 }

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/idemscrape/idemscrape/scheduler"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+var windowsCmd = command{
+	name: "windows", args: "[TEMPLATE WINDOW]", npos: -1, db: true,
+	summary: "The scheduler's windows (template × window: due, state, tries, specs enqueued, last error), newest first.\n" +
+		"-gaps lists, from the scheduler's configuration (-config), every due window that was never enqueued and is no\n" +
+		"longer being retried (exit 1 when there is one); -fill TEMPLATE WINDOW enqueues one window now: jobs that exist\n" +
+		"are found, not enqueued again, so a fill is safe beside running schedulers and safe to repeat.",
+	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+		config := fs.String("config", env("IDEMSCRAPE_SCHEDULER_CONFIG", ""), "the scheduler's YAML configuration (for -gaps and -fill; env IDEMSCRAPE_SCHEDULER_CONFIG)")
+		gaps := fs.Bool("gaps", false, "list the gaps: due windows never enqueued (needs -config)")
+		fill := fs.Bool("fill", false, "enqueue the window TEMPLATE WINDOW given as the two arguments (needs -config)")
+		template := fs.String("template", "", "only this template")
+		limit := fs.Int("limit", 100, "at most this many windows (without -gaps)")
+		allowLoopback := fs.Bool("allow-loopback", false, "allow loopback source URLs when filling (demos and tests only)")
+		asJSON := fs.Bool("json", false, "print JSON")
+		return func(ctx context.Context, c *cli, pos []string) error {
+			switch {
+			case *gaps && *fill:
+				return usageError{"-gaps and -fill can not be combined"}
+			case *fill && len(pos) != 2:
+				return usageError{"-fill needs two arguments: TEMPLATE WINDOW"}
+			case !*fill && len(pos) != 0:
+				return usageError{fmt.Sprintf("unexpected argument(s) %q (only -fill takes TEMPLATE WINDOW)", pos)}
+			case (*gaps || *fill) && *config == "":
+				return usageError{"-gaps and -fill need the scheduler's configuration: -config FILE (or IDEMSCRAPE_SCHEDULER_CONFIG)"}
+			case *limit < 1:
+				return usageError{fmt.Sprintf("-limit %d must be >= 1", *limit)}
+			}
+			st := store.New(c.pool)
+			if !*gaps && !*fill {
+				ws, err := st.WindowsList(ctx, store.WindowsListParams{Template: *template, Limit: *limit})
+				if err != nil {
+					return err
+				}
+				return printWindows(c, ws, *asJSON)
+			}
+			file, err := scheduler.LoadFile(*config)
+			if err != nil {
+				return usageError{err.Error()}
+			}
+			s, closeAll, err := newScheduler(c, file, *allowLoopback)
+			if err != nil {
+				return err
+			}
+			defer closeAll()
+			if *fill {
+				rep, err := s.Fill(ctx, pos[0], pos[1])
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					return json.NewEncoder(c.stdout).Encode(rep.Outcomes)
+				}
+				fmt.Fprintf(c.stdout, "filled %s/%s (due %s): %d specs, outcomes %v, %d invalid sources\n",
+					rep.Template, rep.Window, rep.At.Format(time.RFC3339), rep.Specs, rep.Outcomes, rep.Invalid)
+				return nil
+			}
+			gs, err := s.Gaps(ctx)
+			if err != nil {
+				return err
+			}
+			var out []scheduler.Gap
+			for _, g := range gs {
+				if *template == "" || g.Template == *template {
+					out = append(out, g)
+				}
+			}
+			if *asJSON {
+				if out == nil {
+					out = []scheduler.Gap{}
+				}
+				if err := json.NewEncoder(c.stdout).Encode(out); err != nil {
+					return err
+				}
+			} else {
+				tw := tabwriter.NewWriter(c.stdout, 2, 8, 2, ' ', 0)
+				fmt.Fprintln(tw, "TEMPLATE\tWINDOW\tDUE\tKIND")
+				for _, g := range out {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Template, g.Window, g.Due.Format(time.RFC3339), g.Kind)
+				}
+				_ = tw.Flush()
+				fmt.Fprintf(c.stdout, "%d gap(s); fill one with: idemscrape windows -config %s -fill TEMPLATE WINDOW\n", len(out), *config)
+			}
+			if len(out) > 0 {
+				return exitError{1}
+			}
+			return nil
+		}
+	},
+}
+
+// newScheduler builds a scheduler (never started) for Gaps and Fill.
+func newScheduler(c *cli, file *scheduler.File, allowLoopback bool) (*scheduler.Scheduler, func(), error) {
+	rc, err := redisConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	opt := rc.AsynqConnOpt()
+	client := asynq.NewClient(opt)
+	insp := asynq.NewInspector(opt)
+	rdb := rc.NewClient()
+	closeAll := func() {
+		_ = insp.Close()
+		_ = client.Close()
+		_ = rdb.Close()
+	}
+	dest := tasks.StrictDestinationPolicy()
+	if allowLoopback {
+		dest = tasks.LoopbackPolicy()
+	}
+	s, err := scheduler.New(scheduler.Config{File: file, Client: client, Redis: rdb, Store: store.New(c.pool),
+		Inspector: insp, Destinations: dest})
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return s, closeAll, nil
+}
+
+// windowJSON is one window of `windows -json`.
+type windowJSON struct {
+	Template   string     `json:"template"`
+	Window     string     `json:"window"`
+	Kind       string     `json:"kind"`
+	Due        time.Time  `json:"due"`
+	State      string     `json:"state"`
+	Tries      int        `json:"tries"`
+	Specs      int        `json:"specs"`
+	Enqueued   int        `json:"enqueued"`
+	EnqueuedAt *time.Time `json:"enqueued_at,omitempty"`
+	LastError  string     `json:"last_error,omitempty"`
+}
+
+func printWindows(c *cli, ws []store.Window, asJSON bool) error {
+	if asJSON {
+		out := make([]windowJSON, 0, len(ws))
+		for _, w := range ws {
+			out = append(out, windowJSON{Template: w.Template, Window: w.Window, Kind: w.Kind, Due: w.Due, State: w.State,
+				Tries: w.Tries, Specs: w.Specs, Enqueued: w.Enqueued, EnqueuedAt: w.EnqueuedAt, LastError: w.LastError})
+		}
+		return json.NewEncoder(c.stdout).Encode(out)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "TEMPLATE\tWINDOW\tDUE\tSTATE\tTRIES\tSPECS\tENQUEUED\tLAST ERROR")
+	for _, w := range ws {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", w.Template, w.Window, w.Due.Format(time.RFC3339), w.State,
+			w.Tries, w.Specs, w.Enqueued, w.LastError)
+	}
+	return tw.Flush()
+}
