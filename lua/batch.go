@@ -88,23 +88,36 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// runMany runs script once per keys[i], args[i], all in one pipeline of EVALSHA, and
-// returns the commands, each with its own reply or error. go-redis's Script.Run falls back
-// to EVAL on NOSCRIPT only outside a pipeline (a queued command's error is known only after
-// Exec), so the commands that failed with NOSCRIPT are sent again, once, after SCRIPT LOAD.
+// runMany is RunMany on the leases' client.
 func (l *Leases) runMany(ctx context.Context, script *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
+	return RunMany(ctx, l.rdb, script, keys, args)
+}
+
+// RunMany runs script once per keys[i], args[i] (args may be nil: no arguments), all in
+// one pipeline of EVALSHA, and returns the commands, each with its own reply or error.
+// go-redis's Script.Run falls back to EVAL on NOSCRIPT only outside a pipeline (a queued
+// command's error is known only after Exec), so the commands that failed with NOSCRIPT
+// are sent again, once, after SCRIPT LOAD. A client that can not pipeline runs them one
+// by one.
+func RunMany(ctx context.Context, rdb redis.Scripter, script *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
+	argsOf := func(i int) []any {
+		if args == nil {
+			return nil
+		}
+		return args[i]
+	}
 	cmds := make([]*redis.Cmd, len(keys))
-	p, ok := l.rdb.(pipeliner)
+	p, ok := rdb.(pipeliner)
 	if !ok {
 		for i := range keys {
-			cmds[i] = script.Run(ctx, l.rdb, keys[i], args[i]...)
+			cmds[i] = script.Run(ctx, rdb, keys[i], argsOf(i)...)
 		}
 		return cmds
 	}
 	send := func(which []int) {
 		pipe := p.Pipeline()
 		for _, i := range which {
-			cmds[i] = script.EvalSha(ctx, pipe, keys[i], args[i]...)
+			cmds[i] = script.EvalSha(ctx, pipe, keys[i], argsOf(i)...)
 		}
 		// Exec's error is the first command's; every command carries its own.
 		_, _ = pipe.Exec(ctx)
@@ -126,7 +139,7 @@ func (l *Leases) runMany(ctx context.Context, script *redis.Script, keys [][]str
 	if len(retry) == 0 {
 		return cmds
 	}
-	if err := script.Load(ctx, l.rdb).Err(); err != nil {
+	if err := script.Load(ctx, rdb).Err(); err != nil {
 		for _, i := range retry {
 			cmds[i] = redis.NewCmd(ctx)
 			cmds[i].SetErr(fmt.Errorf("script cache lost (NOSCRIPT) and SCRIPT LOAD failed: %w", err))

@@ -78,6 +78,42 @@ func (s *RedisServer) Restart() {
 	s.Start()
 }
 
+// Snapshot saves the server's data (SAVE) to a file of the test's own and returns its
+// path, for RestoreSnapshot. The server keeps no dump file of its own: a Restart still
+// loses every key.
+func (s *RedisServer) Snapshot(name string) string {
+	s.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	if err := c.Save(context.Background()).Err(); err != nil {
+		s.t.Fatalf("testutil: SAVE on %s: %v", s.Addr, err)
+	}
+	path := filepath.Join(s.dir, "snapshot-"+name+".rdb")
+	if err := os.Rename(filepath.Join(s.dir, "dump.rdb"), path); err != nil {
+		s.t.Fatalf("testutil: keep the snapshot: %v", err)
+	}
+	return path
+}
+
+// RestoreSnapshot stops the server and starts it again from a Snapshot, as a Redis that
+// came back from an older RDB file (or failed over to a replica that lagged) does: every
+// key as it was then, whatever was written since is gone.
+func (s *RedisServer) RestoreSnapshot(path string) {
+	s.t.Helper()
+	s.Stop()
+	b, err := os.ReadFile(path)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(s.dir, "dump.rdb"), b, 0o600)
+	}
+	if err != nil {
+		s.t.Fatalf("testutil: restore snapshot %s: %v", path, err)
+	}
+	s.Start()
+	if err := os.Remove(filepath.Join(s.dir, "dump.rdb")); err != nil {
+		s.t.Fatalf("testutil: remove the restored dump file: %v", err)
+	}
+}
+
 // Client returns a client for the server, closed when the test ends.
 func (s *RedisServer) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})

@@ -647,6 +647,11 @@ func staleObserved(stale []staleCommit, notArmed int) string {
 			parts = append(parts, fmt.Sprintf("%s %d", o, outcomes[o]))
 		}
 	}
+	for _, sc := range stale {
+		if sc.Err != "" { // why, as the worker said: a refusal or an error that was not the fence's
+			parts = append(parts, fmt.Sprintf("%s token %d: %s", sc.Key, sc.Token, sc.Err))
+		}
+	}
 	return fmt.Sprintf("%d fired (%d not armed in time), %d continued after a takeover (%d after another worker finished the job); worker says: %s",
 		len(stale), notArmed, took, fin, strings.Join(parts, ", "))
 }

@@ -420,6 +420,8 @@ func (s *slot) start() error {
 type failpointFields struct {
 	name, detail, outcome string
 	token                 int64
+	err                   string // the err= field's text (the rest of the line), if any
+	diag                  string // the before_commit_sent line's resolved= and busy= fields
 }
 
 // recordFailpoint counts one "FAILPOINT name=… …" line of a worker and returns its fields.
@@ -431,7 +433,9 @@ func (h *harness) recordFailpoint(line string) failpointFields {
 			continue
 		}
 		if k == "err" {
-			break // the rest is the error's text, which may hold anything
+			// The rest is the error's text, which may hold anything.
+			_, fl.err, _ = strings.Cut(line, " err=")
+			break
 		}
 		switch k {
 		case "name":
@@ -442,6 +446,8 @@ func (h *harness) recordFailpoint(line string) failpointFields {
 			fl.token, _ = strconv.ParseInt(v, 10, 64)
 		case "outcome":
 			fl.outcome = v
+		case "resolved", "busy": // how the worker's committer got its answer
+			fl.diag = strings.TrimSpace(fl.diag + " " + f)
 		}
 	}
 	if strings.HasSuffix(fl.name, "_sent") {
@@ -464,6 +470,7 @@ type staleCommit struct {
 	TookOver bool   // the job's fence was above Token when the worker was continued
 	Finished bool   // … and the job was complete or failed: another worker finished it
 	Outcome  string // what the worker said PostgreSQL did with the commit: refused, accepted, error; "" if it never said
+	Err      string // the worker's error text for a refused or failed commit
 }
 
 // resumeStale continues a worker stopped at before_commit once its job was taken over
@@ -535,11 +542,17 @@ func (h *harness) waitStaleSent(ctx context.Context) {
 
 // staleSent records what became of a stale commit, as the worker reported it.
 func (h *harness) staleSent(fl failpointFields) {
+	if fl.err != "" {
+		h.logf("stale commit of %s under token %d: %s: %s", fl.detail, fl.token, fl.outcome, fl.err)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, sc := range h.stale {
 		if sc.Key == fl.detail && sc.Token == fl.token {
-			sc.Outcome = fl.outcome
+			sc.Outcome, sc.Err = fl.outcome, fl.err
+			if fl.err != "" && fl.diag != "" {
+				sc.Err = fl.err + " (" + fl.diag + ")"
+			}
 		}
 	}
 }

@@ -217,7 +217,9 @@ func retryOption(s string) (handlers.KindOption, error) {
 func (c *failCommitter) staleCommit(ctx context.Context, p store.CommitParams) (store.CommitResult, error) {
 	fmt.Fprintf(os.Stderr, "%s name=%s pid=%d key=%s token=%d\n", failpointLine, FailBeforeCommit, os.Getpid(), p.Key, p.Token)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // returns once cmd/chaos sent SIGCONT
+	before := c.GroupCommitter.Stats()
 	res, err := c.GroupCommitter.Commit(context.WithoutCancel(ctx), p)
+	after := c.GroupCommitter.Stats()
 	outcome := "accepted"
 	var te *store.TransitionError
 	switch {
@@ -226,9 +228,11 @@ func (c *failCommitter) staleCommit(ctx context.Context, p store.CommitParams) (
 	case err != nil:
 		outcome = "error"
 	}
-	detail := ""
+	// How the committer got its answer: statements resolved by re-reading the rows (a
+	// reply lost after sending) and busy rows met, while this commit ran (any request's).
+	detail := fmt.Sprintf(" resolved=%d busy=%d", after.Resolved-before.Resolved, after.Busy-before.Busy)
 	if err != nil {
-		detail = " err=" + strconv.Quote(err.Error()) // last: the harness splits the line on spaces
+		detail += " err=" + strconv.Quote(err.Error()) // last: the harness splits the line on spaces
 	}
 	fmt.Fprintf(os.Stderr, "%s name=%s pid=%d key=%s token=%d outcome=%s%s\n", failpointLine, FailBeforeCommit+"_sent", os.Getpid(), p.Key, p.Token, outcome, detail)
 	return res, err

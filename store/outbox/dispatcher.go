@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -300,8 +301,9 @@ type Dispatcher struct {
 	capStep  int                    // most entries one cap.lua call removes (defaultCapStep)
 
 	lockKey   int64             // recoverLockKey(Prefix)
-	epochMu   sync.Mutex        // guards epochs and refreshed
+	epochMu   sync.Mutex        // guards epochs, floors and refreshed
 	epochs    map[string]string // topic → its epoch, as last found in PostgreSQL and the marker alike
+	floors    map[string]int64  // topic → the entries-added of its stream PostgreSQL recorded, as last read
 	refreshed time.Time         // when the idle check last read every epoch from PostgreSQL
 
 	beforeSettle func(topics []string) // test hook (export_test.go): a batch found topics unsettled
@@ -333,6 +335,7 @@ func NewDispatcher(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg *Dispatche
 		capStep:  defaultCapStep,
 		lockKey:  recoverLockKey(c.Prefix),
 		epochs:   make(map[string]string),
+		floors:   make(map[string]int64),
 	}
 	if c.Trim == TrimConsumed {
 		d.trimmer, err = NewTrimmer(rdb, &TrimmerConfig{Prefix: c.Prefix, RedisTimeout: c.RedisTimeout, Logger: c.Logger})
@@ -354,6 +357,7 @@ type outboxRow struct {
 	topic     string
 	payload   string
 	createdAt time.Time
+	added     int64 // outbox_epochs.entries_added of the topic when the row was claimed
 }
 
 // DispatchOnce runs one batch: it claims up to BatchSize unsent rows (skipping rows other
@@ -410,15 +414,18 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 	// PostgreSQL yet costs one statement more, in the batch's transaction, under the shared
 	// lock): a batch never appends to a stream whose marker is absent or not PostgreSQL's
 	// epoch, so a lost stream gets nothing from the dispatchers until it is recovered.
+	// The claim read how many entries PostgreSQL recorded as added to each stream: a
+	// stream that has fewer lost its newest entries (an older copy came back).
 	var topics []string
-	seen := make(map[string]bool)
+	floors := make(map[string]int64)
 	for _, r := range rows {
-		if !seen[r.topic] {
-			seen[r.topic] = true
+		if _, seen := floors[r.topic]; !seen {
 			topics = append(topics, r.topic)
 		}
+		floors[r.topic] = r.added
 	}
-	if unsettled, err = d.unsettled(ctx, tx, topics); err != nil || len(unsettled) > 0 {
+	unsettled, states, err := d.unsettled(ctx, tx, topics, floors)
+	if err != nil || len(unsettled) > 0 {
 		return 0, unsettled, err
 	}
 
@@ -439,6 +446,17 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 	for i, r := range rows {
 		ids[i] = r.id
 	}
+	// What each stream has had added at least, now: what it had before the batch plus the
+	// batch's entries (other dispatchers may have added more meanwhile).
+	added := make([]int64, len(topics))
+	for i, t := range topics {
+		added[i] = states[t].added
+	}
+	for i, r := range rows {
+		if published[i] {
+			added[slices.Index(topics, r.topic)]++
+		}
+	}
 	if d.cfg.AfterPublish != nil {
 		if err := d.cfg.AfterPublish(ids); err != nil {
 			d.countRepublished(rows, published)
@@ -448,7 +466,7 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 
 	qctx, cancel = context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	defer cancel()
-	if _, err := tx.Exec(qctx, `UPDATE outbox SET sent_at = now() WHERE id = ANY($1)`, ids); err != nil {
+	if _, err := tx.Exec(qctx, markSentSQL, ids, topics, added, d.cfg.Prefix); err != nil {
 		d.countRepublished(rows, published)
 		return 0, nil, fmt.Errorf("outbox: dispatch: mark %d rows sent: %w", len(ids), err)
 	}
@@ -461,6 +479,19 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 	return len(rows), nil, nil
 }
 
+// markSentSQL marks a batch's rows sent and raises the entries-added PostgreSQL records of
+// each stream the batch published to, in one statement. The epochs rows are locked in
+// topic order, so that two batches over the same topics can not deadlock.
+const markSentSQL = `
+WITH sent AS (
+	UPDATE outbox SET sent_at = now() WHERE id = ANY($1)
+), locked AS (
+	SELECT e.topic FROM outbox_epochs e WHERE e.prefix = $4 AND e.topic = ANY($2::text[]) ORDER BY e.topic FOR UPDATE
+)
+UPDATE outbox_epochs e SET entries_added = GREATEST(e.entries_added, x.added)
+FROM unnest($2::text[], $3::bigint[]) AS x(topic, added) JOIN locked USING (topic)
+WHERE e.prefix = $4 AND e.topic = x.topic AND e.entries_added < x.added`
+
 func (d *Dispatcher) claim(ctx context.Context, tx pgx.Tx) ([]outboxRow, error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	defer cancel()
@@ -468,11 +499,13 @@ func (d *Dispatcher) claim(ctx context.Context, tx pgx.Tx) ([]outboxRow, error) 
 	// (exclusive) waits for batches in flight and holds new claims back while it runs.
 	rows, _ := tx.Query(qctx, `
 WITH recovery AS (SELECT pg_advisory_xact_lock_shared($2::bigint))
-SELECT id, event_key, topic, payload::text, created_at FROM outbox, recovery
-WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE OF outbox SKIP LOCKED`, d.cfg.BatchSize, d.lockKey)
+SELECT id, event_key, topic, payload::text, created_at,
+	COALESCE((SELECT e.entries_added FROM outbox_epochs e WHERE e.prefix = $3 AND e.topic = outbox.topic), 0)
+FROM outbox, recovery
+WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE OF outbox SKIP LOCKED`, d.cfg.BatchSize, d.lockKey, d.cfg.Prefix)
 	var r outboxRow
 	out := make([]outboxRow, 0, d.cfg.BatchSize)
-	_, err := pgx.ForEachRow(rows, []any{&r.id, &r.eventKey, &r.topic, &r.payload, &r.createdAt}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&r.id, &r.eventKey, &r.topic, &r.payload, &r.createdAt, &r.added}, func() error {
 		out = append(out, r)
 		return nil
 	})

@@ -10,7 +10,7 @@
 //
 // A [Dispatcher] claims up to BatchSize unsent rows in one transaction
 // (SELECT … FOR UPDATE SKIP LOCKED, oldest first), checks that the epoch marker of each
-// topic's stream is there (one pipelined GET, see Redis data loss below), appends them with
+// topic's stream is there and whole (one pipelined script call, see Redis data loss below), appends them with
 // one pipelined round of XADD to the stream <prefix>stream:{<topic>} (see [StreamKey]), and
 // only then marks them sent and commits. Any number of dispatchers may run at once, in one process or many: SKIP LOCKED
 // hands each a disjoint batch. Guarantees:
@@ -35,7 +35,7 @@
 // exactly when the stream is).
 //
 //   - A dispatcher reads the markers of a batch's topics before it publishes the batch
-//     (one pipelined GET per batch; a topic it has not matched with PostgreSQL yet costs
+//     (one pipelined script call per topic, one round trip per batch; a topic it has not matched with PostgreSQL yet costs
 //     one more statement, in the batch's transaction), and, whenever it is idle, those of
 //     every topic PostgreSQL holds an epoch of ([Dispatcher.CheckStreams]; PostgreSQL's
 //     epochs are read again at most once per PollInterval). It never appends to a stream
@@ -72,19 +72,28 @@
 // within RecoverWindow before the loss that the group had already handled runs its
 // handler a second time (at least once; exactly once only for idempotent handlers).
 //
-// What it cannot see: a Redis that comes back with part of its data from the current
-// epoch (restarted from an RDB snapshot or AOF taken after the last recovery but before
-// the last writes, a replica promoted before it received them) still has the right
-// marker, so the entries appended after the snapshot and not yet consumed are not
-// republished. Use appendonly with appendfsync always, or accept that window. After such
-// a rollback an operator republishes the events sent since the snapshot, by hand:
+//   - A Redis that comes back with part of its data from the current epoch (restarted
+//     from an RDB snapshot or AOF taken before the last writes, a replica promoted before
+//     it received them) keeps the right marker but lacks the newest entries. PostgreSQL
+//     tells: every batch records, in the statement that marks its rows sent, how many
+//     entries the stream has had added at least (outbox_epochs.entries_added, migration
+//     00013: the stream's entries-added as read before the batch, plus the batch), and the
+//     marker check reads the stream's XINFO STREAM entries-added with the marker (one
+//     script, state.lua, in the same round trip). Trims and deletions do not lower
+//     entries-added; only a rollback does. A stream with fewer than PostgreSQL recorded
+//     (read before Redis, so another dispatcher's batch can not make an intact stream look
+//     short) is settled as a loss: the same republish, and the count starts again at 0.
+//
+// What it cannot see: an event published and consumed before the snapshot is not
+// republished (nothing was lost for it), and XDEL of the newest entries by hand is not a
+// loss. Likewise after an upgrade, events left unconsumed in a stream under an old key
+// name stay there; an operator republishes them, by hand:
 //
 //	UPDATE outbox SET sent_at = NULL
 //	WHERE topic = '<topic>' AND sent_at >= '<time of the snapshot, minus a margin>';
 //
 // (in batches on a large outbox; the dispatchers publish the rows again, RunTx consumers
-// deduplicate them, Run consumers whose ledger went back too run them again). Likewise
-// after an upgrade, for events left unconsumed in a stream under an old key name.
+// deduplicate them, Run consumers whose ledger went back too run them again).
 //
 // An epoch marker deleted or evicted under running dispatchers counts as a loss (a
 // republish, harmless to RunTx consumers): run Redis with maxmemory-policy noeviction, as

@@ -3,8 +3,8 @@ package outbox
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"sort"
@@ -12,6 +12,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/lua"
+)
+
+var (
+	//go:embed state.lua
+	stateSrc string
+
+	stateScript = redis.NewScript(stateSrc)
 )
 
 // LogStreamLost begins the message a dispatcher logs (at error level, once per recovery,
@@ -32,10 +41,25 @@ const (
 	recoverTimeout = 2 * time.Minute
 )
 
-// epochState is what a pipelined GET of a stream's epoch marker found.
+// epochState is what state.lua found of a stream: its epoch marker and its entries-added.
 type epochState struct {
 	value string // "" when the marker is absent (or, oddly, empty: treated alike)
-	err   error  // a failed GET (not redis.Nil)
+	added int64  // the stream's entries-added (XINFO STREAM): 0 when there is no stream
+	err   error  // the script failed
+}
+
+// pgEpoch is PostgreSQL's record of a stream: its epoch and how many entries the
+// dispatchers knew the stream had had added once their batches were published (a lower
+// bound of its entries-added; outbox_epochs.entries_added, migration 00013).
+type pgEpoch struct {
+	epoch string
+	added int64
+}
+
+// intact reports whether a stream's state agrees with PostgreSQL's record: the marker is
+// the epoch and the stream was never set back below the entries the dispatchers added.
+func (s epochState) intact(epoch string, floor int64) bool {
+	return s.value != "" && s.value == epoch && s.added >= floor
 }
 
 // querier is what pgEpochs reads through: a batch's transaction, the pool, or the
@@ -68,13 +92,23 @@ func (d *Dispatcher) knownEpoch(topic string) string {
 	return d.epochs[topic]
 }
 
-// adopt records epoch as topic's current one (PostgreSQL holds it). A value that differs
-// from the one remembered means another dispatcher settled a loss; that is logged once per
-// change.
-func (d *Dispatcher) adopt(ctx context.Context, topic, epoch string) {
+// floor is the entries-added of topic's stream that this dispatcher last read from
+// PostgreSQL (0 when none yet): the stream, unless Redis lost part of it, has at least
+// that many.
+func (d *Dispatcher) floor(topic string) int64 {
+	d.epochMu.Lock()
+	defer d.epochMu.Unlock()
+	return d.floors[topic]
+}
+
+// adopt records epoch as topic's current one and added as its floor (PostgreSQL holds
+// them). An epoch that differs from the one remembered means another dispatcher settled a
+// loss; that is logged once per change.
+func (d *Dispatcher) adopt(ctx context.Context, topic, epoch string, added int64) {
 	d.epochMu.Lock()
 	old := d.epochs[topic]
 	d.epochs[topic] = epoch
+	d.floors[topic] = added
 	d.epochMu.Unlock()
 	if old != "" && old != epoch {
 		d.log.WarnContext(ctx, "outbox: the stream's epoch changed: Redis lost its data and another dispatcher republished what it may have held",
@@ -82,89 +116,102 @@ func (d *Dispatcher) adopt(ctx context.Context, topic, epoch string) {
 	}
 }
 
-// getEpochs reads the epoch markers of topics in one pipeline.
-func (d *Dispatcher) getEpochs(ctx context.Context, topics []string) (map[string]epochState, error) {
+// getEpochs reads the epoch marker and entries-added of the streams of topics: state.lua
+// once per topic, in one pipeline.
+func (d *Dispatcher) getEpochs(ctx context.Context, topics []string) map[string]epochState {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
 	defer cancel()
-	cmds := make([]*redis.StringCmd, len(topics))
-	_, err := d.rdb.Pipelined(rctx, func(p redis.Pipeliner) error {
-		for i, t := range topics {
-			cmds[i] = p.Get(rctx, EpochKey(d.cfg.Prefix, t))
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("outbox: read epoch markers: %w", err)
+	keys := make([][]string, len(topics))
+	for i, t := range topics {
+		keys[i] = []string{EpochKey(d.cfg.Prefix, t), StreamKey(d.cfg.Prefix, t)}
 	}
+	cmds := lua.RunMany(rctx, d.rdb, stateScript, keys, nil)
 	out := make(map[string]epochState, len(topics))
 	for i, t := range topics {
-		v, err := cmds[i].Result()
-		if errors.Is(err, redis.Nil) {
-			err = nil
-		}
-		out[t] = epochState{value: v, err: err}
+		out[t] = parseState(cmds[i])
 	}
-	return out, nil
+	return out
+}
+
+// parseState reads state.lua's reply.
+func parseState(c *redis.Cmd) epochState {
+	v, err := c.Slice()
+	if err != nil {
+		return epochState{err: err}
+	}
+	if len(v) != 2 {
+		return epochState{err: fmt.Errorf("stream state script: reply %v, want {marker, added}", v)}
+	}
+	marker, ok1 := v[0].(string)
+	added, ok2 := v[1].(int64)
+	if !ok1 || !ok2 || added < 0 {
+		return epochState{err: fmt.Errorf("stream state script: reply %v, want {marker, added}", v)}
+	}
+	return epochState{value: marker, added: added}
 }
 
 // pgEpochs reads the epochs PostgreSQL holds for topics under this dispatcher's prefix
 // (every topic of the prefix when topics is nil), in one statement.
-func (d *Dispatcher) pgEpochs(ctx context.Context, q querier, topics []string) (map[string]string, error) {
+func (d *Dispatcher) pgEpochs(ctx context.Context, q querier, topics []string) (map[string]pgEpoch, error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	defer cancel()
 	var rows pgx.Rows
 	if topics == nil {
-		rows, _ = q.Query(qctx, `SELECT topic, epoch FROM outbox_epochs WHERE prefix = $1`, d.cfg.Prefix)
+		rows, _ = q.Query(qctx, `SELECT topic, epoch, entries_added FROM outbox_epochs WHERE prefix = $1`, d.cfg.Prefix)
 	} else {
-		rows, _ = q.Query(qctx, `SELECT topic, epoch FROM outbox_epochs WHERE prefix = $1 AND topic = ANY($2)`, d.cfg.Prefix, topics)
+		rows, _ = q.Query(qctx, `SELECT topic, epoch, entries_added FROM outbox_epochs WHERE prefix = $1 AND topic = ANY($2)`, d.cfg.Prefix, topics)
 	}
-	out := make(map[string]string)
-	var topic, epoch string
-	_, err := pgx.ForEachRow(rows, []any{&topic, &epoch}, func() error {
-		out[topic] = epoch
+	out := make(map[string]pgEpoch)
+	var topic string
+	var e pgEpoch
+	_, err := pgx.ForEachRow(rows, []any{&topic, &e.epoch, &e.added}, func() error {
+		out[topic] = e
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: read stream epochs (table outbox_epochs, migration 00007): %w", err)
+		return nil, fmt.Errorf("outbox: read stream epochs (table outbox_epochs, migrations 00007, 00013): %w", err)
 	}
 	return out, nil
 }
 
-// unsettled reads the epoch markers of topics (one Redis round trip) and returns the
-// topics whose marker is not the epoch PostgreSQL holds: absent, different, or a topic
-// without an epoch yet. Topics whose marker equals the epoch this dispatcher knows cost
-// nothing more; the others are compared with PostgreSQL through q (one statement), and
-// adopted when they match (another dispatcher settled them).
-func (d *Dispatcher) unsettled(ctx context.Context, q querier, topics []string) ([]string, error) {
-	states, err := d.getEpochs(ctx, topics)
-	if err != nil {
-		return nil, err
-	}
+// unsettled reads the state of the streams of topics (one Redis round trip) and returns
+// the topics whose stream does not agree with PostgreSQL: a marker absent or not the
+// epoch, a topic without an epoch yet, or a stream with fewer entries added than
+// PostgreSQL recorded (Redis came back with an older copy). floors holds, per topic, the
+// entries-added PostgreSQL recorded as read before this call (the batch's claim read it):
+// a stream can only have more, unless Redis lost part of it. Topics that agree with what
+// this dispatcher knows cost nothing more; the others are compared with PostgreSQL
+// through q (one statement), and adopted when they agree (another dispatcher settled
+// them). states is what Redis said of every topic.
+func (d *Dispatcher) unsettled(ctx context.Context, q querier, topics []string, floors map[string]int64) (out []string, states map[string]epochState, err error) {
+	states = d.getEpochs(ctx, topics)
 	var unsure []string
 	for _, t := range topics {
 		switch s := states[t]; {
 		case s.err != nil:
-			return nil, fmt.Errorf("outbox: read epoch marker of %q: %w", t, s.err)
-		case s.value == "" || s.value != d.knownEpoch(t):
+			return nil, nil, fmt.Errorf("outbox: read the epoch marker and length of %q's stream: %w", t, s.err)
+		case !s.intact(d.knownEpoch(t), max(floors[t], d.floor(t))):
 			unsure = append(unsure, t)
 		}
 	}
 	if len(unsure) == 0 {
-		return nil, nil
+		return nil, states, nil
 	}
 	pg, err := d.pgEpochs(ctx, q, unsure)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []string
 	for _, t := range unsure {
-		if e, ok := pg[t]; ok && e == states[t].value {
-			d.adopt(ctx, t, e)
+		// PostgreSQL is read after Redis here, so its count may include entries another
+		// dispatcher added since: such a topic is settled under the lock, which finds it
+		// intact.
+		if e, ok := pg[t]; ok && states[t].intact(e.epoch, e.added) {
+			d.adopt(ctx, t, e.epoch, e.added)
 			continue
 		}
 		out = append(out, t)
 	}
-	return out, nil
+	return out, states, nil
 }
 
 // CheckStreams compares the epoch marker of every topic PostgreSQL holds an epoch of
@@ -189,7 +236,7 @@ func (d *Dispatcher) checkStreams(ctx context.Context, refresh bool) ([]string, 
 			return nil, err
 		}
 		for t, e := range pg {
-			d.adopt(ctx, t, e)
+			d.adopt(ctx, t, e.epoch, e.added)
 		}
 		d.epochMu.Lock()
 		d.refreshed = time.Now()
@@ -205,7 +252,7 @@ func (d *Dispatcher) checkStreams(ctx context.Context, refresh bool) ([]string, 
 		return nil, nil
 	}
 	sort.Strings(topics)
-	todo, err := d.unsettled(ctx, d.pool, topics)
+	todo, _, err := d.unsettled(ctx, d.pool, topics, nil)
 	if err != nil || len(todo) == 0 {
 		return nil, err
 	}
@@ -255,24 +302,21 @@ func (d *Dispatcher) settle(ctx context.Context, topics []string) ([]string, err
 	if err != nil {
 		return nil, err
 	}
-	states, err := d.getEpochs(ctx, topics)
-	if err != nil {
-		return nil, err
-	}
+	states := d.getEpochs(ctx, topics)
 	var lost []string
 	for _, topic := range topics {
 		s := states[topic]
 		if s.err != nil {
-			return lost, fmt.Errorf("outbox: settle epochs: read epoch marker %s: %w", EpochKey(d.cfg.Prefix, topic), s.err)
+			return lost, fmt.Errorf("outbox: settle epochs: read epoch marker %s and stream %s: %w", EpochKey(d.cfg.Prefix, topic), StreamKey(d.cfg.Prefix, topic), s.err)
 		}
-		switch epoch, ok := pg[topic]; {
+		switch e, ok := pg[topic]; {
 		case !ok:
 			err = d.firstEpoch(ctx, conn, topic, s.value)
-		case epoch == s.value:
-			d.adopt(ctx, topic, epoch)
+		case s.intact(e.epoch, e.added):
+			d.adopt(ctx, topic, e.epoch, e.added)
 		default:
 			lost = append(lost, topic)
-			err = d.recoverStream(ctx, conn, topic, epoch, s.value)
+			err = d.recoverStream(ctx, conn, topic, e, s)
 		}
 		if err != nil {
 			return lost, err
@@ -300,15 +344,16 @@ func (d *Dispatcher) firstEpoch(ctx context.Context, conn *pgx.Conn, topic, mark
 	if err != nil {
 		return fmt.Errorf("outbox: settle epochs: record the first epoch of %q: %w", topic, err)
 	}
-	d.adopt(ctx, topic, epoch)
+	d.adopt(ctx, topic, epoch, 0)
 	d.log.InfoContext(ctx, "outbox: the stream's first epoch (first dispatch of this topic with epochs: nothing republished)",
 		"topic", topic, "epoch", epoch, "adopted_marker", marker != "")
 	return nil
 }
 
-// recoverStream re-marks the rows of a lost stream and starts a new epoch. Called under
-// the exclusive lock; old is PostgreSQL's epoch, marker what Redis holds ("" absent).
-func (d *Dispatcher) recoverStream(ctx context.Context, conn *pgx.Conn, topic, old, marker string) error {
+// recoverStream re-marks the rows of a lost stream and starts a new epoch (its count of
+// entries added starts again at 0). Called under the exclusive lock; old is PostgreSQL's
+// record, found what Redis holds.
+func (d *Dispatcher) recoverStream(ctx context.Context, conn *pgx.Conn, topic string, old pgEpoch, found epochState) error {
 	key := EpochKey(d.cfg.Prefix, topic)
 	var cut time.Time
 	qctx, qcancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
@@ -340,7 +385,7 @@ UPDATE outbox SET sent_at = NULL WHERE id IN (
 
 	epoch := newEpoch()
 	qctx, qcancel = context.WithTimeout(ctx, d.cfg.QueryTimeout)
-	_, err = conn.Exec(qctx, `UPDATE outbox_epochs SET epoch = $3, created_at = now() WHERE prefix = $1 AND topic = $2`,
+	_, err = conn.Exec(qctx, `UPDATE outbox_epochs SET epoch = $3, entries_added = 0, created_at = now() WHERE prefix = $1 AND topic = $2`,
 		d.cfg.Prefix, topic, epoch)
 	qcancel()
 	if err != nil {
@@ -353,14 +398,18 @@ UPDATE outbox SET sent_at = NULL WHERE id IN (
 		return fmt.Errorf("outbox: recover: set epoch marker %s (%d rows re-marked): %w", key, remarked, err)
 	}
 	d.epochMu.Lock()
-	d.epochs[topic] = epoch
+	d.epochs[topic], d.floors[topic] = epoch, 0
 	d.epochMu.Unlock()
-	found := marker
-	if found == "" {
-		found = "(absent)"
+	marker, why := found.value, "its epoch marker is not the one PostgreSQL holds"
+	switch {
+	case marker == "":
+		marker = "(absent)"
+	case marker == old.epoch:
+		why = "the stream has had fewer entries added than the dispatchers published: Redis came back with an older copy of it"
 	}
-	d.log.ErrorContext(ctx, LogStreamLost+" (its epoch marker is not the one PostgreSQL holds): rows sent within the recover window are marked unsent and will be published again; inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
-		"topic", topic, "stream", StreamKey(d.cfg.Prefix, topic), "epoch_expected", old, "marker_found", found,
+	d.log.ErrorContext(ctx, LogStreamLost+" ("+why+"): rows sent within the recover window are marked unsent and will be published again; inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
+		"topic", topic, "stream", StreamKey(d.cfg.Prefix, topic), "epoch_expected", old.epoch, "marker_found", marker,
+		"entries_added_recorded", old.added, "entries_added_found", found.added,
 		"remarked", remarked, "since", since, "epoch", epoch)
 	return nil
 }

@@ -399,3 +399,150 @@ func TestKeysShareSlot(t *testing.T) {
 	require.Equal(t, "{plain}", "{"+tag(outbox.LedgerKey("p:", "plain", "g", "k"))+"}")
 	require.NotEqual(t, outbox.LedgerKey("p:", "s", "a", "b:c"), outbox.LedgerKey("p:", "s", "a:b", "c"), "group boundary is unambiguous")
 }
+
+// TestPartialRedisLossRepublished: Redis comes back with an older copy of a stream (an RDB
+// restored, a failover to a replica that lagged): the epoch marker is the one PostgreSQL
+// holds, but the newest entries are gone. The dispatchers tell by the stream's
+// entries-added, which is below what PostgreSQL recorded: the dispatcher that was running
+// when its next batch comes, a new one by its idle check. The events are published again
+// and an inbox consumer takes each once in effect; the ones it had consumed before are
+// recognised as replays.
+func TestPartialRedisLossRepublished(t *testing.T) {
+	const (
+		topic = "t"
+		group = "effects"
+		old   = 100 // in the stream when the snapshot was taken, consumed
+		lost  = 30  // published after the snapshot, not consumed: lost with the restore
+		later = 10  // committed after the restore
+	)
+	for _, tc := range []struct {
+		name string
+		// freshDispatcher: the loss is found by a new dispatcher's check (no batch to
+		// dispatch), else by the running dispatcher's next batch.
+		freshDispatcher bool
+	}{
+		{"RunningDispatcherNextBatch", false},
+		{"FreshDispatcherIdleCheck", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, srv := lossBundle(t)
+			ctx := context.Background()
+			exec(t, b.pool, `CREATE TABLE side_effects (id bigserial PRIMARY KEY, event_key text NOT NULL)`)
+			stream := outbox.StreamKey(b.prefix, topic)
+			d := b.dispatcher(t, outbox.DispatcherConfig{BatchSize: 16, Trim: outbox.TrimNever})
+			c := b.consumer(t, outbox.ConsumerConfig{Topic: topic, Group: group, StartID: "0", BatchSize: 50,
+				Block: 20 * time.Millisecond, MinIdle: time.Hour})
+			effect := func(ctx context.Context, tx pgx.Tx, ev outbox.Event) error {
+				_, err := tx.Exec(ctx, `INSERT INTO side_effects (event_key) VALUES ($1)`, ev.EventKey)
+				return err
+			}
+			effects := func() int { return count(t, b.pool, `SELECT count(*) FROM side_effects`) }
+
+			insertEvents(t, b.pool, topic, 1, old)
+			require.Equal(t, old, drain(t, d))
+			stop := runConsumer(t, func(ctx context.Context) error { return c.RunTx(ctx, b.pool, effect) })
+			waitFor(t, 60*time.Second, nil, "the first events took effect", func() bool { return effects() == old })
+			waitFor(t, 30*time.Second, nil, "all acknowledged", func() bool { return groupDone(t, b.rdb, stream, group) })
+			stop()
+			snap := srv.Snapshot("before")
+
+			insertEvents(t, b.pool, topic, old+1, lost)
+			require.Equal(t, lost, drain(t, d))
+			require.Equal(t, old+lost, added(t, b.rdb, stream))
+
+			srv.RestoreSnapshot(snap)
+			require.Equal(t, old, added(t, b.rdb, stream), "the restored stream lacks the newest entries")
+			require.Equal(t, pgEpoch(t, b, topic), b.rdb.Get(ctx, outbox.EpochKey(b.prefix, topic)).Val(),
+				"the marker survived: only the count tells")
+
+			if tc.freshDispatcher {
+				d = b.dispatcher(t, outbox.DispatcherConfig{BatchSize: 16, Trim: outbox.TrimNever})
+				recovered, err := d.CheckStreams(ctx)
+				require.NoError(t, err)
+				require.Equal(t, []string{topic}, recovered)
+				insertEvents(t, b.pool, topic, old+lost+1, later)
+			} else {
+				insertEvents(t, b.pool, topic, old+lost+1, later)
+			}
+			require.Equal(t, old+lost+later, drain(t, d), "every event sent within the recover window published again, and the new ones")
+			recovered, err := d.CheckStreams(ctx)
+			require.NoError(t, err)
+			require.Empty(t, recovered, "recovered once")
+			require.Equal(t, old+old+lost+later, added(t, b.rdb, stream))
+
+			runConsumer(t, func(ctx context.Context) error { return c.RunTx(ctx, b.pool, effect) })
+			waitFor(t, 60*time.Second, nil, "every event took effect", func() bool {
+				return count(t, b.pool, `SELECT count(DISTINCT event_key) FROM side_effects`) == old+lost+later
+			}, func() string {
+				return fmt.Sprintf("%d distinct effects, %d stream entries", count(t, b.pool, `SELECT count(DISTINCT event_key) FROM side_effects`), xlen(t, b.rdb, stream))
+			})
+			waitFor(t, 30*time.Second, nil, "all acknowledged", func() bool { return groupDone(t, b.rdb, stream, group) })
+			assert.Equal(t, old+lost+later, effects(), "exactly once in effect")
+			assert.Equal(t, old, count(t, b.pool, `SELECT COALESCE(sum(replays), 0)::int FROM outbox_inbox WHERE consumer_group = $1`, group),
+				"the events consumed before the restore were recognised as replays")
+			assert.Equal(t, 1.0, ptu.ToFloat64(d.Metrics().StreamsLost.WithLabelValues(topic)))
+			assert.Equal(t, float64(old+lost), ptu.ToFloat64(d.Metrics().Remarked.WithLabelValues(topic)))
+		})
+	}
+}
+
+// TestConcurrentDispatchersNoFalseLoss: dispatchers publishing to the same streams at once
+// record what each stream has had added without ever finding a stream short: PostgreSQL's
+// count is read before Redis's, and is only a lower bound of it.
+func TestConcurrentDispatchersNoFalseLoss(t *testing.T) {
+	const (
+		perTopic    = 600
+		dispatchers = 4
+	)
+	topics := []string{"a", "b", "c"}
+	b := setup(t)
+	ctx := context.Background()
+	// The topics interleaved in id order, so that batches span them.
+	exec(t, b.pool, `INSERT INTO outbox (event_key, topic, payload)
+		SELECT 'ev:' || g, ($1::text[])[g % 3 + 1], jsonb_build_object('n', g) FROM generate_series(1, $2::int) AS g`,
+		topics, perTopic*len(topics))
+	var ds []*outbox.Dispatcher
+	for range dispatchers {
+		ds = append(ds, b.dispatcher(t, outbox.DispatcherConfig{BatchSize: 5, Trim: outbox.TrimNever}))
+	}
+	var wg sync.WaitGroup
+	sent := make([]int, dispatchers)
+	errs := make([]error, dispatchers)
+	for i, d := range ds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n, err := d.DispatchOnce(ctx)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				if n == 0 {
+					return
+				}
+				sent[i] += n
+				if _, err := d.CheckStreams(ctx); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range ds {
+		require.NoError(t, errs[i])
+		total += sent[i]
+	}
+	require.Equal(t, perTopic*len(topics), total)
+	m := ds[0].Metrics() // one registry: every dispatcher's totals
+	for _, topic := range topics {
+		assert.Zero(t, ptu.ToFloat64(m.StreamsLost.WithLabelValues(topic)), topic)
+		assert.Zero(t, ptu.ToFloat64(m.Remarked.WithLabelValues(topic)), topic)
+		assert.Equal(t, perTopic, added(t, b.rdb, outbox.StreamKey(b.prefix, topic)), "each event once: %s", topic)
+		var rec int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT entries_added FROM outbox_epochs WHERE prefix = $1 AND topic = $2`, b.prefix, topic).Scan(&rec))
+		assert.Equal(t, perTopic, rec, "PostgreSQL's count is the stream's once every batch committed: %s", topic)
+	}
+}

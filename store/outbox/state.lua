@@ -1,0 +1,30 @@
+-- state.lua: what a dispatcher needs to know of a stream before it appends to it, in one
+-- call: the stream's epoch marker and how many entries were ever added to the stream
+-- (XINFO STREAM entries-added, Redis 7.0+; trims and deletions do not lower it). An
+-- epoch marker that is absent or not PostgreSQL's epoch means Redis lost the stream's data;
+-- entries-added below what PostgreSQL recorded after the dispatchers' own XADDs means
+-- Redis came back with an older copy of the stream (a failover to a lagging replica, an
+-- RDB restored) that lacks the newest entries. The marker and the stream share a cluster
+-- slot (the topic's hash tag).
+--
+-- KEYS[1] -> <prefix>epoch:{<topic>}    STRING  the epoch marker
+-- KEYS[2] -> <prefix>stream:{<topic>}   STREAM  the outbox stream
+--
+-- Returns {marker, added}
+--   marker   the marker's value ("" when absent)
+--   added    the stream's entries-added (0 when there is no stream)
+local marker = redis.call('GET', KEYS[1])
+if not marker then
+  marker = ''
+end
+local added = 0
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local info = redis.call('XINFO', 'STREAM', KEYS[2])
+  for i = 1, #info, 2 do
+    if info[i] == 'entries-added' then
+      added = info[i + 1]
+      break
+    end
+  end
+end
+return {marker, added}
