@@ -579,7 +579,7 @@ func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, re
 			r.cfg.Logger.InfoContext(ctx, "stranded job rescued", "job", c.job.Key, "kind", c.job.Kind,
 				"attempt", c.job.AttemptNo, "worker", c.job.Worker, "fence", c.job.Fence, "token", c.lease.Token)
 			if spec, ok := r.specOf(ctx, c.job.Key, c.job.Spec(), rep); ok {
-				q := r.cfg.File.QueueFor(c.job.Kind)
+				q := r.queueOf(c.job.Kind, c.job.Queue)
 				byQueue[q] = append(byQueue[q], spec)
 			}
 		case errors.As(errs[i], &te):
@@ -617,6 +617,16 @@ func forEach(limit, n int, f func(i int)) {
 	wg.Wait()
 }
 
+// queueOf is the queue of a job's tasks: the one recorded with the job (an enqueuer sent
+// it to a queue other than its kind's), else its kind's in the configuration. Checking or
+// enqueuing in another would give the job a second task.
+func (r *Reconciler) queueOf(kind, recorded string) string {
+	if recorded != "" {
+		return recorded
+	}
+	return r.cfg.File.QueueFor(kind)
+}
+
 // requeuePage checks the asynq task of every job of the page in one pipelined round trip
 // and enqueues again those without a live task, one EnqueueMany per queue.
 func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *SweepReport) error {
@@ -625,7 +635,7 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 	pipe := r.cfg.Redis.Pipeline()
 	cmds := make([]*redis.StringCmd, len(page))
 	for i, j := range page {
-		cmds[i] = pipe.HGet(pctx, AsynqTaskKey(r.cfg.File.QueueFor(j.Kind), j.Key), "state")
+		cmds[i] = pipe.HGet(pctx, AsynqTaskKey(r.queueOf(j.Kind, j.Queue), j.Key), "state")
 	}
 	rep.RedisTrips++
 	rep.RedisCommands += int64(len(page))
@@ -646,7 +656,7 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 		if !ok {
 			continue
 		}
-		q := r.cfg.File.QueueFor(j.Kind)
+		q := r.queueOf(j.Kind, j.Queue)
 		byQueue[q] = append(byQueue[q], spec)
 	}
 	var mu sync.Mutex

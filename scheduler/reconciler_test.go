@@ -437,3 +437,50 @@ func TestReconcilerPrunesSavedInputs(t *testing.T) {
 	require.NoError(t, rep.Err)
 	assert.Zero(t, rep.Actions[scheduler.ActionSavedInputsPruned]+rep.Actions[scheduler.ActionInputBlobsPruned])
 }
+
+// TestReconcilerUsesRecordedQueue: a job enqueued to a queue other than its kind's (an
+// enqueuer with its own Queue, `idemscrape enqueue -queue`) keeps that queue: the
+// reconciler finds its live task there and adds none to the kind's queue (asynq checks
+// ids per queue: a second task would run the job twice), and once the task is gone it
+// enqueues it again there. Another enqueuer of the kind's queue does the same.
+func TestReconcilerUsesRecordedQueue(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	other := b.ns.Queue + "-priority"
+	insp := asynq.NewInspector(b.ns.AsynqOpt())
+	t.Cleanup(func() { _ = insp.Close() })
+	enq, err := tasks.NewEnqueuer(b.client, b.st, &tasks.EnqueuerConfig{Queue: other, Redis: b.ns.Client})
+	require.NoError(t, err)
+	spec := tasks.Spec{Kind: "catalog", SourceID: "q-1", Country: "US", Window: "2026-04-23", ParserVersion: 1}
+	res, err := enq.Enqueue(ctx, spec)
+	require.NoError(t, err)
+	require.Equal(t, tasks.Created, res.Outcome)
+	job, err := b.st.JobGet(ctx, res.Key)
+	require.NoError(t, err)
+	require.Equal(t, other, job.Queue, "recorded with the job")
+
+	kindEnq, err := tasks.NewEnqueuer(b.client, b.st, &tasks.EnqueuerConfig{Queue: b.ns.Queue, Redis: b.ns.Client})
+	require.NoError(t, err)
+	again, err := kindEnq.Enqueue(ctx, spec)
+	require.NoError(t, err)
+	assert.Equal(t, tasks.AlreadyQueued, again.Outcome, "the kind's enqueuer finds the task in the job's queue")
+
+	rep := b.reconciler(t, recOpts{insp: insp}).Sweep(ctx)
+	require.NoError(t, rep.Err)
+	assert.Zero(t, rep.Actions[scheduler.ActionRequeued], "%v", rep.Actions)
+	assert.Zero(t, rep.Actions[scheduler.ActionAlreadyQueued], "its task was found where it is, not looked for in vain: %v", rep.Actions)
+	assert.False(t, b.ns.AsynqTaskExists(t, res.Key), "no task in the kind's queue %s", b.ns.Queue)
+	_, err = insp.GetTaskInfo(other, res.Key)
+	require.NoError(t, err, "the task is in the job's queue")
+
+	// The task is lost: enqueued again in the job's queue, not the kind's.
+	require.NoError(t, insp.DeleteTask(other, res.Key))
+	rep = b.reconciler(t, recOpts{insp: insp}).Sweep(ctx)
+	require.NoError(t, rep.Err)
+	assert.EqualValues(t, 1, rep.Actions[scheduler.ActionRequeued], "%v", rep.Actions)
+	info, err := insp.GetTaskInfo(other, res.Key)
+	require.NoError(t, err)
+	assert.Equal(t, asynq.TaskStatePending, info.State)
+	assert.False(t, b.ns.AsynqTaskExists(t, res.Key))
+	_ = insp.DeleteQueue(other, true) // the test's own queue
+}

@@ -23,6 +23,7 @@ type Job struct {
 	Window        string         `db:"window"`
 	ParserVersion int            `db:"parser_version"`
 	Scope         string         `db:"scope"`
+	Queue         string         `db:"queue"` // the asynq queue recorded at creation ("" none: the kind's)
 	State         tasks.JobState `db:"state"`
 	Fence         int64          `db:"fence"`
 	Attempts      int            `db:"attempts"`
@@ -65,7 +66,7 @@ const (
 const maxErrorText = 2000
 
 const jobColumns = `key, kind, COALESCE(url, '') AS url, COALESCE(source_id, '') AS source_id,
-	country, "window", parser_version, scope, state, fence, attempts, next_attempt_at,
+	country, "window", parser_version, scope, COALESCE(queue, '') AS queue, state, fence, attempts, next_attempt_at,
 	COALESCE(last_category, '') AS last_category, bytes_total, created_at, updated_at, completed_at`
 
 const attemptColumns = `job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
@@ -112,6 +113,7 @@ func (s *PG) JobsRecord(ctx context.Context, records []tasks.JobRecord) ([]tasks
 	windows := make([]string, 0, n)
 	versions := make([]int32, 0, n)
 	scopes := make([]string, 0, n)
+	queues := make([]*string, 0, n)
 	firstAt := make(map[string]int, n) // a key twice in one call is recorded once
 	for i, r := range records {
 		if r.Key == "" {
@@ -129,6 +131,7 @@ func (s *PG) JobsRecord(ctx context.Context, records []tasks.JobRecord) ([]tasks
 		windows = append(windows, r.Spec.Window)
 		versions = append(versions, int32(r.Spec.ParserVersion))
 		scopes = append(scopes, r.Spec.Scope)
+		queues = append(queues, nullIfEmpty(r.Queue))
 	}
 
 	// The outer SELECT sees the snapshot taken when the statement started, so a row that a
@@ -136,19 +139,20 @@ func (s *PG) JobsRecord(ctx context.Context, records []tasks.JobRecord) ([]tasks
 	// visible to the join: its state comes back NULL and is read again below.
 	rows, _ := s.pool.Query(ctx, `
 WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[])
-		AS t(key, kind, url, source_id, country, win, parser_version, scope)
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[], $9::text[])
+		AS t(key, kind, url, source_id, country, win, parser_version, scope, queue)
 ), ins AS (
-	INSERT INTO jobs (key, kind, url, source_id, country, "window", parser_version, scope)
-	SELECT key, kind, url, source_id, country, win, parser_version, scope FROM input
+	INSERT INTO jobs (key, kind, url, source_id, country, "window", parser_version, scope, queue)
+	SELECT key, kind, url, source_id, country, win, parser_version, scope, queue FROM input
 	ON CONFLICT (key) DO NOTHING
-	RETURNING key, state
+	RETURNING key, state, queue
 )
-SELECT input.key, ins.key IS NOT NULL, COALESCE(ins.state, jobs.state), jobs.next_attempt_at
+SELECT input.key, ins.key IS NOT NULL, COALESCE(ins.state, jobs.state), jobs.next_attempt_at,
+	COALESCE(ins.queue, jobs.queue, '')
 FROM input
 LEFT JOIN ins ON ins.key = input.key
 LEFT JOIN jobs ON jobs.key = input.key AND ins.key IS NULL`,
-		keys, kinds, urls, sourceIDs, countries, windows, versions, scopes)
+		keys, kinds, urls, sourceIDs, countries, windows, versions, scopes, queues)
 
 	byKey := make(map[string]tasks.JobRecordResult, len(keys))
 	var unseen []string
@@ -157,22 +161,23 @@ LEFT JOIN jobs ON jobs.key = input.key AND ins.key IS NULL`,
 		created bool
 		state   *string
 		nextAt  *time.Time
+		queue   string
 	)
-	_, err := pgx.ForEachRow(rows, []any{&key, &created, &state, &nextAt}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&key, &created, &state, &nextAt, &queue}, func() error {
 		if state == nil {
 			unseen = append(unseen, key)
 			return nil
 		}
-		byKey[key] = tasks.JobRecordResult{Key: key, Created: created, State: tasks.JobState(*state), NextAttemptAt: nextAt}
+		byKey[key] = tasks.JobRecordResult{Key: key, Created: created, State: tasks.JobState(*state), NextAttemptAt: nextAt, Queue: queue}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: JobsRecord: %w", err)
 	}
 	if len(unseen) > 0 {
-		rows, _ := s.pool.Query(ctx, `SELECT key, state, next_attempt_at FROM jobs WHERE key = ANY($1)`, unseen)
-		_, err := pgx.ForEachRow(rows, []any{&key, &state, &nextAt}, func() error {
-			byKey[key] = tasks.JobRecordResult{Key: key, State: tasks.JobState(*state), NextAttemptAt: nextAt}
+		rows, _ := s.pool.Query(ctx, `SELECT key, state, next_attempt_at, COALESCE(queue, '') FROM jobs WHERE key = ANY($1)`, unseen)
+		_, err := pgx.ForEachRow(rows, []any{&key, &state, &nextAt, &queue}, func() error {
+			byKey[key] = tasks.JobRecordResult{Key: key, State: tasks.JobState(*state), NextAttemptAt: nextAt, Queue: queue}
 			return nil
 		})
 		if err != nil {

@@ -77,6 +77,7 @@ type RunningJob struct {
 	AttemptNo        int       `db:"attempt_no"`
 	AttemptStartedAt time.Time `db:"started_at"`
 	Worker           string    `db:"worker"`
+	Queue            string    `db:"queue"` // the asynq queue recorded at creation ("" none: the kind's)
 	// The job's spec, to enqueue it again once rescued (see Spec).
 	URL           string `db:"url"`
 	SourceID      string `db:"source_id"`
@@ -105,7 +106,7 @@ func (s *PG) JobsListRunning(ctx context.Context, p JobsListParams) ([]RunningJo
 	// The attempt is looked up per running job (LATERAL with LIMIT 1, which the planner
 	// can not flatten into a join): a hash join would read the whole attempts table.
 	rows, _ := s.pool.Query(ctx, `
-SELECT j.key, j.kind, j.fence, a.attempt_no, a.started_at, a.worker,
+SELECT j.key, j.kind, j.fence, a.attempt_no, a.started_at, a.worker, COALESCE(j.queue, '') AS queue,
 	COALESCE(j.url, '') AS url, COALESCE(j.source_id, '') AS source_id, j.country, j."window",
 	j.parser_version, j.scope
 FROM jobs j

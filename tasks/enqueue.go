@@ -368,7 +368,7 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 				return nil, fmt.Errorf("spec %d of %d: %w", i, len(specs), err)
 			}
 		}
-		records[i] = JobRecord{Key: key, Spec: norm}
+		records[i] = JobRecord{Key: key, Spec: norm, Queue: e.queueOf(norm.Kind)}
 	}
 	recorded, err := e.rec.JobsRecord(ctx, records)
 	if err != nil {
@@ -378,6 +378,13 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 		return nil, fmt.Errorf("tasks: recorder returned %d results for %d records", len(recorded), len(records))
 	}
 
+	// A job's tasks go to the queue recorded when it was created, whatever this enqueuer's
+	// is: asynq checks ids per queue, and a second queue would hold a second task.
+	for i := range records {
+		if q := recorded[i].Queue; q != "" {
+			records[i].Queue = q
+		}
+	}
 	live, err := e.liveTasks(ctx, records, recorded)
 	if err != nil {
 		return nil, err
@@ -454,7 +461,7 @@ func (e *Enqueuer) liveTasks(ctx context.Context, records []JobRecord, recorded 
 	pipe := e.cfg.Redis.Pipeline()
 	cmds := make([]*redis.StringCmd, len(idx))
 	for j, i := range idx {
-		cmds[j] = pipe.HGet(ctx, AsynqTaskKey(e.queueOf(records[i].Spec.Kind), records[i].Key), "state")
+		cmds[j] = pipe.HGet(ctx, AsynqTaskKey(records[i].Queue, records[i].Key), "state")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("tasks: read asynq task states: %w", err)
@@ -508,7 +515,7 @@ func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *ti
 	opts := []asynq.Option{
 		asynq.TaskID(rec.Key),
 		asynq.Retention(0),
-		asynq.Queue(e.queueOf(rec.Spec.Kind)),
+		asynq.Queue(rec.Queue),
 		asynq.MaxRetry(e.cfg.MaxRetry),
 		asynq.Timeout(e.cfg.Timeout),
 	}
@@ -533,7 +540,7 @@ func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *ti
 			return taskQueued, err
 		}
 		// asynq's Inspector takes no context; its calls are single Redis round trips.
-		info, err := e.insp.GetTaskInfo(e.queueOf(rec.Spec.Kind), rec.Key)
+		info, err := e.insp.GetTaskInfo(rec.Queue, rec.Key)
 		switch {
 		case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
 			lastErr = err
@@ -544,7 +551,7 @@ func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *ti
 			return taskQueued, nil
 		}
 		// Archived: it would never run and keeps the id taken. Delete it, enqueue again.
-		if err := e.insp.DeleteTask(e.queueOf(rec.Spec.Kind), rec.Key); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		if err := e.insp.DeleteTask(rec.Queue, rec.Key); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 			// The task changed state under us (a concurrent repair's new task may be
 			// active, which can not be deleted): inspect again.
 			lastErr = err

@@ -30,6 +30,9 @@ func (s JobState) Terminal() bool { return s == StateComplete || s == StateFaile
 type JobRecord struct {
 	Key  string
 	Spec Spec
+	// Queue is the asynq queue the recording enqueuer would put the job's task in, kept
+	// with a job it creates ("" records none). An existing job keeps the queue it has.
+	Queue string
 }
 
 // JobRecordResult tells what recording one JobRecord found or did.
@@ -39,6 +42,8 @@ type JobRecordResult struct {
 	State   JobState // the row's state after the call
 	// NextAttemptAt is when a retryable job may run again (nil otherwise).
 	NextAttemptAt *time.Time
+	// Queue is the asynq queue recorded with the job ("" when none was: the enqueuer's).
+	Queue string
 }
 
 // JobRecorder stores jobs rows in the system of record. store.PG implements it.
