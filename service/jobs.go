@@ -33,9 +33,8 @@ func outboxOf(ctx context.Context, st *store.PG, eventKey string) (*outboxRow, e
 	return ops.New(st.Pool()).OutboxGetByEventKey(ctx, eventKey)
 }
 
-func problemJobs(ctx context.Context, st *store.PG, limit int) ([]jobListRow, error) {
-	return ops.New(st.Pool()).JobListProblems(ctx, limit)
-}
+// windowListLimit is how many schedule windows /windows lists.
+const windowListLimit = 200
 
 // attemptView is one attempt on the timeline.
 type attemptView struct {
@@ -52,8 +51,24 @@ type jobPage struct {
 }
 
 type listPage struct {
-	Jobs  []jobListRow
-	Limit int
+	Jobs   []jobListRow
+	Limit  int
+	Filter listFilter
+}
+
+// listFilter is /jobs' query, as given (the form shows it again).
+type listFilter struct {
+	Kind, State, Category, Window, Prefix string
+}
+
+// Any reports whether the list is filtered beyond its default.
+func (f listFilter) Any() bool { return f != listFilter{} }
+
+// windowRow is one row of /windows: a recorded schedule window and its jobs by state.
+type windowRow struct {
+	store.Window
+	Jobs ops.WindowJobs
+	Gap  bool // the window's tick failed: its jobs may be missing (idemscrape windows -fill)
 }
 
 func (s *Service) serveJob(w http.ResponseWriter, r *http.Request) {
@@ -95,15 +110,61 @@ func (s *Service) serveJob(w http.ResponseWriter, r *http.Request) {
 	render(w, "job", p)
 }
 
+// serveJobList is /jobs: the failed and retryable jobs, or those of the filter in the
+// query (kind, state: a comma-separated list or "any", category, window, prefix: of the
+// key). A filter that can not be run is a 400 that names it.
 func (s *Service) serveJobList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	lf := listFilter{Kind: q.Get("kind"), State: q.Get("state"), Category: q.Get("category"), Window: q.Get("window"), Prefix: q.Get("prefix")}
+	states, err := ops.ParseStates(lf.State)
+	if err != nil {
+		http.Error(w, "/jobs?state=: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	f := ops.JobFilter{Kind: lf.Kind, States: states, Category: lf.Category, Window: lf.Window, KeyPrefix: lf.Prefix, Limit: s.cfg.JobListLimit}
+	if err := f.Validate(); err != nil {
+		http.Error(w, "/jobs: "+err.Error(), http.StatusBadRequest)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
-	jobs, err := problemJobs(ctx, s.cfg.Store, s.cfg.JobListLimit)
+	jobs, err := ops.New(s.cfg.Store.Pool()).JobList(ctx, f)
 	if err != nil {
 		s.pageError(w, r, err)
 		return
 	}
-	render(w, "list", listPage{Jobs: jobs, Limit: s.cfg.JobListLimit})
+	render(w, "list", listPage{Jobs: jobs, Limit: s.cfg.JobListLimit, Filter: lf})
+}
+
+// serveWindows is /windows: the schedule windows the schedulers recorded, newest first
+// per template, with their jobs by state. A window whose tick failed is marked a gap; a
+// window that was due and has no row at all is listed by `idemscrape windows -gaps`, which
+// knows the templates' schedules.
+func (s *Service) serveWindows(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	wins, err := s.cfg.Store.WindowsList(ctx, store.WindowsListParams{Limit: windowListLimit})
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	kinds, names := make([]string, len(wins)), make([]string, len(wins))
+	for i, x := range wins {
+		kinds[i], names[i] = x.Kind, x.Window
+	}
+	counts, err := ops.New(s.cfg.Store.Pool()).WindowJobCounts(ctx, kinds, names)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	rows := make([]windowRow, len(wins))
+	for i, x := range wins {
+		rows[i] = windowRow{Window: x, Jobs: counts[[2]string{x.Kind, x.Window}], Gap: x.State == store.WindowFailed}
+	}
+	render(w, "windows", struct {
+		Windows []windowRow
+		Limit   int
+	}{rows, windowListLimit})
 }
 
 func (s *Service) pageError(w http.ResponseWriter, r *http.Request, err error) {
@@ -153,7 +214,7 @@ th{background:#f3f3f3}
 code{font-size:13px}
 nav a{margin-right:1em}
 </style></head><body>
-<nav><a href="/jobs">failed &amp; retryable jobs</a><a href="/monitoring/">queues (asynqmon)</a><a href="/metrics">metrics</a></nav>
+<nav><a href="/jobs">failed &amp; retryable jobs</a><a href="/windows">windows</a><a href="/monitoring/">queues (asynqmon)</a><a href="/metrics">metrics</a></nav>
 {{end}}
 
 {{define "notfound"}}{{template "head" "job not found"}}
@@ -201,14 +262,38 @@ nav a{margin-right:1em}
 </body></html>
 {{end}}
 
-{{define "list"}}{{template "head" "failed and retryable jobs"}}
-<h1>Failed and retryable jobs</h1>
-<p>The {{.Limit}} most recently updated, newest first.</p>
+{{define "list"}}{{template "head" "jobs"}}
+<h1>{{if .Filter.Any}}Jobs{{else}}Failed and retryable jobs{{end}}</h1>
+<form id="filter" method="get" action="/jobs">
+<label>kind <input name="kind" value="{{.Filter.Kind}}" size="10"></label>
+<label>state <input name="state" value="{{.Filter.State}}" size="16" placeholder="failed,retryable"></label>
+<label>category <input name="category" value="{{.Filter.Category}}" size="14"></label>
+<label>window <input name="window" value="{{.Filter.Window}}" size="12"></label>
+<label>key prefix <input name="prefix" value="{{.Filter.Prefix}}" size="24"></label>
+<button type="submit">filter</button> <a href="/jobs">reset</a>
+</form>
+<p>The {{.Limit}} most recently updated, newest first. State: a comma-separated list, or <code>any</code>.</p>
 {{if .Jobs}}<table id="jobs">
 <tr><th>key</th><th>kind</th><th>state</th><th>attempts</th><th>category</th><th>updated</th><th>next attempt</th></tr>
 {{range .Jobs}}<tr><td><a href="{{jobURL .Key}}"><code>{{.Key}}</code></a></td><td>{{.Kind}}</td><td class="{{.State}}">{{.State}}</td>
 <td>{{.Attempts}}</td><td class="category">{{orDash .Category}}</td><td>{{time .UpdatedAt}}</td><td>{{time .NextAttemptAt}}</td></tr>
 {{end}}</table>{{else}}<p>None.</p>{{end}}
+</body></html>
+{{end}}
+
+{{define "windows"}}{{template "head" "windows"}}
+<h1>Schedule windows</h1>
+<p>The {{.Limit}} latest recorded windows, newest first per template. A <span class="failed">gap</span> is a window whose tick failed
+past its retries: fill it with <code>idemscrape windows -fill TEMPLATE WINDOW</code>. Windows that were due and have no row at all are
+listed by <code>idemscrape windows -gaps</code>, which knows the schedules.</p>
+{{if .Windows}}<table id="windows">
+<tr><th>template</th><th>window</th><th>kind</th><th>due</th><th>tick</th><th>tries</th><th>specs · enqueued</th><th>pending</th><th>running</th><th>retryable</th><th>complete</th><th>failed</th><th>gap</th></tr>
+{{range .Windows}}<tr class="window">
+<td>{{.Template}}</td><td><a href="/jobs?kind={{.Kind}}&amp;window={{.Window.Window}}&amp;state=any">{{.Window.Window}}</a></td><td>{{.Kind}}</td><td>{{time .Due}}</td>
+<td class="{{.State}}">{{.State}}{{if .LastError}}: {{.LastError}}{{end}}</td><td>{{.Tries}}</td><td>{{.Specs}} · {{.Enqueued}}</td>
+<td>{{.Jobs.Pending}}</td><td>{{.Jobs.Running}}</td><td>{{.Jobs.Retryable}}</td><td class="complete">{{.Jobs.Complete}}</td>
+<td class="failed">{{.Jobs.Failed}}</td><td class="gap">{{if .Gap}}<span class="failed">gap</span>{{else}}—{{end}}</td></tr>
+{{end}}</table>{{else}}<p>No window recorded yet (the scheduler records each due window before it enqueues it).</p>{{end}}
 </body></html>
 {{end}}
 `))

@@ -302,6 +302,7 @@ func (s *Service) routes() http.Handler {
 	mux.Handle(DefaultMonitoringPath+"/", protect(s.mon))
 	mux.Handle("GET /jobs", protect(http.HandlerFunc(s.serveJobList)))
 	mux.Handle("GET /jobs/{key...}", protect(http.HandlerFunc(s.serveJob)))
+	mux.Handle("GET /windows", protect(http.HandlerFunc(s.serveWindows)))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/jobs", http.StatusFound)
 	})

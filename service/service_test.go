@@ -3,12 +3,14 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -526,4 +528,82 @@ func TestReadyz(t *testing.T) {
 		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
 		assert.Contains(t, rec.Body.String(), "asynq: not ready")
 	})
+}
+
+// TestJobListFiltersAndWindows: /jobs filters by kind, state, category, window and key
+// prefix (a bad state is a 400 naming it), and /windows lists the recorded schedule
+// windows with their jobs by state, a failed tick marked a gap.
+func TestJobListFiltersAndWindows(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t, setupOpts{noDisp: true})
+	rec := func(kind, src, win string) string {
+		spec := tasks.Spec{Kind: kind, SourceID: src, Country: "US", Window: win, ParserVersion: 1}
+		key := kind + ":" + src + ":US:" + win + ":v1"
+		recordJob(t, b.st, key, spec)
+		return key
+	}
+	fail := func(key string, token int64, cat tasks.Category) {
+		startAttempt(t, b.st, key, token, "s")
+		require.NoError(t, b.st.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: token, Category: string(cat), Error: "x"}))
+	}
+	aFail := rec("catalog", "sku-1", "2026-04-23")
+	fail(aFail, 1, tasks.CategoryParseError)
+	aPending := rec("catalog", "sku-2", "2026-04-23")
+	bFail := rec("reviews", "sku-1", "2026-04-23")
+	fail(bFail, 1, tasks.CategoryBlocked)
+	cFail := rec("catalog", "sku-3", "2026-04-24")
+	fail(cFail, 1, tasks.CategoryParseError)
+
+	list := func(t *testing.T, query string) []string {
+		t.Helper()
+		code, body := b.do(t, "GET", "/jobs"+query, nil)
+		require.Equal(t, http.StatusOK, code, body)
+		doc, err := goquery.NewDocumentFromReader(strings.NewReader(body))
+		require.NoError(t, err)
+		var keys []string
+		doc.Find("#jobs tr td:first-child code").Each(func(_ int, s *goquery.Selection) { keys = append(keys, s.Text()) })
+		sort.Strings(keys)
+		return keys
+	}
+	sorted := func(k ...string) []string { sort.Strings(k); return k }
+	assert.Equal(t, sorted(aFail, bFail, cFail), list(t, ""), "default: failed and retryable")
+	assert.Equal(t, sorted(aFail, cFail), list(t, "?kind=catalog"))
+	assert.Equal(t, sorted(aFail, aPending), list(t, "?kind=catalog&window=2026-04-23&state=any"))
+	assert.Equal(t, []string{aPending}, list(t, "?state=pending"))
+	assert.Equal(t, []string{bFail}, list(t, "?category="+string(tasks.CategoryBlocked)))
+	assert.Equal(t, sorted(aFail, aPending), list(t, "?prefix=catalog:sku-&window=2026-04-23&state=failed,pending"))
+	assert.Empty(t, list(t, "?prefix=catalog:sku-_"), "the prefix is literal")
+
+	code, body := b.do(t, "GET", "/jobs?state=bogus", nil)
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, body, `state "bogus"`)
+	assert.Contains(t, body, "any")
+
+	// Two windows recorded by a scheduler: one enqueued, one whose tick failed.
+	due := time.Date(2026, 4, 23, 6, 0, 0, 0, time.UTC)
+	require.NoError(t, b.st.WindowBegin(ctx, store.WindowParams{Template: "daily", Window: "2026-04-23", Kind: "catalog", Due: due}))
+	require.NoError(t, b.st.WindowEnqueued(ctx, "daily", "2026-04-23", 2, 2))
+	require.NoError(t, b.st.WindowBegin(ctx, store.WindowParams{Template: "daily", Window: "2026-04-24", Kind: "catalog", Due: due.Add(24 * time.Hour)}))
+	require.NoError(t, b.st.WindowFailed(ctx, "daily", "2026-04-24", errors.New("connection refused")))
+	code, body = b.do(t, "GET", "/windows", nil)
+	require.Equal(t, http.StatusOK, code, body)
+	doc, err := goquery.NewDocumentFromReader(strings.NewReader(body))
+	require.NoError(t, err)
+	rows := doc.Find("#windows tr.window")
+	require.Equal(t, 2, rows.Length(), body)
+	cells := func(i int) []string {
+		var out []string
+		rows.Eq(i).Find("td").Each(func(_ int, s *goquery.Selection) { out = append(out, strings.TrimSpace(s.Text())) })
+		return out
+	}
+	// template, window, kind, due, tick, tries, specs·enqueued, pending, running, retryable, complete, failed, gap
+	newest, older := cells(0), cells(1)
+	assert.Equal(t, []string{"daily", "2026-04-24", "catalog"}, newest[:3])
+	assert.Contains(t, newest[4], "failed: ")
+	assert.Equal(t, []string{"0", "0", "0", "0", "1", "gap"}, newest[7:])
+	assert.Equal(t, []string{"daily", "2026-04-23", "catalog"}, older[:3])
+	assert.Equal(t, "2 · 2", older[6])
+	assert.Equal(t, []string{"1", "0", "0", "0", "1", "—"}, older[7:], "the catalog jobs of the window by state; reviews' are another kind")
+	href, _ := rows.Eq(1).Find("td a").Attr("href")
+	assert.Equal(t, "/jobs?kind=catalog&window=2026-04-23&state=any", href)
 }

@@ -143,24 +143,9 @@ type ProblemJob struct {
 }
 
 // JobListProblems returns up to limit failed and retryable jobs, most recently updated
-// first.
+// first (JobList without a filter).
 func (s *Store) JobListProblems(ctx context.Context, limit int) ([]ProblemJob, error) {
-	if limit < 1 {
-		return nil, fmt.Errorf("ops: JobListProblems: limit %d must be >= 1", limit)
-	}
-	rows, _ := s.pool.Query(ctx, `
-SELECT key, kind, state, attempts, COALESCE(last_category, ''), updated_at, next_attempt_at
-FROM jobs WHERE state IN ('failed', 'retryable')
-ORDER BY updated_at DESC, key LIMIT $1`, limit)
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProblemJob, error) {
-		var x ProblemJob
-		err := r.Scan(&x.Key, &x.Kind, &x.State, &x.Attempts, &x.Category, &x.UpdatedAt, &x.NextAttemptAt)
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ops: JobListProblems: %w", err)
-	}
-	return out, nil
+	return s.JobList(ctx, JobFilter{Limit: limit})
 }
 
 // Note is one job_notes row: an operator's action on a job.
