@@ -3,11 +3,15 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 // The re-enqueue pass finds runnable (pending, retryable) jobs whose asynq task is missing
@@ -162,4 +166,143 @@ func (r *Reconciler) requeueScan(ctx context.Context, rep *SweepReport, due time
 			return nil
 		}
 	}
+}
+
+// forEach calls f(0..n-1) with at most limit calls at once and returns when all are done.
+func forEach(limit, n int, f func(i int)) {
+	sem := make(chan struct{}, limit)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
+}
+
+// queueOf is the queue of a job's tasks: the one recorded with the job (an enqueuer sent
+// it to a queue other than its kind's), else its kind's in the configuration. Checking or
+// enqueuing in another would give the job a second task.
+func (r *Reconciler) queueOf(kind, recorded string) string {
+	if recorded != "" {
+		return recorded
+	}
+	return r.cfg.File.QueueFor(kind)
+}
+
+// requeuePage checks the asynq task of every job of the page in one pipelined round trip
+// and enqueues again those without a live task, one EnqueueMany per queue.
+func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *SweepReport) error {
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	pipe := r.cfg.Redis.Pipeline()
+	cmds := make([]*redis.StringCmd, len(page))
+	for i, j := range page {
+		cmds[i] = pipe.HGet(pctx, AsynqTaskKey(r.queueOf(j.Kind, j.Queue), j.Key), "state")
+	}
+	rep.RedisTrips++
+	rep.RedisCommands += int64(len(page))
+	if _, err := pipe.Exec(pctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("scheduler: reconciler read task states: %w", err)
+	}
+	byQueue := map[string][]tasks.Spec{}
+	for i, j := range page {
+		state, err := cmds[i].Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("scheduler: reconciler read task state: %w", err)
+		}
+		if state != "" && state != asynqArchived {
+			continue
+		}
+		spec, ok := r.specOf(ctx, j.Key, tasks.Spec{Kind: j.Kind, URL: j.URL, SourceID: j.SourceID, Country: j.Country,
+			Window: j.Window, ParserVersion: j.ParserVersion, Scope: j.Scope}, rep)
+		if !ok {
+			continue
+		}
+		q := r.queueOf(j.Kind, j.Queue)
+		byQueue[q] = append(byQueue[q], spec)
+	}
+	var mu sync.Mutex
+	return r.enqueueSpecs(ctx, byQueue, rep, &mu)
+}
+
+// specOf returns spec when it still derives key with the enqueuers' normaliser. A spec that
+// derives another key (the normaliser's configuration changed since the job was enqueued)
+// is not enqueued: that would record a second job under the new key and leave this one
+// pending for ever. It is counted (ActionKeyMismatch) and logged for review.
+func (r *Reconciler) specOf(ctx context.Context, key string, spec tasks.Spec, rep *SweepReport) (tasks.Spec, bool) {
+	derived, err := r.cfg.Normalizer.Key(spec)
+	if err == nil && derived == key {
+		return spec, true
+	}
+	rep.Actions[ActionKeyMismatch]++
+	r.cfg.Logger.WarnContext(ctx, "job's recorded spec no longer derives its key: not enqueued (normaliser changed?)",
+		"job", key, "derived", derived, "err", err)
+	return tasks.Spec{}, false
+}
+
+// enqueueSpecs enqueues the specs, by queue, with EnqueueMany on chunks of at least
+// minRequeueChunk specs, Concurrency chunks at once (EnqueueMany enqueues one task after
+// another, so a batch costs about one chunk's round trips), and counts the outcomes in
+// rep under mu.
+func (r *Reconciler) enqueueSpecs(ctx context.Context, byQueue map[string][]tasks.Spec, rep *SweepReport, mu *sync.Mutex) error {
+	queues := slices.Sorted(func(yield func(string) bool) {
+		for q := range byQueue {
+			if !yield(q) {
+				return
+			}
+		}
+	})
+	type chunk struct {
+		enq   *tasks.Enqueuer
+		specs []tasks.Spec
+	}
+	var chunks []chunk
+	for _, q := range queues {
+		enq, err := r.enq.get(q)
+		if err != nil {
+			return err
+		}
+		specs := byQueue[q]
+		size := max(minRequeueChunk, (len(specs)+r.cfg.Concurrency-1)/r.cfg.Concurrency)
+		for len(specs) > 0 {
+			n := min(size, len(specs))
+			chunks = append(chunks, chunk{enq, specs[:n]})
+			specs = specs[n:]
+		}
+	}
+	var firstErr error // guarded by mu
+	forEach(r.cfg.Concurrency, len(chunks), func(i int) {
+		c := chunks[i]
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		defer cancel()
+		res, err := c.enq.EnqueueMany(cctx, c.specs)
+		mu.Lock()
+		defer mu.Unlock()
+		rep.Statements++
+		rep.RedisTrips += int64(len(c.specs))
+		rep.RedisCommands += int64(len(c.specs))
+		if err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("scheduler: reconciler re-enqueue: %w", err)
+			}
+			return
+		}
+		for _, x := range res {
+			switch x.Outcome {
+			case tasks.Created, tasks.Requeued:
+				rep.Actions[ActionRequeued]++
+			case tasks.Repaired:
+				rep.Actions[ActionArchivedRepair]++
+			default:
+				rep.Actions[ActionAlreadyQueued]++
+			}
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	return firstErr
 }

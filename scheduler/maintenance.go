@@ -1,0 +1,87 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemscrape/idemscrape/store/inputs"
+)
+
+// The reconciler's outbox and saved-input upkeep: outbox lag reported, sent outbox rows
+// and old inbox rows pruned, saved inputs pruned.
+
+// OutboxMaintainer reports outbox lag and prunes old outbox and inbox rows (PGOutbox).
+type OutboxMaintainer interface {
+	// Lag reports the unsent outbox rows older than olderThan and the oldest one's time.
+	Lag(ctx context.Context, olderThan time.Duration) (unsent int64, oldest time.Time, err error)
+	// PruneSent deletes at most limit sent outbox rows sent more than olderThan ago.
+	PruneSent(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
+	// PruneInbox deletes at most limit inbox rows seen more than olderThan ago.
+	PruneInbox(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
+}
+
+// InputsPruner deletes saved inputs older than a retention, one bounded batch per call
+// (*inputs.Store).
+type InputsPruner interface {
+	Prune(ctx context.Context, p inputs.PruneParams) (inputs.PruneResult, error)
+}
+
+var _ InputsPruner = (*inputs.Store)(nil)
+
+func (r *Reconciler) outbox(ctx context.Context, rep *SweepReport) error {
+	rc := r.cfg.File.Reconciler
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	unsent, oldest, err := r.cfg.Outbox.Lag(qctx, rc.OutboxLagThreshold)
+	cancel()
+	rep.Statements++
+	if err != nil {
+		return fmt.Errorf("scheduler: reconciler outbox lag: %w", err)
+	}
+	rep.OutboxUnsent = unsent
+	r.metrics.outboxUnsent.Set(float64(unsent))
+	if unsent > 0 {
+		age := r.cfg.Now().Sub(oldest)
+		r.metrics.outboxOldest.Set(age.Seconds())
+		rep.Actions[ActionOutboxLagging]++
+		r.cfg.Logger.WarnContext(ctx, "outbox lagging: rows unsent past the threshold (is a dispatcher running?)",
+			"unsent", unsent, "oldest_age", age.Round(time.Second), "threshold", rc.OutboxLagThreshold)
+	} else {
+		r.metrics.outboxOldest.Set(0)
+	}
+	for _, p := range []struct {
+		action string
+		prune  func(context.Context, time.Duration, int) (int64, error)
+		age    time.Duration
+	}{
+		{ActionOutboxPruned, r.cfg.Outbox.PruneSent, rc.OutboxRetention},
+		{ActionInboxPruned, r.cfg.Outbox.PruneInbox, rc.InboxRetention},
+	} {
+		if err := r.pruneBatches(ctx, rep, p.action, p.prune, p.age); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pruneInputs deletes saved inputs and unreferenced bodies older than the retention, in
+// batches of PruneBatch, at most DefaultMaxPruneBatches calls per sweep (the next sweep goes
+// on).
+func (r *Reconciler) pruneInputs(ctx context.Context, rep *SweepReport) error {
+	rc := r.cfg.File.Reconciler
+	for range DefaultMaxPruneBatches {
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		res, err := r.cfg.Inputs.Prune(qctx, inputs.PruneParams{Retention: rc.SavedInputRetention, Limit: rc.PruneBatch})
+		cancel()
+		rep.Statements += 2
+		rep.Actions[ActionSavedInputsPruned] += res.Inputs
+		rep.Actions[ActionInputBlobsPruned] += res.Blobs
+		if err != nil {
+			return fmt.Errorf("scheduler: reconciler prune saved inputs: %w", err)
+		}
+		if res.Done(rc.PruneBatch) {
+			return nil
+		}
+	}
+	return nil
+}
