@@ -621,6 +621,10 @@ func (b *batcher[Req, Res]) try(parent context.Context, reqs []*groupReq[Req, Re
 			again = append(again, r)
 			continue
 		}
+		if r.maybe && out[i].err != nil && r.last != nil {
+			// Answered by re-reading the rows: say after what, for the log.
+			out[i].err = fmt.Errorf("%w (answered by re-reading the rows after: %v)", out[i].err, r.last)
+		}
 		r.reply <- out[i]
 	}
 	return again

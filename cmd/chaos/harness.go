@@ -421,7 +421,7 @@ type failpointFields struct {
 	name, detail, outcome string
 	token                 int64
 	err                   string // the err= field's text (the rest of the line), if any
-	diag                  string // the before_commit_sent line's resolved= and busy= fields
+	diag                  string // the before_commit_sent line's took= field
 }
 
 // recordFailpoint counts one "FAILPOINT name=… …" line of a worker and returns its fields.
@@ -446,7 +446,7 @@ func (h *harness) recordFailpoint(line string) failpointFields {
 			fl.token, _ = strconv.ParseInt(v, 10, 64)
 		case "outcome":
 			fl.outcome = v
-		case "resolved", "busy": // how the worker's committer got its answer
+		case "took": // how long the statement took
 			fl.diag = strings.TrimSpace(fl.diag + " " + f)
 		}
 	}
@@ -550,8 +550,8 @@ func (h *harness) staleSent(fl failpointFields) {
 	for _, sc := range h.stale {
 		if sc.Key == fl.detail && sc.Token == fl.token {
 			sc.Outcome, sc.Err = fl.outcome, fl.err
-			if fl.err != "" && fl.diag != "" {
-				sc.Err = fl.err + " (" + fl.diag + ")"
+			if fl.diag != "" {
+				sc.Err = strings.TrimSpace(fl.err + " (" + fl.diag + ")")
 			}
 		}
 	}
