@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/internal/secretenv"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/outbox"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -74,11 +75,15 @@ func (b BasicAuth) GoString() string { return b.String() }
 // LogValue implements slog.LogValuer without the password.
 func (b BasicAuth) LogValue() slog.Value { return slog.StringValue(b.String()) }
 
-// BasicAuthFromEnv reads EnvBasicAuthUser and EnvBasicAuthPassword. Both unset means no
-// authentication (nil, nil); only one of them set is an error naming the missing variable
-// (never a value).
+// BasicAuthFromEnv reads EnvBasicAuthUser and EnvBasicAuthPassword (or a file named by
+// EnvBasicAuthPassword + "_FILE"). Both unset means no authentication (nil, nil); only
+// one of them set is an error naming the missing variable (never a value).
 func BasicAuthFromEnv() (*BasicAuth, error) {
-	user, pass := os.Getenv(EnvBasicAuthUser), os.Getenv(EnvBasicAuthPassword)
+	user := os.Getenv(EnvBasicAuthUser)
+	pass, _, err := secretenv.Lookup(EnvBasicAuthPassword)
+	if err != nil {
+		return nil, fmt.Errorf("service: %w", err)
+	}
 	switch {
 	case user == "" && pass == "":
 		return nil, nil

@@ -43,6 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/store/outbox"
 )
@@ -69,6 +70,10 @@ type Service struct {
 	shutOnce  sync.Once
 	shutErr   error
 	closeMons sync.Once
+	// asynqRedis is a client of asynq's own connection option (RedisConnOpt), for
+	// /readyz's asynq check: the asynq server can be cut off from Redis while Config.Redis
+	// is not (another address, other credentials).
+	asynqRedis redis.UniversalClient
 }
 
 // New validates cfg and builds the service. It does no I/O beyond what asynqmon's and
@@ -105,6 +110,9 @@ func New(cfg Config) (*Service, error) {
 		s.disp = d
 	}
 
+	if rc, ok := c.RedisConnOpt.MakeRedisClient().(redis.UniversalClient); ok {
+		s.asynqRedis = rc
+	}
 	s.srv = asynq.NewServer(c.RedisConnOpt, c.Registry.ServerConfig(asynq.Config{
 		Concurrency:     c.Concurrency,
 		Queues:          c.Queues,
@@ -273,6 +281,9 @@ func (s *Service) closeMonitoring() {
 	s.closeMons.Do(func() {
 		if err := s.mon.Close(); err != nil {
 			s.log.Warn("closing asynqmon", "err", err)
+		}
+		if s.asynqRedis != nil {
+			_ = s.asynqRedis.Close()
 		}
 	})
 }

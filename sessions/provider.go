@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemscrape/idemscrape/internal/secretenv"
 )
 
 // credentials returns proxy secrets. It is a closure on purpose: fmt prints a func as an
@@ -192,7 +194,7 @@ func (p *Provider) ExitHeader() string { return p.exitHeader }
 const (
 	EnvProvider = "IDEMSCRAPE_PROXY_PROVIDER" // brightdata | oxylabs | decodo | iproyal | soax
 	EnvUser     = "IDEMSCRAPE_PROXY_USER"     // account user, customer id or package id
-	EnvPassword = "IDEMSCRAPE_PROXY_PASSWORD" // never logged
+	EnvPassword = "IDEMSCRAPE_PROXY_PASSWORD" // never logged; or a file named by IDEMSCRAPE_PROXY_PASSWORD_FILE
 	EnvZone     = "IDEMSCRAPE_PROXY_ZONE"     // brightdata only
 	EnvGateway  = "IDEMSCRAPE_PROXY_GATEWAY"  // optional host:port override
 )
@@ -200,12 +202,15 @@ const (
 // ProviderFromEnv builds a preset from the environment (see the Env* constants). Errors
 // name the variable, never its value.
 func ProviderFromEnv() (*Provider, error) {
-	name, user, pass := os.Getenv(EnvProvider), os.Getenv(EnvUser), os.Getenv(EnvPassword)
+	name, user := os.Getenv(EnvProvider), os.Getenv(EnvUser)
+	pass, _, err := secretenv.Lookup(EnvPassword)
+	if err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
 	if user == "" || pass == "" {
-		return nil, fmt.Errorf("sessions: %s and %s must be set", EnvUser, EnvPassword)
+		return nil, fmt.Errorf("sessions: %s and %s (or %s_FILE) must be set", EnvUser, EnvPassword, EnvPassword)
 	}
 	var p *Provider
-	var err error
 	switch name {
 	case "brightdata":
 		p, err = BrightData(user, os.Getenv(EnvZone), pass)

@@ -2,12 +2,15 @@ package testutil
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,33 +27,98 @@ type RedisServer struct {
 	dir  string
 	cmd  *exec.Cmd
 	t    testing.TB
+	args []string // extra redis-server arguments (StartRedisWith)
+	// TLS is the CA and certificates of a server started with RedisOptions.TLS (nil
+	// otherwise): it then listens for TLS only, on Addr.
+	TLS      *TestCA
+	password string // RedisOptions.Password: for the server's own readiness check
+}
+
+// RedisOptions configure StartRedisWith.
+type RedisOptions struct {
+	// Password is the default user's password (requirepass).
+	Password string
+	// ACL lines (redis.conf "user" directives without the word user), e.g.
+	// "app on >secret ~app:* +@all".
+	ACL []string
+	// TLS: listen for TLS only (tls-port), with a certificate of a CA the test made
+	// (RedisServer.TLS); client certificates are not required.
+	TLS bool
 }
 
 // StartRedis starts a throwaway redis-server; it is stopped when the test ends.
 func StartRedis(t testing.TB) *RedisServer {
 	t.Helper()
+	return StartRedisWith(t, RedisOptions{})
+}
+
+// StartRedisWith starts a throwaway redis-server with a password, ACL users or TLS.
+func StartRedisWith(t testing.TB, o RedisOptions) *RedisServer {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		serviceDown(t, "redis-server binary", err)
 	}
-	s := &RedisServer{port: freePort(t), dir: t.TempDir(), t: t}
+	s := &RedisServer{port: freePort(t), dir: t.TempDir(), t: t, password: o.Password}
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+	if o.Password != "" {
+		s.args = append(s.args, "--requirepass", o.Password)
+	}
+	if len(o.ACL) > 0 {
+		acl := filepath.Join(s.dir, "users.acl")
+		var lines []string
+		for _, l := range o.ACL {
+			lines = append(lines, "user "+l)
+		}
+		if o.Password != "" {
+			lines = append(lines, "user default on >"+o.Password+" ~* &* +@all")
+		} else {
+			lines = append(lines, "user default on nopass ~* &* +@all")
+		}
+		if err := os.WriteFile(acl, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			t.Fatalf("testutil: write ACL file: %v", err)
+		}
+		s.args = append(s.args, "--aclfile", acl)
+		s.args = slicesWithout(s.args, "--requirepass", o.Password) // the ACL file sets it
+	}
+	if o.TLS {
+		s.TLS = NewTestCA(t)
+		s.args = append(s.args, "--tls-port", strconv.Itoa(s.port), "--tls-cert-file", s.TLS.CertFile,
+			"--tls-key-file", s.TLS.KeyFile, "--tls-ca-cert-file", s.TLS.CAFile, "--tls-auth-clients", "no")
+	}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
 }
 
+// slicesWithout returns args without the pair (flag, value).
+func slicesWithout(args []string, flag, value string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == flag && i+1 < len(args) && args[i+1] == value {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
+
 // Start starts the server (again) on its port.
 func (s *RedisServer) Start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server",
-		"--bind", "127.0.0.1", "--port", strconv.Itoa(s.port),
+	port := strconv.Itoa(s.port)
+	if s.TLS != nil {
+		port = "0" // TLS only, on tls-port
+	}
+	args := append([]string{"--bind", "127.0.0.1", "--port", port,
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", filepath.Join(s.dir, "redis.log"))
+		"--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
+	s.cmd = exec.Command("redis-server", args...)
 	s.cmd.Stdout, s.cmd.Stderr = os.Stderr, os.Stderr
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("testutil: start redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(s.options())
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for c.Ping(context.Background()).Err() != nil {
@@ -83,7 +151,7 @@ func (s *RedisServer) Restart() {
 // loses every key.
 func (s *RedisServer) Snapshot(name string) string {
 	s.t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(s.options())
 	defer c.Close()
 	if err := c.Save(context.Background()).Err(); err != nil {
 		s.t.Fatalf("testutil: SAVE on %s: %v", s.Addr, err)
@@ -114,9 +182,26 @@ func (s *RedisServer) RestoreSnapshot(path string) {
 	}
 }
 
-// Client returns a client for the server, closed when the test ends.
+// options are a client's options for the server as the default user.
+func (s *RedisServer) options() *redis.Options {
+	o := &redis.Options{Addr: s.Addr, Password: s.password}
+	if s.TLS != nil {
+		pem, err := os.ReadFile(s.TLS.CAFile)
+		if err != nil {
+			s.t.Fatalf("testutil: read CA: %v", err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		o.TLSConfig = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+	}
+	return o
+}
+
+// Client returns a client for the server (as the default user), closed when the test ends.
 func (s *RedisServer) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	o := s.options()
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
 	s.t.Cleanup(func() { _ = c.Close() })
 	return c
 }

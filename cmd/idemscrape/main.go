@@ -226,7 +226,11 @@ func env(name, def string) string {
 }
 
 func connect(ctx context.Context) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, env("IDEMSCRAPE_PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
+	pcfg, err := envflag.PGConfig(env("IDEMSCRAPE_PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "$IDEMSCRAPE_PG", "IDEMSCRAPE_")
+	if err != nil {
+		return nil, usageError{err.Error()}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres (IDEMSCRAPE_PG): %w", err)
 	}

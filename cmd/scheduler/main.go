@@ -107,6 +107,7 @@ func main() {
 	}
 	log := c.log.Logger(os.Stderr)
 	slog.SetDefault(log)
+	envflag.RouteRedisLogs(log) // go-redis's own lines, in the same format
 	file, err := scheduler.LoadFile(c.configPath)
 	if err != nil {
 		// Nothing has started: a bad configuration never half-runs.
@@ -116,14 +117,30 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, c, file, log); err != nil {
+		var bad badSetting
+		if errors.As(err, &bad) {
+			log.Error("bad setting", "err", bad.err)
+			os.Exit(2)
+		}
 		log.Error("scheduler failed", "err", err)
 		os.Exit(1)
 	}
 	log.Info("scheduler stopped")
 }
 
+// badSetting is an error of the environment's settings found once the flags parsed (the
+// PostgreSQL URL and password): exit status 2, like a bad flag.
+type badSetting struct{ err error }
+
+func (b badSetting) Error() string { return b.err.Error() }
+func (b badSetting) Unwrap() error { return b.err }
+
 func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) error {
-	pool, err := pgxpool.New(ctx, c.pg)
+	pcfg, err := envflag.PGConfig(c.pg, "-pg ($IDEMSCRAPE_PG)", "IDEMSCRAPE_")
+	if err != nil {
+		return badSetting{err}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}

@@ -262,6 +262,7 @@ func main() {
 	}
 	log := c.log.Logger(os.Stderr)
 	slog.SetDefault(log)
+	envflag.RouteRedisLogs(log) // go-redis's own lines, in the same format
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go func() {
@@ -270,33 +271,50 @@ func main() {
 		stop()
 	}()
 	if err := run(ctx, c, log); err != nil {
+		var bad badSetting
+		if errors.As(err, &bad) {
+			log.Error("bad setting", "err", bad.err)
+			os.Exit(2)
+		}
 		log.Error("worker failed", "err", err)
 		os.Exit(1)
 	}
 }
 
+// badSetting is an error of the environment's settings found once the flags parsed (the
+// proxy account, secrets, the PostgreSQL URL, chaos settings): exit status 2, like a bad
+// flag.
+type badSetting struct{ err error }
+
+func (b badSetting) Error() string { return b.err.Error() }
+func (b badSetting) Unwrap() error { return b.err }
+
 func run(ctx context.Context, c config, log *slog.Logger) error {
 	provider, err := sessions.ProviderFromEnv()
 	if err != nil {
-		return err
+		return badSetting{err}
 	}
 	fp, err := parseFailpoints(os.Getenv(EnvFailpoints))
 	if err != nil {
-		return err
+		return badSetting{err}
 	}
 	retryOpt, err := retryOption(os.Getenv(EnvChaosRetryScale))
 	if err != nil {
-		return err
+		return badSetting{err}
 	}
 	if len(fp) > 0 || retryOpt != nil {
 		log.Warn("chaos settings on: for chaos runs only", "failpoints", os.Getenv(EnvFailpoints), "retry_scale", os.Getenv(EnvChaosRetryScale))
 	}
 	auth, err := service.BasicAuthFromEnv()
 	if err != nil {
-		return err
+		return badSetting{err}
 	}
 
-	pool, err := pgxpool.New(ctx, c.pg)
+	pcfg, err := envflag.PGConfig(c.pg, "-pg ($IDEMSCRAPE_PG)", "IDEMSCRAPE_")
+	if err != nil {
+		return badSetting{err}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}

@@ -2,10 +2,14 @@ package envflag
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -14,6 +18,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/internal/secretenv"
 )
 
 // DefaultRedisAddr is the Redis server used when neither -redis nor -redis-cluster is given.
@@ -26,6 +32,20 @@ const (
 	RedisClusterFlag = "redis-cluster"
 	RedisEnv         = "REDIS"
 	RedisClusterEnv  = "REDIS_CLUSTER"
+	// RedisPasswordEnv is the password (of the URL's user, or of the default user), from
+	// the environment only ($<prefix>REDIS_PASSWORD or a file named by
+	// $<prefix>REDIS_PASSWORD_FILE): a flag would show it in the process list.
+	RedisPasswordEnv = "REDIS_PASSWORD"
+	// TLS settings, for a rediss:// URL: flags -redis-tls-ca, -redis-tls-cert,
+	// -redis-tls-key, -redis-tls-server-name and their variables.
+	RedisTLSCAFlag         = "redis-tls-ca"
+	RedisTLSCertFlag       = "redis-tls-cert"
+	RedisTLSKeyFlag        = "redis-tls-key"
+	RedisTLSServerNameFlag = "redis-tls-server-name"
+	RedisTLSCAEnv          = "REDIS_TLS_CA"
+	RedisTLSCertEnv        = "REDIS_TLS_CERT"
+	RedisTLSKeyEnv         = "REDIS_TLS_KEY"
+	RedisTLSServerNameEnv  = "REDIS_TLS_SERVER_NAME"
 )
 
 // RedisConfig says where idemscrape's Redis is: one server (Addr) or a Redis Cluster
@@ -36,6 +56,11 @@ const (
 type RedisConfig struct {
 	Addr    string   // host:port of the one server
 	Cluster []string // host:port of some cluster nodes
+
+	Username string      // ACL user ("" the default user)
+	Password string      // never printed: String leaves it out
+	DB       int         // database number (one server only; a cluster has only 0)
+	TLS      *tls.Config // nil: plain TCP
 }
 
 // IsCluster reports whether the configuration names a Redis Cluster.
@@ -54,9 +79,20 @@ const DefaultClusterStateReload = 5 * time.Second
 // is followed in a fraction of a second), and at least every DefaultClusterStateReload.
 func (c RedisConfig) NewClient() redis.UniversalClient {
 	if c.IsCluster() {
-		return newClusterClient(c.Cluster)
+		return c.clusterConnOpt().MakeRedisClient().(*redis.ClusterClient)
 	}
-	return redis.NewClient(&redis.Options{Addr: c.Addr})
+	return redis.NewClient(&redis.Options{Addr: c.Addr, Username: c.Username, Password: c.Password, DB: c.DB, TLSConfig: c.tlsClone()})
+}
+
+func (c RedisConfig) tlsClone() *tls.Config {
+	if c.TLS == nil {
+		return nil
+	}
+	return c.TLS.Clone()
+}
+
+func (c RedisConfig) clusterConnOpt() ClusterConnOpt {
+	return ClusterConnOpt{Addrs: append([]string(nil), c.Cluster...), Username: c.Username, Password: c.Password, TLSConfig: c.tlsClone()}
 }
 
 // AsynqConnOpt returns asynq's connection option for the configuration: for a cluster a
@@ -65,9 +101,9 @@ func (c RedisConfig) NewClient() redis.UniversalClient {
 // one server asynq.RedisClientOpt.
 func (c RedisConfig) AsynqConnOpt() asynq.RedisConnOpt {
 	if c.IsCluster() {
-		return ClusterConnOpt{Addrs: append([]string(nil), c.Cluster...)}
+		return c.clusterConnOpt()
 	}
-	return asynq.RedisClientOpt{Addr: c.Addr}
+	return asynq.RedisClientOpt{Addr: c.Addr, Username: c.Username, Password: c.Password, DB: c.DB, TLSConfig: c.tlsClone()}
 }
 
 // ClusterConnOpt is an asynq.RedisConnOpt for a Redis Cluster. Unlike
@@ -75,20 +111,27 @@ func (c RedisConfig) AsynqConnOpt() asynq.RedisConnOpt {
 // clients follow a failover at once (see RedisConfig.NewClient): asynq's server, client and
 // inspector, and asynqmon, build theirs from it.
 type ClusterConnOpt struct {
-	Addrs []string // host:port of some cluster nodes
+	Addrs     []string // host:port of some cluster nodes
+	Username  string
+	Password  string
+	TLSConfig *tls.Config
 }
 
 // MakeRedisClient implements asynq.RedisConnOpt: it returns a *redis.ClusterClient.
-func (o ClusterConnOpt) MakeRedisClient() any { return newClusterClient(o.Addrs) }
+func (o ClusterConnOpt) MakeRedisClient() any {
+	var tc *tls.Config
+	if o.TLSConfig != nil {
+		tc = o.TLSConfig.Clone()
+	}
+	return newClusterClient(&redis.ClusterOptions{Addrs: append([]string(nil), o.Addrs...), Username: o.Username, Password: o.Password, TLSConfig: tc})
+}
 
 var _ asynq.RedisConnOpt = ClusterConnOpt{}
 
 // newClusterClient is the one constructor of idemscrape's cluster clients.
-func newClusterClient(addrs []string) *redis.ClusterClient {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:                      append([]string(nil), addrs...),
-		ClusterStateReloadInterval: DefaultClusterStateReload,
-	})
+func newClusterClient(o *redis.ClusterOptions) *redis.ClusterClient {
+	o.ClusterStateReloadInterval = DefaultClusterStateReload
+	cc := redis.NewClusterClient(o)
 	cc.AddHook(reloadOnNodeFailure{cc})
 	return cc
 }
@@ -138,57 +181,208 @@ func nodeFailure(err error) bool {
 		redis.HasErrorPrefix(err, "CLUSTERDOWN")
 }
 
-// String describes the configuration for logs: "redis 127.0.0.1:6379" or "redis cluster
-// a:1,b:2". It holds no secret (the configuration has none).
+// String describes the configuration for logs: "redis 127.0.0.1:6379", "redis cluster
+// a:1,b:2", with "rediss", the user and the database when set ("rediss app@host:6380/2").
+// It never holds the password, nor a file's contents.
 func (c RedisConfig) String() string {
-	if c.IsCluster() {
-		return "redis cluster " + strings.Join(c.Cluster, ",")
+	name := "redis"
+	if c.TLS != nil {
+		name = "rediss"
 	}
-	return "redis " + c.Addr
+	user := ""
+	if c.Username != "" {
+		user = c.Username + "@"
+	}
+	if c.IsCluster() {
+		return name + " cluster " + user + strings.Join(c.Cluster, ",")
+	}
+	db := ""
+	if c.DB != 0 {
+		db = "/" + strconv.Itoa(c.DB)
+	}
+	return name + " " + user + c.Addr + db
 }
 
 // Redis holds the -redis and -redis-cluster flags of a Set (and their environment
 // variables <Prefix>REDIS and <Prefix>REDIS_CLUSTER). Define them with Define, read them
 // with Config after Parse.
 type Redis struct {
-	Addr    string // -redis: one server, host:port
-	Cluster string // -redis-cluster: cluster seed nodes, host:port,host:port,...
-	prefix  string
+	Addr    string // -redis: one server, host:port or a redis:// or rediss:// URL
+	Cluster string // -redis-cluster: cluster seed nodes, host:port,host:port,... or a URL
+	// TLS files and the server name to verify (with a rediss:// URL).
+	TLSCA, TLSCert, TLSKey, TLSServerName string
+	prefix                                string
 }
 
 // Define defines -redis and -redis-cluster on s. They are mutually exclusive; with neither,
 // Config returns DefaultRedisAddr.
 func (r *Redis) Define(s *Set) {
 	r.prefix = s.Prefix
-	s.String(&r.Addr, RedisFlag, RedisEnv, "", "Redis server address host:port (default "+DefaultRedisAddr+"; not with -"+RedisClusterFlag+")")
-	s.String(&r.Cluster, RedisClusterFlag, RedisClusterEnv, "", "Redis Cluster seed nodes host:port,host:port,... (not with -"+RedisFlag+")")
+	s.String(&r.Addr, RedisFlag, RedisEnv, "", "Redis server: host:port, redis://[user@]host:port[/db] or rediss://… for TLS (default "+DefaultRedisAddr+"; not with -"+RedisClusterFlag+"; the password in $"+s.Prefix+RedisPasswordEnv+"[_FILE])")
+	s.String(&r.Cluster, RedisClusterFlag, RedisClusterEnv, "", "Redis Cluster seed nodes: host:port,host:port,... or redis[s]://[user@]host:port?addr=host:port&addr=... (not with -"+RedisFlag+")")
+	s.String(&r.TLSCA, RedisTLSCAFlag, RedisTLSCAEnv, "", "with rediss://: PEM file of the CA that signed Redis's certificate (default: the system's)")
+	s.String(&r.TLSCert, RedisTLSCertFlag, RedisTLSCertEnv, "", "with rediss://: PEM client certificate file (with -"+RedisTLSKeyFlag+")")
+	s.String(&r.TLSKey, RedisTLSKeyFlag, RedisTLSKeyEnv, "", "with rediss://: PEM client key file (with -"+RedisTLSCertFlag+")")
+	s.String(&r.TLSServerName, RedisTLSServerNameFlag, RedisTLSServerNameEnv, "", "with rediss://: the name Redis's certificate must carry (default: the URL's host)")
 }
 
-// Config validates the two settings and returns the configuration. Both given, an address
-// that is not host:port, or an empty entry in the cluster list is an error naming the flag
-// and its environment variable.
+// Config validates the settings and returns the configuration. Both servers given, an
+// address that is neither host:port nor a Redis URL, an empty entry in the cluster list,
+// TLS files without rediss:// or that do not load are errors naming the flag and its
+// environment variable (never a password).
 func (r Redis) Config() (RedisConfig, error) {
-	return parseRedis(r.Addr, r.Cluster,
-		fmt.Sprintf("-%s ($%s%s)", RedisFlag, r.prefix, RedisEnv),
-		fmt.Sprintf("-%s ($%s%s)", RedisClusterFlag, r.prefix, RedisClusterEnv))
+	name := func(flag, env string) string { return fmt.Sprintf("-%s ($%s%s)", flag, r.prefix, env) }
+	return parseRedis(redisSettings{
+		addr: r.Addr, cluster: r.Cluster, ca: r.TLSCA, cert: r.TLSCert, key: r.TLSKey, serverName: r.TLSServerName,
+		addrName: name(RedisFlag, RedisEnv), clusterName: name(RedisClusterFlag, RedisClusterEnv),
+		caName: name(RedisTLSCAFlag, RedisTLSCAEnv), certName: name(RedisTLSCertFlag, RedisTLSCertEnv),
+		keyName: name(RedisTLSKeyFlag, RedisTLSKeyEnv), serverNameName: name(RedisTLSServerNameFlag, RedisTLSServerNameEnv),
+		passwordEnv: r.prefix + RedisPasswordEnv,
+	})
 }
 
 // RedisFromEnv reads the Redis configuration from the environment alone:
 // <prefix>REDIS (one server) or <prefix>REDIS_CLUSTER (cluster seed nodes), mutually
-// exclusive, DefaultRedisAddr when neither is set. It is for commands without flags for
-// them (the CLI); errors name the variable.
+// exclusive, DefaultRedisAddr when neither is set; the password and TLS settings as for
+// the flags. It is for commands without flags for them (the CLI); errors name the
+// variable.
 func RedisFromEnv(prefix string) (RedisConfig, error) {
-	return parseRedis(os.Getenv(prefix+RedisEnv), os.Getenv(prefix+RedisClusterEnv),
-		"$"+prefix+RedisEnv, "$"+prefix+RedisClusterEnv)
+	name := func(env string) string { return "$" + prefix + env }
+	return parseRedis(redisSettings{
+		addr: os.Getenv(prefix + RedisEnv), cluster: os.Getenv(prefix + RedisClusterEnv),
+		ca: os.Getenv(prefix + RedisTLSCAEnv), cert: os.Getenv(prefix + RedisTLSCertEnv),
+		key: os.Getenv(prefix + RedisTLSKeyEnv), serverName: os.Getenv(prefix + RedisTLSServerNameEnv),
+		addrName: name(RedisEnv), clusterName: name(RedisClusterEnv), caName: name(RedisTLSCAEnv),
+		certName: name(RedisTLSCertEnv), keyName: name(RedisTLSKeyEnv), serverNameName: name(RedisTLSServerNameEnv),
+		passwordEnv: prefix + RedisPasswordEnv,
+	})
 }
 
-// parseRedis is the one place that turns the two settings into a RedisConfig; addrName
-// and clusterName are how errors name them.
-func parseRedis(addr, cluster, addrName, clusterName string) (RedisConfig, error) {
-	addr, cluster = strings.TrimSpace(addr), strings.TrimSpace(cluster)
+// redisSettings are the raw settings and how errors name each.
+type redisSettings struct {
+	addr, cluster, ca, cert, key, serverName                         string
+	addrName, clusterName, caName, certName, keyName, serverNameName string
+	passwordEnv                                                      string // variable of the password ([_FILE])
+}
+
+// parseRedis is the one place that turns the settings into a RedisConfig.
+func parseRedis(s redisSettings) (RedisConfig, error) {
+	c, err := parseRedisAddr(s)
+	if err != nil {
+		return RedisConfig{}, err
+	}
+	pass, set, err := secretenv.Lookup(s.passwordEnv)
+	if err != nil {
+		return RedisConfig{}, err
+	}
+	if set {
+		if c.Password != "" {
+			return RedisConfig{}, fmt.Errorf("a password is in the Redis URL and in $%s[%s]: give it one way (the variable keeps it out of the process list)", s.passwordEnv, secretenv.FileSuffix)
+		}
+		c.Password = pass
+	}
+	if err := s.applyTLS(&c); err != nil {
+		return RedisConfig{}, err
+	}
+	return c, nil
+}
+
+// applyTLS loads the TLS settings into c, which has TLS iff its URL was rediss://.
+func (s redisSettings) applyTLS(c *RedisConfig) error {
+	ca, cert, key, sn := strings.TrimSpace(s.ca), strings.TrimSpace(s.cert), strings.TrimSpace(s.key), strings.TrimSpace(s.serverName)
+	if c.TLS == nil {
+		for _, x := range []struct{ v, name string }{{ca, s.caName}, {cert, s.certName}, {key, s.keyName}, {sn, s.serverNameName}} {
+			if x.v != "" {
+				return fmt.Errorf("%s is a TLS setting: give Redis as a rediss:// URL in %s or %s", x.name, s.addrName, s.clusterName)
+			}
+		}
+		return nil
+	}
+	if c.TLS.MinVersion == 0 {
+		c.TLS.MinVersion = tls.VersionTLS12
+	}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.caName, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("%s: %s holds no PEM certificate", s.caName, ca)
+		}
+		c.TLS.RootCAs = pool
+	}
+	switch {
+	case cert != "" && key != "":
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return fmt.Errorf("%s and %s: %w", s.certName, s.keyName, err)
+		}
+		c.TLS.Certificates = []tls.Certificate{pair}
+	case cert != "" || key != "":
+		return fmt.Errorf("%s and %s go together: give both or neither", s.certName, s.keyName)
+	}
+	if sn != "" {
+		c.TLS.ServerName = sn
+	}
+	return nil
+}
+
+// isRedisURL reports whether v is given as a URL rather than host:port.
+func isRedisURL(v string) bool { return strings.Contains(v, "://") }
+
+// urlError is a Redis URL parser's error without the URL itself, which may hold a
+// password.
+func urlError(name string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return fmt.Errorf("%s: not a valid Redis URL (want redis://[user[:password]@]host:port[/db] or rediss://… for TLS): %v", name, err)
+}
+
+// checkScheme accepts the two schemes idemscrape documents.
+func checkScheme(v, name string) error {
+	scheme, _, _ := strings.Cut(v, "://")
+	if scheme != "redis" && scheme != "rediss" {
+		return fmt.Errorf("%s: URL scheme %q: want redis:// or rediss:// (TLS)", name, scheme)
+	}
+	return nil
+}
+
+// parseRedisAddr reads the server or cluster setting: host:port (list) or a URL, through
+// go-redis's own parsers (redis.ParseURL, redis.ParseClusterURL).
+func parseRedisAddr(s redisSettings) (RedisConfig, error) {
+	addr, cluster, addrName, clusterName := strings.TrimSpace(s.addr), strings.TrimSpace(s.cluster), s.addrName, s.clusterName
 	switch {
 	case addr != "" && cluster != "":
 		return RedisConfig{}, fmt.Errorf("%s and %s are both set: give one server or one cluster, not both", addrName, clusterName)
+	case cluster != "" && isRedisURL(cluster):
+		if err := checkScheme(cluster, clusterName); err != nil {
+			return RedisConfig{}, err
+		}
+		o, err := redis.ParseClusterURL(cluster)
+		if err != nil {
+			return RedisConfig{}, urlError(clusterName, err)
+		}
+		for i, a := range o.Addrs {
+			if err := checkHostPort(a); err != nil {
+				return RedisConfig{}, fmt.Errorf("%s: node %d %q: %w", clusterName, i+1, a, err)
+			}
+		}
+		return RedisConfig{Cluster: o.Addrs, Username: o.Username, Password: o.Password, TLS: o.TLSConfig}, nil
+	case addr != "" && isRedisURL(addr):
+		if err := checkScheme(addr, addrName); err != nil {
+			return RedisConfig{}, err
+		}
+		o, err := redis.ParseURL(addr)
+		if err != nil {
+			return RedisConfig{}, urlError(addrName, err)
+		}
+		if err := checkHostPort(o.Addr); err != nil {
+			return RedisConfig{}, fmt.Errorf("%s: address %q: %w", addrName, o.Addr, err)
+		}
+		return RedisConfig{Addr: o.Addr, Username: o.Username, Password: o.Password, DB: o.DB, TLS: o.TLSConfig}, nil
 	case cluster != "":
 		var seeds []string
 		seen := map[string]bool{}
@@ -236,4 +430,17 @@ func checkHostPort(s string) error {
 		return fmt.Errorf("port %q is not a number in 1..65535", port)
 	}
 	return nil
+}
+
+// RouteRedisLogs sends go-redis's own log lines (a pool that can not dial, a cluster
+// reload that failed), which it writes as plain text to stderr by default, through log at
+// level WARN, so that a JSON log stays JSON. go-redis's logger is process-wide.
+func RouteRedisLogs(log *slog.Logger) {
+	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
+}
+
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, strings.TrimSpace(fmt.Sprintf(format, v...)))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 
@@ -30,8 +31,9 @@ func TestRedis(t *testing.T) {
 		require.NoError(t, s.Parse(args))
 		return r.Config()
 	}
-	t.Setenv("EFT_REDIS", "")
-	t.Setenv("EFT_REDIS_CLUSTER", "")
+	for _, v := range []string{"REDIS", "REDIS_CLUSTER", "REDIS_PASSWORD", "REDIS_PASSWORD_FILE", "REDIS_TLS_CA", "REDIS_TLS_CERT", "REDIS_TLS_KEY", "REDIS_TLS_SERVER_NAME"} {
+		t.Setenv("EFT_"+v, "")
+	}
 
 	t.Run("DefaultIsOneLocalServer", func(t *testing.T) {
 		c, err := parse(t)
@@ -76,6 +78,45 @@ func TestRedis(t *testing.T) {
 		assert.IsType(t, &redis.ClusterClient{}, cl, "a seed list of one node is still a cluster")
 		assert.IsType(t, ClusterConnOpt{}, c.AsynqConnOpt())
 	})
+	t.Run("URL", func(t *testing.T) {
+		c, err := parse(t, "-redis", "redis://app:pw@10.0.0.5:6380/3")
+		require.NoError(t, err)
+		assert.Equal(t, RedisConfig{Addr: "10.0.0.5:6380", Username: "app", Password: "pw", DB: 3}, c)
+		assert.Equal(t, asynq.RedisClientOpt{Addr: "10.0.0.5:6380", Username: "app", Password: "pw", DB: 3}, c.AsynqConnOpt())
+		assert.Equal(t, "redis app@10.0.0.5:6380/3", c.String(), "no password")
+		assert.NotContains(t, fmt.Sprintf("%v %+v", c.String(), c.String()), "pw")
+	})
+	t.Run("PasswordFromFile", func(t *testing.T) {
+		pw := t.TempDir() + "/pw"
+		require.NoError(t, os.WriteFile(pw, []byte("from-file\n"), 0o600))
+		t.Setenv("EFT_REDIS_PASSWORD_FILE", pw)
+		c, err := parse(t, "-redis", "redis://app@h:6379")
+		require.NoError(t, err)
+		assert.Equal(t, "from-file", c.Password, "one trailing newline removed")
+	})
+	t.Run("TLSURL", func(t *testing.T) {
+		c, err := parse(t, "-redis", "rediss://h:6380", "-redis-tls-server-name", "redis.internal")
+		require.NoError(t, err)
+		require.NotNil(t, c.TLS)
+		assert.Equal(t, "redis.internal", c.TLS.ServerName)
+		assert.Equal(t, "rediss h:6380", c.String())
+		opt := c.AsynqConnOpt().(asynq.RedisClientOpt)
+		require.NotNil(t, opt.TLSConfig)
+		assert.NotSame(t, c.TLS, opt.TLSConfig, "each client gets its own copy")
+	})
+	t.Run("ClusterURL", func(t *testing.T) {
+		c, err := parse(t, "-redis-cluster", "rediss://app:pw@127.0.0.1:7000?addr=127.0.0.1:7001")
+		require.NoError(t, err)
+		assert.Equal(t, []string{"127.0.0.1:7000", "127.0.0.1:7001"}, c.Cluster)
+		assert.Equal(t, "app", c.Username)
+		assert.Equal(t, "pw", c.Password)
+		require.NotNil(t, c.TLS)
+		ac := c.AsynqConnOpt().MakeRedisClient().(*redis.ClusterClient)
+		defer ac.Close()
+		assert.Equal(t, "app", ac.Options().Username)
+		assert.NotNil(t, ac.Options().TLSConfig)
+		assert.Equal(t, "rediss cluster app@127.0.0.1:7000,127.0.0.1:7001", c.String())
+	})
 	t.Run("OptionIsACopy", func(t *testing.T) {
 		c := RedisConfig{Cluster: []string{"a:1"}}
 		c.AsynqConnOpt().(ClusterConnOpt).Addrs[0] = "changed:2"
@@ -95,7 +136,14 @@ func TestRedis(t *testing.T) {
 			{"NoPort", nil, []string{"-redis", "localhost"}, `-redis ($EFT_REDIS) "localhost": not host:port`},
 			{"BadPort", nil, []string{"-redis", "localhost:http"}, `port "http" is not a number`},
 			{"PortZero", nil, []string{"-redis", "localhost:0"}, `port "0"`},
-			{"URL", nil, []string{"-redis", "redis://h:6379"}, `-redis ($EFT_REDIS) "redis://h:6379"`},
+			{"OtherScheme", nil, []string{"-redis", "http://h:6379"}, `-redis ($EFT_REDIS): URL scheme "http": want redis:// or rediss://`},
+			{"BadURLHidesPassword", nil, []string{"-redis", "redis://u:s3cret@h:6379/x"}, `-redis ($EFT_REDIS): not a valid Redis URL`},
+			{"TLSFilesWithoutTLS", nil, []string{"-redis", "redis://h:6379", "-redis-tls-ca", "/x.pem"},
+				"-redis-tls-ca ($EFT_REDIS_TLS_CA) is a TLS setting: give Redis as a rediss:// URL"},
+			{"CertWithoutKey", nil, []string{"-redis", "rediss://h:6379", "-redis-tls-cert", "/x.pem"}, "go together"},
+			{"MissingCA", nil, []string{"-redis", "rediss://h:6379", "-redis-tls-ca", "/nonexistent/ca.pem"}, "-redis-tls-ca ($EFT_REDIS_TLS_CA): open /nonexistent/ca.pem"},
+			{"PasswordTwice", map[string]string{"EFT_REDIS_PASSWORD": "p2"}, []string{"-redis", "redis://u:p1@h:6379"}, "give it one way"},
+			{"PasswordFileMissing", map[string]string{"EFT_REDIS_PASSWORD_FILE": "/nonexistent/pw"}, nil, "$EFT_REDIS_PASSWORD_FILE: secret file /nonexistent/pw"},
 			{"ListInSingle", nil, []string{"-redis", "a:1,b:2"}, "one address only (a cluster's nodes go in -redis-cluster ($EFT_REDIS_CLUSTER))"},
 			{"EmptyEntry", map[string]string{"EFT_REDIS_CLUSTER": "a:1,,b:2"}, nil,
 				`-redis-cluster ($EFT_REDIS_CLUSTER): entry 2 "": empty address`},
@@ -111,6 +159,9 @@ func TestRedis(t *testing.T) {
 				_, err := parse(t, tt.args...)
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tt.wantErr)
+				for _, secret := range []string{"s3cret", "p1", "p2"} {
+					assert.NotContains(t, err.Error(), secret, "no password in an error")
+				}
 			})
 		}
 	})

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// Passwords of TestRedisACLAndTLS: none may appear in the worker's log.
+const (
+	redisAppPassword     = "redis-app-pw-4e1d"
+	redisDefaultPassword = "redis-default-pw-9b2c"
+)
+
+// secretFile writes a secret as Kubernetes mounts one (a trailing newline) and returns
+// its path.
+func secretFile(t *testing.T, name, value string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, []byte(value+"\n"), 0o600))
+	return p
+}
+
+// TestRedisACLAndTLS: the worker binary runs its jobs end to end against a Redis that
+// needs TLS (a certificate of the test's own CA) and an ACL user, its secrets (Redis and
+// proxy passwords) given as files; none of them is in its log. A bad Redis URL or TLS
+// setting is exit status 2 with one line naming the setting; a wrong password or CA is a
+// runtime failure: /readyz fails and says which check, without the cause's details.
+func TestRedisACLAndTLS(t *testing.T) {
+	bin := buildWorker(t)
+	srv := testutil.StartRedisWith(t, testutil.RedisOptions{
+		Password: redisDefaultPassword,
+		// The ACL a team needs (docs/DEPLOY.md): every key and channel of the deployment,
+		// every command but the administrative ones.
+		ACL: []string{"app on >" + redisAppPassword + " ~* &* +@all -@admin"},
+		TLS: true,
+	})
+	// The test's own client, configured as the worker is: from the environment.
+	t.Setenv("TLST_REDIS", "rediss://app@"+srv.Addr)
+	t.Setenv("TLST_REDIS_PASSWORD_FILE", secretFile(t, "client-pw", redisAppPassword))
+	t.Setenv("TLST_REDIS_TLS_CA", srv.TLS.CAFile)
+	rc, err := envflag.RedisFromEnv("TLST_")
+	require.NoError(t, err)
+	pool := testutil.PG(t)
+	st := store.New(pool)
+	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 5, Products: 3})
+	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Seed: 5, Format: testutil.ProxyFormatOxylabs, User: "acct", Password: proxyPassword})
+	queue := "q" + testutil.RandomID(4)
+
+	client := asynq.NewClient(rc.AsynqConnOpt())
+	t.Cleanup(func() { _ = client.Close() })
+	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: queue, Redis: rc.NewClient()})
+	require.NoError(t, err)
+	var keys []string
+	for i := 1; i <= 3; i++ {
+		res, err := enq.Enqueue(context.Background(), tasks.Spec{Kind: catalog.Kind, SourceID: fmt.Sprintf("sku-%d", i), Country: "US", Window: "2026-04-23", ParserVersion: 1})
+		require.NoError(t, err)
+		keys = append(keys, res.Key)
+	}
+
+	url := "rediss://app@" + srv.Addr
+	args := []string{"-queues", queue, "-concurrency", "3", "-http", "127.0.0.1:0", "-catalog-base", site.URL,
+		"-allow-loopback", "-log-format", "json", "-shutdown-timeout", "30s"}
+	env := func(extra ...string) []string {
+		return append([]string{
+			"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS_CLUSTER=",
+			"IDEMSCRAPE_PROXY_PROVIDER=oxylabs", "IDEMSCRAPE_PROXY_USER=acct", "IDEMSCRAPE_PROXY_PASSWORD=",
+			"IDEMSCRAPE_PROXY_PASSWORD_FILE=" + secretFile(t, "proxy-pw", proxyPassword), "IDEMSCRAPE_PROXY_GATEWAY=" + proxy.Addr,
+			"IDEMSCRAPE_HTTP_USER=", "IDEMSCRAPE_HTTP_PASSWORD=", "IDEMSCRAPE_QUEUES=", "IDEMSCRAPE_HTTP_ADDR=",
+			"IDEMSCRAPE_REDIS_PASSWORD=", "IDEMSCRAPE_REDIS_TLS_CERT=", "IDEMSCRAPE_REDIS_TLS_KEY=", "IDEMSCRAPE_REDIS_TLS_SERVER_NAME=",
+		}, extra...)
+	}
+	noSecrets := func(t *testing.T, log string) {
+		t.Helper()
+		for _, s := range []string{redisAppPassword, redisDefaultPassword, proxyPassword} {
+			assert.NotContains(t, log, s)
+		}
+	}
+
+	t.Run("EndToEnd", func(t *testing.T) {
+		wk := startWorker(t, bin, args, env("IDEMSCRAPE_REDIS="+url,
+			"IDEMSCRAPE_REDIS_PASSWORD_FILE="+secretFile(t, "redis-pw", redisAppPassword), "IDEMSCRAPE_REDIS_TLS_CA="+srv.TLS.CAFile))
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			done := 0
+			for _, k := range keys {
+				j, err := st.JobGet(context.Background(), k)
+				require.NoError(t, err)
+				if j.State == tasks.StateComplete {
+					done++
+				}
+			}
+			if done == len(keys) {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "%d of %d jobs complete within 3 min (load %s)", done, len(keys), loadAvg())
+			time.Sleep(100 * time.Millisecond)
+		}
+		assert.Equal(t, len(keys), testutil.Count(t, pool, `SELECT count(*) FROM results`))
+		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
+		assert.Contains(t, wk.log(), `"redis":"rediss app@`+srv.Addr)
+		noSecrets(t, wk.log())
+	})
+
+	t.Run("BadSettingsExit2", func(t *testing.T) {
+		for name, tc := range map[string]struct {
+			env  []string
+			want string
+		}{
+			"NotARedisURL":    {[]string{"IDEMSCRAPE_REDIS=http://" + srv.Addr}, `-redis ($IDEMSCRAPE_REDIS): URL scheme "http"`},
+			"CAWithoutTLS":    {[]string{"IDEMSCRAPE_REDIS=redis://" + srv.Addr, "IDEMSCRAPE_REDIS_TLS_CA=" + srv.TLS.CAFile}, "is a TLS setting"},
+			"PasswordTwice":   {[]string{"IDEMSCRAPE_REDIS=rediss://app:" + redisAppPassword + "@" + srv.Addr, "IDEMSCRAPE_REDIS_PASSWORD_FILE=" + secretFile(t, "pw2", redisAppPassword)}, "give it one way"},
+			"MissingProxyPW":  {[]string{"IDEMSCRAPE_REDIS=" + url, "IDEMSCRAPE_PROXY_PASSWORD_FILE=/nonexistent/proxy-pw"}, "IDEMSCRAPE_PROXY_PASSWORD_FILE: secret file /nonexistent/proxy-pw"},
+			"EmptyPGPassword": {[]string{"IDEMSCRAPE_REDIS=" + url, "IDEMSCRAPE_PG_PASSWORD_FILE=" + secretFile(t, "empty", "")}, "IDEMSCRAPE_PG_PASSWORD_FILE: secret file"},
+		} {
+			t.Run(name, func(t *testing.T) {
+				wk := startWorker(t, bin, args, env(tc.env...))
+				assert.Equal(t, 2, wk.wait(t, 60*time.Second))
+				assert.Contains(t, wk.log(), tc.want)
+				noSecrets(t, wk.log())
+			})
+		}
+	})
+
+	t.Run("WrongPasswordOrCAFailsReadyz", func(t *testing.T) {
+		for name, extra := range map[string][]string{
+			"WrongPassword": {"IDEMSCRAPE_REDIS=" + url, "IDEMSCRAPE_REDIS_PASSWORD_FILE=" + secretFile(t, "bad", "not-the-password"), "IDEMSCRAPE_REDIS_TLS_CA=" + srv.TLS.CAFile},
+			"WrongCA":       {"IDEMSCRAPE_REDIS=" + url, "IDEMSCRAPE_REDIS_PASSWORD_FILE=" + secretFile(t, "ok", redisAppPassword), "IDEMSCRAPE_REDIS_TLS_CA=" + srv.TLS.OtherCAFile},
+			"PlainToTLS":    {"IDEMSCRAPE_REDIS=redis://app@" + srv.Addr, "IDEMSCRAPE_REDIS_PASSWORD_FILE=" + secretFile(t, "ok2", redisAppPassword)},
+		} {
+			t.Run(name, func(t *testing.T) {
+				wk := startWorker(t, bin, args, env(extra...))
+				wk.waitLine(t, "service started")
+				code, body := getReadyz(t, listenAddr(t, wk.log()))
+				assert.Equal(t, 503, code, body)
+				assert.Contains(t, body, "redis")
+				assert.NotContains(t, strings.ToLower(body), "certificate", "no driver detail on /readyz")
+				assert.NotContains(t, body, "WRONGPASS")
+				require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+				wk.wait(t, 90*time.Second)
+				noSecrets(t, wk.log())
+			})
+		}
+	})
+}
+
+// loadAvg is /proc/loadavg's first three fields, for a deadline's message.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// listenAddr finds the HTTP address in the worker's "service started" line.
+func listenAddr(t *testing.T, log string) string {
+	t.Helper()
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "service started") {
+			continue
+		}
+		var v struct{ HTTP string }
+		require.NoError(t, json.Unmarshal([]byte(line), &v), line)
+		return v.HTTP
+	}
+	t.Fatalf("no service started line in:\n%s", log)
+	return ""
+}
+
+// getReadyz reads /readyz.
+func getReadyz(t *testing.T, addr string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/readyz")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// TestLogsStayJSON: with Redis stopped under a running worker, go-redis's and asynq's
+// complaints come through the worker's JSON handler: every line of the log parses.
+func TestLogsStayJSON(t *testing.T) {
+	bin := buildWorker(t)
+	srv := testutil.StartRedis(t)
+	pool := testutil.PG(t)
+	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 6, Products: 1})
+	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Seed: 6, Format: testutil.ProxyFormatOxylabs, User: "acct", Password: proxyPassword})
+	wk := startWorker(t, bin, []string{"-queues", "q" + testutil.RandomID(4), "-http", "127.0.0.1:0", "-catalog-base", site.URL,
+		"-allow-loopback", "-log-format", "json", "-shutdown-timeout", "5s"}, []string{
+		"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=" + srv.Addr, "IDEMSCRAPE_REDIS_CLUSTER=",
+		"IDEMSCRAPE_PROXY_PROVIDER=oxylabs", "IDEMSCRAPE_PROXY_USER=acct", "IDEMSCRAPE_PROXY_PASSWORD=" + proxyPassword,
+		"IDEMSCRAPE_PROXY_GATEWAY=" + proxy.Addr, "IDEMSCRAPE_HTTP_USER=", "IDEMSCRAPE_HTTP_PASSWORD=", "IDEMSCRAPE_QUEUES=", "IDEMSCRAPE_HTTP_ADDR=",
+	})
+	wk.waitLine(t, "service started")
+	addr := listenAddr(t, wk.log())
+	srv.Stop()
+	code, body := getReadyz(t, addr)
+	assert.Equal(t, 503, code, body)
+	assert.Contains(t, body, "redis: failing")
+	assert.Contains(t, body, "asynq: failing")
+	wk.waitLine(t, `"component":"go-redis"`) // go-redis's own line, as JSON
+	require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+	wk.wait(t, 90*time.Second)
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(wk.log()), "\n") {
+		var v map[string]any
+		assert.NoError(t, json.Unmarshal([]byte(line), &v), "not JSON: %s", line)
+		n++
+	}
+	assert.Greater(t, n, 3)
+}
