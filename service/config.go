@@ -95,6 +95,16 @@ func BasicAuthFromEnv() (*BasicAuth, error) {
 	return &BasicAuth{User: user, Password: pass}, nil
 }
 
+// CheckExposure refuses an HTTP address that is not loopback when there is no basic auth,
+// unless insecure says something in front authenticates: anyone who reaches the port
+// would read the job pages and asynqmon.
+func CheckExposure(addr string, auth *BasicAuth, insecure bool) error {
+	if auth != nil || insecure || loopbackAddr(addr) {
+		return nil
+	}
+	return fmt.Errorf("service: HTTP address %s is not loopback and no basic auth is set: anyone who reaches it reads the job pages and asynqmon. Set IDEMSCRAPE_HTTP_USER and IDEMSCRAPE_HTTP_PASSWORD[_FILE] (Config.BasicAuth), listen on 127.0.0.1, or say -http-insecure (Config.HTTPInsecure) if something in front authenticates", addr)
+}
+
 // Config configures a Service.
 type Config struct {
 	// Registry runs the jobs: its kinds must be registered before New. The service never
@@ -141,9 +151,20 @@ type Config struct {
 	// asynqmon, job pages). "127.0.0.1:0" picks a free port (see Service.HTTPAddr).
 	// Defaults to DefaultHTTPAddr.
 	HTTPAddr string
-	// MonitoringReadOnly mounts asynqmon read-only: its API refuses every request but GET.
-	// Defaults to false.
+	// MonitoringWritable lets asynqmon change tasks and queues (delete, archive, run,
+	// pause). Defaults to false: asynqmon is read-only, its API refuses every request but
+	// GET. Writable or not, a state-changing request from another origin (a page on
+	// another site, with the operator's credentials) is refused (http.CrossOriginProtection).
+	MonitoringWritable bool
+	// MonitoringReadOnly forces asynqmon read-only even with MonitoringWritable.
+	//
+	// Deprecated: read-only is the default; set MonitoringWritable to allow writes.
 	MonitoringReadOnly bool
+	// HTTPInsecure lets the HTTP server listen on an address other than loopback without
+	// BasicAuth (behind a proxy that authenticates, say). Defaults to false: such an
+	// address without BasicAuth is refused at Start, since anyone who reaches the port
+	// would read the job pages and asynqmon.
+	HTTPInsecure bool
 	// BasicAuth, when set, protects asynqmon and the job pages (not /metrics, /healthz,
 	// /readyz, which probes and scrapers reach). See BasicAuthFromEnv. Defaults to nil: no
 	// authentication.
@@ -186,6 +207,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("service: Config.DrainTimeout %v is negative", c.DrainTimeout)
 	case c.ReadyTimeout < 0:
 		return fmt.Errorf("service: Config.ReadyTimeout %v is negative", c.ReadyTimeout)
+	case c.HTTPAddr != "" && CheckExposure(c.HTTPAddr, c.BasicAuth, c.HTTPInsecure) != nil:
+		return CheckExposure(c.HTTPAddr, c.BasicAuth, c.HTTPInsecure)
 	case c.JobListLimit < 0:
 		return fmt.Errorf("service: Config.JobListLimit %d is negative", c.JobListLimit)
 	case c.BasicAuth != nil && (c.BasicAuth.User == "" || c.BasicAuth.Password == ""):

@@ -124,7 +124,7 @@ func New(cfg Config) (*Service, error) {
 	s.mon = asynqmon.New(asynqmon.Options{
 		RootPath:     DefaultMonitoringPath,
 		RedisConnOpt: c.RedisConnOpt,
-		ReadOnly:     c.MonitoringReadOnly,
+		ReadOnly:     c.MonitoringReadOnly || !c.MonitoringWritable,
 	})
 	s.http = &http.Server{
 		Handler:           s.routes(),
@@ -186,7 +186,7 @@ func (s *Service) Start(ctx context.Context) error {
 	s.started = true
 	s.log.InfoContext(ctx, "service started", "http", ln.Addr().String(), "queues", s.cfg.Queues,
 		"concurrency", s.cfg.Concurrency, "dispatcher", s.disp != nil,
-		"monitoring_read_only", s.cfg.MonitoringReadOnly, "basic_auth", s.cfg.BasicAuth != nil)
+		"monitoring_writable", s.cfg.MonitoringWritable && !s.cfg.MonitoringReadOnly, "basic_auth", s.cfg.BasicAuth != nil)
 	return nil
 }
 
@@ -305,9 +305,13 @@ func (s *Service) routes() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
 
-	protect := func(h http.Handler) http.Handler { return h }
+	// Basic auth when configured; and for every method but GET, HEAD and OPTIONS the
+	// request must come from the same origin (Sec-Fetch-Site, else Origin against Host):
+	// a browser sends basic auth credentials with any site's form POST.
+	sameOrigin := http.NewCrossOriginProtection()
+	protect := func(h http.Handler) http.Handler { return sameOrigin.Handler(h) }
 	if s.cfg.BasicAuth != nil {
-		protect = func(h http.Handler) http.Handler { return basicAuth(*s.cfg.BasicAuth, h) }
+		protect = func(h http.Handler) http.Handler { return basicAuth(*s.cfg.BasicAuth, sameOrigin.Handler(h)) }
 	}
 	mux.Handle(DefaultMonitoringPath, protect(s.mon))
 	mux.Handle(DefaultMonitoringPath+"/", protect(s.mon))
@@ -318,4 +322,18 @@ func (s *Service) routes() http.Handler {
 		http.Redirect(w, r, "/jobs", http.StatusFound)
 	})
 	return mux
+}
+
+// loopbackAddr reports whether a listen address (host:port) is on loopback only:
+// 127.0.0.0/8, ::1 or localhost. "" and ":port" (every interface) are not.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

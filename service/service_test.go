@@ -47,7 +47,9 @@ type bundle struct {
 
 type setupOpts struct {
 	auth      *service.BasicAuth
-	readOnly  bool
+	writable  bool                  // asynqmon may change tasks
+	insecure  bool                  // HTTPInsecure
+	httpAddr  string                // default 127.0.0.1:0
 	redisAddr string                // default: the shared test Redis
 	rdb       redis.UniversalClient // with redisAddr
 	checks    []service.ReadyCheck
@@ -88,6 +90,10 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(shop), catalog.Parse))
 
+	httpAddr := o.httpAddr
+	if httpAddr == "" {
+		httpAddr = "127.0.0.1:0"
+	}
 	b.svc, err = service.New(service.Config{
 		Registry: reg, Store: st, Redis: b.rdb, RedisConnOpt: b.opt,
 		Queues:             map[string]int{b.queue: 1},
@@ -95,8 +101,9 @@ func setup(t *testing.T, o setupOpts) *bundle {
 		ShutdownTimeout:    time.Second,
 		Dispatcher:         &outbox.DispatcherConfig{Prefix: prefix},
 		NoDispatcher:       o.noDisp,
-		HTTPAddr:           "127.0.0.1:0",
-		MonitoringReadOnly: o.readOnly,
+		HTTPAddr:           httpAddr,
+		MonitoringWritable: o.writable,
+		HTTPInsecure:       o.insecure,
 		BasicAuth:          o.auth,
 		ReadyChecks:        o.checks,
 		Logger:             quietLogger(),
@@ -209,8 +216,8 @@ func TestAsynqmonMounted(t *testing.T) {
 		}
 	})
 
-	t.Run("ReadOnlyRefusesDelete", func(t *testing.T) {
-		b := setup(t, setupOpts{readOnly: true})
+	t.Run("ReadOnlyByDefaultRefusesDelete", func(t *testing.T) {
+		b := setup(t, setupOpts{})
 		id := b.probeTask(t)
 		code, body := b.do(t, "DELETE", "/monitoring/api/queues/"+b.queue+"/scheduled_tasks/"+id, nil)
 		assert.Equal(t, http.StatusMethodNotAllowed, code, body)
@@ -220,13 +227,69 @@ func TestAsynqmonMounted(t *testing.T) {
 	})
 
 	t.Run("WritableDeletes", func(t *testing.T) {
-		// The counterpart of ReadOnlyRefusesDelete: the same request works when writable.
-		b := setup(t, setupOpts{})
+		// The counterpart of ReadOnlyByDefaultRefusesDelete: the same request works when
+		// writable.
+		b := setup(t, setupOpts{writable: true})
 		id := b.probeTask(t)
 		code, body := b.do(t, "DELETE", "/monitoring/api/queues/"+b.queue+"/scheduled_tasks/"+id, nil)
 		assert.Equal(t, http.StatusNoContent, code, body)
 		assert.False(t, b.taskExists(t, id))
 	})
+
+	t.Run("CrossOriginWriteRefused", func(t *testing.T) {
+		// Writable, with basic auth: a browser would send the credentials with another
+		// site's request too. Refused unless it comes from the same origin.
+		auth := &service.BasicAuth{User: "ops", Password: "pw"}
+		b := setup(t, setupOpts{writable: true, auth: auth})
+		id := b.probeTask(t)
+		del := func(headers map[string]string) int {
+			req, err := http.NewRequest("DELETE", b.base+"/monitoring/api/queues/"+b.queue+"/scheduled_tasks/"+id, nil)
+			require.NoError(t, err)
+			req.SetBasicAuth(auth.User, auth.Password)
+			for k, v := range headers {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		assert.Equal(t, http.StatusForbidden, del(map[string]string{"Sec-Fetch-Site": "cross-site"}))
+		assert.Equal(t, http.StatusForbidden, del(map[string]string{"Origin": "http://evil.example"}))
+		assert.True(t, b.taskExists(t, id), "a cross-origin request deleted the task")
+		assert.Equal(t, http.StatusNoContent, del(map[string]string{"Sec-Fetch-Site": "same-origin"}))
+		assert.False(t, b.taskExists(t, id))
+	})
+}
+
+// TestUISafeByDefault: a service that would listen beyond loopback without basic auth is
+// refused (New: nothing started) unless HTTPInsecure says so; asynqmon is read-only unless MonitoringWritable
+// (ReadOnlyByDefaultRefusesDelete, CrossOriginWriteRefused above).
+func TestUISafeByDefault(t *testing.T) {
+	b := setup(t, setupOpts{noDisp: true}) // its registry, store and Redis
+	cfg := func(addr string, insecure bool, auth *service.BasicAuth) service.Config {
+		return service.Config{Registry: b.reg, Store: b.st, Redis: b.rdb, RedisConnOpt: b.opt,
+			Queues: map[string]int{b.queue: 1}, NoDispatcher: true, HTTPAddr: addr, HTTPInsecure: insecure, BasicAuth: auth,
+			ShutdownTimeout: time.Second, Logger: quietLogger(), AsynqLogLevel: asynq.FatalLevel}
+	}
+	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0"} {
+		_, err := service.New(cfg(addr, false, nil))
+		require.Error(t, err, addr)
+		assert.Contains(t, err.Error(), "is not loopback and no basic auth is set", addr)
+		assert.Contains(t, err.Error(), "-http-insecure")
+	}
+	for name, c := range map[string]service.Config{
+		"Insecure":  cfg("0.0.0.0:0", true, nil),
+		"BasicAuth": cfg("0.0.0.0:0", false, &service.BasicAuth{User: "u", Password: "p"}),
+		"Loopback":  cfg("127.0.0.1:0", false, nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			svc, err := service.New(c)
+			require.NoError(t, err)
+			require.NoError(t, svc.Start(context.Background()))
+			assert.NoError(t, svc.Shutdown(context.Background()))
+		})
+	}
 }
 
 // startAttempt records an attempt of key under token and returns.

@@ -90,7 +90,9 @@ type config struct {
 	shutdownTimeout   time.Duration
 	drainTimeout      time.Duration
 	requestTimeout    time.Duration
-	readOnly          bool
+	readOnly          bool // deprecated: read-only is the default
+	writable          bool // -monitoring-writable
+	httpInsecure      bool
 	noDispatcher      bool
 	allowLoopback     bool
 	ignoreRobots      bool
@@ -130,7 +132,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Duration(&c.drainTimeout, "drain-timeout", "DRAIN_TIMEOUT", service.DefaultDrainTimeout, "after that, how long to wait for handed-back jobs to record their attempt and release their lease")
 	s.Duration(&c.requestTimeout, "request-timeout", "REQUEST_TIMEOUT", sessions.DefaultRequestTimeout, "bound of each destination request")
 	s.Int(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default)")
-	s.Bool(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "mount asynqmon read-only (its API refuses everything but GET)")
+	s.Bool(&c.writable, "monitoring-writable", "MONITORING_WRITABLE", "let asynqmon change tasks and queues (delete, archive, run); default read-only; writes from another origin are refused either way")
+	s.Bool(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "deprecated: asynqmon is read-only by default; forces read-only even with -monitoring-writable")
+	s.Bool(&c.httpInsecure, "http-insecure", "HTTP_INSECURE", "allow -http on a non-loopback address without basic auth (something in front authenticates)")
 	s.Bool(&c.noDispatcher, "no-dispatcher", "NO_DISPATCHER", "do not run the outbox dispatcher in this process")
 	s.Bool(&c.allowLoopback, "allow-loopback", "ALLOW_LOOPBACK", "allow destinations on 127.0.0.0/8 and ::1 (demos and tests only; never in production)")
 	s.Bool(&c.ignoreRobots, "ignore-robots", "IGNORE_ROBOTS", "do not fetch or respect robots.txt")
@@ -309,6 +313,9 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return badSetting{err}
 	}
+	if err := service.CheckExposure(c.httpAddr, auth, c.httpInsecure); err != nil {
+		return badSetting{err}
+	}
 
 	pcfg, err := envflag.PGConfig(c.pg, "-pg ($IDEMSCRAPE_PG)", "IDEMSCRAPE_")
 	if err != nil {
@@ -384,6 +391,8 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		Dispatcher:         c.dispatcherConfig(fp.afterPublish()),
 		HTTPAddr:           c.httpAddr,
 		MonitoringReadOnly: c.readOnly,
+		MonitoringWritable: c.writable,
+		HTTPInsecure:       c.httpInsecure,
 		BasicAuth:          auth,
 		Logger:             log,
 	})
