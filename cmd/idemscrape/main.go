@@ -83,7 +83,7 @@ func mainUsage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "`idemscrape COMMAND -h` shows a command's flags.")
-	fmt.Fprintln(w, "environment: IDEMSCRAPE_PG (PostgreSQL URL), IDEMSCRAPE_REDIS (host:port) or IDEMSCRAPE_REDIS_CLUSTER (host:port,host:port,...), IDEMSCRAPE_QUEUE (asynq queue override)")
+	fmt.Fprintln(w, "environment: IDEMSCRAPE_PG (PostgreSQL URL), IDEMSCRAPE_PG_PASSWORD[_FILE], IDEMSCRAPE_REDIS (host:port or redis[s]://[user@]host:port[/db]) or IDEMSCRAPE_REDIS_CLUSTER (host:port,host:port,... or a URL), IDEMSCRAPE_REDIS_PASSWORD[_FILE], IDEMSCRAPE_REDIS_TLS_CA/_CERT/_KEY/_SERVER_NAME, IDEMSCRAPE_QUEUE (asynq queue override)")
 }
 
 // run executes one command line and returns the exit status.
