@@ -352,3 +352,57 @@ func (s *PostgresServer) MigratedPool(t testing.TB) *pgxpool.Pool {
 
 // String implements fmt.Stringer.
 func (s *PostgresServer) String() string { return fmt.Sprintf("postgres 127.0.0.1:%d", s.Port) }
+
+// EnableTLS turns on TLS with the server certificate of ca (ssl = on), adds a role user
+// with password that may connect only over TLS with that password (scram-sha-256; every
+// other role keeps trust, plain or TLS), and restarts the server.
+func (s *PostgresServer) EnableTLS(ca *TestCA, user, password string) {
+	s.t.Helper()
+	conn, err := pgx.Connect(context.Background(), s.URL())
+	if err != nil {
+		s.t.Fatalf("testutil: connect to %v: %v", s, err)
+	}
+	_, err = conn.Exec(context.Background(), fmt.Sprintf(`CREATE ROLE %s LOGIN SUPERUSER PASSWORD %s`,
+		pgx.Identifier{user}.Sanitize(), quoteLiteral(password)))
+	_ = conn.Close(context.Background())
+	if err != nil {
+		s.t.Fatalf("testutil: create role %s: %v", user, err)
+	}
+	copyOwned := func(src, name string) string {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			s.t.Fatalf("testutil: read %s: %v", src, err)
+		}
+		dst := filepath.Join(s.dataDir(), name)
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			s.t.Fatalf("testutil: write %s: %v", dst, err)
+		}
+		if s.cred != nil {
+			if err := os.Chown(dst, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				s.t.Fatalf("testutil: chown %s: %v", dst, err)
+			}
+		}
+		return dst
+	}
+	cert, key := copyOwned(ca.CertFile, "server.crt"), copyOwned(ca.KeyFile, "server.key")
+	appendTo := func(name, text string, prepend bool) {
+		p := filepath.Join(s.dataDir(), name)
+		old, err := os.ReadFile(p)
+		if err != nil {
+			s.t.Fatalf("testutil: read %s: %v", p, err)
+		}
+		out := string(old) + text
+		if prepend {
+			out = text + string(old)
+		}
+		if err := os.WriteFile(p, []byte(out), 0o600); err != nil {
+			s.t.Fatalf("testutil: write %s: %v", p, err)
+		}
+	}
+	appendTo("postgresql.conf", fmt.Sprintf("\nssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\n", cert, key), false)
+	appendTo("pg_hba.conf", fmt.Sprintf("hostssl all %s 127.0.0.1/32 scram-sha-256\nhostnossl all %s 127.0.0.1/32 reject\n", user, user), true)
+	s.Restart()
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
