@@ -4,7 +4,7 @@ GO        ?= go
 PKGS      ?= ./...
 BENCHTIME ?= 2s
 
-.PHONY: test check vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
+.PHONY: soak test check vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
 
 ## test: services (and the test browser) up, vet, then every test with the race detector
 ## against real Redis and PostgreSQL; per-package times at the end, slowest first.
@@ -48,6 +48,13 @@ chaos: services
 	$(GO) run ./cmd/chaos
 chaos-short: services
 	$(GO) run ./cmd/chaos -short
+
+## soak: a simulated season (internal/soak): 100 days of 1,000 jobs, job retention 30 days,
+## each day a PostgreSQL blip at tick time, a Redis restart (one day in five with its data
+## lost), a dead consumer group; prints the tables and Redis by day (docs/RELIABILITY.md).
+## make test runs a 16-day season with the same checks.
+soak: services
+	IDEMSCRAPE_SOAK=full $(GO) test -count=1 -run '^TestSoak$$' -v -timeout 30m ./internal/soak/
 
 ## fuzz: URL normalisation fuzzing for FUZZTIME (default 60s).
 FUZZTIME ?= 60s

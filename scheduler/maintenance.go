@@ -11,7 +11,7 @@ import (
 // The reconciler's outbox and saved-input upkeep: outbox lag reported, sent outbox rows
 // and old inbox rows pruned, saved inputs pruned.
 
-// OutboxMaintainer reports outbox lag and prunes old outbox and inbox rows (PGOutbox).
+// OutboxMaintainer reports outbox lag and prunes old outbox and inbox rows (Maintainer).
 type OutboxMaintainer interface {
 	// Lag reports the unsent outbox rows older than olderThan and the oldest one's time.
 	Lag(ctx context.Context, olderThan time.Duration) (unsent int64, oldest time.Time, err error)

@@ -86,7 +86,7 @@ type ReconcilerConfig struct {
 	File *File
 	// Store is the system of record (store.PG). Required.
 	Store ReconcileStore
-	// Outbox reports lag and prunes (PGOutbox). Optional: without it that part is skipped.
+	// Outbox reports lag and prunes (Maintainer). Optional: without it that part is skipped.
 	Outbox OutboxMaintainer
 	// Inputs prunes saved inputs (store/inputs) after File.Reconciler.SavedInputRetention.
 	// Defaults to inputs.New on the Store's pool when Store is a *store.PG; otherwise that
