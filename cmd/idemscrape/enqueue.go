@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
@@ -193,25 +194,39 @@ func readSpecs(c *cli, file string) (specs []tasks.Spec, lines []int, bad []line
 		defer f.Close()
 		r = f
 	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	br := bufio.NewReaderSize(r, 64*1024)
 	n := 0
-	for sc.Scan() {
+	for {
+		raw, tooLong, err := readLine(br, maxSpecLine)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, nil, nil, fmt.Errorf("-f %s: line %d: %w", file, n+1, err)
+		}
+		if len(raw) == 0 && !tooLong && errors.Is(err, io.EOF) {
+			break
+		}
 		n++
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 || line[0] == '#' {
-			continue
+		if n == 1 {
+			raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf")) // a UTF-8 byte order mark
 		}
-		s, msg := parseSpecLine(line)
-		if msg != "" {
-			bad = append(bad, lineError{n, msg})
-			continue
+		line := bytes.TrimSpace(raw)
+		switch {
+		case tooLong:
+			bad = append(bad, lineError{n, fmt.Sprintf("longer than %d bytes: not a spec", maxSpecLine)})
+		case len(line) == 0 || line[0] == '#':
+		case !utf8.Valid(line):
+			bad = append(bad, lineError{n, fmt.Sprintf("not valid UTF-8 (at byte %d): specs are UTF-8 text", invalidUTF8At(line))})
+		default:
+			s, msg := parseSpecLine(line)
+			if msg != "" {
+				bad = append(bad, lineError{n, msg})
+				break
+			}
+			specs = append(specs, s)
+			lines = append(lines, n)
 		}
-		specs = append(specs, s)
-		lines = append(lines, n)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, nil, nil, fmt.Errorf("-f %s: line %d: %w", file, n+1, err)
+		if errors.Is(err, io.EOF) {
+			break
+		}
 	}
 	if len(specs) == 0 && len(bad) == 0 {
 		return nil, nil, nil, fmt.Errorf("-f %s: no specs", file)
@@ -219,8 +234,74 @@ func readSpecs(c *cli, file string) (specs []tasks.Spec, lines []int, bad []line
 	return specs, lines, bad, nil
 }
 
+// maxSpecLine bounds one JSON line of `enqueue -f`: a longer line is refused alone (its
+// line number reported), the others are read on.
+const maxSpecLine = 1 << 20
+
+// readLine reads one line (without its newline) of at most max bytes; a longer line is
+// read to its end and discarded, tooLong set. err is io.EOF after the last line.
+func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
+	for {
+		chunk, isPrefix, err := br.ReadLine()
+		if !tooLong {
+			if len(line)+len(chunk) > max {
+				tooLong, line = true, nil
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if err != nil || !isPrefix {
+			return line, tooLong, err
+		}
+	}
+}
+
+// invalidUTF8At is the offset of the first byte of b that is not valid UTF-8.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size <= 1 {
+			return i
+		}
+		i += size
+	}
+	return len(b)
+}
+
+// duplicateKey returns the first key given twice in the JSON object line ("" if none):
+// encoding/json keeps the last, so `{"kind":"a","kind":"b"}` would silently be kind b.
+func duplicateKey(line []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return ""
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		k, ok := t.(string)
+		if !ok {
+			return ""
+		}
+		if seen[k] {
+			return k
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return ""
+		}
+	}
+	return ""
+}
+
 // parseSpecLine decodes and checks one line; msg names the field that is wrong.
 func parseSpecLine(line []byte) (tasks.Spec, string) {
+	if k := duplicateKey(line); k != "" {
+		return tasks.Spec{}, fmt.Sprintf("field %s is given twice", k)
+	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
 	var l specLine
@@ -252,10 +333,10 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 
 // newEnqueuer returns an Enqueuer on IDEMSCRAPE_REDIS (or IDEMSCRAPE_REDIS_CLUSTER) with an Inspector (an archived task
 // holding a key is repaired) and the queue override, and a func that closes both clients.
-func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, func(), error) {
+func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, *asynq.Inspector, func(), error) {
 	rc, err := redisConfig()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	redisOpt := rc.AsynqConnOpt()
 	client := asynq.NewClient(redisOpt)
@@ -267,9 +348,37 @@ func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, func(), error) {
 	enq, err := tasks.NewEnqueuer(client, store.New(c.pool), &tasks.EnqueuerConfig{Queue: queue, Inspector: insp})
 	if err != nil {
 		closeAll()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return enq, closeAll, nil
+	return enq, insp, closeAll, nil
+}
+
+// warnUnserved warns about each queue the specs went to that no asynq server (worker)
+// listens on: the jobs are stored and queued, and wait until a worker serves the queue.
+func warnUnserved(c *cli, insp *asynq.Inspector, specs []tasks.Spec, queue string) {
+	servers, err := insp.Servers()
+	if err != nil {
+		return // a warning only; the enqueue itself succeeded
+	}
+	served := map[string]bool{}
+	for _, s := range servers {
+		for q := range s.Queues {
+			served[q] = true
+		}
+	}
+	warned := map[string]bool{}
+	for _, s := range specs {
+		q := queue
+		if q == "" {
+			q = tasks.QueueFor(s.Kind)
+		}
+		if served[q] || warned[q] {
+			continue
+		}
+		warned[q] = true
+		fmt.Fprintf(c.stderr, "warning: no worker serves queue %q (kind %s): the jobs wait until one does. "+
+			"A worker serves the queues of the kinds it registered (cmd/worker -queues); asynqmon's Servers page lists what each serves.\n", q, s.Kind)
+	}
 }
 
 // enqueueResult is one line of `enqueue -json`.
@@ -281,11 +390,12 @@ type enqueueResult struct {
 }
 
 func enqueueSpecs(ctx context.Context, c *cli, specs []tasks.Spec, lines []int, queue string, asJSON bool) error {
-	enq, closeAll, err := newEnqueuer(c, queue)
+	enq, insp, closeAll, err := newEnqueuer(c, queue)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
+	defer warnUnserved(c, insp, specs, queue)
 	// Every spec passed checkSpec: EnqueueMany stores them all or (Redis or PostgreSQL
 	// down) reports one error; the rows it stored stay pending and a retry enqueues them.
 	res, err := enq.EnqueueMany(ctx, specs)

@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"unicode/utf8"
 	"syscall"
 	"time"
 
@@ -202,6 +203,12 @@ func parseArgs(fs *flag.FlagSet, args []string, n int, names string) ([]string, 
 		}
 		pos = append(pos, rest[0])
 		args = rest[1:]
+	}
+	for i, a := range pos {
+		if !utf8.ValidString(a) {
+			// PostgreSQL would refuse it with SQLSTATE 22021; no key is ever stored so.
+			return nil, fmt.Errorf("argument %d (%s) is not valid UTF-8 (%q): keys and names are UTF-8 text", i+1, names, a)
+		}
 	}
 	switch {
 	case n < 0:

@@ -493,3 +493,61 @@ VALUES ('daily-prices', $1, $2, $3, 'enqueued', $3)`, day.AddDate(0, 0, -4).Form
 		assert.Contains(t, r.stderr, "nope")
 	})
 }
+
+// TestEnqueueFileBadLines: `enqueue -f` refuses, each alone and by line number, a line of
+// invalid UTF-8 (not stored as U+FFFD), a line that gives a field twice (encoding/json
+// would keep the last, even for kind), a line over the size limit (the file is read on);
+// a UTF-8 byte order mark is accepted; the good lines are stored and their outcome
+// printed, the refused ones leave nothing behind; a queue no worker serves is warned
+// about. A KEY argument of invalid UTF-8 is a usage error, not SQLSTATE 22021.
+func TestEnqueueFileBadLines(t *testing.T) {
+	bin := buildCLI(t, t.TempDir())
+	pool := testutil.PG(t)
+	ns := testutil.Redis(t)
+	kind := ns.Queue
+	line := func(src string) string {
+		return `{"kind":"` + kind + `","source_id":"` + src + `","country":"US","window":"2026-04-23","parser_version":1}`
+	}
+	input := "\xef\xbb\xbf" + line("sku-1") + "\n" +
+		`{"kind":"` + kind + `","source_id":"sku-` + "\xff\xfe" + `","country":"US","window":"2026-04-23","parser_version":1}` + "\n" +
+		`{"kind":"other","kind":"` + kind + `","source_id":"sku-3","country":"US","window":"2026-04-23","parser_version":1}` + "\n" +
+		`{"kind":"` + kind + `","source_id":"` + strings.Repeat("x", 2<<20) + `"}` + "\n" +
+		line("sku-5") + "\n"
+	run := func(stdin string, args ...string) cliRun {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "IDEMSCRAPE_PG="+dsnOf(t, pool), "IDEMSCRAPE_REDIS="+ns.Addr, "IDEMSCRAPE_REDIS_CLUSTER=", "IDEMSCRAPE_QUEUE=")
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		r := cliRun{stdout: out.String(), stderr: errb.String()}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			r.code = ee.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		return r
+	}
+	r := run(input, "enqueue", "-f", "-")
+	assert.Equal(t, 1, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "line 2: not valid UTF-8 (at byte ")
+	assert.Contains(t, r.stderr, "line 3: field kind is given twice")
+	assert.Contains(t, r.stderr, "line 4: longer than 1048576 bytes")
+	assert.Contains(t, r.stderr, "3 line(s) refused, 2 stored")
+	assert.NotContains(t, r.stderr, "line 1:", "the byte order mark is not part of the first line")
+	assert.NotContains(t, r.stderr, "line 5:")
+	assert.Contains(t, r.stdout, "line 1: created "+kind+":sku-1:US:2026-04-23:v1")
+	assert.Contains(t, r.stdout, "line 5: created "+kind+":sku-5:US:2026-04-23:v1")
+	assert.Contains(t, r.stderr, `warning: no worker serves queue "`+kind+`"`)
+	assert.Equal(t, 2, testutil.Count(t, pool, `SELECT count(*) FROM jobs`), "the refused lines stored nothing")
+	assert.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM jobs WHERE key LIKE '%'||chr(65533)||'%'`), "no U+FFFD stored")
+
+	for _, cmd := range []string{"status", "requeue"} {
+		r = run("", cmd, kind+":sku-\xff:US:2026-04-23:v1")
+		assert.Equal(t, 2, r.code, "%s: %s", cmd, r.stderr)
+		assert.Contains(t, r.stderr, "is not valid UTF-8", cmd)
+		assert.NotContains(t, r.stderr, "SQLSTATE", cmd)
+	}
+}

@@ -44,7 +44,7 @@ var requeueCmd = command{
 			case err != nil:
 				return err
 			}
-			enq, closeAll, err := newEnqueuer(c, *queue)
+			enq, _, closeAll, err := newEnqueuer(c, *queue)
 			if err != nil {
 				return err
 			}
