@@ -28,9 +28,9 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
-	"unicode/utf8"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
