@@ -4,11 +4,11 @@ GO        ?= go
 PKGS      ?= ./...
 BENCHTIME ?= 2s
 
-.PHONY: soak test check vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
+.PHONY: soak test-deps test check vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
 
 ## test: services (and the test browser) up, vet, then every test with the race detector
 ## against real Redis and PostgreSQL; per-package times at the end, slowest first.
-test: services vet
+test: test-deps vet
 	@log=$$(mktemp); set -o pipefail; \
 	$(GO) test -race -count=1 -timeout 20m $(PKGS) 2>&1 | tee $$log; st=$$?; \
 	echo; echo "per-package times, slowest first (load $$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)):"; \
@@ -31,7 +31,7 @@ check: vet
 ## a summary; exit 1 if an invariant breaks. UI=1 keeps asynqmon and the job pages up.
 UI ?=
 demo: services
-	IDEMSCRAPE_DEMO_UI=$(UI) $(GO) run ./cmd/demo
+	IDEMSCRAPE_DEMO_UI=$(UI) $(GO) run ./cmd/demo $(if $(KEEP),-keep)
 
 ## bench: every benchmark, with memory statistics.
 bench: services
@@ -60,6 +60,10 @@ soak: services
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./tasks -run '^$$' -fuzz FuzzNormalize -fuzztime $(FUZZTIME)
+
+## test-deps: services, and Debian's chromium for the browser test when it is missing.
+test-deps:
+	./.ci/run --test-deps
 
 ## services: make sure Redis and PostgreSQL answer on loopback, starting them if they are down.
 services:

@@ -34,6 +34,18 @@ var auditCmd = command{
 			if *queue == "" {
 				*queue = env("IDEMSCRAPE_QUEUE", "")
 			}
+			// The flags checked by name (ops.AuditConfig.Validate names its fields, and takes
+			// 0 for "the default").
+			switch {
+			case cfg.LeaseMax <= 0:
+				return usageError{fmt.Sprintf("-lease-max %v must be positive", cfg.LeaseMax)}
+			case cfg.OutboxLagMax <= 0:
+				return usageError{fmt.Sprintf("-outbox-lag %v must be positive", cfg.OutboxLagMax)}
+			case cfg.MaxExamples < 1:
+				return usageError{fmt.Sprintf("-examples %d must be >= 1", cfg.MaxExamples)}
+			case cfg.BatchSize < 1:
+				return usageError{fmt.Sprintf("-batch %d must be >= 1", cfg.BatchSize)}
+			}
 			rc, err := redisConfig()
 			if err != nil {
 				return err

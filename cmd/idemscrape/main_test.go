@@ -550,4 +550,12 @@ func TestEnqueueFileBadLines(t *testing.T) {
 		assert.Contains(t, r.stderr, "is not valid UTF-8", cmd)
 		assert.NotContains(t, r.stderr, "SQLSTATE", cmd)
 	}
+	// audit's flag errors name the flag, not a Go struct field.
+	for flagArgs, want := range map[string]string{"-batch 0": "-batch 0 must be >= 1", "-examples -1": "-examples -1 must be >= 1",
+		"-lease-max -1s": "-lease-max -1s must be positive"} {
+		r = run("", append([]string{"audit"}, strings.Fields(flagArgs)...)...)
+		assert.Equal(t, 2, r.code, "%s: %s", flagArgs, r.stderr)
+		assert.Contains(t, r.stderr, want)
+		assert.NotContains(t, r.stderr, "AuditConfig")
+	}
 }
