@@ -396,6 +396,20 @@ func (r *Registry) Close() {
 	}
 }
 
+// RetryBudget returns the retry policy and budgets of a registered kind (defaults
+// applied): what the job pages show as the budget a job has left. ok is false for a kind
+// not registered here.
+func (r *Registry) RetryBudget(kindName string) (cfg RetryConfig, ok bool) {
+	r.mu.RLock()
+	k, ok := r.kinds[kindName]
+	r.mu.RUnlock()
+	if !ok {
+		return RetryConfig{}, false
+	}
+	cfg, err := k.retry.withDefaults()
+	return cfg, err == nil
+}
+
 // Kinds returns the names of the registered kinds, sorted. Their queues default to
 // tasks.QueueFor(kind).
 func (r *Registry) Kinds() []string {

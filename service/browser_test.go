@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/ops"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -103,4 +104,63 @@ func TestJobPageInBrowser(t *testing.T) {
 		assert.Equal(t, "complete", strings.TrimSpace(state))
 		shot(t, "job.png")
 	})
+}
+
+// TestJobPageShowsRecord, in Chromium: a job's page shows the stored record itself (a
+// value holding <script> renders as text and runs nothing), the quarantined half of a unit
+// replayed after a lost session, the operator's notes (a requeue) and the retry budget it
+// has left.
+func TestJobPageShowsRecord(t *testing.T) {
+	exe := chromiumPath(t)
+	b := setup(t, setupOpts{noDisp: true})
+	ctx := context.Background()
+	key := "catalog:sku-9:US:2026-04-23:v1"
+	recordJob(t, b.st, key, tasks.Spec{Kind: catalog.Kind, SourceID: "sku-9", Country: "US", Window: "2026-04-23", ParserVersion: 1})
+	startAttempt(t, b.st, key, 1, "sessq001")
+	require.NoError(t, b.st.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "parse_error", Error: "price is not JSON", Bytes: 100}))
+	_, err := b.pool.Exec(ctx, `INSERT INTO quarantine (job_key, attempt_no, session_id, reason, staged) VALUES ($1, 1, 'sessq001', 'session_lost', $2)`,
+		key, `{"cookie": {"status": 200}, "token": "<b>half</b>"}`)
+	require.NoError(t, err)
+	_, err = ops.New(b.pool).JobRequeue(ctx, ops.RequeueParams{Key: key, By: "alice", Note: "parser fixed"})
+	require.NoError(t, err)
+	startAttempt(t, b.st, key, 2, "sessq002")
+	_, err = b.st.Commit(ctx, store.CommitParams{
+		Key: key, Token: 2, ObservationKey: key, ParserVersion: 1,
+		Data:     json.RawMessage(`{"price": "19.99", "name": "<script>window.pwned = 1</script>"}`),
+		EventKey: "observed:" + key, Topic: "catalog", EventPayload: json.RawMessage(`{}`), HTTPStatus: 200, Bytes: 30,
+	})
+	require.NoError(t, err)
+
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	require.NoError(t, chromedp.Do(browser), "start %s", exe)
+	tctx, cancel := context.WithTimeout(browser, 90*time.Second)
+	defer cancel()
+
+	require.NoError(t, chromedp.Do(tctx, chromedp.Navigate(b.base+"/jobs/"+url.PathEscape(key)), chromedp.WaitVisible(chromedp.ID("results"))))
+	records, err := chromedp.Run(tctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("pre.record")).map(p => p.innerText)`))
+	require.NoError(t, err)
+	require.Len(t, records, 2, "the result's record and the quarantined staging")
+	assert.Contains(t, records[0], `"price": "19.99"`)
+	assert.Contains(t, records[0], `"<script>window.pwned = 1</script>"`, "the record as text")
+	assert.Contains(t, records[1], `"token": "<b>half</b>"`)
+	pwned, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`window.pwned === 1 || document.querySelectorAll("pre.record script, pre.record b").length > 0`))
+	require.NoError(t, err)
+	assert.False(t, pwned, "markup in a record ran or rendered")
+	notes, err := chromedp.Run(tctx, chromedp.Text(chromedp.ID("notes")))
+	require.NoError(t, err)
+	assert.Contains(t, notes, "alice")
+	assert.Contains(t, notes, "parser fixed")
+	assert.Contains(t, notes, "failed (parse_error)")
+	left, err := chromedp.Run(tctx, chromedp.Text(chromedp.ID("budget-left")))
+	require.NoError(t, err)
+	assert.Contains(t, left, "7 of 8 attempts", "one attempt since the requeue")
+	quarantine, err := chromedp.Run(tctx, chromedp.Text(chromedp.ID("quarantine")))
+	require.NoError(t, err)
+	assert.Contains(t, quarantine, "session_lost")
+	assert.Contains(t, quarantine, "sessq001")
 }

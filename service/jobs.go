@@ -1,7 +1,9 @@
 package service
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -20,18 +22,9 @@ const pageTimeout = 5 * time.Second
 // The job pages read through store/ops, the operator's read-only queries (the CLI's
 // `status` shows the same).
 type (
-	resultRow  = ops.Result      // one results row of a job
 	outboxRow  = ops.OutboxEvent // the outbox event of a job
 	jobListRow = ops.ProblemJob  // one row of /jobs
 )
-
-func resultsOf(ctx context.Context, st *store.PG, key string) ([]resultRow, error) {
-	return ops.New(st.Pool()).ResultListByJob(ctx, key)
-}
-
-func outboxOf(ctx context.Context, st *store.PG, eventKey string) (*outboxRow, error) {
-	return ops.New(st.Pool()).OutboxGetByEventKey(ctx, eventKey)
-}
 
 // windowListLimit is how many schedule windows /windows lists.
 const windowListLimit = 200
@@ -43,11 +36,27 @@ type attemptView struct {
 }
 
 type jobPage struct {
-	Job      store.Job
-	Attempts []attemptView
-	Results  []resultRow
-	EventKey string
-	Outbox   *outboxRow
+	Job        store.Job
+	Attempts   []attemptView
+	Results    []resultView
+	EventKey   string
+	Outbox     *outboxRow
+	Notes      []ops.Note
+	Budget     ops.Budget
+	Left       *leftView // nil: the kind is not registered here
+	Quarantine []quarantineView
+}
+
+// resultView is one result with its record, indented.
+type resultView struct {
+	ops.Result
+	Record string
+}
+
+// quarantineView is one quarantined staging with its data, indented.
+type quarantineView struct {
+	ops.Quarantined
+	Record string
 }
 
 type listPage struct {
@@ -75,7 +84,7 @@ func (s *Service) serveJob(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
-	job, err := s.cfg.Store.JobGet(ctx, key)
+	st, err := ops.New(s.cfg.Store.Pool()).JobStatus(ctx, key, handlers.EventKey(key))
 	if errors.Is(err, store.ErrJobNotFound) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(http.StatusNotFound)
@@ -86,28 +95,54 @@ func (s *Service) serveJob(w http.ResponseWriter, r *http.Request) {
 		s.pageError(w, r, err)
 		return
 	}
-	p := jobPage{Job: job, EventKey: handlers.EventKey(key)}
-	attempts, err := s.cfg.Store.AttemptList(ctx, key)
-	if err != nil {
-		s.pageError(w, r, err)
-		return
-	}
-	for _, a := range attempts {
+	p := jobPage{Job: st.Job, EventKey: st.EventKey, Outbox: st.Outbox, Notes: st.Notes, Budget: st.Budget}
+	for _, a := range st.Attempts {
 		v := attemptView{Attempt: a, Duration: "running"}
 		if a.FinishedAt != nil {
 			v.Duration = a.FinishedAt.Sub(a.StartedAt).Round(time.Millisecond).String()
 		}
 		p.Attempts = append(p.Attempts, v)
 	}
-	if p.Results, err = resultsOf(ctx, s.cfg.Store, key); err != nil {
-		s.pageError(w, r, err)
-		return
+	for _, res := range st.Results {
+		p.Results = append(p.Results, resultView{Result: res, Record: pretty(res.Data)})
 	}
-	if p.Outbox, err = outboxOf(ctx, s.cfg.Store, p.EventKey); err != nil {
-		s.pageError(w, r, err)
-		return
+	for _, q := range st.Quarantine {
+		p.Quarantine = append(p.Quarantine, quarantineView{Quarantined: q, Record: pretty(q.Staged)})
+	}
+	if cfg, ok := s.cfg.Registry.RetryBudget(st.Job.Kind); ok {
+		p.Left = budgetLeft(st, cfg)
 	}
 	render(w, "job", p)
+}
+
+// pretty indents a JSON document for the page (html/template escapes it): the stored
+// record as it is.
+func pretty(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+// leftView is what a job's current retry budget has left (see ops.Budget): attempts,
+// bytes through the proxy, and until when attempts may start.
+type leftView struct {
+	Attempts, MaxAttempts int
+	Bytes, MaxBytes       int64
+	Until                 time.Time
+}
+
+func budgetLeft(st ops.Status, cfg handlers.RetryConfig) *leftView {
+	since := st.Job.CreatedAt
+	if st.Budget.Since != nil {
+		since = *st.Budget.Since
+	}
+	return &leftView{
+		Attempts: max(cfg.MaxAttempts-(st.Job.Attempts-st.Budget.Attempts), 0), MaxAttempts: cfg.MaxAttempts,
+		Bytes: max(cfg.BandwidthBudget-(st.Job.BytesTotal-st.Budget.Bytes), 0), MaxBytes: cfg.BandwidthBudget,
+		Until: since.Add(cfg.TotalBudget),
+	}
 }
 
 // serveJobList is /jobs: the failed and retryable jobs, or those of the filter in the
@@ -212,6 +247,7 @@ th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:to
 th{background:#f3f3f3}
 .complete{color:#176f2c}.failed{color:#b00020}.retryable{color:#a15c00}.superseded{color:#666}.running{color:#0b57d0}
 code{font-size:13px}
+pre.record{margin:0;white-space:pre-wrap;font-size:12px}
 nav a{margin-right:1em}
 </style></head><body>
 <nav><a href="/jobs">failed &amp; retryable jobs</a><a href="/windows">windows</a><a href="/monitoring/">queues (asynqmon)</a><a href="/metrics">metrics</a></nav>
@@ -234,6 +270,7 @@ nav a{margin-right:1em}
 <tr><th>last category</th><td>{{orDash .Job.LastCategory}}</td></tr>
 <tr><th>next attempt</th><td>{{time .Job.NextAttemptAt}}</td></tr>
 <tr><th>bytes, all attempts</th><td>{{.Job.BytesTotal}}</td></tr>
+{{with .Left}}<tr><th>retry budget left</th><td id="budget-left">{{.Attempts}} of {{.MaxAttempts}} attempts · {{.Bytes}} of {{.MaxBytes}} bytes · until {{time .Until}}</td></tr>{{end}}
 <tr><th>created · updated · completed</th><td>{{time .Job.CreatedAt}} · {{time .Job.UpdatedAt}} · {{time .Job.CompletedAt}}</td></tr>
 </table>
 
@@ -250,7 +287,22 @@ nav a{margin-right:1em}
 {{if .Results}}<table id="results">
 <tr><th>observation key</th><th>parser version</th><th>response fingerprint</th><th>created</th></tr>
 {{range .Results}}<tr><td><code>{{.ObservationKey}}</code></td><td>v{{.ParserVersion}}</td><td><code>{{orDash .Fingerprint}}</code></td><td>{{time .CreatedAt}}</td></tr>
+<tr><td colspan="4"><pre class="record">{{.Record}}</pre></td></tr>
 {{end}}</table>{{else}}<p>No result.</p>{{end}}
+
+{{if .Quarantine}}<h2>Quarantined staging</h2>
+<p>What a unit had staged when it lost its session; it was replayed from step 1 on a new session, and these halves were never merged with the replay's.</p>
+<table id="quarantine">
+<tr><th>attempt</th><th>session</th><th>reason</th><th>created</th></tr>
+{{range .Quarantine}}<tr><td>{{.AttemptNo}}</td><td><code>{{orDash .SessionID}}</code></td><td>{{.Reason}}</td><td>{{time .CreatedAt}}</td></tr>
+<tr><td colspan="4"><pre class="record">{{.Record}}</pre></td></tr>
+{{end}}</table>{{end}}
+
+<h2>Operator notes</h2>
+{{if .Notes}}<table id="notes">
+<tr><th>at</th><th>action</th><th>by</th><th>from</th><th>attempts before</th><th>note</th></tr>
+{{range .Notes}}<tr><td>{{time .CreatedAt}}</td><td>{{.Action}}</td><td>{{.Actor}}</td><td>{{.PreviousState}}{{with .PreviousCategory}} ({{.}}){{end}}</td><td>{{.AttemptsBefore}}</td><td>{{orDash .Note}}</td></tr>
+{{end}}</table>{{else}}<p>None.</p>{{end}}
 
 <h2>Outbox event</h2>
 {{with .Outbox}}<table id="outbox">

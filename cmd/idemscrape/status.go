@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -130,6 +131,16 @@ func writeStatus(w io.Writer, st ops.Status) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		for _, r := range st.Results {
+			fmt.Fprintf(w, "  record %s:\n%s\n", r.ObservationKey, indentJSON(r.Data, "    "))
+		}
+	}
+
+	if len(st.Quarantine) > 0 {
+		fmt.Fprintln(w, "\nquarantined staging (a unit that lost its session, replayed from step 1; never merged)")
+		for _, q := range st.Quarantine {
+			fmt.Fprintf(w, "  attempt #%d, session %s, %s, %s:\n%s\n", q.AttemptNo, dash(q.SessionID), q.Reason, fmtTime(q.CreatedAt), indentJSON(q.Staged, "    "))
+		}
 	}
 
 	fmt.Fprintln(w, "\noutbox event")
@@ -203,12 +214,13 @@ type (
 		Error         string     `json:"error"`
 	}
 	statusJSON struct {
-		Job      jobJSON          `json:"job"`
-		Attempts []attemptJSON    `json:"attempts"`
-		Results  []ops.Result     `json:"results"`
-		Outbox   *ops.OutboxEvent `json:"outbox_event"`
-		Notes    []ops.Note       `json:"notes"`
-		Budget   ops.Budget       `json:"retry_budget"`
+		Job        jobJSON           `json:"job"`
+		Attempts   []attemptJSON     `json:"attempts"`
+		Results    []ops.Result      `json:"results"`
+		Outbox     *ops.OutboxEvent  `json:"outbox_event"`
+		Notes      []ops.Note        `json:"notes"`
+		Budget     ops.Budget        `json:"retry_budget"`
+		Quarantine []ops.Quarantined `json:"quarantine"`
 	}
 )
 
@@ -220,6 +232,10 @@ func statusJSONOf(st ops.Status) statusJSON {
 			NextAttemptAt: j.NextAttemptAt, LastCategory: j.LastCategory, BytesTotal: j.BytesTotal, CreatedAt: j.CreatedAt,
 			UpdatedAt: j.UpdatedAt, CompletedAt: j.CompletedAt, EventKey: st.EventKey},
 		Attempts: []attemptJSON{}, Results: st.Results, Outbox: st.Outbox, Notes: st.Notes, Budget: st.Budget,
+		Quarantine: st.Quarantine,
+	}
+	if out.Quarantine == nil {
+		out.Quarantine = []ops.Quarantined{}
 	}
 	if out.Results == nil {
 		out.Results = []ops.Result{}
@@ -238,4 +254,14 @@ func statusJSONOf(st ops.Status) statusJSON {
 		out.Attempts = append(out.Attempts, x)
 	}
 	return out
+}
+
+// indentJSON indents a stored JSON document under prefix (as stored, when it does not
+// parse).
+func indentJSON(raw []byte, prefix string) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, prefix, "  "); err != nil {
+		return prefix + string(raw)
+	}
+	return prefix + b.String()
 }

@@ -9,6 +9,7 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -85,22 +86,23 @@ func (s *Store) CheckMigrated(ctx context.Context) error {
 
 // Result is one results row of a job, without its data.
 type Result struct {
-	ObservationKey string    `json:"observation_key"`
-	ParserVersion  int       `json:"parser_version"`
-	Fingerprint    string    `json:"response_fingerprint"`
-	Fence          int64     `json:"fence"`
-	CreatedAt      time.Time `json:"created_at"`
+	ObservationKey string          `json:"observation_key"`
+	ParserVersion  int             `json:"parser_version"`
+	Fingerprint    string          `json:"response_fingerprint"`
+	Fence          int64           `json:"fence"`
+	CreatedAt      time.Time       `json:"created_at"`
+	Data           json.RawMessage `json:"data"` // the stored record
 }
 
 // ResultListByJob returns the results of the job with key, oldest first (a healthy
 // complete job has exactly one).
 func (s *Store) ResultListByJob(ctx context.Context, key string) ([]Result, error) {
 	rows, _ := s.pool.Query(ctx, `
-SELECT observation_key, parser_version, response_fingerprint, fence, created_at
+SELECT observation_key, parser_version, response_fingerprint, fence, created_at, data
 FROM results WHERE job_key = $1 ORDER BY created_at, observation_key`, key)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Result, error) {
 		var x Result
-		err := r.Scan(&x.ObservationKey, &x.ParserVersion, &x.Fingerprint, &x.Fence, &x.CreatedAt)
+		err := r.Scan(&x.ObservationKey, &x.ParserVersion, &x.Fingerprint, &x.Fence, &x.CreatedAt, &x.Data)
 		return x, err
 	})
 	if err != nil {
@@ -188,6 +190,34 @@ type Status struct {
 	Outbox   *OutboxEvent // nil: no event with EventKey
 	Notes    []Note
 	Budget   Budget
+	// Quarantine is the staging set aside when a unit lost its session and was replayed
+	// from step 1: the half that was never merged with the replay's.
+	Quarantine []Quarantined
+}
+
+// Quarantined is one quarantine row of a job.
+type Quarantined struct {
+	AttemptNo int             `json:"attempt_no"`
+	SessionID string          `json:"session_id"`
+	Reason    string          `json:"reason"`
+	Staged    json.RawMessage `json:"staged"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// QuarantineListByJob returns the quarantined staging of the job with key, oldest first.
+func (s *Store) QuarantineListByJob(ctx context.Context, key string) ([]Quarantined, error) {
+	rows, _ := s.pool.Query(ctx, `
+SELECT attempt_no, session_id, reason, COALESCE(staged, 'null'::jsonb), created_at
+FROM quarantine WHERE job_key = $1 ORDER BY id`, key)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Quarantined, error) {
+		var x Quarantined
+		err := r.Scan(&x.AttemptNo, &x.SessionID, &x.Reason, &x.Staged, &x.CreatedAt)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ops: QuarantineListByJob %q: %w", key, err)
+	}
+	return out, nil
 }
 
 // Budget is where a job's current retry budget starts (JobRequeue resets it): the runner's
@@ -237,6 +267,9 @@ func (s *Store) JobStatus(ctx context.Context, key, eventKey string) (Status, er
 		return Status{}, err
 	}
 	if st.Budget, err = s.BudgetGet(ctx, key); err != nil {
+		return Status{}, err
+	}
+	if st.Quarantine, err = s.QuarantineListByJob(ctx, key); err != nil {
 		return Status{}, err
 	}
 	return st, nil
