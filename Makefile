@@ -52,7 +52,7 @@ chaos-short: services
 ## soak: a simulated season (internal/soak): 100 days of 1,000 jobs, job retention 30 days,
 ## each day a PostgreSQL blip at tick time, a Redis restart (one day in five with its data
 ## lost), a dead consumer group; prints the tables and Redis by day (docs/RELIABILITY.md).
-## make test runs a 16-day season with the same checks.
+## make test runs a 20-day season of 50 jobs a day with the same checks.
 soak: services
 	IDEMSCRAPE_SOAK=full $(GO) test -count=1 -run '^TestSoak$$' -v -timeout 30m ./internal/soak/
 

@@ -3,7 +3,7 @@
 // runner behind the service, the outbox dispatcher, an inbox consumer) does each day's
 // jobs against the fake shop and proxy, and the faults of a season come each day. `make
 // soak` runs the full season (IDEMSCRAPE_SOAK=full: 100 days of 1,000 jobs); `make test`
-// runs a short one (16 days of 60 jobs) with the same checks.
+// runs a short one (20 days of 50 jobs) with the same checks.
 package soak
 
 import (
@@ -46,7 +46,7 @@ func seasonFromEnv() season {
 	if os.Getenv("IDEMSCRAPE_SOAK") == "full" {
 		return season{Days: 100, JobsPerDay: 1000, RetentionDays: 30}
 	}
-	return season{Days: 16, JobsPerDay: 60, RetentionDays: 3}
+	return season{Days: 20, JobsPerDay: 50, RetentionDays: 3}
 }
 
 // gapCycle: every gapCycle-th day's tick is not retried, so the next day finds the gap and
@@ -347,6 +347,19 @@ reconciler:
 		require.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM (SELECT event_key FROM side_effects GROUP BY event_key HAVING count(*) > 1) d`), "day %d: an effect twice", d)
 	}
 
+	// The season's last day may have left its window as a gap: the check of the day after.
+	if s.Days%gapCycle == 0 {
+		c.set(c.Now().Add(8 * time.Hour))
+		last := c.start.Add(time.Duration(s.Days) * day).Format("2006-01-02")
+		gaps, err := sched.Gaps(ctx)
+		require.NoError(t, err)
+		require.Len(t, gaps, 1, "the last day's window is the one gap: %v", gaps)
+		frep, err := sched.Fill(ctx, "daily", last)
+		require.NoError(t, err)
+		require.Equal(t, s.JobsPerDay, frep.Outcomes[tasks.Created.String()])
+		require.NoError(t, waitWindowDone(ctx, t, pool, last, s.JobsPerDay))
+		require.NoError(t, waitConsumed(ctx, t, pool))
+	}
 	printCurve(t, s, curve, time.Since(began))
 
 	// Nothing lost: every job of every day took effect once.
@@ -382,7 +395,10 @@ reconciler:
 	early, late := peak(after[:third], mem), peak(after[len(after)-third:], mem)
 	assert.LessOrEqual(t, float64(late), 1.3*float64(early)+float64(1<<20), "Redis memory grows after day %d: peak %d early, %d late", horizon, early, late)
 	xlen := func(r dayRow) int64 { return r.StreamLen }
-	assert.LessOrEqual(t, peak(curve, xlen), int64(2*max(s.JobsPerDay, outbox.DefaultDispatchBatchSize)), "the stream exceeds its cap")
+	// The cap runs with the trims (every TrimInterval), so between two the stream may pass
+	// it by what was published meanwhile.
+	capLen := int64(2 * max(s.JobsPerDay, outbox.DefaultDispatchBatchSize))
+	assert.LessOrEqual(t, peak(curve, xlen), capLen+capLen/4, "the stream exceeds its cap by more than a trim interval's events")
 }
 
 // storeVia returns a store on pool's database through a TCP proxy of the test's own.
