@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -24,17 +21,7 @@ import (
 // storeVia returns a store whose connections go through a proxy that can refuse them.
 func storeVia(t *testing.T, b *bundle) (*store.PG, *tu.TCPProxy) {
 	t.Helper()
-	cfg := b.st.Pool().Config().Copy()
-	proxy := tu.NewTCPProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	host, port, err := net.SplitHostPort(proxy.Addr)
-	require.NoError(t, err)
-	p, err := strconv.Atoi(port)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, proxy := tu.PoolVia(t, b.st.Pool())
 	return store.New(pool), proxy
 }
 

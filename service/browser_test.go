@@ -37,6 +37,22 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
+// newBrowser starts headless Chromium (exe) for the test and returns a context on it for
+// 90 s of work; the browser is closed when the test ends.
+func newBrowser(t *testing.T, ctx context.Context, exe string) context.Context {
+	t.Helper()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))...)
+	t.Cleanup(cancelAlloc)
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancelBrowser)
+	require.NoError(t, chromedp.Do(browser), "start %s", exe) // the first run starts the browser: no timeout on it
+	tctx, cancel := context.WithTimeout(browser, 90*time.Second)
+	t.Cleanup(cancel)
+	return tctx
+}
+
 func TestJobPageInBrowser(t *testing.T) {
 	exe := chromiumPath(t)
 	b := setup(t, setupOpts{noDisp: true})
@@ -57,15 +73,7 @@ func TestJobPageInBrowser(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	require.NoError(t, chromedp.Do(browser), "start %s", exe) // the first run starts the browser: no timeout on it
-	tctx, cancel := context.WithTimeout(browser, 90*time.Second)
-	defer cancel()
+	tctx := newBrowser(t, ctx, exe)
 
 	dir := t.TempDir()
 	shot := func(t *testing.T, name string) {
@@ -131,15 +139,7 @@ func TestJobPageShowsRecord(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	require.NoError(t, chromedp.Do(browser), "start %s", exe)
-	tctx, cancel := context.WithTimeout(browser, 90*time.Second)
-	defer cancel()
+	tctx := newBrowser(t, ctx, exe)
 
 	require.NoError(t, chromedp.Do(tctx, chromedp.Navigate(b.base+"/jobs/"+url.PathEscape(key)), chromedp.WaitVisible(chromedp.ID("results"))))
 	records, err := chromedp.Run(tctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("pre.record")).map(p => p.innerText)`))

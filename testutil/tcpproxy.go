@@ -1,11 +1,16 @@
 package testutil
 
 import (
+	"context"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TCPProxy forwards connections on a loopback port to a target address, and can make the
@@ -121,4 +126,29 @@ func (p *TCPProxy) Close() {
 	_ = p.ln.Close()
 	p.Refuse()
 	p.wg.Wait()
+}
+
+// PoolVia returns a pool on pool's database through a TCPProxy of the test's own (and
+// the proxy): a client whose PostgreSQL can go away (Refuse) while the other clients of
+// the test keep theirs. Both are closed when the test ends.
+func PoolVia(t testing.TB, pool *pgxpool.Pool) (*pgxpool.Pool, *TCPProxy) {
+	t.Helper()
+	cfg := pool.Config().Copy()
+	proxy := NewTCPProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, err := net.SplitHostPort(proxy.Addr)
+	if err != nil {
+		t.Fatalf("testutil: proxy address %s: %v", proxy.Addr, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatalf("testutil: proxy port %s: %v", port, err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	via, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("testutil: pool via proxy: %v", err)
+	}
+	t.Cleanup(via.Close)
+	return via, proxy
 }

@@ -51,6 +51,32 @@ type cliRun struct {
 	code           int
 }
 
+// runCLI runs the built binary with env (added to the process's environment without its
+// IDEMSCRAPE_ and USER variables), stdin and args, and returns what it printed and its
+// exit status.
+func runCLI(t *testing.T, bin string, env []string, stdin string, args ...string) cliRun {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "IDEMSCRAPE_") && !strings.HasPrefix(kv, "USER=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := cliRun{stdout: out.String(), stderr: errb.String()}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		r.code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return r
+}
+
 // golden compares got with testdata/name (or rewrites it under -update).
 func golden(t *testing.T, name, got string) {
 	t.Helper()
@@ -98,32 +124,10 @@ func TestCLI(t *testing.T) {
 	require.Equal(t, ns.Queue, tasks.QueueFor(kind))
 	require.Equal(t, "observed:x", handlers.EventKey("x"), "ops.DefaultEventKeyPrefix follows handlers.EventKey")
 
-	envFor := func(dsn string) []string {
-		var env []string
-		for _, kv := range os.Environ() {
-			if !strings.HasPrefix(kv, "IDEMSCRAPE_") && !strings.HasPrefix(kv, "USER=") {
-				env = append(env, kv)
-			}
-		}
-		return append(env, "IDEMSCRAPE_PG="+dsn, "IDEMSCRAPE_REDIS="+ns.Addr, "USER=tester")
-	}
 	dsn := dsnOf(t, pool)
 	runIn := func(t *testing.T, dsn, stdin string, args ...string) cliRun {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = envFor(dsn)
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		r := cliRun{stdout: out.String(), stderr: errb.String()}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			r.code = ee.ExitCode()
-		} else {
-			require.NoError(t, err)
-		}
-		return r
+		return runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsn, "IDEMSCRAPE_REDIS=" + ns.Addr, "USER=tester"}, stdin, args...)
 	}
 	run := func(t *testing.T, stdin string, args ...string) cliRun {
 		t.Helper()
@@ -160,17 +164,11 @@ func TestCLI(t *testing.T) {
 		// IDEMSCRAPE_REDIS and IDEMSCRAPE_REDIS_CLUSTER are mutually exclusive: a usage error
 		// naming both, and nothing enqueued.
 		before := jobs(t)
-		cmd := exec.Command(bin, "enqueue", "-kind", kind, "-source-id", "sku-conflict", "-country", "US",
-			"-window", "2026-04-23", "-parser-version", "3")
-		cmd.Env = append(envFor(dsn), "IDEMSCRAPE_REDIS_CLUSTER=127.0.0.1:1,127.0.0.1:2")
-		var errb bytes.Buffer
-		cmd.Stderr = &errb
-		err := cmd.Run()
-		var ee *exec.ExitError
-		require.ErrorAs(t, err, &ee, "stderr: %s", errb.String())
-		assert.Equal(t, 2, ee.ExitCode())
-		assert.Contains(t, errb.String(), "IDEMSCRAPE_REDIS_CLUSTER")
-		assert.Contains(t, errb.String(), "IDEMSCRAPE_REDIS")
+		r := runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsn, "IDEMSCRAPE_REDIS=" + ns.Addr, "IDEMSCRAPE_REDIS_CLUSTER=127.0.0.1:1,127.0.0.1:2"}, "",
+			"enqueue", "-kind", kind, "-source-id", "sku-conflict", "-country", "US", "-window", "2026-04-23", "-parser-version", "3")
+		assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+		assert.Contains(t, r.stderr, "IDEMSCRAPE_REDIS_CLUSTER")
+		assert.Contains(t, r.stderr, "IDEMSCRAPE_REDIS")
 		assert.Equal(t, before, jobs(t), "a refused command stores nothing")
 	})
 
@@ -515,20 +513,7 @@ func TestEnqueueFileBadLines(t *testing.T) {
 		line("sku-5") + "\n"
 	run := func(stdin string, args ...string) cliRun {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), "IDEMSCRAPE_PG="+dsnOf(t, pool), "IDEMSCRAPE_REDIS="+ns.Addr, "IDEMSCRAPE_REDIS_CLUSTER=", "IDEMSCRAPE_QUEUE=")
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		r := cliRun{stdout: out.String(), stderr: errb.String()}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			r.code = ee.ExitCode()
-		} else {
-			require.NoError(t, err)
-		}
-		return r
+		return runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=" + ns.Addr}, stdin, args...)
 	}
 	r := run(input, "enqueue", "-f", "-")
 	assert.Equal(t, 1, r.code, r.stderr)

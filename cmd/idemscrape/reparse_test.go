@@ -1,13 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -49,26 +44,7 @@ func TestReparseCLI(t *testing.T) {
 
 	run := func(t *testing.T, args ...string) cliRun {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		var env []string
-		for _, kv := range os.Environ() {
-			if !strings.HasPrefix(kv, "IDEMSCRAPE_") && !strings.HasPrefix(kv, "USER=") {
-				env = append(env, kv)
-			}
-		}
-		cmd.Env = append(env, "IDEMSCRAPE_PG="+dsnOf(t, pool), "IDEMSCRAPE_REDIS="+ns.Addr,
-			"IDEMSCRAPE_KEY_PREFIX="+ns.Prefix, "USER=tester")
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		r := cliRun{stdout: out.String(), stderr: errb.String()}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			r.code = ee.ExitCode()
-		} else {
-			require.NoError(t, err)
-		}
-		return r
+		return runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=" + ns.Addr, "IDEMSCRAPE_KEY_PREFIX=" + ns.Prefix, "USER=tester"}, "", args...)
 	}
 	results := func() int { return testutil.Count(t, pool, `SELECT count(*) FROM results`) }
 

@@ -1,13 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -33,25 +28,7 @@ func TestRequeueKeyCheck(t *testing.T) {
 
 	run := func(t *testing.T, args ...string) cliRun {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		var env []string
-		for _, kv := range os.Environ() {
-			if !strings.HasPrefix(kv, "IDEMSCRAPE_") && !strings.HasPrefix(kv, "USER=") {
-				env = append(env, kv)
-			}
-		}
-		cmd.Env = append(env, "IDEMSCRAPE_PG="+dsnOf(t, pool), "IDEMSCRAPE_REDIS="+ns.Addr, "USER=tester")
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		r := cliRun{stdout: out.String(), stderr: errb.String()}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			r.code = ee.ExitCode()
-		} else {
-			require.NoError(t, err)
-		}
-		return r
+		return runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=" + ns.Addr, "USER=tester"}, "", args...)
 	}
 	// failedJob records a job for url as an enqueuer configured with n would, and fails it.
 	failedJob := func(t *testing.T, n *tasks.Normalizer, url string) (tasks.Spec, string) {

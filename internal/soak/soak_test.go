@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -65,38 +64,28 @@ const recoverWindow = 300 * time.Millisecond
 // (updated_at, sent_at, seen_at), windows carry simulated ones (due_at); the retention
 // wrappers below turn a simulated age into the real one.
 type clock struct {
-	mu    sync.Mutex
-	start time.Time // simulated 00:00 of day 0
-	now   time.Time // simulated now
-	began []time.Time
+	*testutil.Clock           // simulated now
+	start           time.Time // simulated 00:00 of day 0
+	mu              sync.Mutex
+	began           []time.Time // guarded by mu
 }
 
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
+func (c *clock) set(t time.Time) { c.Set(t) }
 
 // dayStarts records the real time at which simulated day d begins.
 func (c *clock) dayStarts(d int) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.began = append(c.began, time.Now())
-	c.now = c.start.Add(time.Duration(d) * 24 * time.Hour)
+	c.mu.Unlock()
+	c.Set(c.start.Add(time.Duration(d) * 24 * time.Hour))
 }
 
 // realAge is the real age that corresponds to a simulated age at simulated now: rows
 // written before the real start of the simulated instant now − age are older than it.
 func (c *clock) realAge(age time.Duration) time.Duration {
+	cut := c.Now().Add(-age)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cut := c.now.Add(-age)
 	day := int(cut.Sub(c.start) / (24 * time.Hour))
 	if day < 0 {
 		return time.Since(c.began[0]) + time.Hour // before the season: nothing is that old
@@ -181,10 +170,11 @@ func TestSoak(t *testing.T) {
 	_, err = pool.Exec(ctx, `CREATE TABLE side_effects (id bigserial PRIMARY KEY, event_key text NOT NULL)`)
 	require.NoError(t, err)
 	// The scheduler reaches PostgreSQL through a proxy that a blip closes.
-	schedStore, pgProxy := storeVia(t, pool)
+	schedPool, pgProxy := testutil.PoolVia(t, pool)
+	schedStore := store.New(schedPool)
 
 	const prefix, queue, topic = "soak:", "soak", catalog.Kind
-	c := &clock{start: time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -s.Days-1)}
+	c := &clock{Clock: testutil.NewClock(time.Time{}), start: time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -s.Days-1)}
 	c.dayStarts(0)
 
 	// The worker.
@@ -399,23 +389,6 @@ reconciler:
 	// it by what was published meanwhile.
 	capLen := int64(2 * max(s.JobsPerDay, outbox.DefaultDispatchBatchSize))
 	assert.LessOrEqual(t, peak(curve, xlen), capLen+capLen/4, "the stream exceeds its cap by more than a trim interval's events")
-}
-
-// storeVia returns a store on pool's database through a TCP proxy of the test's own.
-func storeVia(t *testing.T, pool *pgxpool.Pool) (*store.PG, *testutil.TCPProxy) {
-	t.Helper()
-	cfg := pool.Config().Copy()
-	proxy := testutil.NewTCPProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	host, port, err := net.SplitHostPort(proxy.Addr)
-	require.NoError(t, err)
-	p, err := strconv.Atoi(port)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
-	sp, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(sp.Close)
-	return store.New(sp), proxy
 }
 
 // waitWindowDone waits until every job of the window is complete: a count, with a
