@@ -544,3 +544,30 @@ func TestEnqueueFileBadLines(t *testing.T) {
 		assert.NotContains(t, r.stderr, "AuditConfig")
 	}
 }
+
+// TestCLIOverRedisTLS: the CLI reaches a Redis that needs TLS and an ACL user, its
+// password from a file; a wrong CA fails with the TLS error and no password.
+func TestCLIOverRedisTLS(t *testing.T) {
+	const password = "cli-app-pw-77d2"
+	bin := buildCLI(t, t.TempDir())
+	pool := testutil.PG(t)
+	srv := testutil.StartRedisWith(t, testutil.RedisOptions{Password: "cli-default-pw", ACL: []string{"app on >" + password + " ~* &* +@all -@admin"}, TLS: true})
+	pw := filepath.Join(t.TempDir(), "redis-pw")
+	require.NoError(t, os.WriteFile(pw, []byte(password+"\n"), 0o600))
+	env := func(ca string) []string {
+		return []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=rediss://app@" + srv.Addr,
+			"IDEMSCRAPE_REDIS_PASSWORD_FILE=" + pw, "IDEMSCRAPE_REDIS_TLS_CA=" + ca}
+	}
+	args := []string{"enqueue", "-kind", "tlskind", "-source-id", "sku-1", "-country", "US", "-window", "2026-04-23", "-parser-version", "1"}
+	r := runCLI(t, bin, env(srv.TLS.CAFile), "", args...)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "created tlskind:sku-1:US:2026-04-23:v1")
+	n, err := srv.Client().Exists(context.Background(), "asynq:{tlskind}:t:tlskind:sku-1:US:2026-04-23:v1").Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n, "the task is in the TLS Redis")
+
+	r = runCLI(t, bin, env(srv.TLS.OtherCAFile), "", append(args[:4:4], "sku-2", "-country", "US", "-window", "2026-04-23", "-parser-version", "1")...)
+	assert.Equal(t, 1, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "certificate signed by unknown authority")
+	assert.NotContains(t, r.stderr+r.stdout, password)
+}

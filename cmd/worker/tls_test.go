@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -115,10 +117,25 @@ func TestRedisACLAndTLS(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		assert.Equal(t, len(keys), testutil.Count(t, pool, `SELECT count(*) FROM results`))
+		// The canary search: no secret on /metrics, /readyz, in any Redis key or value, in
+		// the database, in the log.
+		addr := listenAddr(t, wk.log())
+		code, ready := getReadyz(t, addr)
+		assert.Equal(t, 200, code, ready)
+		metrics := get(t, "http://"+addr+"/metrics")
 		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
 		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
 		assert.Contains(t, wk.log(), `"redis":"rediss app@`+srv.Addr)
-		noSecrets(t, wk.log())
+		redisText := redisDump(t, rc.NewClient())
+		require.Contains(t, redisText, "asynq:", "the search saw asynq's keys")
+		dump, err := exec.Command("pg_dump", "--no-owner", "-d", dsnOf(t, pool)).Output()
+		require.NoError(t, err, "pg_dump")
+		require.Contains(t, string(dump), keys[0], "the search saw the jobs")
+		for name, text := range map[string]string{"log": wk.log(), "/readyz": ready, "/metrics": metrics, "redis": redisText, "pg_dump": string(dump)} {
+			for _, secret := range []string{redisAppPassword, redisDefaultPassword, proxyPassword} {
+				assert.NotContains(t, text, secret, "a secret in %s", name)
+			}
+		}
 	})
 
 	t.Run("BadSettingsExit2", func(t *testing.T) {
@@ -233,4 +250,46 @@ func TestLogsStayJSON(t *testing.T) {
 		n++
 	}
 	assert.Greater(t, n, 3)
+}
+
+// get reads a URL's body.
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// redisDump is every key of the server and its value, as text, for the canary search.
+func redisDump(t *testing.T, rdb redis.UniversalClient) string {
+	t.Helper()
+	defer rdb.Close()
+	ctx := context.Background()
+	var b strings.Builder
+	iter := rdb.Scan(ctx, 0, "*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		fmt.Fprintf(&b, "%s = ", k)
+		switch typ := rdb.Type(ctx, k).Val(); typ {
+		case "string":
+			fmt.Fprintln(&b, rdb.Get(ctx, k).Val())
+		case "hash":
+			fmt.Fprintln(&b, rdb.HGetAll(ctx, k).Val())
+		case "list":
+			fmt.Fprintln(&b, rdb.LRange(ctx, k, 0, -1).Val())
+		case "set":
+			fmt.Fprintln(&b, rdb.SMembers(ctx, k).Val())
+		case "zset":
+			fmt.Fprintln(&b, rdb.ZRange(ctx, k, 0, -1).Val())
+		case "stream":
+			fmt.Fprintln(&b, rdb.XRange(ctx, k, "-", "+").Val())
+		default:
+			fmt.Fprintln(&b, "("+typ+")")
+		}
+	}
+	require.NoError(t, iter.Err())
+	return b.String()
 }
