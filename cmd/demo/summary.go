@@ -277,7 +277,7 @@ func (s *summary) faults() []fault {
 	f := []fault{
 		{"device disconnects", s.Disconnects > 0 && s.Replayed > 0,
 			fmt.Sprintf("%d at the proxy; %d half-done units quarantined (session_lost) and replayed on a new session", s.Disconnects, s.Replayed)},
-		{"429 with Retry-After", s.ThrottledAttempts > 0, fmt.Sprintf("%d attempts throttled%s", s.ThrottledAttempts, s.gapText())},
+		{"429 with Retry-After", s.ThrottledAttempts > 0, fmt.Sprintf("%s throttled%s", plural(int64(s.ThrottledAttempts), "attempt"), s.gapText())},
 	}
 	if s.Unavailable != "" {
 		var states []string
@@ -286,7 +286,7 @@ func (s *summary) faults() []fault {
 			states = append(states, fmt.Sprintf("%s %d", st, s.UnavailableJobs[st]))
 			n += s.UnavailableJobs[st]
 		}
-		evidence := fmt.Sprintf("%d jobs, %d attempts (%d failed exit_unavailable): %s", n, s.UnavailableTries, s.UnavailableExits, strings.Join(states, ", "))
+		evidence := fmt.Sprintf("%s, %s (%d failed exit_unavailable): %s", plural(n, "job"), plural(int64(s.UnavailableTries), "attempt"), s.UnavailableExits, strings.Join(states, ", "))
 		if len(s.UnavailableCats) > 0 {
 			evidence += " (last category " + strings.Join(s.UnavailableCats, ", ") + ": the attempt cap)"
 		}
