@@ -38,10 +38,10 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/testutil"
 )
 
 // envUI turns UI mode on when set to 1, true or yes (what `make demo UI=1` passes).
@@ -83,10 +83,10 @@ func main() {
 	// Ctrl-C or SIGTERM stops the run (or the UI wait); cleanup still runs.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	tb := &demoTB{}
+	tb := testutil.NewProcessTB("demo")
 	began := time.Now()
 	err = run(ctx, tb, o)
-	tb.cleanup()
+	tb.RunCleanups()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
@@ -105,28 +105,4 @@ func envBool(name string) bool {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-// demoTB lets the demo use testutil's fakes outside a test: it runs their cleanups when the
-// demo ends and turns their failures into messages on stderr. The fakes call Fatalf only
-// while they start (an invalid config), before the demo created anything to clean up.
-type demoTB struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (d *demoTB) Helper()                   {}
-func (d *demoTB) Cleanup(f func())          { d.cleanups = append(d.cleanups, f) }
-func (d *demoTB) Errorf(f string, a ...any) { fmt.Fprintf(os.Stderr, "demo: "+f+"\n", a...) }
-func (d *demoTB) Fatalf(f string, a ...any) {
-	fmt.Fprintf(os.Stderr, "demo: "+f+"\n", a...)
-	d.cleanup()
-	os.Exit(1)
-}
-
-func (d *demoTB) cleanup() {
-	for i := len(d.cleanups) - 1; i >= 0; i-- {
-		d.cleanups[i]()
-	}
-	d.cleanups = nil
 }
