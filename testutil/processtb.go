@@ -3,47 +3,102 @@ package testutil
 import (
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 )
 
-// ProcessTB lets a program (cmd/demo, cmd/fakes) use the fakes outside a test: it keeps
-// their cleanups for Cleanup to run when the program ends, and turns their failures into
-// messages on stderr (Fatalf: after running the cleanups, exit status 1). The fakes call
-// Fatalf only while they start (an invalid configuration).
+// ProcessTB is a testing.TB for commands (cmd/chaos, cmd/benchcompare) that run the fakes
+// and throwaway servers of this package outside `go test`. Logs go to stderr; Cleanup
+// functions run, last registered first, when Close is called; Fatal* (and Skip*, which a
+// command can not honour) panic with a FatalError that the command recovers after Close,
+// so that every throwaway server is still stopped and the command exits non-zero.
+//
+// testing.TB has an unexported method, so the interface must be embedded; it is left nil,
+// and every method this package's helpers call is implemented below (a new call in
+// testutil that is not would panic at once, in every command's own test).
 type ProcessTB struct {
-	testing.TB
+	testing.TB // nil; see the type's doc
+
 	name     string
+	dir      string
+	mu       sync.Mutex
 	cleanups []func()
+	failed   bool
 }
 
-// NewProcessTB returns a ProcessTB whose messages start with name.
-func NewProcessTB(name string) *ProcessTB { return &ProcessTB{name: name} }
+// FatalError is what ProcessTB's Fatal and Skip methods panic with.
+type FatalError struct{ Msg string }
 
-func (p *ProcessTB) Helper()          {}
-func (p *ProcessTB) Cleanup(f func()) { p.cleanups = append(p.cleanups, f) }
-func (p *ProcessTB) Errorf(f string, a ...any) {
-	fmt.Fprintf(os.Stderr, p.name+": "+f+"\n", a...)
-}
-func (p *ProcessTB) Fatalf(f string, a ...any) {
-	fmt.Fprintf(os.Stderr, p.name+": "+f+"\n", a...)
-	p.RunCleanups()
-	os.Exit(1)
-}
+func (e FatalError) Error() string { return e.Msg }
 
-// TempDir is a new temporary directory, removed by RunCleanups.
-func (p *ProcessTB) TempDir() string {
-	d, err := os.MkdirTemp("", p.name+"-")
+// NewProcessTB returns a ProcessTB named name with its own temporary directory (removed by
+// Close).
+func NewProcessTB(name string) (*ProcessTB, error) {
+	dir, err := os.MkdirTemp("", "idemscrape-"+name+"-")
 	if err != nil {
-		p.Fatalf("temporary directory: %v", err)
+		return nil, err
 	}
-	p.Cleanup(func() { _ = os.RemoveAll(d) })
+	return &ProcessTB{name: name, dir: dir}, nil
+}
+
+// Close runs the cleanups, last registered first, and removes the temporary directory.
+func (t *ProcessTB) Close() {
+	t.mu.Lock()
+	cs := t.cleanups
+	t.cleanups = nil
+	t.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+	_ = os.RemoveAll(t.dir)
+}
+
+func (t *ProcessTB) Helper()      {}
+func (t *ProcessTB) Name() string { return t.name }
+
+func (t *ProcessTB) Cleanup(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cleanups = append(t.cleanups, f)
+}
+
+func (t *ProcessTB) TempDir() string {
+	d, err := os.MkdirTemp(t.dir, "t")
+	if err != nil {
+		t.Fatalf("%s: temp dir: %v", t.name, err)
+	}
 	return d
 }
 
-// RunCleanups runs the cleanups registered so far, last first.
-func (p *ProcessTB) RunCleanups() {
-	for i := len(p.cleanups) - 1; i >= 0; i-- {
-		p.cleanups[i]()
-	}
-	p.cleanups = nil
+func (t *ProcessTB) Setenv(key, value string) { _ = os.Setenv(key, value) }
+
+func (t *ProcessTB) Logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+func (t *ProcessTB) Log(args ...any)                 { fmt.Fprintln(os.Stderr, args...) }
+
+func (t *ProcessTB) Fail() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.failed = true
 }
+
+func (t *ProcessTB) Failed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.failed
+}
+
+func (t *ProcessTB) Errorf(format string, args ...any) { t.Fail(); t.Logf(format, args...) }
+func (t *ProcessTB) Error(args ...any)                 { t.Fail(); t.Log(args...) }
+
+func (t *ProcessTB) Fatalf(format string, args ...any) {
+	t.Fail()
+	panic(FatalError{fmt.Sprintf(format, args...)})
+}
+func (t *ProcessTB) Fatal(args ...any) { t.Fatalf("%s", fmt.Sprint(args...)) }
+func (t *ProcessTB) FailNow()          { t.Fatalf("FailNow") }
+
+// A command has nothing to skip to: a skip is a failure that says so.
+func (t *ProcessTB) Skipf(format string, args ...any) { t.Fatalf("skip: "+format, args...) }
+func (t *ProcessTB) Skip(args ...any)                 { t.Fatalf("skip: %s", fmt.Sprint(args...)) }
+func (t *ProcessTB) SkipNow()                         { t.Fatalf("skip") }
+func (t *ProcessTB) Skipped() bool                    { return false }

@@ -83,10 +83,14 @@ func main() {
 	// Ctrl-C or SIGTERM stops the run (or the UI wait); cleanup still runs.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	tb := testutil.NewProcessTB("demo")
+	tb, err := testutil.NewProcessTB("demo")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
 	began := time.Now()
-	err = run(ctx, tb, o)
-	tb.RunCleanups()
+	err = runRecovered(ctx, tb, o)
+	tb.Close()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
@@ -105,4 +109,19 @@ func envBool(name string) bool {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// runRecovered is run with a fake's start-up failure (testutil.FatalError) as an error,
+// so that the cleanups still run.
+func runRecovered(ctx context.Context, tb *testutil.ProcessTB, o options) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := r.(testutil.FatalError)
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("setup: %s", fe.Msg)
+		}
+	}()
+	return run(ctx, tb, o)
 }

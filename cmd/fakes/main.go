@@ -32,8 +32,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fakes: usage: fakes [-products N>=1] [-seed S] [-disconnect P in 0..1]")
 		os.Exit(2)
 	}
-	tb := testutil.NewProcessTB("fakes")
-	defer tb.RunCleanups()
+	tb, err := testutil.NewProcessTB("fakes")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fakes:", err)
+		os.Exit(1)
+	}
+	defer tb.Close()
 	site := testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: *seed, Products: *products})
 	proxy := testutil.NewFakeProxy(tb, testutil.FakeProxyConfig{Seed: *seed, Format: testutil.ProxyFormatOxylabs,
 		User: proxyUser, Password: proxyPassword, DisconnectProb: *disconnect})
