@@ -493,6 +493,7 @@ func TestConcurrentDispatchersNoFalseLoss(t *testing.T) {
 	const (
 		perTopic    = 600
 		dispatchers = 4
+		batch       = 5
 	)
 	topics := []string{"a", "b", "c"}
 	b := setup(t)
@@ -503,7 +504,7 @@ func TestConcurrentDispatchersNoFalseLoss(t *testing.T) {
 		topics, perTopic*len(topics))
 	var ds []*outbox.Dispatcher
 	for range dispatchers {
-		ds = append(ds, b.dispatcher(t, outbox.DispatcherConfig{BatchSize: 5, Trim: outbox.TrimNever}))
+		ds = append(ds, b.dispatcher(t, outbox.DispatcherConfig{BatchSize: batch, Trim: outbox.TrimNever}))
 	}
 	var wg sync.WaitGroup
 	sent := make([]int, dispatchers)
@@ -543,6 +544,10 @@ func TestConcurrentDispatchersNoFalseLoss(t *testing.T) {
 		assert.Equal(t, perTopic, added(t, b.rdb, outbox.StreamKey(b.prefix, topic)), "each event once: %s", topic)
 		var rec int
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT entries_added FROM outbox_epochs WHERE prefix = $1 AND topic = $2`, b.prefix, topic).Scan(&rec))
-		assert.Equal(t, perTopic, rec, "PostgreSQL's count is the stream's once every batch committed: %s", topic)
+		// A lower bound of the stream's count: each batch records what the stream had when
+		// it looked plus its own entries, so the last batch may miss what the other
+		// dispatchers' batches added meanwhile (at most one batch each).
+		assert.LessOrEqual(t, rec, perTopic, "PostgreSQL's count is never above the stream's: %s", topic)
+		assert.GreaterOrEqual(t, rec, perTopic-(dispatchers-1)*batch, "PostgreSQL's count lags by at most a batch per other dispatcher: %s", topic)
 	}
 }
