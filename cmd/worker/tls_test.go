@@ -30,6 +30,7 @@ import (
 const (
 	redisAppPassword     = "redis-app-pw-4e1d"
 	redisDefaultPassword = "redis-default-pw-9b2c"
+	uiPassword           = "ui-basic-auth-pw-5a8b"
 )
 
 // secretFile writes a secret as Kubernetes mounts one (a trailing newline) and returns
@@ -92,14 +93,16 @@ func TestRedisACLAndTLS(t *testing.T) {
 	}
 	noSecrets := func(t *testing.T, log string) {
 		t.Helper()
-		for _, s := range []string{redisAppPassword, redisDefaultPassword, proxyPassword} {
+		for _, s := range []string{redisAppPassword, redisDefaultPassword, proxyPassword, uiPassword} {
 			assert.NotContains(t, log, s)
 		}
 	}
 
-	t.Run("EndToEnd", func(t *testing.T) {
+	t.Run("CanaryEverywhere", func(t *testing.T) {
+		// End to end, every secret from a file (Redis, proxy, UI basic auth).
 		wk := startWorker(t, bin, args, env("IDEMSCRAPE_REDIS="+url,
-			"IDEMSCRAPE_REDIS_PASSWORD_FILE="+secretFile(t, "redis-pw", redisAppPassword), "IDEMSCRAPE_REDIS_TLS_CA="+srv.TLS.CAFile))
+			"IDEMSCRAPE_REDIS_PASSWORD_FILE="+secretFile(t, "redis-pw", redisAppPassword), "IDEMSCRAPE_REDIS_TLS_CA="+srv.TLS.CAFile,
+			"IDEMSCRAPE_HTTP_USER=ops", "IDEMSCRAPE_HTTP_PASSWORD_FILE="+secretFile(t, "ui-pw", uiPassword)))
 		deadline := time.Now().Add(3 * time.Minute)
 		for {
 			done := 0
@@ -123,6 +126,10 @@ func TestRedisACLAndTLS(t *testing.T) {
 		code, ready := getReadyz(t, addr)
 		assert.Equal(t, 200, code, ready)
 		metrics := get(t, "http://"+addr+"/metrics")
+		resp, err := http.Get("http://" + addr + "/jobs")
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the UI password from its file is required")
 		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
 		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
 		assert.Contains(t, wk.log(), `"redis":"rediss app@`+srv.Addr)
@@ -132,7 +139,7 @@ func TestRedisACLAndTLS(t *testing.T) {
 		require.NoError(t, err, "pg_dump")
 		require.Contains(t, string(dump), keys[0], "the search saw the jobs")
 		for name, text := range map[string]string{"log": wk.log(), "/readyz": ready, "/metrics": metrics, "redis": redisText, "pg_dump": string(dump)} {
-			for _, secret := range []string{redisAppPassword, redisDefaultPassword, proxyPassword} {
+			for _, secret := range []string{redisAppPassword, redisDefaultPassword, proxyPassword, uiPassword} {
 				assert.NotContains(t, text, secret, "a secret in %s", name)
 			}
 		}
