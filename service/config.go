@@ -162,7 +162,7 @@ type Config struct {
 	MonitoringReadOnly bool
 	// HTTPInsecure lets the HTTP server listen on an address other than loopback without
 	// BasicAuth (behind a proxy that authenticates, say). Defaults to false: such an
-	// address without BasicAuth is refused at Start, since anyone who reaches the port
+	// address without BasicAuth is refused by New (Validate), since anyone who reaches the port
 	// would read the job pages and asynqmon.
 	HTTPInsecure bool
 	// BasicAuth, when set, protects asynqmon and the job pages (not /metrics, /healthz,

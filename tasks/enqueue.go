@@ -206,9 +206,10 @@ const (
 
 // EnqueuerConfig configures an Enqueuer.
 type EnqueuerConfig struct {
-	// Queue is the asynq queue every task goes to. asynq checks task ids per queue, so one
-	// job kind must always use one queue. Defaults to "": each task goes to its kind's queue,
-	// QueueFor(kind).
+	// Queue is the asynq queue of the jobs this enqueuer creates; it is recorded with the
+	// job (jobs.queue), and every later enqueue of the job, by any enqueuer, uses the
+	// recorded queue (asynq checks task ids per queue: a second queue would hold a second
+	// task). Defaults to "": its kind's queue, QueueFor(kind).
 	Queue string
 	// Normalizer derives keys (URL canonicalisation, tracking parameters). Every process
 	// that enqueues the same kinds must use the same one. Defaults to DefaultNormalizer.

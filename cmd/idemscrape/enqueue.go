@@ -76,7 +76,7 @@ var enqueueCmd = command{
 		var s tasks.Spec
 		specFlags(fs, &s)
 		file := fs.String("f", "", "read JSON-lines specs from `FILE` (- for stdin) instead of the spec flags")
-		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue (default: the kind's, where cmd/worker listens)")
+		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue of new jobs (default: the kind's, where cmd/worker listens; a job keeps the queue it was created with)")
 		asJSON := fs.Bool("json", false, "print one JSON object per spec instead of text")
 		return func(ctx context.Context, c *cli, _ []string) error {
 			var specs []tasks.Spec
@@ -268,9 +268,12 @@ func invalidUTF8At(b []byte) int {
 	return len(b)
 }
 
-// duplicateKey returns the first key given twice in the JSON object line ("" if none):
-// encoding/json keeps the last, so `{"kind":"a","kind":"b"}` would silently be kind b.
-func duplicateKey(line []byte) string {
+// checkKeys checks the keys of the JSON object line and returns what is wrong ("" when
+// nothing is, or the line is not an object: the decoder says why). encoding/json matches
+// keys without regard to case (Unicode folding included) and keeps the last of two, so
+// `{"kind":"a","KIND":"b"}` would silently be kind b: every key must be one of the fields
+// exactly, and given once.
+func checkKeys(line []byte) string {
 	dec := json.NewDecoder(bytes.NewReader(line))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return ""
@@ -285,8 +288,11 @@ func duplicateKey(line []byte) string {
 		if !ok {
 			return ""
 		}
+		if !specFields[k] {
+			return fmt.Sprintf("unknown field %q (fields, lower case: kind, url, source_id, country, window, parser_version, scope)", k)
+		}
 		if seen[k] {
-			return k
+			return fmt.Sprintf("field %s is given twice", k)
 		}
 		seen[k] = true
 		var skip json.RawMessage
@@ -297,10 +303,13 @@ func duplicateKey(line []byte) string {
 	return ""
 }
 
+// specFields are the keys of a JSON spec line.
+var specFields = map[string]bool{"kind": true, "url": true, "source_id": true, "country": true, "window": true, "parser_version": true, "scope": true}
+
 // parseSpecLine decodes and checks one line; msg names the field that is wrong.
 func parseSpecLine(line []byte) (tasks.Spec, string) {
-	if k := duplicateKey(line); k != "" {
-		return tasks.Spec{}, fmt.Sprintf("field %s is given twice", k)
+	if msg := checkKeys(line); msg != "" {
+		return tasks.Spec{}, msg
 	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -325,6 +334,15 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 	}
 	s := tasks.Spec{Kind: l.Kind, URL: l.URL, SourceID: l.SourceID, Country: l.Country, Window: l.Window,
 		ParserVersion: l.ParserVersion, Scope: l.Scope}
+	// The line is valid UTF-8, but an escape of half a surrogate pair ("\ud800") decodes to
+	// U+FFFD: refused, as invalid UTF-8 is.
+	if !bytes.ContainsRune(line, utf8.RuneError) {
+		for name, v := range map[string]string{"kind": s.Kind, "url": s.URL, "source_id": s.SourceID, "country": s.Country, "window": s.Window, "scope": s.Scope} {
+			if strings.ContainsRune(v, utf8.RuneError) {
+				return tasks.Spec{}, fmt.Sprintf("field %s: an escape of half a surrogate pair (\\uD800-\\uDFFF alone) is not text", name)
+			}
+		}
+	}
 	if err := checkSpec(s); err != nil {
 		return tasks.Spec{}, fieldMessage(err, jsonField)
 	}

@@ -510,7 +510,10 @@ func TestEnqueueFileBadLines(t *testing.T) {
 		`{"kind":"` + kind + `","source_id":"sku-` + "\xff\xfe" + `","country":"US","window":"2026-04-23","parser_version":1}` + "\n" +
 		`{"kind":"other","kind":"` + kind + `","source_id":"sku-3","country":"US","window":"2026-04-23","parser_version":1}` + "\n" +
 		`{"kind":"` + kind + `","source_id":"` + strings.Repeat("x", 2<<20) + `"}` + "\n" +
-		line("sku-5") + "\n"
+		line("sku-5") + "\n" +
+		`{"kind":"` + kind + `","KIND":"other","source_id":"sku-6","country":"US","window":"2026-04-23","parser_version":1}` + "\n" +
+		`{"\u212aind":"other","source_id":"sku-7","country":"US","window":"2026-04-23","parser_version":1}` + "\n" +
+		`{"kind":"` + kind + `","source_id":"sku-\ud800","country":"US","window":"2026-04-23","parser_version":1}` + "\n"
 	run := func(stdin string, args ...string) cliRun {
 		t.Helper()
 		return runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=" + ns.Addr}, stdin, args...)
@@ -520,7 +523,10 @@ func TestEnqueueFileBadLines(t *testing.T) {
 	assert.Contains(t, r.stderr, "line 2: not valid UTF-8 (at byte ")
 	assert.Contains(t, r.stderr, "line 3: field kind is given twice")
 	assert.Contains(t, r.stderr, "line 4: longer than 1048576 bytes")
-	assert.Contains(t, r.stderr, "3 line(s) refused, 2 stored")
+	assert.Contains(t, r.stderr, `line 6: unknown field "KIND"`, "a key in another case is not the field")
+	assert.Contains(t, r.stderr, "line 7: unknown field \"\u212aind\"", "nor one that folds to it (a Kelvin sign K)")
+	assert.Contains(t, r.stderr, "line 8: field source_id: an escape of half a surrogate pair")
+	assert.Contains(t, r.stderr, "6 line(s) refused, 2 stored")
 	assert.NotContains(t, r.stderr, "line 1:", "the byte order mark is not part of the first line")
 	assert.NotContains(t, r.stderr, "line 5:")
 	assert.Contains(t, r.stdout, "line 1: created "+kind+":sku-1:US:2026-04-23:v1")

@@ -21,7 +21,7 @@ var requeueCmd = command{
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		by := fs.String("by", os.Getenv("USER"), "who re-queues (recorded on the job note)")
 		note := fs.String("note", "", "why (recorded on the job note)")
-		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue (default: the kind's, where cmd/worker listens)")
+		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue for a job recorded without one (default: the kind's; a job keeps the queue it was created with)")
 		return func(ctx context.Context, c *cli, pos []string) error {
 			key := pos[0]
 			if *by == "" {

@@ -3,6 +3,7 @@ package envflag
 import (
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,10 +50,9 @@ func dsnHasPassword(dsn string) bool {
 		_, ok := u.User.Password()
 		return ok || u.Query().Has("password")
 	}
-	for _, f := range strings.Fields(dsn) {
-		if strings.HasPrefix(f, "password=") {
-			return true
-		}
-	}
-	return false
+	return keywordPassword.MatchString(dsn)
 }
+
+// keywordPassword finds a password in a keyword/value string (libpq allows spaces around
+// the "=").
+var keywordPassword = regexp.MustCompile(`(^|\s)password\s*=`)

@@ -63,6 +63,13 @@ type RedisConfig struct {
 	TLS      *tls.Config // nil: plain TCP
 }
 
+// GoString is String: %#v of a configuration shows no password either.
+func (c RedisConfig) GoString() string { return "envflag.RedisConfig{" + c.String() + "}" }
+
+// LogValue makes slog print String (the JSON handler would otherwise marshal the struct,
+// password included).
+func (c RedisConfig) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
 // IsCluster reports whether the configuration names a Redis Cluster.
 func (c RedisConfig) IsCluster() bool { return len(c.Cluster) > 0 }
 
@@ -331,14 +338,71 @@ func (s redisSettings) applyTLS(c *RedisConfig) error {
 // isRedisURL reports whether v is given as a URL rather than host:port.
 func isRedisURL(v string) bool { return strings.Contains(v, "://") }
 
-// urlError is a Redis URL parser's error without the URL itself, which may hold a
-// password.
-func urlError(name string, err error) error {
+// redactUserinfo replaces what stands between "scheme://" and the last "@" of v (the user
+// and password, whatever characters they hold) with "user:xxxxx": a parser's error on the
+// result quotes no part of the password.
+func redactUserinfo(v string) (redacted string, had bool) {
+	scheme, rest, ok := strings.Cut(v, "://")
+	if !ok {
+		if i := strings.LastIndex(v, "@"); i >= 0 {
+			return "xxxxx@" + v[i+1:], true
+		}
+		return v, false
+	}
+	i := strings.LastIndex(rest, "@")
+	if i < 0 {
+		return v, false
+	}
+	return scheme + "://user:xxxxx@" + rest[i+1:], true
+}
+
+// urlError explains why a Redis URL does not parse without quoting its user or password:
+// the parser runs again on the URL with its user information redacted, and its error (on
+// that copy) is the explanation; when the copy parses, the user information itself was
+// the problem.
+func urlError(name, v string, parse func(string) error) error {
+	const want = "want redis://[user[:password]@]host:port[/db] or rediss://… for TLS"
+	red, had := redactUserinfo(v)
+	err := parse(red)
+	if err == nil && had {
+		return fmt.Errorf("%s: not a valid Redis URL: its user or password does not parse (percent-encode characters such as @ : / ? # %% in them) (%s)", name, want)
+	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	return fmt.Errorf("%s: not a valid Redis URL (want redis://[user[:password]@]host:port[/db] or rediss://… for TLS): %v", name, err)
+	if err == nil {
+		err = errors.New("does not parse")
+	}
+	return fmt.Errorf("%s: not a valid Redis URL (%s): %v", name, want, err)
+}
+
+// checkURLOptions refuses query options (go-redis's parsers accept timeouts, pool sizes,
+// skip_verify…, which idemscrape would not carry to its clients, or would carry silently:
+// skip_verify turns certificate checks off): only a cluster URL's addr= options pass.
+func checkURLOptions(v, name string, cluster bool) error {
+	red, _ := redactUserinfo(v)
+	u, err := url.Parse(red)
+	if err != nil {
+		return nil // the parser's own error says why
+	}
+	for k := range u.Query() {
+		if cluster && k == "addr" {
+			continue
+		}
+		return fmt.Errorf("%s: URL option %q is not supported (only the address, user, password, database and TLS: use the -redis-tls-* settings)", name, k)
+	}
+	if cluster && strings.Trim(u.Path, "/") != "" {
+		return fmt.Errorf("%s: a cluster URL has no database path (a cluster has only database 0)", name)
+	}
+	return nil
+}
+
+// safeQuote quotes a setting's value for an error, without what may be a user and
+// password before an "@".
+func safeQuote(v string) string {
+	red, _ := redactUserinfo(v)
+	return strconv.Quote(red)
 }
 
 // checkScheme accepts the two schemes idemscrape documents.
@@ -361,9 +425,12 @@ func parseRedisAddr(s redisSettings) (RedisConfig, error) {
 		if err := checkScheme(cluster, clusterName); err != nil {
 			return RedisConfig{}, err
 		}
+		if err := checkURLOptions(cluster, clusterName, true); err != nil {
+			return RedisConfig{}, err
+		}
 		o, err := redis.ParseClusterURL(cluster)
 		if err != nil {
-			return RedisConfig{}, urlError(clusterName, err)
+			return RedisConfig{}, urlError(clusterName, cluster, func(v string) error { _, err := redis.ParseClusterURL(v); return err })
 		}
 		for i, a := range o.Addrs {
 			if err := checkHostPort(a); err != nil {
@@ -375,9 +442,12 @@ func parseRedisAddr(s redisSettings) (RedisConfig, error) {
 		if err := checkScheme(addr, addrName); err != nil {
 			return RedisConfig{}, err
 		}
+		if err := checkURLOptions(addr, addrName, false); err != nil {
+			return RedisConfig{}, err
+		}
 		o, err := redis.ParseURL(addr)
 		if err != nil {
-			return RedisConfig{}, urlError(addrName, err)
+			return RedisConfig{}, urlError(addrName, addr, func(v string) error { _, err := redis.ParseURL(v); return err })
 		}
 		if err := checkHostPort(o.Addr); err != nil {
 			return RedisConfig{}, fmt.Errorf("%s: address %q: %w", addrName, o.Addr, err)
@@ -389,10 +459,10 @@ func parseRedisAddr(s redisSettings) (RedisConfig, error) {
 		for i, part := range strings.Split(cluster, ",") {
 			part = strings.TrimSpace(part)
 			if err := checkHostPort(part); err != nil {
-				return RedisConfig{}, fmt.Errorf("%s: entry %d %q: %w", clusterName, i+1, part, err)
+				return RedisConfig{}, fmt.Errorf("%s: entry %d %s: %w", clusterName, i+1, safeQuote(part), err)
 			}
 			if seen[part] {
-				return RedisConfig{}, fmt.Errorf("%s: entry %d %q is listed twice", clusterName, i+1, part)
+				return RedisConfig{}, fmt.Errorf("%s: entry %d %s is listed twice", clusterName, i+1, safeQuote(part))
 			}
 			seen[part] = true
 			seeds = append(seeds, part)
@@ -400,10 +470,13 @@ func parseRedisAddr(s redisSettings) (RedisConfig, error) {
 		return RedisConfig{Cluster: seeds}, nil
 	case addr != "":
 		if strings.Contains(addr, ",") {
-			return RedisConfig{}, fmt.Errorf("%s %q: one address only (a cluster's nodes go in %s)", addrName, addr, clusterName)
+			return RedisConfig{}, fmt.Errorf("%s %s: one address only (a cluster's nodes go in %s)", addrName, safeQuote(addr), clusterName)
+		}
+		if strings.Contains(addr, "@") {
+			return RedisConfig{}, fmt.Errorf("%s %s: a user or password needs the URL form, redis://user@host:port (the password in $%s)", addrName, safeQuote(addr), s.passwordEnv)
 		}
 		if err := checkHostPort(addr); err != nil {
-			return RedisConfig{}, fmt.Errorf("%s %q: %w", addrName, addr, err)
+			return RedisConfig{}, fmt.Errorf("%s %s: %w", addrName, safeQuote(addr), err)
 		}
 		return RedisConfig{Addr: addr}, nil
 	}

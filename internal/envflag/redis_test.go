@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -84,7 +86,12 @@ func TestRedis(t *testing.T) {
 		assert.Equal(t, RedisConfig{Addr: "10.0.0.5:6380", Username: "app", Password: "pw", DB: 3}, c)
 		assert.Equal(t, asynq.RedisClientOpt{Addr: "10.0.0.5:6380", Username: "app", Password: "pw", DB: 3}, c.AsynqConnOpt())
 		assert.Equal(t, "redis app@10.0.0.5:6380/3", c.String(), "no password")
-		assert.NotContains(t, fmt.Sprintf("%v %+v", c.String(), c.String()), "pw")
+		for _, f := range []string{"%v", "%+v", "%#v", "%s"} {
+			assert.NotContains(t, fmt.Sprintf(f, c), ":pw", f)
+		}
+		var b strings.Builder
+		slog.New(slog.NewJSONHandler(&b, nil)).Info("x", "redis", c)
+		assert.Contains(t, b.String(), `"redis":"redis app@10.0.0.5:6380/3"`)
 	})
 	t.Run("PasswordFromFile", func(t *testing.T) {
 		pw := t.TempDir() + "/pw"
@@ -143,6 +150,14 @@ func TestRedis(t *testing.T) {
 			{"CertWithoutKey", nil, []string{"-redis", "rediss://h:6379", "-redis-tls-cert", "/x.pem"}, "go together"},
 			{"MissingCA", nil, []string{"-redis", "rediss://h:6379", "-redis-tls-ca", "/nonexistent/ca.pem"}, "-redis-tls-ca ($EFT_REDIS_TLS_CA): open /nonexistent/ca.pem"},
 			{"PasswordTwice", map[string]string{"EFT_REDIS_PASSWORD": "p2"}, []string{"-redis", "redis://u:p1@h:6379"}, "give it one way"},
+			{"HashInPassword", nil, []string{"-redis", "redis://:s3cret#x@h:6379"}, "its user or password does not parse"},
+			{"SlashInPassword", nil, []string{"-redis", "redis://:12/s3cret@h"}, "its user or password does not parse"},
+			{"BadEscapeInPassword", nil, []string{"-redis", "redis://u:s3cret%zz@h:1"}, "its user or password does not parse"},
+			{"PasswordWithoutScheme", nil, []string{"-redis", "user:s3cret@h:6379"}, "needs the URL form"},
+			{"PasswordInClusterEntry", nil, []string{"-redis-cluster", "a:1,user:s3cret@h:6379"}, "entry 2"},
+			{"SkipVerifyRefused", nil, []string{"-redis", "rediss://h:6379?skip_verify=true"}, `URL option "skip_verify" is not supported`},
+			{"TimeoutOptionRefused", nil, []string{"-redis", "redis://h:6379?dial_timeout=1s"}, `URL option "dial_timeout"`},
+			{"ClusterDBRefused", nil, []string{"-redis-cluster", "redis://h:6379/2?addr=h:6380"}, "no database path"},
 			{"PasswordFileMissing", map[string]string{"EFT_REDIS_PASSWORD_FILE": "/nonexistent/pw"}, nil, "$EFT_REDIS_PASSWORD_FILE: secret file /nonexistent/pw"},
 			{"ListInSingle", nil, []string{"-redis", "a:1,b:2"}, "one address only (a cluster's nodes go in -redis-cluster ($EFT_REDIS_CLUSTER))"},
 			{"EmptyEntry", map[string]string{"EFT_REDIS_CLUSTER": "a:1,,b:2"}, nil,

@@ -12,19 +12,25 @@
 --
 -- Returns {marker, added}
 --   marker   the marker's value ("" when absent)
---   added    the stream's entries-added (0 when there is no stream)
+--   added    the stream's entries-added (0 when there is no stream); an error when the
+--            server does not report it (before Redis 7.0)
 local marker = redis.call('GET', KEYS[1])
 if not marker then
   marker = ''
 end
 local added = 0
 if redis.call('EXISTS', KEYS[2]) == 1 then
+  added = nil
   local info = redis.call('XINFO', 'STREAM', KEYS[2])
   for i = 1, #info, 2 do
     if info[i] == 'entries-added' then
       added = info[i + 1]
       break
     end
+  end
+  if added == nil then
+    -- A server without the counter (Redis before 7.0) would make every stream look short.
+    return redis.error_reply('ERR XINFO STREAM has no entries-added: the outbox needs Redis 7.0 or later')
   end
 end
 return {marker, added}
