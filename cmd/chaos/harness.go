@@ -949,7 +949,11 @@ func (h *harness) pause(ctx context.Context) {
 			continue
 		}
 		s.mu.Lock()
-		if s.alive && !s.paused && s.cmd != nil && s.cmd.Process.Signal(syscall.SIGSTOP) == nil {
+		// Not a worker armed with before_commit that has not fired yet: it may be stopping
+		// itself right now, and this pause's SIGCONT would continue its stale commit
+		// before the takeover.
+		armedStale := s.armed == fpBeforeCommit && !s.fired
+		if s.alive && !s.paused && !armedStale && s.cmd != nil && s.cmd.Process.Signal(syscall.SIGSTOP) == nil {
 			s.paused = true
 			proc, id = s.cmd.Process, s.id
 		}
