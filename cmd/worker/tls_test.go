@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,6 +32,7 @@ const (
 	redisAppPassword     = "redis-app-pw-4e1d"
 	redisDefaultPassword = "redis-default-pw-9b2c"
 	uiPassword           = "ui-basic-auth-pw-5a8b"
+	pgPassword           = "pg-app-pw-c39e"
 )
 
 // secretFile writes a secret as Kubernetes mounts one (a trailing newline) and returns
@@ -43,8 +45,10 @@ func secretFile(t *testing.T, name, value string) string {
 }
 
 // TestRedisACLAndTLS: the worker binary runs its jobs end to end against a Redis that
-// needs TLS (a certificate of the test's own CA) and an ACL user, its secrets (Redis and
-// proxy passwords) given as files; none of them is in its log. A bad Redis URL or TLS
+// needs TLS (a certificate of the test's own CA) and an ACL user and a PostgreSQL that
+// needs TLS (verify-full) and a password, its secrets (Redis, PostgreSQL, proxy and UI
+// passwords) given as files; none of them is in its log, /readyz, /metrics, Redis or the
+// database (CanaryEverywhere). A bad Redis URL or TLS
 // setting is exit status 2 with one line naming the setting; a wrong password or CA is a
 // runtime failure: /readyz fails and says which check, without the cause's details.
 func TestRedisACLAndTLS(t *testing.T) {
@@ -62,7 +66,13 @@ func TestRedisACLAndTLS(t *testing.T) {
 	t.Setenv("TLST_REDIS_TLS_CA", srv.TLS.CAFile)
 	rc, err := envflag.RedisFromEnv("TLST_")
 	require.NoError(t, err)
-	pool := testutil.PG(t)
+	// PostgreSQL of the test's own, with TLS and a role that logs in with its password only
+	// over TLS: the worker connects as it (verify-full), the test as postgres.
+	pgSrv := testutil.StartPostgres(t)
+	pgCA := testutil.NewTestCA(t)
+	pgSrv.EnableTLS(pgCA, "app", pgPassword)
+	pool := pgSrv.MigratedPool(t)
+	workerPG := "postgres://app@127.0.0.1:" + strconv.Itoa(pgSrv.Port) + "/idemscrape?sslmode=verify-full&sslrootcert=" + pgCA.CAFile
 	st := store.New(pool)
 	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 5, Products: 3})
 	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Seed: 5, Format: testutil.ProxyFormatOxylabs, User: "acct", Password: proxyPassword})
@@ -84,7 +94,7 @@ func TestRedisACLAndTLS(t *testing.T) {
 		"-allow-loopback", "-log-format", "json", "-shutdown-timeout", "30s"}
 	env := func(extra ...string) []string {
 		return append([]string{
-			"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS_CLUSTER=",
+			"IDEMSCRAPE_PG=" + workerPG, "IDEMSCRAPE_PG_PASSWORD_FILE=" + secretFile(t, "pg-pw", pgPassword), "IDEMSCRAPE_REDIS_CLUSTER=",
 			"IDEMSCRAPE_PROXY_PROVIDER=oxylabs", "IDEMSCRAPE_PROXY_USER=acct", "IDEMSCRAPE_PROXY_PASSWORD=",
 			"IDEMSCRAPE_PROXY_PASSWORD_FILE=" + secretFile(t, "proxy-pw", proxyPassword), "IDEMSCRAPE_PROXY_GATEWAY=" + proxy.Addr,
 			"IDEMSCRAPE_HTTP_USER=", "IDEMSCRAPE_HTTP_PASSWORD=", "IDEMSCRAPE_QUEUES=", "IDEMSCRAPE_HTTP_ADDR=",
@@ -93,13 +103,13 @@ func TestRedisACLAndTLS(t *testing.T) {
 	}
 	noSecrets := func(t *testing.T, log string) {
 		t.Helper()
-		for _, s := range []string{redisAppPassword, redisDefaultPassword, proxyPassword, uiPassword} {
+		for _, s := range []string{redisAppPassword, redisDefaultPassword, proxyPassword, uiPassword, pgPassword} {
 			assert.NotContains(t, log, s)
 		}
 	}
 
 	t.Run("CanaryEverywhere", func(t *testing.T) {
-		// End to end, every secret from a file (Redis, proxy, UI basic auth).
+		// End to end, every secret from a file (Redis, PostgreSQL, proxy, UI basic auth).
 		wk := startWorker(t, bin, args, env("IDEMSCRAPE_REDIS="+url,
 			"IDEMSCRAPE_REDIS_PASSWORD_FILE="+secretFile(t, "redis-pw", redisAppPassword), "IDEMSCRAPE_REDIS_TLS_CA="+srv.TLS.CAFile,
 			"IDEMSCRAPE_HTTP_USER=ops", "IDEMSCRAPE_HTTP_PASSWORD_FILE="+secretFile(t, "ui-pw", uiPassword)))
@@ -135,11 +145,11 @@ func TestRedisACLAndTLS(t *testing.T) {
 		assert.Contains(t, wk.log(), `"redis":"rediss app@`+srv.Addr)
 		redisText := redisDump(t, rc.NewClient())
 		require.Contains(t, redisText, "asynq:", "the search saw asynq's keys")
-		dump, err := exec.Command("pg_dump", "--no-owner", "-d", dsnOf(t, pool)).Output()
+		dump, err := exec.Command("pg_dump", "--no-owner", "-d", pgSrv.DSN("idemscrape")).Output()
 		require.NoError(t, err, "pg_dump")
 		require.Contains(t, string(dump), keys[0], "the search saw the jobs")
 		for name, text := range map[string]string{"log": wk.log(), "/readyz": ready, "/metrics": metrics, "redis": redisText, "pg_dump": string(dump)} {
-			for _, secret := range []string{redisAppPassword, redisDefaultPassword, proxyPassword, uiPassword} {
+			for _, secret := range []string{redisAppPassword, redisDefaultPassword, proxyPassword, uiPassword, pgPassword} {
 				assert.NotContains(t, text, secret, "a secret in %s", name)
 			}
 		}
