@@ -199,8 +199,16 @@ func TestSoak(t *testing.T) {
 
 	// The consumer: an inbox consumer whose side effect is a row per event (no unique
 	// key: an effect taking place twice shows as two rows).
+	// It signals every batch it handled: the day's waits re-read PostgreSQL on that signal.
+	consumed := make(chan struct{}, 1)
 	cons, err := outbox.NewConsumer(rdb, &outbox.ConsumerConfig{Prefix: prefix, Topic: topic, Group: "effects", StartID: "0",
-		Block: 50 * time.Millisecond, MinIdle: 5 * time.Second, Logger: quiet})
+		Block: 50 * time.Millisecond, MinIdle: 5 * time.Second, Logger: quiet,
+		OnBatch: func(outbox.BatchReport) {
+			select {
+			case consumed <- struct{}{}:
+			default:
+			}
+		}})
 	require.NoError(t, err)
 	cctx, cstop := context.WithCancel(ctx)
 	consDone := make(chan error, 1)
@@ -283,19 +291,19 @@ reconciler:
 			frep, err := sched.Fill(ctx, "daily", prev)
 			require.NoError(t, err)
 			require.Equal(t, s.JobsPerDay, frep.Outcomes[tasks.Created.String()], "day %d: the fill created yesterday's jobs", d)
-			require.NoError(t, waitWindowDone(ctx, t, pool, prev, s.JobsPerDay))
+			require.NoError(t, waitTookEffect(ctx, t, pool, consumed, prev, s.JobsPerDay))
 			filled, err := sched.Fill(ctx, "daily", prev)
 			require.NoError(t, err)
 			require.Zero(t, filled.Outcomes[tasks.Created.String()], "day %d: a second fill creates nothing", d)
 		}
 		if d%gapCycle != 0 {
 			require.Equal(t, s.JobsPerDay, created, "day %d: the window's jobs, once", d)
-			require.NoError(t, waitWindowDone(ctx, t, pool, window, s.JobsPerDay))
+			require.NoError(t, waitTookEffect(ctx, t, pool, consumed, window, s.JobsPerDay))
 		}
 
 		// Every event consumed; Redis as the day leaves it (the dead group holds the stream
 		// up to its length cap).
-		require.NoError(t, waitConsumed(ctx, t, pool))
+		require.NoError(t, waitTookEffect(ctx, t, pool, consumed, "", 0))
 		row := dayRow{Day: d, Created: s.JobsPerDay, Rows: map[string]int64{}}
 		row.RedisMemory = redisMemory(ctx, t, rdb)
 		row.StreamLen, _ = rdb.XLen(ctx, outbox.StreamKey(prefix, topic)).Result()
@@ -347,8 +355,7 @@ reconciler:
 		frep, err := sched.Fill(ctx, "daily", last)
 		require.NoError(t, err)
 		require.Equal(t, s.JobsPerDay, frep.Outcomes[tasks.Created.String()])
-		require.NoError(t, waitWindowDone(ctx, t, pool, last, s.JobsPerDay))
-		require.NoError(t, waitConsumed(ctx, t, pool))
+		require.NoError(t, waitTookEffect(ctx, t, pool, consumed, last, s.JobsPerDay))
 	}
 	printCurve(t, s, curve, time.Since(began))
 
@@ -391,49 +398,36 @@ reconciler:
 	assert.LessOrEqual(t, peak(curve, xlen), capLen+capLen/4, "the stream exceeds its cap by more than a trim interval's events")
 }
 
-// waitWindowDone waits until every job of the window is complete: a count, with a
-// generous bound whose expiry names the load.
-func waitWindowDone(ctx context.Context, t *testing.T, pool *pgxpool.Pool, window string, n int) error {
+// waitTookEffect waits until every job of the window (none: "") is complete and every
+// outbox row is sent and has taken effect. It reads PostgreSQL once, then again on every
+// batch the consumer handled (each complete job's event reaches it), never on a timer;
+// its bound, generous, names the counts and the load.
+func waitTookEffect(ctx context.Context, t *testing.T, pool *pgxpool.Pool, consumed <-chan struct{}, window string, n int) error {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
+	deadline := time.NewTimer(5 * time.Minute)
+	defer deadline.Stop()
 	for {
-		var done, failed int
-		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), count(*) FILTER (WHERE state = 'failed')
-			FROM jobs WHERE "window" = $1`, window).Scan(&done, &failed)
-		if err != nil {
+		var done, failed, unsent, missing int
+		err := pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM jobs WHERE "window" = $1 AND state = 'complete'),
+			(SELECT count(*) FROM jobs WHERE "window" = $1 AND state = 'failed'),
+			(SELECT count(*) FROM outbox WHERE sent_at IS NULL),
+			(SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM side_effects e WHERE e.event_key = o.event_key))`,
+			window).Scan(&done, &failed, &unsent, &missing)
+		switch {
+		case err != nil:
 			return err
-		}
-		if failed > 0 {
+		case failed > 0:
 			return fmt.Errorf("window %s: %d jobs failed", window, failed)
-		}
-		if done == n {
+		case done == n && unsent == 0 && missing == 0:
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("window %s: %d of %d jobs complete after 5 min (load %s)", window, done, n, loadAvg())
+		select {
+		case <-consumed:
+		case <-deadline.C:
+			return fmt.Errorf("window %s: %d of %d jobs complete, %d outbox rows unsent, %d without their effect after 5 min (load %s)",
+				window, done, n, unsent, missing, loadAvg())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// waitConsumed waits until every outbox row is sent and has taken effect.
-func waitConsumed(ctx context.Context, t *testing.T, pool *pgxpool.Pool) error {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		var unsent, missing int
-		err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox WHERE sent_at IS NULL),
-			(SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM side_effects e WHERE e.event_key = o.event_key))`).Scan(&unsent, &missing)
-		if err != nil {
-			return err
-		}
-		if unsent == 0 && missing == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d outbox rows unsent, %d without their effect after 5 min (load %s)", unsent, missing, loadAvg())
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
