@@ -102,3 +102,21 @@ func (t *ProcessTB) Skipf(format string, args ...any) { t.Fatalf("skip: "+format
 func (t *ProcessTB) Skip(args ...any)                 { t.Fatalf("skip: %s", fmt.Sprint(args...)) }
 func (t *ProcessTB) SkipNow()                         { t.Fatalf("skip") }
 func (t *ProcessTB) Skipped() bool                    { return false }
+
+// RecoverFatal, deferred by a command after NewProcessTB, turns a ProcessTB failure
+// (the FatalError panic of Fatal or Skip) into *err, "setup: <message>"; any other panic
+// goes on. Defer it after Close, so that the cleanups run first:
+//
+//	defer tb.Close()
+//	defer testutil.RecoverFatal(&err)
+func RecoverFatal(err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	fe, ok := r.(FatalError)
+	if !ok {
+		panic(r)
+	}
+	*err = fmt.Errorf("setup: %s", fe.Msg)
+}

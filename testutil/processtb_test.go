@@ -40,3 +40,30 @@ func TestProcessTB(t *testing.T) {
 	defer fresh.Close()
 	require.Error(t, fresh.Ping(t.Context()).Err(), "the redis-server was stopped")
 }
+
+// TestRecoverFatal: a deferred RecoverFatal turns a ProcessTB failure into the function's
+// error and lets any other panic go on.
+func TestRecoverFatal(t *testing.T) {
+	tb, err := NewProcessTB("recover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tb.Close()
+	run := func() (err error) {
+		defer RecoverFatal(&err)
+		tb.Fatalf("fake %s failed", "shop")
+		return nil
+	}
+	if err := run(); err == nil || err.Error() != "setup: fake shop failed" {
+		t.Fatalf("RecoverFatal: %v, want setup: fake shop failed", err)
+	}
+	defer func() {
+		if r := recover(); r != "other" {
+			t.Fatalf("another panic was not passed on: %v", r)
+		}
+	}()
+	func() (err error) {
+		defer RecoverFatal(&err)
+		panic("other")
+	}()
+}

@@ -167,15 +167,7 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 		return err
 	}
 	defer tb.Close()
-	defer func() {
-		if r := recover(); r != nil {
-			fe, ok := r.(testutil.FatalError)
-			if !ok {
-				panic(r)
-			}
-			err = fmt.Errorf("setup: %s", fe.Msg)
-		}
-	}()
+	defer testutil.RecoverFatal(&err)
 	self, err := os.Executable()
 	if err != nil {
 		return err

@@ -114,14 +114,6 @@ func isTerminal(f *os.File) bool {
 // runRecovered is run with a fake's start-up failure (testutil.FatalError) as an error,
 // so that the cleanups still run.
 func runRecovered(ctx context.Context, tb *testutil.ProcessTB, o options) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			fe, ok := r.(testutil.FatalError)
-			if !ok {
-				panic(r)
-			}
-			err = fmt.Errorf("setup: %s", fe.Msg)
-		}
-	}()
+	defer testutil.RecoverFatal(&err)
 	return run(ctx, tb, o)
 }
