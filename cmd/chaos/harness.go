@@ -88,7 +88,18 @@ type slot struct {
 	armed       string // the failpoint this generation runs with at probability 1, or ""
 	fired       bool   // this generation wrote a FAILPOINT line
 	armDone     bool   // the arm fired without ending the process (before_commit): no longer counted in armedNow
+	staleSent   bool   // armed with before_commit and the worker reported its stale commit's outcome
 	done        chan struct{}
+}
+
+// killable reports whether a random kill or pause may pick the slot: it runs, is not
+// stopped, and is not armed with before_commit short of having reported its stale commit
+// (stopped at the failpoint, continued and committing, or about to stop: a kill there
+// loses the one stale commit the run is to judge).
+func (s *slot) killable() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.alive && !s.paused && !(s.armed == fpBeforeCommit && !s.staleSent)
 }
 
 // harness is one chaos run.
@@ -362,7 +373,7 @@ func (s *slot) start() error {
 		logf.Close()
 		return err
 	}
-	s.cmd, s.alive, s.paused, s.harnessKill, s.armed, s.fired, s.armDone = cmd, true, false, false, armed, false, false
+	s.cmd, s.alive, s.paused, s.harnessKill, s.armed, s.fired, s.armDone, s.staleSent = cmd, true, false, false, armed, false, false, false
 	done := make(chan struct{})
 	s.done = done
 	id := s.id
@@ -389,6 +400,9 @@ func (s *slot) start() error {
 					go h.resumeStale(s, cmd.Process, fl)
 				case fpBeforeCommit + "_sent":
 					h.staleSent(fl)
+					s.mu.Lock()
+					s.staleSent = true
+					s.mu.Unlock()
 				default:
 					s.mu.Lock()
 					s.fired = true
@@ -873,12 +887,12 @@ func (h *harness) runningHeld(ctx context.Context, id string) int {
 	return n
 }
 
-// pick returns a random running, not paused slot, preferring those that hold running
+// pick returns a random killable slot (see slot.killable), preferring those that hold running
 // attempts (a fault that hits an idle worker proves little), or nil.
 func (h *harness) pick(ctx context.Context) *slot {
 	var cands, busy []*slot
 	for _, s := range h.slots {
-		if id, alive, paused := s.current(); alive && !paused {
+		if id, _, _ := s.current(); s.killable() {
 			cands = append(cands, s)
 			if h.runningHeld(ctx, id) > 0 {
 				busy = append(busy, s)
@@ -949,11 +963,9 @@ func (h *harness) pause(ctx context.Context) {
 			continue
 		}
 		s.mu.Lock()
-		// Not a worker armed with before_commit that has not fired yet: it may be stopping
-		// itself right now, and this pause's SIGCONT would continue its stale commit
-		// before the takeover.
-		armedStale := s.armed == fpBeforeCommit && !s.fired
-		if s.alive && !s.paused && !armedStale && s.cmd != nil && s.cmd.Process.Signal(syscall.SIGSTOP) == nil {
+		// pick chose a killable slot (never one armed with before_commit that has not
+		// reported: a pause's SIGCONT could continue its stale commit before the takeover).
+		if s.alive && !s.paused && s.cmd != nil && s.cmd.Process.Signal(syscall.SIGSTOP) == nil {
 			s.paused = true
 			proc, id = s.cmd.Process, s.id
 		}
