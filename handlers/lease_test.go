@@ -84,7 +84,7 @@ func TestStaleWorkerRefused(t *testing.T) {
 		got = append(got, row{at.Worker, at.Fence, at.Outcome})
 	}
 	want := []row{
-		{"worker-A", a.Lease.Token, store.OutcomeSuperseded},
+		{"worker-A", a.Lease.Token, store.OutcomeLost}, // written by B's start; A reported nothing
 		{"worker-B", b.Lease.Token, store.OutcomeComplete},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -115,8 +115,7 @@ WITH s AS (
 		next_attempt_at = NULL, last_category = NULL
 	WHERE state IN ('retryable', 'pending') RETURNING key, fence, state
 )
-UPDATE attempts a SET fence = s.fence, outcome = 'running', finished_at = NULL, category = NULL, error = NULL, evidence_due = false
-FROM s WHERE a.job_key = s.key AND s.state = 'running'`)
+DELETE FROM attempts a USING s WHERE a.job_key = s.key AND s.state = 'running' AND a.outcome = 'lost'`)
 		require.NoError(b, err)
 		require.NoError(b, rdb.FlushAll(ctx).Err())
 	}

@@ -169,7 +169,7 @@ func TestReconcilerAfterRedisFlush(t *testing.T) {
 			assert.Equal(t, store.OutcomeComplete, last.Outcome)
 			assert.Equal(t, job.Fence, last.Fence)
 			if f, ok := killedFence[key]; ok {
-				assert.Equal(t, store.OutcomeRetryable, attempts[0].Outcome, "the killed attempt was rescued")
+				assert.Equal(t, store.OutcomeLost, attempts[0].Outcome, "the killed attempt's row was written by its rescue")
 				assert.Greater(t, last.Fence, f+1, "above the killed attempt's fence and the rescuer's token")
 			}
 		})

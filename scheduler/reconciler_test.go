@@ -196,7 +196,7 @@ func TestReconcilerConcurrent(t *testing.T) {
 		attempts, err := b.st.AttemptList(ctx, rec.Key)
 		require.NoError(t, err)
 		require.Len(t, attempts, 1, "a rescue is not an attempt")
-		assert.Equal(t, store.OutcomeRetryable, attempts[0].Outcome)
+		assert.Equal(t, store.OutcomeLost, attempts[0].Outcome, "the rescue wrote the stranded attempt's row")
 	}
 	assert.EqualValues(t, stranded+lost, b.ns.AsynqPending(t), "one task per job, no duplicate")
 	for _, rec := range append(running, pending...) {

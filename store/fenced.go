@@ -68,7 +68,8 @@ WITH input AS (
 		next_attempt_at = NULL, last_category = NULL, bytes_total = j.bytes_total + i.bytes
 	FROM input i JOIN locked USING (key)
 	WHERE j.key = ANY($1::text[]) AND j.key = i.key%[4]s
-	RETURNING j.key
+	RETURNING j.key, j.attempts, j.country, j.attempt_worker, j.attempt_session, j.attempt_endpoint,
+		j.attempt_started_at
 ), res AS (
 	INSERT INTO results (observation_key, job_key, parser_version, data, response_fingerprint, fence)
 	SELECT %[5]s, i.key, i.pv, i.data, i.fp, i.token FROM input i JOIN upd USING (key)
@@ -80,11 +81,16 @@ WITH input AS (
 	ON CONFLICT (event_key) DO NOTHING
 	RETURNING event_key
 ), att AS (
-	UPDATE attempts a SET outcome = 'complete', finished_at = now(), http_status = NULLIF(i.status, 0),
-		bytes = i.bytes, session_id = COALESCE(NULLIF(i.session_id, ''), a.session_id),
-		proxy_endpoint = COALESCE(NULLIF(i.endpoint, ''), a.proxy_endpoint)
-	FROM input i JOIN upd USING (key)
-	WHERE a.job_key = i.key AND a.fence = i.token
+	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
+		started_at, finished_at, http_status, bytes, outcome)
+	SELECT i.key, u.attempts, i.token, u.attempt_worker, COALESCE(NULLIF(i.session_id, ''), u.attempt_session),
+		u.country, COALESCE(NULLIF(i.endpoint, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()),
+		now(), NULLIF(i.status, 0), i.bytes, 'complete'
+	FROM input i JOIN upd u USING (key)
+	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'complete', finished_at = now(),
+		http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes,
+		session_id = COALESCE(NULLIF(EXCLUDED.session_id, ''), a.session_id),
+		proxy_endpoint = COALESCE(NULLIF(EXCLUDED.proxy_endpoint, ''), a.proxy_endpoint)
 ), dup AS (
 	-- Duplicate result writes rejected (committed jobs whose observation key existed) are
 	-- counted in the commit itself, so idemscrape stats reads them from PostgreSQL.
@@ -240,34 +246,36 @@ WITH async AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[])
 		AS t(key, token, worker, session_id, country, endpoint)
 ), locked AS MATERIALIZED (
-	SELECT j.key FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %s
+	SELECT j.key, j.state, j.fence, j.attempts, j.country, j.attempt_worker, j.attempt_session,
+		j.attempt_endpoint, j.attempt_started_at
+	FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %s
 ), cur AS (
 	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
 ), upd AS (
 	UPDATE jobs j SET state = 'running', fence = i.token, attempts = j.attempts + 1,
-		next_attempt_at = NULL, updated_at = now()
+		next_attempt_at = NULL, updated_at = now(), attempt_worker = i.worker,
+		attempt_session = i.session_id, attempt_endpoint = i.endpoint, attempt_started_at = now()
 	FROM input i JOIN locked USING (key)
 	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND j.state = ANY($7::text[]) AND j.fence < i.token
 	RETURNING j.key, j.attempts, j.created_at, j.bytes_total,
 		j.attempts - j.budget_attempts AS budget_no, j.bytes_total - j.budget_bytes AS budget_bytes,
 		COALESCE(j.budget_since, j.created_at) AS budget_since
-), ins AS (
-	INSERT INTO attempts (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint)
-	SELECT i.key, u.attempts, i.token, i.worker, i.session_id, i.country, i.endpoint
-	FROM input i JOIN upd u USING (key)
-	RETURNING job_key, attempt_no
-), superseded AS (
-	UPDATE attempts a SET outcome = 'superseded', category = 'superseded', finished_at = now(),
-		evidence_due = true
-	FROM input i JOIN upd USING (key)
-	WHERE a.job_key = i.key AND a.outcome = 'running' AND a.fence < i.token
+), lost AS (
+	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
+		started_at, finished_at, outcome, category, evidence_due)
+	SELECT l.key, l.attempts, l.fence, l.attempt_worker, l.attempt_session, l.country, l.attempt_endpoint,
+		COALESCE(l.attempt_started_at, now()), now(), 'lost', 'superseded', true
+	FROM locked l JOIN upd USING (key)
+	WHERE l.state = 'running' AND l.attempts > 0
+	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'lost', category = 'superseded',
+		finished_at = now(), evidence_due = true
+	WHERE a.outcome = 'running'
 )
-SELECT i.key, ins.attempt_no, upd.created_at, COALESCE(upd.bytes_total, 0),
+SELECT i.key, upd.attempts, upd.created_at, COALESCE(upd.bytes_total, 0),
 	COALESCE(upd.budget_no, 0), COALESCE(upd.budget_bytes, 0), upd.budget_since,
 	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM input i
 LEFT JOIN upd USING (key)
-LEFT JOIN ins ON ins.job_key = i.key
 LEFT JOIN cur ON cur.key = i.key
 LEFT JOIN locked ON locked.key = i.key
 CROSS JOIN async`
@@ -350,11 +358,12 @@ func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock loc
 }
 
 // resolveStarts re-reads the rows of starts whose statement may or may not have taken
-// effect. An attempts row with the start's token exists only if that start took effect
-// (the token is unique to its holder): it is reported as the start's result, with the
-// job's counters as they are now and TookOver true when the attempt before it was
-// superseded by a start. A job that a start with the token may still move is reported
-// busy (nothing written, try again); anything else is the refusal a new try would get.
+// effect. A job whose fence is the start's token was started by that start (the token is
+// unique to its holder and fences never go back): it is reported as the start's result,
+// with the job's counters as they are now and TookOver true when the attempt before it
+// was ended as lost by a start. A job that a start with the token may still move is
+// reported busy (nothing written, try again); anything else is the refusal a new try would
+// get.
 func (s *PG) resolveStarts(ctx context.Context, batch []AttemptStartParams) ([]rowOutcome[StartedAttempt], error) {
 	n := len(batch)
 	keys := make([]string, n)
@@ -363,14 +372,13 @@ func (s *PG) resolveStarts(ctx context.Context, batch []AttemptStartParams) ([]r
 		keys[i], tokens[i] = p.Key, p.Token
 	}
 	rows, err := s.pool.Query(ctx, `
-SELECT i.key, a.attempt_no, j.created_at, COALESCE(j.bytes_total, 0),
-	COALESCE(j.attempts - j.budget_attempts, 0), COALESCE(j.bytes_total - j.budget_bytes, 0),
+SELECT i.key, CASE WHEN j.fence = i.token AND j.state = 'running' THEN j.attempts END, j.created_at,
+	COALESCE(j.bytes_total, 0), COALESCE(j.attempts - j.budget_attempts, 0), COALESCE(j.bytes_total - j.budget_bytes, 0),
 	COALESCE(j.budget_since, j.created_at), j.key IS NOT NULL, COALESCE(j.state, ''), COALESCE(j.fence, 0),
-	EXISTS (SELECT 1 FROM attempts p WHERE p.job_key = i.key AND p.attempt_no = a.attempt_no - 1
-		AND p.outcome = 'superseded' AND p.category = 'superseded' AND p.fence < i.token)
+	EXISTS (SELECT 1 FROM attempts p WHERE p.job_key = i.key AND p.attempt_no = j.attempts - 1
+		AND p.outcome IN ('lost', 'superseded') AND p.category = 'superseded' AND p.fence < i.token)
 FROM unnest($1::text[], $2::bigint[]) AS i(key, token)
-LEFT JOIN jobs j ON j.key = i.key
-LEFT JOIN attempts a ON a.job_key = i.key AND a.fence = i.token`, keys, tokens)
+LEFT JOIN jobs j ON j.key = i.key`, keys, tokens)
 	if err != nil {
 		return nil, err
 	}

@@ -286,7 +286,7 @@ func TestGroupCommitAmbiguousCommit(t *testing.T) {
 		assert.Equal(t, 1, a.AttemptNo)
 		assert.False(t, a.TookOver)
 		assert.EqualValues(t, 2, lost.Load(), "each statement lost its reply once and was not sent again")
-		assert.Equal(t, 1, testutil.Count(t, s.Pool(), `SELECT count(*) FROM attempts WHERE job_key = 's'`))
+		assert.Equal(t, 1, testutil.Count(t, s.Pool(), `SELECT attempts FROM jobs WHERE key = 's'`), "one start")
 	})
 
 	t.Run("LateStatementWinsTheRetry", func(t *testing.T) {

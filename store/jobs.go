@@ -60,6 +60,10 @@ const (
 	OutcomeRetryable  = "retryable"
 	OutcomeFailed     = "failed"
 	OutcomeSuperseded = "superseded"
+	// OutcomeLost: the attempt never ended by its worker's hand (killed, or stopped past its
+	// lease); its row was written by whoever raised the fence next. Its worker, if it wakes
+	// and reports, turns it into OutcomeSuperseded with its bytes (AttemptSupersede).
+	OutcomeLost = "lost"
 )
 
 // maxErrorText bounds attempts.error; longer texts are cut at a rune boundary.
@@ -86,9 +90,17 @@ func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
 	return job, nil
 }
 
-// AttemptList returns the attempts of the job with key, oldest first.
+// AttemptList returns the attempts of the job with key, oldest first. An attempt still
+// running has no attempts row yet (it is written when the attempt ends): it is read from
+// the jobs row, with outcome OutcomeRunning.
 func (s *PG) AttemptList(ctx context.Context, key string) ([]Attempt, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_key = $1 ORDER BY attempt_no`, key)
+	rows, _ := s.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_key = $1
+UNION ALL
+SELECT j.key, j.attempts, j.fence, j.attempt_worker, j.attempt_session, j.country, j.attempt_endpoint,
+	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', ''
+FROM jobs j WHERE j.key = $1 AND j.state = 'running'
+	AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence)
+ORDER BY attempt_no`, key)
 	attempts, err := pgx.CollectRows(rows, pgx.RowToStructByName[Attempt])
 	if err != nil {
 		return nil, fmt.Errorf("store: AttemptList %q: %w", key, err)
@@ -315,13 +327,18 @@ WITH cur AS (
 		bytes_total = bytes_total + $8, updated_at = now(),
 		completed_at = CASE WHEN $3 = 'complete' THEN now() END
 	WHERE key = $1 AND state = 'running' AND fence = $2
-	RETURNING 1
+	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at
 ), att AS (
-	UPDATE attempts SET outcome = $3, category = NULLIF($5, ''), error = NULLIF($6, ''),
-		http_status = NULLIF($7, 0), bytes = $8, finished_at = now(),
-		session_id = COALESCE(NULLIF($9, ''), session_id),
-		proxy_endpoint = COALESCE(NULLIF($10, ''), proxy_endpoint)
-	WHERE job_key = $1 AND fence = $2 AND EXISTS (SELECT 1 FROM upd)
+	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
+		started_at, finished_at, http_status, bytes, outcome, category, error)
+	SELECT $1, u.attempts, $2, u.attempt_worker, COALESCE(NULLIF($9, ''), u.attempt_session), u.country,
+		COALESCE(NULLIF($10, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()), now(),
+		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, '')
+	FROM upd u
+	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
+		error = EXCLUDED.error, http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes, finished_at = now(),
+		session_id = COALESCE(NULLIF(EXCLUDED.session_id, ''), a.session_id),
+		proxy_endpoint = COALESCE(NULLIF(EXCLUDED.proxy_endpoint, ''), a.proxy_endpoint)
 )
 SELECT EXISTS (SELECT 1 FROM upd), cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM (SELECT 1) AS one LEFT JOIN cur ON true`,

@@ -93,9 +93,9 @@ func TestTransitions(t *testing.T) {
 			{"retryable→running", func() error { n, err := start(ctx, s, key, 6); require.Equal(t, 2, n); return err },
 				jobView{tasks.StateRunning, 6, 2, "timeout", 100}, []string{"retryable", "running"}},
 			{"running→running takeover with higher token", func() error { n, err := start(ctx, s, key, 9); require.Equal(t, 3, n); return err },
-				jobView{tasks.StateRunning, 9, 3, "timeout", 100}, []string{"retryable", "superseded", "running"}},
+				jobView{tasks.StateRunning, 9, 3, "timeout", 100}, []string{"retryable", "lost", "running"}},
 			{"running→complete", func() error { return s.JobComplete(ctx, finish(key, 9)) },
-				jobView{tasks.StateComplete, 9, 3, "", 200}, []string{"retryable", "superseded", "complete"}},
+				jobView{tasks.StateComplete, 9, 3, "", 200}, []string{"retryable", "lost", "complete"}},
 		}
 		for _, st := range steps {
 			require.NoError(t, st.do(), st.name)

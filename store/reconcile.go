@@ -103,20 +103,16 @@ func (s *PG) JobsListRunning(ctx context.Context, p JobsListParams) ([]RunningJo
 	if err != nil {
 		return nil, err
 	}
-	// The attempt is looked up per running job (LATERAL with LIMIT 1, which the planner
-	// can not flatten into a join): a hash join would read the whole attempts table.
+	// The running attempt is described by the jobs row itself (migration 00016): no
+	// attempts row exists until it ends.
 	rows, _ := s.pool.Query(ctx, `
-SELECT j.key, j.kind, j.fence, a.attempt_no, a.started_at, a.worker, COALESCE(j.queue, '') AS queue,
+SELECT j.key, j.kind, j.fence, j.attempts AS attempt_no, COALESCE(j.attempt_started_at, j.updated_at) AS started_at,
+	j.attempt_worker AS worker, COALESCE(j.queue, '') AS queue,
 	COALESCE(j.url, '') AS url, COALESCE(j.source_id, '') AS source_id, j.country, j."window",
 	j.parser_version, j.scope
 FROM jobs j
-CROSS JOIN LATERAL (
-	SELECT attempt_no, started_at, worker FROM attempts
-	WHERE job_key = j.key AND fence = j.fence
-	LIMIT 1
-) a
 WHERE j.state = 'running' AND j.key > $1
-	AND ($2::timestamptz IS NULL OR a.started_at < $2)
+	AND ($2::timestamptz IS NULL OR COALESCE(j.attempt_started_at, j.updated_at) < $2)
 ORDER BY j.key
 LIMIT $3`, p.AfterKey, timeOrNil(p.StartedBefore), limit)
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[RunningJob])
@@ -242,11 +238,16 @@ WITH cur AS (
 	UPDATE jobs SET state = 'retryable', fence = $3, next_attempt_at = now(),
 		last_category = $5, updated_at = now()
 	WHERE key = $1 AND state = 'running' AND fence = $2 AND fence < $3
-	RETURNING 1
+	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at
 ), att AS (
-	UPDATE attempts SET outcome = 'retryable', category = $5, finished_at = now(),
-		error = NULLIF($4, ''), evidence_due = true
-	WHERE job_key = $1 AND fence = $2 AND outcome = 'running' AND EXISTS (SELECT 1 FROM upd)
+	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
+		started_at, finished_at, outcome, category, error, evidence_due)
+	SELECT $1, u.attempts, $2, u.attempt_worker, u.attempt_session, u.country, u.attempt_endpoint,
+		COALESCE(u.attempt_started_at, now()), now(), 'lost', $5, NULLIF($4, ''), true
+	FROM upd u WHERE u.attempts > 0
+	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'lost', category = EXCLUDED.category,
+		finished_at = now(), error = EXCLUDED.error, evidence_due = true
+	WHERE a.outcome = 'running'
 )
 SELECT EXISTS (SELECT 1 FROM upd), cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
@@ -330,12 +331,17 @@ WITH input AS (
 	FROM lk JOIN input i USING (key)
 	WHERE j.key = lk.key AND lk.state = 'running' AND lk.fence = i.expect AND lk.fence < i.token
 		AND j.state = 'running' AND j.fence = i.expect
-	RETURNING j.key, i.expect, i.error
+	RETURNING j.key, i.expect, i.error, j.attempts, j.country, j.attempt_worker, j.attempt_session,
+		j.attempt_endpoint, j.attempt_started_at
 ), att AS (
-	UPDATE attempts a SET outcome = 'retryable', category = $5, finished_at = now(),
-		error = NULLIF(upd.error, ''), evidence_due = true
-	FROM upd
-	WHERE a.job_key = upd.key AND a.fence = upd.expect AND a.outcome = 'running'
+	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
+		started_at, finished_at, outcome, category, error, evidence_due)
+	SELECT u.key, u.attempts, u.expect, u.attempt_worker, u.attempt_session, u.country, u.attempt_endpoint,
+		COALESCE(u.attempt_started_at, now()), now(), 'lost', $5, NULLIF(u.error, ''), true
+	FROM upd u WHERE u.attempts > 0
+	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'lost', category = EXCLUDED.category,
+		finished_at = now(), error = EXCLUDED.error, evidence_due = true
+	WHERE a.outcome = 'running'
 )
 SELECT i.key, upd.key IS NOT NULL, lk.key IS NOT NULL, COALESCE(lk.state, ''), COALESCE(lk.fence, 0)
 FROM input i

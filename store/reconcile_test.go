@@ -48,7 +48,7 @@ func TestJobRescue(t *testing.T) {
 		require.NotNil(t, j.NextAttemptAt)
 		assert.False(t, j.NextAttemptAt.Before(before), "due now")
 		assert.False(t, j.NextAttemptAt.After(testNow(t, s)), "due now")
-		assert.Equal(t, attemptEvidence{Outcome: "retryable", Category: "lease_expired", ProxyEndpoint: "gw.example:7777",
+		assert.Equal(t, attemptEvidence{Outcome: "lost", Category: "lease_expired", ProxyEndpoint: "gw.example:7777",
 			Error: "lease expired; rescued by r1", Finished: true}, evidenceOf(t, s, key, 1))
 
 		// The stale worker holding 5 is refused from now on, and writes nothing.
@@ -212,7 +212,7 @@ func rescueRaceOutcome(t *testing.T, s *store.PG, pool *pgxpool.Pool, key string
 		require.Equal(t, jobView{tasks.StateRetryable, token + 1, 1, "lease_expired", 0}, jv)
 		require.Zero(t, results)
 		require.Zero(t, events)
-		require.Equal(t, "retryable", evidenceOf(t, s, key, 1).Outcome)
+		require.Equal(t, "lost", evidenceOf(t, s, key, 1).Outcome, "the rescue wrote the attempt's row")
 		return "rescue"
 	default:
 		t.Fatalf("%s: want exactly one winner; commit: %v, rescue: %v", key, commitErr, rescueErr)
@@ -319,7 +319,7 @@ func TestJobsRescue(t *testing.T) {
 		require.Equal(t, 2, rescued, "ok-1 and ok-2 rescued")
 		ev := evidenceOf(t, s, "many-ok-2", 2)
 		assert.Len(t, ev.Error, 2000, "error cut to 2000 bytes")
-		assert.Equal(t, "superseded", evidenceOf(t, s, "many-ok-2", 1).Outcome, "an older attempt is not touched")
+		assert.Equal(t, "lost", evidenceOf(t, s, "many-ok-2", 1).Outcome, "an older attempt is not touched")
 	})
 
 	t.Run("RefusedRowsWriteNothing", func(t *testing.T) {
@@ -502,7 +502,7 @@ func TestJobsListRunning(t *testing.T) {
 		record(t, s, key)
 		_, err := start(ctx, s, key, 1)
 		require.NoError(t, err)
-		_, err = pool.Exec(ctx, `UPDATE attempts SET started_at = now() - interval '1 hour' WHERE job_key = $1`, key)
+		_, err = pool.Exec(ctx, `UPDATE jobs SET attempt_started_at = now() - interval '1 hour' WHERE key = $1`, key)
 		require.NoError(t, err)
 		if i%3 == 0 {
 			_, err = start(ctx, s, key, 2)

@@ -63,11 +63,12 @@ func (s *PG) StatsGet(ctx context.Context) (Stats, error) {
 	err := s.pool.QueryRow(ctx, `
 SELECT
 	COALESCE((SELECT jsonb_object_agg(state, n) FROM (SELECT state, count(*) AS n FROM jobs GROUP BY state) s), '{}'),
-	(SELECT count(*) FROM attempts),
+	(SELECT count(*) FROM attempts) + (SELECT count(*) FROM jobs j WHERE j.state = 'running'
+		AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence)),
 	COALESCE((SELECT avg(attempts) FROM jobs WHERE state = 'complete'), 0),
 	(SELECT count(DISTINCT a.job_key) FROM attempts a JOIN jobs j ON j.key = a.job_key
-		WHERE j.state = 'complete' AND (a.outcome = 'superseded' OR a.category = $2)),
-	(SELECT count(*) FROM attempts WHERE outcome = 'superseded'),
+		WHERE j.state = 'complete' AND (a.outcome IN ('superseded', 'lost') OR a.category = $2)),
+	(SELECT count(*) FROM attempts WHERE outcome IN ('superseded', 'lost') AND category IS DISTINCT FROM $2),
 	(SELECT count(*) FROM attempts WHERE category = $2),
 	COALESCE((SELECT n FROM maintenance_counters WHERE name = $3), 0),
 	COALESCE((SELECT sum(replays) FROM outbox_inbox), 0)::bigint,

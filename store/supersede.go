@@ -28,11 +28,11 @@ var ErrAttemptLive = errors.New("store: attempt is the job's live attempt")
 // p.Bytes is added to jobs.bytes_total, so bytes per logical job count duplicate work too.
 //
 // It is an additive, unfenced evidence update: it never changes the job's state or fence,
-// and it applies at most once per attempt. It applies to an attempt that is still running
-// (it becomes superseded, finished now, with p.Category) or that was closed by someone
-// other than its worker and has not reported yet (superseded by a takeover's JobStart,
-// retryable after the reconciler's JobRescue: outcome, category and error are kept, the
-// bytes and the worker's evidence added). A repeated call, a call for an attempt its worker already finished, or
+// and it applies at most once per attempt. It applies to an attempt whose row was written
+// as lost by whoever raised the fence past it (a takeover's JobStart, the reconciler's
+// JobRescue) and that has not reported yet: it becomes superseded, its category and error
+// are kept, the bytes and the worker's evidence added. (A row still 'running', written by
+// a worker of a version before migration 00016, becomes superseded with p.Category.) A repeated call, a call for an attempt its worker already finished, or
 // for an attempt that does not exist (e.g. a start lost in a crash) writes nothing and
 // returns nil. A call for the job's live attempt (state running, fence = p.Token) writes
 // nothing and returns an error wrapping ErrAttemptLive.
@@ -62,7 +62,7 @@ WITH job AS (
 	SELECT state = 'running' AND fence = $2 AS live FROM jobs WHERE key = $1 FOR UPDATE
 ), att AS (
 	UPDATE attempts a SET
-		outcome = CASE WHEN a.outcome = 'running' THEN 'superseded' ELSE a.outcome END,
+		outcome = CASE WHEN a.outcome IN ('running', 'lost') THEN 'superseded' ELSE a.outcome END,
 		category = CASE WHEN a.outcome = 'running' THEN $7 ELSE COALESCE(a.category, $7) END,
 		finished_at = COALESCE(a.finished_at, now()),
 		bytes = a.bytes + $3,

@@ -84,9 +84,9 @@ func TestSupersededBytesCounted(t *testing.T) {
 		require.ErrorIs(t, err, store.ErrStaleFence)
 		for i := 0; i < 2; i++ {
 			require.NoError(t, s.AttemptSupersede(ctx, stale(key, 5)))
-			// The reconciler's verdict (retryable, lease_expired, its error) stays; the
-			// worker's evidence is added.
-			assert.Equal(t, attemptEvidence{Outcome: "retryable", Category: "lease_expired", SessionID: "sessa001",
+			// The row the reconciler wrote (lost, lease_expired, its error) becomes
+			// superseded with its category and error kept; the worker's evidence is added.
+			assert.Equal(t, attemptEvidence{Outcome: "superseded", Category: "lease_expired", SessionID: "sessa001",
 				ProxyEndpoint: "gw2.example:7777", Error: "lease expired", HTTPStatus: 503, Bytes: 700, Finished: true},
 				evidenceOf(t, s, key, 1), "call %d", i+1)
 			assert.Equal(t, jobView{tasks.StateRetryable, 6, 1, "lease_expired", 700}, view(t, s, key), "call %d", i+1)
@@ -95,10 +95,13 @@ func TestSupersededBytesCounted(t *testing.T) {
 
 	t.Run("RunningAttemptBecomesSuperseded", func(t *testing.T) {
 		// An attempt row still running under a job that moved on (rows written before
-		// migration 3, when a closing statement did not mark them): it becomes superseded.
+		// migration 3, when a closing statement did not mark them, or a start before
+		// migration 16 wrote them): it becomes superseded.
 		const key = "sup-running"
 		record(t, s, key)
 		_, err := start(ctx, s, key, 2)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO attempts (job_key, attempt_no, fence, proxy_endpoint) VALUES ($1, 1, 2, 'gw.example:7777')`, key)
 		require.NoError(t, err)
 		_, err = pool.Exec(ctx, `UPDATE jobs SET state = 'retryable', fence = 9 WHERE key = $1`, key)
 		require.NoError(t, err)

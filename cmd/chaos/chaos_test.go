@@ -38,7 +38,7 @@ func TestChaos(t *testing.T) {
 			assert.Contains(t, []string{resultPass, resultInfo}, r.Result, r.Name)
 		}
 		for _, n := range []string{InvLost, InvDupResults, InvDupEffects, InvEffectsLost, InvEffectsWiped, InvReexec, InvXaddReplays,
-			InvStale, InvStaleRefused, InvFences, InvTwoSessions, InvBudget, InvCanary, InfoBytes, InfoBytesChaos} {
+			InvStale, InvStaleRefused, InvFences, InvAttemptRows, InvTwoSessions, InvBudget, InvCanary, InfoBytes, InfoBytesChaos} {
 			assert.True(t, names[n], "invariant %q not checked", n)
 		}
 		// A stale commit reached PostgreSQL and was refused (the check reads PostgreSQL).

@@ -32,6 +32,7 @@ const (
 	InvStale         = "0 stale commits accepted"
 	InvStaleRefused  = "PostgreSQL refused >= k stale commits"
 	InvFences        = "fences strictly increase per job"
+	InvAttemptRows   = "one attempt row per start of every ended job"
 	InvTwoSessions   = "no result from two sessions"
 	InvBudget        = "no job over its bandwidth budget"
 	InvCanary        = "canary password absent everywhere"
@@ -410,6 +411,28 @@ WHERE prev IS NOT NULL AND fence <= prev ORDER BY job_key`, windowChaos)
 			var attempts int
 			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attempts)
 			add(Row{Name: InvFences, Observed: fmt.Sprintf("%d attempts, %d jobs with a fence that did not increase (%d Redis wipes)", attempts, n, wipes),
+				Result: passIf(n == 0), Offenders: off})
+		}
+	}
+	// One attempt row per start: an attempt's row is written when it ends, or as 'lost' by
+	// whoever raised the fence past it (the next start, a rescue), so a killed or stopped
+	// worker's attempt has one too (idemscrape audit's terminal_job_has_one_attempt_row_per_start).
+	{
+		off, n, err := h.keys(ctx, `
+SELECT j.key FROM jobs j
+WHERE j."window" = $1 AND j.state IN ('complete', 'failed') AND NOT (
+	SELECT count(*) = j.attempts AND count(DISTINCT a.attempt_no) = j.attempts
+		AND COALESCE(min(a.attempt_no), 1) = 1 AND COALESCE(max(a.attempt_no), 0) = j.attempts
+		AND NOT bool_or(a.outcome = 'running') IS TRUE
+	FROM attempts a WHERE a.job_key = j.key)
+ORDER BY j.key`, windowChaos)
+		if err != nil {
+			fail(InvAttemptRows, err)
+		} else {
+			var lost, superseded int
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome = 'lost'), count(*) FILTER (WHERE a.outcome = 'superseded')
+FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&lost, &superseded)
+			add(Row{Name: InvAttemptRows, Observed: fmt.Sprintf("%d ended jobs without exactly one row per start; %d rows written as lost by a successor, %d of them reported later as superseded by their worker", n, lost+superseded, superseded),
 				Result: passIf(n == 0), Offenders: off})
 		}
 	}

@@ -863,9 +863,10 @@ type pausedAttempt struct {
 	AttemptNo int
 }
 
-// runningAttempts lists the running attempts of worker id.
+// runningAttempts lists the running attempts of worker id (from the jobs rows: an attempt
+// has no attempts row until it ends).
 func (h *harness) runningAttempts(ctx context.Context, id string) []pausedAttempt {
-	rows, err := h.pool.Query(ctx, `SELECT job_key, attempt_no FROM attempts WHERE worker = $1 AND outcome = 'running'`, id)
+	rows, err := h.pool.Query(ctx, `SELECT key, attempts FROM jobs WHERE state = 'running' AND attempt_worker = $1`, id)
 	if err != nil {
 		return nil
 	}
@@ -883,7 +884,7 @@ func (h *harness) runningAttempts(ctx context.Context, id string) []pausedAttemp
 // runningHeld counts the running attempts of worker id.
 func (h *harness) runningHeld(ctx context.Context, id string) int {
 	var n int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts WHERE worker = $1 AND outcome = 'running'`, id).Scan(&n)
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE state = 'running' AND attempt_worker = $1`, id).Scan(&n)
 	return n
 }
 

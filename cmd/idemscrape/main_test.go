@@ -375,7 +375,7 @@ func TestCLI(t *testing.T) {
 		r := run(t, "", auditArgs...)
 		require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 		assert.Contains(t, r.stdout, "all invariants hold")
-		assert.Equal(t, 5, strings.Count(r.stdout, "PASS"))
+		assert.Equal(t, 6, strings.Count(r.stdout, "PASS"))
 		assert.Regexp(t, `PASS\s+running_past_lease_has_live_task\s+1\s+0`, r.stdout, "k4 was checked against the queue")
 	})
 
@@ -390,14 +390,16 @@ func TestCLI(t *testing.T) {
 		require.NoError(t, ns.Client.Del(ctx, "asynq:{"+ns.Queue+"}:t:"+k4).Err())                                                // running job's task lost
 		exec(`UPDATE outbox SET sent_at = NULL, created_at = now() - interval '1 hour' WHERE event_key = $1`, handlers.EventKey(k3))
 		exec(`UPDATE attempts SET fence = 5 WHERE job_key = $1 AND attempt_no = 1`, k1) // fences 5, 2
+		exec(`DELETE FROM attempts WHERE job_key = $1`, k3)                             // a complete job whose start left no row
 		r := run(t, "", auditArgs...)
 		assert.Equal(t, 1, r.code, r.stderr)
 		for inv, key := range map[string]string{
-			"complete_job_has_one_result_and_one_event": k1,
-			"result_has_complete_job":                   k2,
-			"running_past_lease_has_live_task":          k4,
-			"outbox_lag_within_threshold":               k3,
-			"attempt_fences_strictly_increasing":        k1,
+			"complete_job_has_one_result_and_one_event":  k1,
+			"result_has_complete_job":                    k2,
+			"running_past_lease_has_live_task":           k4,
+			"outbox_lag_within_threshold":                k3,
+			"attempt_fences_strictly_increasing":         k1,
+			"terminal_job_has_one_attempt_row_per_start": k3,
 		} {
 			assert.Regexp(t, `BROKEN `+inv+`: 1 violation\(s\), e\.g\. `+regexp.QuoteMeta(key), r.stderr)
 			assert.Regexp(t, `FAIL\s+`+inv+`\s+\d+\s+1\s+`+regexp.QuoteMeta(key), r.stdout)
@@ -414,7 +416,7 @@ func TestCLI(t *testing.T) {
 		}
 		require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep))
 		assert.False(t, rep.OK)
-		require.Len(t, rep.Invariants, 5)
+		require.Len(t, rep.Invariants, 6)
 	})
 
 	t.Run("UnmigratedDatabase", func(t *testing.T) {

@@ -289,7 +289,7 @@ func TestWorkerSIGTERM(t *testing.T) {
 		w := newWorld(t, 4)
 		wk := startWorker(t, bin, w.args(3, time.Second), w.env(t))
 		w.gate.waitHeld(t, 3)
-		require.Equal(t, 3, testutil.Count(t, w.pool, `SELECT count(*) FROM attempts WHERE outcome = 'running'`))
+		require.Equal(t, 3, testutil.Count(t, w.pool, `SELECT count(*) FROM jobs WHERE state = 'running'`))
 		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
 		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
 

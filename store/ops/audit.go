@@ -27,6 +27,11 @@ const (
 	// InvFencesIncreasing: the fences of a job's attempts strictly increase with the attempt
 	// number, and the job's fence is at least the highest of them.
 	InvFencesIncreasing = "attempt_fences_strictly_increasing"
+	// InvAttemptPerStart: a terminal (complete or failed) job has exactly one attempt row per
+	// start: attempt numbers 1..jobs.attempts, none of them still 'running'. An attempt row
+	// is written when the attempt ends (commit or failure) or, for one that never ended (a
+	// killed or stopped worker), as 'lost' by whoever raised the fence next.
+	InvAttemptPerStart = "terminal_job_has_one_attempt_row_per_start"
 )
 
 // Audit defaults.
@@ -167,7 +172,8 @@ func (s *Store) Audit(ctx context.Context, cfg AuditConfig) (AuditReport, error)
 	}
 	complete := Invariant{Name: InvCompleteHasResultAndEvent, Description: "every complete job has exactly one result (its own, or the one its event names if its write was a rejected duplicate) and one outbox event (unless pruned after the outbox retention); no job that is not complete has an event"}
 	fences := Invariant{Name: InvFencesIncreasing, Description: "attempt fences strictly increase per job, and the job's fence is the highest"}
-	if err := s.auditJobs(ctx, cfg, &complete, &fences); err != nil {
+	perStart := Invariant{Name: InvAttemptPerStart, Description: "a complete or failed job has exactly one attempt row per start (numbers 1..attempts), none still running"}
+	if err := s.auditJobs(ctx, cfg, &complete, &fences, &perStart); err != nil {
 		return AuditReport{}, err
 	}
 	results := Invariant{Name: InvResultHasCompleteJob, Description: "every result belongs to a complete job"}
@@ -183,17 +189,17 @@ func (s *Store) Audit(ctx context.Context, cfg AuditConfig) (AuditReport, error)
 	if err := s.auditOutbox(ctx, cfg, rep.At.Add(-cfg.OutboxLagMax), &lag); err != nil {
 		return AuditReport{}, err
 	}
-	rep.Invariants = []Invariant{complete, results, running, lag, fences}
+	rep.Invariants = []Invariant{complete, results, running, lag, fences, perStart}
 	return rep, nil
 }
 
 // auditJobs pages through every job once for the per-job invariants.
-func (s *Store) auditJobs(ctx context.Context, cfg AuditConfig, complete, fences *Invariant) error {
+func (s *Store) auditJobs(ctx context.Context, cfg AuditConfig, complete, fences, perStart *Invariant) error {
 	last := ""
 	for {
 		rows, _ := s.pool.Query(ctx, `
 WITH page AS (
-	SELECT key, state, fence, completed_at FROM jobs WHERE key > $1 ORDER BY key LIMIT $2
+	SELECT key, state, fence, attempts, completed_at FROM jobs WHERE key > $1 ORDER BY key LIMIT $2
 )
 SELECT p.key, p.state = 'complete', COALESCE(p.completed_at < now() - $4::interval, false),
 	(SELECT count(*) FROM results r WHERE r.job_key = p.key),
@@ -202,23 +208,32 @@ SELECT p.key, p.state = 'complete', COALESCE(p.completed_at < now() - $4::interv
 	NOT EXISTS (SELECT 1 FROM (
 		SELECT fence, lag(fence) OVER (ORDER BY attempt_no) AS prev FROM attempts a WHERE a.job_key = p.key
 	) x WHERE x.prev >= x.fence)
-	AND p.fence >= COALESCE((SELECT max(fence) FROM attempts a WHERE a.job_key = p.key), 0)
+	AND p.fence >= COALESCE((SELECT max(fence) FROM attempts a WHERE a.job_key = p.key), 0),
+	p.state NOT IN ('complete', 'failed') OR (
+		SELECT count(*) = p.attempts AND count(DISTINCT attempt_no) = p.attempts
+			AND COALESCE(min(attempt_no), 1) = 1 AND COALESCE(max(attempt_no), 0) = p.attempts
+			AND NOT bool_or(outcome = 'running') IS TRUE
+		FROM attempts a WHERE a.job_key = p.key)
 FROM page p LEFT JOIN LATERAL (
 	SELECT payload FROM outbox o WHERE o.event_key = $3 || p.key
 ) ev ON true
 ORDER BY p.key`, last, cfg.BatchSize, cfg.EventKeyPrefix, cfg.OutboxRetention)
 		var (
-			key                                        string
-			isComplete, pruned, hasEvent, shared, incr bool
-			nResults                                   int64
-			n                                          int
+			key                                               string
+			isComplete, pruned, hasEvent, shared, incr, perOK bool
+			nResults                                          int64
+			n                                                 int
 		)
-		_, err := pgx.ForEachRow(rows, []any{&key, &isComplete, &pruned, &nResults, &hasEvent, &shared, &incr}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&key, &isComplete, &pruned, &nResults, &hasEvent, &shared, &incr, &perOK}, func() error {
 			n++
 			last = key
 			fences.Checked++
 			if !incr {
 				fences.add(key, cfg.MaxExamples)
+			}
+			perStart.Checked++
+			if !perOK {
+				perStart.add(key, cfg.MaxExamples)
 			}
 			if isComplete {
 				complete.Checked++
@@ -287,8 +302,8 @@ func (s *Store) auditRunning(ctx context.Context, cfg AuditConfig, cutoff time.T
 	last := ""
 	for {
 		rows, _ := s.pool.Query(ctx, `
-SELECT j.key, j.kind, COALESCE(a.started_at, j.updated_at) < $3
-FROM jobs j LEFT JOIN attempts a ON a.job_key = j.key AND a.fence = j.fence
+SELECT j.key, j.kind, COALESCE(j.attempt_started_at, j.updated_at) < $3
+FROM jobs j
 WHERE j.state = 'running' AND j.key > $1 ORDER BY j.key LIMIT $2`, last, cfg.BatchSize, cutoff)
 		var (
 			c     cand

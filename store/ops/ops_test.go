@@ -105,7 +105,7 @@ func verdicts(rep ops.AuditReport) map[string]int64 {
 func TestAudit(t *testing.T) {
 	ctx := context.Background()
 	clean := map[string]int64{ops.InvCompleteHasResultAndEvent: 0, ops.InvResultHasCompleteJob: 0, ops.InvRunningHasLiveTask: 0,
-		ops.InvOutboxLag: 0, ops.InvFencesIncreasing: 0}
+		ops.InvOutboxLag: 0, ops.InvFencesIncreasing: 0, ops.InvAttemptPerStart: 0}
 
 	t.Run("HealthyRunPasses", func(t *testing.T) {
 		b := setup(t)
@@ -118,7 +118,7 @@ func TestAudit(t *testing.T) {
 		b.start(t, "dup", 1)
 		b.commit(t, "dup", 1, "a") // a rejected duplicate: its event names a's observation
 		b.start(t, "run", 1)
-		b.exec(t, `UPDATE attempts SET started_at = now() - interval '1 hour' WHERE job_key = 'run'`)
+		b.exec(t, `UPDATE jobs SET attempt_started_at = now() - interval '1 hour' WHERE key = 'run'`)
 		q := &liveTasks{live: map[string]bool{"run": true}}
 		rep, err := b.ops.Audit(ctx, ops.AuditConfig{TaskLive: q.fn, BatchSize: 2})
 		require.NoError(t, err)
@@ -150,10 +150,11 @@ func TestAudit(t *testing.T) {
 		b.start(t, "run", 1)
 		b.exec(t, `DELETE FROM results WHERE job_key = 'a'`)
 		b.exec(t, `INSERT INTO results (observation_key, job_key, parser_version, data, fence) VALUES ('x', 'p', 3, '{}', 1)`)
-		b.exec(t, `UPDATE attempts SET started_at = now() - interval '1 hour' WHERE job_key = 'run'`)
+		b.exec(t, `UPDATE jobs SET attempt_started_at = now() - interval '1 hour' WHERE key = 'run'`)
 		b.exec(t, `UPDATE outbox SET created_at = now() - interval '1 hour' WHERE event_key = 'observed:b'`)
 		b.exec(t, `UPDATE outbox SET sent_at = now() WHERE event_key <> 'observed:b'`)
 		b.exec(t, `UPDATE attempts SET fence = 9 WHERE job_key = 'c' AND attempt_no = 1`)
+		b.exec(t, `DELETE FROM attempts WHERE job_key = 'b'`) // a complete job whose one start left no row
 		q := &liveTasks{}
 		rep, err := b.ops.Audit(ctx, ops.AuditConfig{TaskLive: q.fn, BatchSize: 1})
 		require.NoError(t, err)
@@ -164,6 +165,7 @@ func TestAudit(t *testing.T) {
 			ops.InvRunningHasLiveTask:        {"run"},
 			ops.InvOutboxLag:                 {"b"},
 			ops.InvFencesIncreasing:          {"c"},
+			ops.InvAttemptPerStart:           {"b"},
 		}
 		got := map[string][]string{}
 		for _, i := range rep.Broken() {
@@ -203,7 +205,7 @@ func TestAudit(t *testing.T) {
 		for _, k := range keys {
 			b.start(t, k, 1)
 		}
-		b.exec(t, `UPDATE attempts SET started_at = now() - interval '1 hour'`)
+		b.exec(t, `UPDATE jobs SET attempt_started_at = now() - interval '1 hour' WHERE state = 'running'`)
 		rep, err := b.ops.Audit(ctx, ops.AuditConfig{TaskLive: (&liveTasks{}).fn, BatchSize: 7, MaxExamples: 3})
 		require.NoError(t, err)
 		broken := rep.Broken()
@@ -386,7 +388,7 @@ func TestJobStatus(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, tasks.StateComplete, st.Job.State)
 	require.Len(t, st.Attempts, 2)
-	assert.Equal(t, []string{"superseded", "complete"}, []string{st.Attempts[0].Outcome, st.Attempts[1].Outcome})
+	assert.Equal(t, []string{"lost", "complete"}, []string{st.Attempts[0].Outcome, st.Attempts[1].Outcome}, "the takeover wrote attempt 1's row")
 	require.Len(t, st.Results, 1)
 	assert.EqualValues(t, 2, st.Results[0].Fence)
 	require.NotNil(t, st.Outbox)
