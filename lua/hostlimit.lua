@@ -15,6 +15,8 @@
 --   {0, wait}  nothing reserved: the earliest slot is wait microseconds away, more than
 --              ARGV[3] (the caller gives up instead of holding its job that long)
 -- Time is the Redis server's (TIME), never the caller's.
+-- Commands: TIME, MGET, SET (paced, reserved); TIME, MGET (paced, refused); TIME, GET
+-- (unpaced).
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
@@ -25,8 +27,12 @@ local maxwait = tonumber(ARGV[3])
 -- theirs to wait for.
 local tat = now
 local at = now
+local nb
 if interval > 0 then
-  tat = tonumber(redis.call("GET", KEYS[1]) or "0")
+  -- One MGET reads the bucket and the pause (was two GETs).
+  local cur = redis.call("MGET", KEYS[1], KEYS[2])
+  tat = tonumber(cur[1] or "0")
+  nb = tonumber(cur[2] or "0")
   if tat < now then
     tat = now
   end
@@ -34,8 +40,9 @@ if interval > 0 then
   if at < now then
     at = now
   end
+else
+  nb = tonumber(redis.call("GET", KEYS[2]) or "0")
 end
-local nb = tonumber(redis.call("GET", KEYS[2]) or "0")
 if at < nb then
   at = nb
 end

@@ -33,10 +33,11 @@ func (k Keys) Tag(jobKey string) string {
 	return "{" + jobKey + "}"
 }
 
-// Lease is the lease of a job. // HASH owner, token; PEXPIRE = lease end
+// Lease is the lease of a job. // STRING "<token>:<owner>"; PX = lease end (a HASH owner,
+// token before; claim.lua says how both meet during a rolling deploy)
 func (k Keys) Lease(jobKey string) string { return k.jobKey(jobKey, ":lease") }
 
-// Fence is the last fencing token issued for a job. // STRING integer
+// Fence is the last fencing token issued for a job. // STRING integer; PX = counter end
 func (k Keys) Fence(jobKey string) string { return k.jobKey(jobKey, ":fence") }
 
 // jobKey is prefix + Tag(jobKey) + suffix in one allocation (the lease hot path builds

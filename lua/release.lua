@@ -5,7 +5,7 @@
 -- no key behind. The counter is deleted only while it still holds this lease's token: a
 -- higher one was issued to a claim PostgreSQL may not know of, and must stay.
 --
--- KEYS[1] -> <prefix>{<tag>}:lease   HASH  owner, token
+-- KEYS[1] -> <prefix>{<tag>}:lease   STRING  "<token>:<owner>"; PX = lease end
 -- KEYS[2] -> <prefix>{<tag>}:fence   STRING  the last token issued for the job
 -- --
 -- ARGV[1] -> owner
@@ -17,16 +17,22 @@
 --   -1  no lease: it expired or was deleted (lease lost); nothing is deleted
 --   -2  the lease is held by another owner or under another token (not owner); nothing is
 --       deleted
--- One HMGET reads both fields (was two HGETs).
-local cur = redis.call("HMGET", KEYS[1], "owner", "token")
+-- Commands: MGET, DEL (released or refused); MGET, EXISTS (no STRING lease). One MGET reads
+-- the lease and the counter; one DEL deletes both when the counter goes too (they share
+-- the job's hash tag).
+local cur = redis.call("MGET", KEYS[1], KEYS[2])
 if not cur[1] then
+  -- MGET reads a HASH as nil: an older worker's HASH lease (see claim.lua, rolling deploy)
+  -- is another's, not a lost one.
+  if redis.call("EXISTS", KEYS[1]) == 1 then
+    return -2
+  end
   return -1
 end
-if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
+if cur[1] ~= ARGV[2] .. ":" .. ARGV[1] then
   return -2
 end
--- One DEL for both keys when the counter goes too (they share the job's hash tag).
-if ARGV[3] == "1" and redis.call("GET", KEYS[2]) == ARGV[2] then
+if ARGV[3] == "1" and cur[2] == ARGV[2] then
   redis.call("DEL", KEYS[1], KEYS[2])
 else
   redis.call("DEL", KEYS[1])
