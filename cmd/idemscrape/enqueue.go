@@ -8,10 +8,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
@@ -70,7 +70,10 @@ var enqueueCmd = command{
 	name: "enqueue", db: true,
 	summary: "Record jobs and enqueue their tasks: one spec from the flags, or JSON lines from -f FILE (- for stdin),\n" +
 		"one spec a line with the fields kind, url | source_id, country, window, parser_version, scope.\n" +
-		"Every line is checked first; bad lines are reported by number and field and not stored, the good ones are.\n" +
+		"Each line is checked before it is stored; bad lines are reported by number and field and not stored, the good ones are.\n" +
+		"A file is stored in batches of -batch lines (one PostgreSQL statement, the tasks enqueued side by side), with a\n" +
+		"progress line on stderr; if it stops midway it says which lines are stored, and running the same file again\n" +
+		"resumes it (stored lines are recognised as duplicates).\n" +
 		"Tasks go to the kind's queue (tasks.QueueFor) unless -queue or IDEMSCRAPE_QUEUE names one.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		var s tasks.Spec
@@ -78,47 +81,69 @@ var enqueueCmd = command{
 		file := fs.String("f", "", "read JSON-lines specs from `FILE` (- for stdin) instead of the spec flags")
 		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue of new jobs (default: the kind's, where cmd/worker listens; a job keeps the queue it was created with)")
 		asJSON := fs.Bool("json", false, "print one JSON object per spec instead of text")
+		batch := fs.Int("batch", defaultBatch, fmt.Sprintf("with -f: specs stored per batch (1 to %d)", maxBatch))
+		progress := fs.Duration("progress", time.Second, "with -f: at most one progress line on stderr per `INTERVAL` (0: one per batch); none for a file of one batch")
 		return func(ctx context.Context, c *cli, _ []string) error {
-			var specs []tasks.Spec
-			var lines []int // line number of each spec (0: from flags)
-			var bad []lineError
-			if *file != "" {
-				set := ""
+			fileOnly := map[string]bool{"f": true, "queue": true, "json": true, "batch": true, "progress": true}
+			if *file == "" {
+				var set []string
 				fs.Visit(func(f *flag.Flag) {
-					if f.Name != "f" && f.Name != "queue" && f.Name != "json" {
-						set += " -" + f.Name
+					if f.Name == "batch" || f.Name == "progress" {
+						set = append(set, "-"+f.Name)
 					}
 				})
-				if set != "" {
-					return usageError{"-f reads the specs from a file: the spec flag(s)" + set + " can not be combined with it"}
+				if len(set) > 0 {
+					return usageError{"flag(s) " + strings.Join(set, " ") + " apply to -f FILE only"}
 				}
-				var err error
-				specs, lines, bad, err = readSpecs(c, *file)
-				if err != nil {
-					return err
-				}
-			} else {
 				if err := checkSpec(s); err != nil {
 					return flagSpecError(err)
 				}
-				specs, lines = []tasks.Spec{s}, []int{0}
-			}
-			for _, b := range bad {
-				fmt.Fprintf(c.stderr, "line %d: %s\n", b.line, b.msg)
-			}
-			if len(specs) > 0 {
-				if err := enqueueSpecs(ctx, c, specs, lines, *queue, *asJSON); err != nil {
+				r := &enqueueRun{c: c, queue: *queue, asJSON: *asJSON}
+				defer r.close()
+				if _, err := r.enqueue(ctx, []tasks.Spec{s}, []int{0}); err != nil {
 					return err
 				}
+				r.warnUnserved()
+				return nil
 			}
-			if len(bad) > 0 {
-				fmt.Fprintf(c.stderr, "idemscrape enqueue: %d line(s) refused, %d stored\n", len(bad), len(specs))
-				return exitError{1}
+			set := ""
+			fs.Visit(func(f *flag.Flag) {
+				if !fileOnly[f.Name] {
+					set += " -" + f.Name
+				}
+			})
+			if set != "" {
+				return usageError{"-f reads the specs from a file: the spec flag(s)" + set + " can not be combined with it"}
 			}
-			return nil
+			if *batch < 1 || *batch > maxBatch {
+				return usageError{fmt.Sprintf("-batch %d must be between 1 and %d", *batch, maxBatch)}
+			}
+			if *progress < 0 {
+				return usageError{fmt.Sprintf("-progress %v must not be negative", *progress)}
+			}
+			r := &enqueueRun{c: c, queue: *queue, asJSON: *asJSON, batch: *batch, progress: *progress}
+			defer r.close()
+			return r.file(ctx, *file)
 		}
 	},
 }
+
+// defaultBatch and maxBatch bound `enqueue -f -batch`: a batch is one PostgreSQL statement
+// (its rows in arrays) and, at most, that many task enqueues; 500 keeps a statement well
+// under a second and a failure's lost work small.
+const (
+	defaultBatch = 500
+	maxBatch     = 100_000
+)
+
+// enqueueConcurrency is how many asynq task enqueues of a batch run side by side
+// (tasks.EnqueuerConfig.Concurrency). asynq's Client has no pipeline API, and sending its
+// enqueue script ourselves in a pipeline would tie this command to asynq's internal key
+// layout and message encoding, which change between versions. Its own EnqueueContext on up
+// to 16 connections of the client's pool (asynq's default holds 10 per CPU) overlaps the
+// round trips instead of paying them one after the other, and keeps every check asynq and
+// tasks.Enqueuer make (task id = job key, conflicts inspected, the recorded queue).
+const enqueueConcurrency = 16
 
 // lineError is one refused line of a JSON-lines file.
 type lineError struct {
@@ -180,58 +205,6 @@ func fieldMessage(err error, names map[string]string) string {
 
 func flagSpecError(err error) error {
 	return usageError{"invalid spec: " + fieldMessage(err, flagField)}
-}
-
-// readSpecs reads and checks every line of file; blank lines and lines starting with #
-// are skipped.
-func readSpecs(c *cli, file string) (specs []tasks.Spec, lines []int, bad []lineError, err error) {
-	var r io.Reader = c.stdin
-	if file != "-" {
-		f, err := os.Open(file)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("-f: %w", err)
-		}
-		defer f.Close()
-		r = f
-	}
-	br := bufio.NewReaderSize(r, 64*1024)
-	n := 0
-	for {
-		raw, tooLong, err := readLine(br, maxSpecLine)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, nil, nil, fmt.Errorf("-f %s: line %d: %w", file, n+1, err)
-		}
-		if len(raw) == 0 && !tooLong && errors.Is(err, io.EOF) {
-			break
-		}
-		n++
-		if n == 1 {
-			raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf")) // a UTF-8 byte order mark
-		}
-		line := bytes.TrimSpace(raw)
-		switch {
-		case tooLong:
-			bad = append(bad, lineError{n, fmt.Sprintf("longer than %d bytes: not a spec", maxSpecLine)})
-		case len(line) == 0 || line[0] == '#':
-		case !utf8.Valid(line):
-			bad = append(bad, lineError{n, fmt.Sprintf("not valid UTF-8 (at byte %d): specs are UTF-8 text", invalidUTF8At(line))})
-		default:
-			s, msg := parseSpecLine(line)
-			if msg != "" {
-				bad = append(bad, lineError{n, msg})
-				break
-			}
-			specs = append(specs, s)
-			lines = append(lines, n)
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-	}
-	if len(specs) == 0 && len(bad) == 0 {
-		return nil, nil, nil, fmt.Errorf("-f %s: no specs", file)
-	}
-	return specs, lines, bad, nil
 }
 
 // maxSpecLine bounds one JSON line of `enqueue -f`: a longer line is refused alone (its
@@ -352,6 +325,11 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 // newEnqueuer returns an Enqueuer on IDEMSCRAPE_REDIS (or IDEMSCRAPE_REDIS_CLUSTER) with an Inspector (an archived task
 // holding a key is repaired) and the queue override, and a func that closes both clients.
 func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, *asynq.Inspector, func(), error) {
+	return newEnqueuerWith(c, tasks.EnqueuerConfig{Queue: queue})
+}
+
+// newEnqueuerWith is newEnqueuer with the rest of cfg (its Inspector is set here).
+func newEnqueuerWith(c *cli, cfg tasks.EnqueuerConfig) (*tasks.Enqueuer, *asynq.Inspector, func(), error) {
 	rc, err := redisConfig()
 	if err != nil {
 		return nil, nil, nil, err
@@ -363,7 +341,8 @@ func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, *asynq.Inspector, func(
 		_ = insp.Close()
 		_ = client.Close()
 	}
-	enq, err := tasks.NewEnqueuer(client, store.New(c.pool), &tasks.EnqueuerConfig{Queue: queue, Inspector: insp})
+	cfg.Inspector = insp
+	enq, err := tasks.NewEnqueuer(client, store.New(c.pool), &cfg)
 	if err != nil {
 		closeAll()
 		return nil, nil, nil, err
@@ -397,42 +376,4 @@ func warnUnserved(c *cli, insp *asynq.Inspector, specs []tasks.Spec, queue strin
 		fmt.Fprintf(c.stderr, "warning: no worker serves queue %q (kind %s): the jobs wait until one does. "+
 			"A worker serves the queues of the kinds it registered (cmd/worker -queues); asynqmon's Servers page lists what each serves.\n", q, s.Kind)
 	}
-}
-
-// enqueueResult is one line of `enqueue -json`.
-type enqueueResult struct {
-	Line    int    `json:"line,omitempty"`
-	Key     string `json:"key"`
-	Outcome string `json:"outcome"`
-	State   string `json:"state"`
-}
-
-func enqueueSpecs(ctx context.Context, c *cli, specs []tasks.Spec, lines []int, queue string, asJSON bool) error {
-	enq, insp, closeAll, err := newEnqueuer(c, queue)
-	if err != nil {
-		return err
-	}
-	defer closeAll()
-	defer warnUnserved(c, insp, specs, queue)
-	// Every spec passed checkSpec: EnqueueMany stores them all or (Redis or PostgreSQL
-	// down) reports one error; the rows it stored stay pending and a retry enqueues them.
-	res, err := enq.EnqueueMany(ctx, specs)
-	if err != nil {
-		return err
-	}
-	out := json.NewEncoder(c.stdout)
-	for i, r := range res {
-		if asJSON {
-			if err := out.Encode(enqueueResult{Line: lines[i], Key: r.Key, Outcome: r.Outcome.String(), State: string(r.State)}); err != nil {
-				return err
-			}
-			continue
-		}
-		prefix := ""
-		if lines[i] > 0 {
-			prefix = fmt.Sprintf("line %d: ", lines[i])
-		}
-		fmt.Fprintf(c.stdout, "%s%s %s (state %s)\n", prefix, r.Outcome, r.Key, r.State)
-	}
-	return nil
 }
