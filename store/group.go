@@ -322,6 +322,7 @@ type batcher[Req, Res any] struct {
 
 	reqs     chan *groupReq[Req, Res]
 	slots    chan struct{}
+	lone     chan struct{} // statements of requests tried on their own (alone)
 	mu       sync.Mutex
 	closed   bool
 	senders  sync.WaitGroup
@@ -338,6 +339,7 @@ func newBatcher[Req, Res any](cfg GroupConfig, ops rowOps[Req, Res]) *batcher[Re
 	b := &batcher[Req, Res]{cfg: cfg, ops: ops,
 		reqs:     make(chan *groupReq[Req, Res], cfg.QueueSize),
 		slots:    make(chan struct{}, cfg.MaxInFlight),
+		lone:     make(chan struct{}, cfg.MaxInFlight),
 		finished: make(chan struct{}, 1),
 		done:     make(chan struct{})}
 	go b.loop()
@@ -452,8 +454,9 @@ func (b *batcher[Req, Res]) collect(batch []*groupReq[Req, Res]) []*groupReq[Req
 }
 
 // run sends one batch (holding the slot the loop took for it), then tries on their own,
-// outside the slot, the requests that need it: a second request for a job already in the
-// batch, a job whose row was locked, every job of a statement that failed as a whole.
+// outside the slot and each on its own goroutine, the requests that need it: a second
+// request for a job already in the batch, a job whose row was locked, every job of a
+// statement that failed as a whole.
 func (b *batcher[Req, Res]) run(batch []*groupReq[Req, Res]) {
 	live := batch[:0]
 	for _, r := range batch {
@@ -479,8 +482,18 @@ func (b *batcher[Req, Res]) run(batch []*groupReq[Req, Res]) {
 	case b.finished <- struct{}{}:
 	default:
 	}
-	for _, r := range later {
-		b.alone(r)
+	// Each is tried on its own goroutine, at once: tried one after another, a second locked
+	// row freed right after the batch waited out the first one's LockWait and was then
+	// refused untried, its own LockWait (counted from the batch) spent.
+	for _, r := range later[min(1, len(later)):] {
+		b.inflight.Add(1) // run holds one already: Close's Wait can not have returned
+		go func() {
+			defer b.inflight.Done()
+			b.alone(r)
+		}()
+	}
+	if len(later) > 0 {
+		b.alone(later[0])
 	}
 }
 
@@ -512,10 +525,13 @@ func (b *batcher[Req, Res]) alone(r *groupReq[Req, Res]) {
 			}
 			pause = min(2*pause, 50*time.Millisecond)
 		}
-		// The caller leaving cancels a statement that is its alone.
+		// The caller leaving cancels a statement that is its alone. At most MaxInFlight
+		// lone statements run at once (loneSlots), beside the batches' own.
 		ctx, cancel := context.WithCancel(context.Background())
 		stop := context.AfterFunc(r.ctx, cancel)
+		b.lone <- struct{}{}
 		again := b.try(ctx, []*groupReq[Req, Res]{r})
+		<-b.lone
 		stop()
 		cancel()
 		if len(again) == 0 {

@@ -218,6 +218,52 @@ func TestGroupCommitNoHeadOfLineBlocking(t *testing.T) {
 	})
 }
 
+// TestGroupCommitLockedRowsRetriedApart: two rows of one batch locked by other
+// transactions are each tried again on their own, beside each other: the second is
+// committed as soon as its lock goes, while the first is still locked. (Tried one after
+// another, the second waited for the first's LockWait and was then refused untried, its
+// own wait spent from the batch on.) No clock decides: with LockWait beyond the test, a
+// committer that tried them in turn would leave b unanswered until the test fails.
+func TestGroupCommitLockedRowsRetriedApart(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	startedJobs(t, s, "a", "b")
+	g, err := s.NewGroupCommitterConfig(noClocks)
+	require.NoError(t, err)
+	t.Cleanup(g.Close) // after the locks' rollbacks (cleanups run last first)
+	queued, release := pauseGroup(g)
+	t.Cleanup(release)
+
+	lock := func(key string) pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE key = $1 FOR UPDATE`, key)
+		require.NoError(t, err)
+		return tx
+	}
+	txA, txB := lock("a"), lock("b")
+	aErr, bErr := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := g.Commit(ctx, commitParams("a", 1)); aErr <- err }()
+	go func() { _, err := g.Commit(ctx, commitParams("b", 1)); bErr <- err }()
+	recv(t, queued, "a queued commit")
+	recv(t, queued, "a queued commit")
+	release() // one batch: both rows found locked
+	waitUntil(t, "both rows found locked", func() bool { return g.Stats().Busy >= 2 })
+	require.NoError(t, txB.Rollback(ctx))
+	require.NoError(t, recv(t, bErr, "b's answer once its row is free, a's still locked"))
+	assert.Equal(t, tasks.StateComplete, jobState(t, s, "b"))
+	select {
+	case err := <-aErr:
+		t.Fatalf("a was answered while its row was locked: %v", err)
+	default:
+	}
+	require.NoError(t, txA.Rollback(ctx))
+	require.NoError(t, recv(t, aErr, "a's answer once its row is free"))
+	assert.Equal(t, tasks.StateComplete, jobState(t, s, "a"))
+}
+
 // TestGroupCommitCallerContext: a caller whose context ends gets its error at once, even
 // while its request is in the committer; Close then does not wait for it.
 func TestGroupCommitCallerContext(t *testing.T) {
