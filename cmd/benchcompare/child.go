@@ -34,7 +34,7 @@ type runSpec struct {
 	Side      string // ours, peer (b5: ours = duplicate enqueue, peer = fresh enqueue)
 	N         int
 	Conc      int
-	Robots    bool
+	Robots    bool // ours honours robots.txt (idemscrape's default); the peer ignores -robots
 	RedisAddr string
 	DSN       string // database of this run
 	Page      string
@@ -62,6 +62,10 @@ type runResult struct {
 	LagP99MS         float64 `json:"lag_p99_ms,omitempty"`          // b4
 	CommitsPerSec    float64 `json:"commits_per_s,omitempty"`       // b4: during the lag phase
 	RedisBytesPerJob float64 `json:"redis_bytes_per_job,omitempty"` // b6: used_memory delta / N
+	// Set by the parent from the fake site's counters (fetching modes): requests for the
+	// page and for /robots.txt per job over the whole run, enqueue and shutdown included.
+	SitePagePerJob   float64 `json:"-"`
+	SiteRobotsPerJob float64 `json:"-"`
 }
 
 const benchQueue = "bench"
@@ -153,10 +157,14 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		defer reg.Close()
 		h = reg
 	} else {
-		pc := peerConfig{pool: pool, page: s.Page, proxyAddr: s.ProxyAddr, proxyUser: s.ProxyUser, proxyPass: s.ProxyPass, robots: s.Robots, conc: s.Conc}
+		// The peer's robots.txt handling does not follow -robots: b1 and direct use colly's
+		// default (ignored), b1robots honours it per job.
+		pc := peerConfig{pool: pool, page: s.Page, proxyAddr: s.ProxyAddr, proxyUser: s.ProxyUser, proxyPass: s.ProxyPass, conc: s.Conc}
 		switch s.Mode {
 		case "b1":
-			h = newPeerSession(pc)
+			h = newPeerSession(pc, false)
+		case "b1robots":
+			h = newPeerSession(pc, true)
 		case "direct":
 			h = newPeerDirect(pc)
 		case "proto":

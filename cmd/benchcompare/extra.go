@@ -8,15 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/gocolly/colly/v2"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -364,8 +361,8 @@ func usedMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
 // runB7 measures the fetch alone, from s.Conc goroutines, N fetches of the page through
 // the proxy, each on a new sticky session (robots.txt off on both sides: B1 covers it).
 // Ours: sessions.Provider.NewSession + sessions.NewCollector + Get + Close, as the runner
-// does per attempt. The peer: a new colly collector and transport per fetch with the
-// session's credentials in the proxy URL, the colly way.
+// does per attempt. The peer: b1's fetch (peerFetch), a new colly collector with the
+// defaults per fetch and the session's credentials in the proxy URL (c.SetProxy).
 func runB7(ctx context.Context, s runSpec, rdb *redis.Client, rrt *redisCounter, pgrt *pgCounter) (runResult, error) {
 	var do func(ctx context.Context, _ string) error
 	if s.Side == "ours" {
@@ -391,24 +388,12 @@ func runB7(ctx context.Context, s runSpec, rdb *redis.Client, rrt *redisCounter,
 			return err
 		}
 	} else {
-		do = func(ctx context.Context, _ string) error {
-			user := fmt.Sprintf("%s-country-us-session-%s", s.ProxyUser, sessionID())
-			proxyURL := &url.URL{Scheme: "http", Host: s.ProxyAddr, User: url.UserPassword(user, s.ProxyPass)}
-			tr := &http.Transport{Proxy: http.ProxyURL(proxyURL), MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}
-			defer tr.CloseIdleConnections()
-			c := colly.NewCollector(colly.AllowURLRevisit(), colly.StdlibContext(ctx))
-			c.IgnoreRobotsTxt = true
-			c.WithTransport(tr)
-			c.SetRequestTimeout(30 * time.Second)
-			n := 0
-			c.OnResponse(func(r *colly.Response) { n = len(r.Body) })
-			if err := c.Visit(s.Page); err != nil {
-				return err
+		do = func(context.Context, string) error {
+			n, err := peerFetch(s.ProxyAddr, s.ProxyUser, s.ProxyPass, s.Page, false)
+			if err == nil && n == 0 {
+				err = errors.New("b7 peer: empty body")
 			}
-			if n == 0 {
-				return errors.New("b7 peer: empty body")
-			}
-			return nil
+			return err
 		}
 	}
 	m := startMeasure(ctx, rdb, rrt, pgrt)
@@ -418,9 +403,21 @@ func runB7(ctx context.Context, s runSpec, rdb *redis.Client, rrt *redisCounter,
 	return m.stop(ctx, s.N), nil
 }
 
-// printExtras prints the measures that are not throughput: B4's dispatch lag and B6's
-// bytes per pending job.
+// printExtras prints the measures that are not throughput: the fetching modes' requests
+// at the site per job, B4's dispatch lag and B6's bytes per pending job.
 func printExtras(out io.Writer, rows []tableRow) {
+	var site []string
+	for _, r := range rows {
+		if slices.Contains(fetchModes, r.mode) {
+			page := func(x runResult) float64 { return x.SitePagePerJob }
+			robots := func(x runResult) float64 { return x.SiteRobotsPerJob }
+			site = append(site, fmt.Sprintf("%s c=%d ours %.2f + %.4f, peer %.2f + %.4f", r.mode, r.conc,
+				median(col(r.ours, page)), median(col(r.ours, robots)), median(col(r.peer, page)), median(col(r.peer, robots))))
+		}
+	}
+	if len(site) > 0 {
+		fmt.Fprintf(out, "Site requests per job (page + robots.txt, medians): %s\n", strings.Join(site, "; "))
+	}
 	for _, r := range rows {
 		switch r.mode {
 		case "b4":

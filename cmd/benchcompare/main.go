@@ -6,10 +6,12 @@
 //
 //   - b1: end to end through the same local forward proxy (testutil.FakeProxy) with a new
 //     sticky session and a new collector per job, fetching one 8 KiB page of
-//     testutil.FakeSite; ours is a handlers.Registry, the peer a bare asynq handler with a
-//     new colly collector per job and one INSERT … ON CONFLICT DO NOTHING. robots.txt is
-//     honoured by both (-robots, default true): ours through its shared Redis cache, the
-//     peer by colly's own check (one robots.txt fetch per collector, i.e. per job).
+//     testutil.FakeSite; ours is a handlers.Registry as a user runs it by default (robots.txt
+//     honoured through its shared Redis cache; -robots=false turns that off), the peer a
+//     bare asynq handler with a new colly collector per job on colly's defaults (robots.txt
+//     ignored: one request per job) and one INSERT … ON CONFLICT DO NOTHING.
+//   - b1robots (extra, not in the default set): b1 with a peer that honours robots.txt
+//     (colly IgnoreRobotsTxt = false), i.e. fetches it through the session on every job.
 //   - direct: ours as in b1 against the peer with one shared keep-alive collector and no
 //     proxy — what per-job sessions cost.
 //   - proto: protocol only — ours with a workflow that sends no request, the peer with
@@ -31,6 +33,10 @@
 // Usage:
 //
 //	go run ./cmd/benchcompare -n 2000 -pairs 5 -concurrency 20,50 -modes b1,direct,proto,b5
+//
+// -peer-cmd PROGRAM checks the peer against a separately written one: the table's "ours"
+// column is then this tool's peer and its "peer" column PROGRAM, run in the peer's place
+// (same flags, same environment, same harness) and alternated with it.
 //
 // The table shows, per mode and concurrency, the medians over the pairs, the ratio of
 // the medians (ours / peer) and the min–max of the per-pair ratios.
@@ -70,7 +76,16 @@ const proxyPassEnv = "BENCHCOMPARE_PROXY_PASS"
 const dbComment = "idemscrape benchcompare scratch database"
 
 // allModes are the modes in table order.
-var allModes = []string{"b1", "direct", "proto", "b2", "b3", "b3g", "b4", "b5", "b6", "b7"}
+var allModes = []string{"b1", "b1robots", "direct", "proto", "b2", "b3", "b3g", "b4", "b5", "b6", "b7"}
+
+// defaultModes are the modes run without -modes: all but the extra b1robots.
+var defaultModes = slices.DeleteFunc(slices.Clone(allModes), func(m string) bool { return m == "b1robots" })
+
+// fetchModes fetch from the fake site; the parent reports their site requests per job.
+var fetchModes = []string{"b1", "b1robots", "direct", "b7"}
+
+// peerCmdModes are the modes whose peer -peer-cmd can replace (an asynq handler's).
+var peerCmdModes = []string{"b1", "b1robots", "direct", "proto"}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -92,6 +107,7 @@ type options struct {
 	verbose bool
 	runID   string // names this run's databases: idemscrape_bc_<runID>_*
 	profDir string // if set, every child writes a CPU profile of its measured phase here
+	peerCmd string // if set, the columns are this tool's peer ("ours") and this program ("peer")
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -101,8 +117,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&o.n, "n", 1000, "jobs per run")
 	fs.IntVar(&o.pairs, "pairs", 5, "alternating (ours, peer) pairs per mode and concurrency")
 	fs.StringVar(&concList, "concurrency", "20,50", "comma-separated asynq concurrencies")
-	fs.StringVar(&modeList, "modes", strings.Join(allModes, ","), "comma-separated modes: "+strings.Join(allModes, ", "))
-	fs.BoolVar(&o.robots, "robots", true, "honour robots.txt in both ours and the peer")
+	fs.StringVar(&modeList, "modes", strings.Join(defaultModes, ","), "comma-separated modes: "+strings.Join(allModes, ", "))
+	fs.BoolVar(&o.robots, "robots", true, "ours honours robots.txt (idemscrape's default); the peer ignores it in b1/direct (colly's default) and honours it in b1robots")
+	fs.StringVar(&o.peerCmd, "peer-cmd", "", "program run in the peer's place, with the peer's flags and environment, to check the peer against a separately written one; the columns become ours = this tool's peer, peer = the program (modes "+strings.Join(peerCmdModes, ", ")+")")
 	fs.StringVar(&o.pgDSN, "pg", testutil.PGAdminDSN(), "PostgreSQL DSN of a role that may CREATE DATABASE")
 	fs.BoolVar(&o.verbose, "v", false, "print every run")
 	fs.StringVar(&o.profDir, "cpuprofile", "", "directory: every run writes the CPU profile of its measured phase there (<mode>-<side>-c<c>-<run>.pprof)")
@@ -153,6 +170,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("-cpuprofile: %w", err)
 		}
 	}
+	if o.peerCmd != "" {
+		for _, m := range o.modes {
+			if !slices.Contains(peerCmdModes, m) {
+				return fmt.Errorf("-peer-cmd: mode %q has no replaceable peer (only %s)", m, strings.Join(peerCmdModes, ", "))
+			}
+		}
+	}
 	if o.n < 1 || o.pairs < 1 {
 		return fmt.Errorf("-n and -pairs must be at least 1 (got %d, %d)", o.n, o.pairs)
 	}
@@ -193,23 +217,33 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 		for _, c := range concs {
 			row := tableRow{mode: mode, conc: c}
 			for p := 0; p < o.pairs; p++ {
-				sides := []string{"ours", "peer"}
+				columns := []string{"ours", "peer"} // the table's two columns
+				if o.peerCmd != "" {
+					columns = []string{"peer", "ext"}
+				}
+				sides := columns
 				if p%2 == 1 { // alternate which side goes first
-					sides = []string{"peer", "ours"}
+					sides = []string{columns[1], columns[0]}
 				}
 				var pair [2]runResult
 				for _, side := range sides {
 					seq++
+					page0, robots0 := site.Hits("/big"), site.RobotsHits()
 					res, err := oneRun(ctx, self, o, tpl, fmt.Sprintf("idemscrape_bc_%s_%d", runID, seq), runSpec{
 						Mode: mode, Side: side, Conc: max(c, 1), Page: site.URL + "/big", ProxyAddr: proxy.Addr, ProxyUser: "acct", ProxyPass: pass,
 					})
 					if err != nil {
 						return fmt.Errorf("%s c=%d pair %d %s: %w", mode, c, p+1, side, err)
 					}
-					if o.verbose {
-						fmt.Fprintf(os.Stderr, "%-6s c=%-3d pair %d %-4s %8.0f jobs/s %7.0f µs CPU/job\n", mode, c, p+1, side, res.JobsPerSec, res.CPUPerJobUS)
+					pageHits, robotsHits := site.Hits("/big")-page0, site.RobotsHits()-robots0
+					if err := checkRobots(mode, side, o.n, robotsHits); err != nil {
+						return fmt.Errorf("%s c=%d pair %d: %w", mode, c, p+1, err)
 					}
-					pair[map[string]int{"ours": 0, "peer": 1}[side]] = res
+					res.SitePagePerJob, res.SiteRobotsPerJob = float64(pageHits)/float64(res.Jobs), float64(robotsHits)/float64(res.Jobs)
+					if o.verbose {
+						fmt.Fprintf(os.Stderr, "%-8s c=%-3d pair %d %-4s %8.0f jobs/s %7.0f µs CPU/job %6d page + %5d robots.txt requests\n", mode, c, p+1, side, res.JobsPerSec, res.CPUPerJobUS, pageHits, robotsHits)
+					}
+					pair[slices.Index(columns, side)] = res
 				}
 				row.ours = append(row.ours, pair[0])
 				row.peer = append(row.peer, pair[1])
@@ -218,9 +252,28 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 		}
 	}
 	host, _ := os.Hostname()
-	fmt.Fprintf(out, "benchcompare: N=%d, %d pairs, robots=%v, %d CPUs, %s, %s\n", o.n, o.pairs, o.robots, numCPU(), host, time.Since(started).Round(time.Second))
+	fmt.Fprintf(out, "benchcompare: N=%d, %d pairs, ours robots=%v, %d CPUs, %s, %s\n", o.n, o.pairs, o.robots, numCPU(), host, time.Since(started).Round(time.Second))
+	if o.peerCmd != "" {
+		fmt.Fprintf(out, "columns: ours = this tool's peer, peer = -peer-cmd %s\n", filepath.Base(o.peerCmd))
+	}
 	printTable(out, rows)
 	printExtras(out, rows)
+	return nil
+}
+
+// checkRobots fails a run whose peer did not do with robots.txt what its mode says: the
+// b1 and direct peers (and a -peer-cmd program in their place) use colly's default and
+// never fetch it; the b1robots peer fetches it on every job.
+func checkRobots(mode, side string, n, robotsHits int) error {
+	if side == "ours" {
+		return nil
+	}
+	switch {
+	case (mode == "b1" || mode == "direct" || mode == "b7") && robotsHits != 0:
+		return fmt.Errorf("%s fetched robots.txt %d times; this peer ignores it (colly's default)", side, robotsHits)
+	case mode == "b1robots" && robotsHits < n:
+		return fmt.Errorf("%s fetched robots.txt %d times for %d jobs; this peer fetches it per job", side, robotsHits, n)
+	}
 	return nil
 }
 
@@ -246,6 +299,10 @@ func oneRun(ctx context.Context, self string, o options, tpl, db string, s runSp
 		"-proxy", s.ProxyAddr, "-proxyuser", s.ProxyUser}
 	if o.profDir != "" {
 		args = append(args, "-profile", filepath.Join(o.profDir, fmt.Sprintf("%s-%s-c%d-%s.pprof", s.Mode, s.Side, s.Conc, db)))
+	}
+	if s.Side == "ext" { // -peer-cmd in the peer's place, with the peer's flags
+		args[1] = s.Mode + "/peer"
+		self = o.peerCmd
 	}
 	cmd := exec.CommandContext(ctx, self, args...)
 	cmd.Env = append(os.Environ(), proxyPassEnv+"="+s.ProxyPass)

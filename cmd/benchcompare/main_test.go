@@ -51,12 +51,26 @@ func TestBenchCompare(t *testing.T) {
 		for _, m := range allModes {
 			assert.Contains(t, table, modeTitles[m])
 		}
-		assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 2+len(allModes)+2, "header lines + one row per mode + B4 and B6 lines:\n%s", table)
+		assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 2+len(allModes)+3, "header lines + one row per mode + site requests, B4 and B6 lines:\n%s", table)
+		assert.Contains(t, table, "Site requests per job")
 		assert.Contains(t, table, "B4 dispatch lag c=20")
 		assert.Contains(t, table, "B6 Redis bytes per pending job")
 		assert.NotContains(t, table, "NaN")
 		assert.NotContains(t, table, "Inf")
 		assert.Zero(t, countDBs(t, admin(t), "idemscrape_bc_"+id+"_%"), "every database of the run is dropped")
+	})
+
+	t.Run("PeerCmdRunsInThePeersPlace", func(t *testing.T) {
+		// This test binary plays the -peer-cmd program: the columns are then the peer
+		// against itself, run through the -peer-cmd path, and the robots.txt check holds.
+		self, err := os.Executable()
+		require.NoError(t, err)
+		var out bytes.Buffer
+		err = run(ctx, []string{"-n", "20", "-pairs", "1", "-concurrency", "5", "-modes", "b1,b1robots", "-peer-cmd", self, "-runid", "t" + randomHex(4)}, &out)
+		require.NoError(t, err, out.String())
+		assert.Contains(t, out.String(), "columns: ours = this tool's peer, peer = -peer-cmd")
+		assert.Contains(t, out.String(), "b1 c=5 ours 1.00 + 0.0000, peer 1.00 + 0.0000")
+		assert.Contains(t, out.String(), "b1robots c=5 ours 1.00 + 1.0000, peer 1.00 + 1.0000")
 	})
 
 	t.Run("ChildErrorReportedAndDatabaseDropped", func(t *testing.T) {
@@ -73,6 +87,15 @@ func TestBenchCompare(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), `mode "bogus": unknown`)
 		assert.Zero(t, countDBs(t, admin(t), "idemscrape_bc_"+id+"_1"), "the failed run's database is dropped")
+	})
+
+	t.Run("CheckRobots", func(t *testing.T) {
+		assert.NoError(t, checkRobots("b1", "ours", 10, 1), "ours may fetch robots.txt (shared cache)")
+		assert.NoError(t, checkRobots("b1", "peer", 10, 0))
+		assert.Error(t, checkRobots("b1", "peer", 10, 10), "the b1 peer uses colly's default: no robots.txt")
+		assert.Error(t, checkRobots("direct", "ext", 10, 1))
+		assert.NoError(t, checkRobots("b1robots", "peer", 10, 10))
+		assert.Error(t, checkRobots("b1robots", "ext", 10, 3), "the b1robots peer fetches robots.txt per job")
 	})
 
 	t.Run("DropsOnlyMarkedDatabases", func(t *testing.T) {
@@ -93,6 +116,7 @@ func TestBenchCompare(t *testing.T) {
 	t.Run("RejectsBadFlags", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"-modes", "b9"}, {"-concurrency", "0"}, {"-n", "0"}, {"-runid", "X;"},
+			{"-peer-cmd", "peer", "-modes", "b1,b3"},
 		} {
 			err := run(ctx, args, &bytes.Buffer{})
 			assert.Error(t, err, "%v", args)

@@ -17,16 +17,17 @@ type tableRow struct {
 
 // modeTitles name the modes in the table.
 var modeTitles = map[string]string{
-	"b1":     "B1 e2e, proxy, new session/job",
-	"direct": "B1 vs direct keep-alive peer",
-	"proto":  "B1 protocol only (no fetch)",
-	"b3":     "B3 fenced commit vs INSERT",
-	"b3g":    "B3 grouped commit vs INSERT",
-	"b5":     "B5 EnqueueMany dup vs fresh",
-	"b2":     "B2 lease vs SET NX PX + DEL",
-	"b4":     "B4 dispatch vs raw XADD",
-	"b6":     "B6 enqueue ours vs bare asynq",
-	"b7":     "B7 bound fetch vs colly",
+	"b1":       "B1 e2e, proxy, new session/job",
+	"b1robots": "B1 extra: peer robots.txt/job",
+	"direct":   "B1 vs direct keep-alive peer",
+	"proto":    "B1 protocol only (no fetch)",
+	"b3":       "B3 fenced commit vs INSERT",
+	"b3g":      "B3 grouped commit vs INSERT",
+	"b5":       "B5 EnqueueMany dup vs fresh",
+	"b2":       "B2 lease vs SET NX PX + DEL",
+	"b4":       "B4 dispatch vs raw XADD",
+	"b6":       "B6 enqueue ours vs bare asynq",
+	"b7":       "B7 bound fetch vs colly",
 }
 
 func median(xs []float64) float64 {
