@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -24,15 +27,29 @@ import (
 // allocs/op are the runner's own plus its clients'.
 //   - Serial: one job at a time, one statement per start and commit (NoGroupCommit).
 //   - Parallel20: 20 goroutines through the default group committer.
+//
+// Parallel20 also reports how long a job waited for its grouped attempt start and commit
+// (start-p50-ms, start-p99-ms, commit-p50-ms, commit-p99-ms: from the call to its answer).
 func BenchmarkProtocol(b *testing.B) {
 	for _, mode := range []string{"Serial", "Parallel20"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newBenchRig(b)
-			reg, err := handlers.NewRegistry(handlers.Config{
+			var timed *timedCommitter
+			cfg := handlers.Config{
 				Store: r.st, NoGroupCommit: mode == "Serial", Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 				Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), IgnoreRobotsTxt: true},
 				Logger:    discardLogger(),
-			})
+			}
+			if mode != "Serial" {
+				g, err := r.st.NewGroupCommitterConfig(store.GroupConfig{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer g.Close()
+				timed = &timedCommitter{g: g}
+				cfg.Committer = timed
+			}
+			reg, err := handlers.NewRegistry(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -65,6 +82,9 @@ func BenchmarkProtocol(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+			if timed != nil {
+				timed.report(b)
+			}
 			if n := failed.Load(); n > 0 {
 				b.Fatalf("%d deliveries failed", n)
 			}
@@ -117,4 +137,55 @@ func protocolTasks(b *testing.B, r *benchRig, n int) []*asynq.Task {
 		}
 	}
 	return ts
+}
+
+// timedCommitter times each grouped attempt start and commit of the runner, from the
+// call to its answer: the wait a job spends in the group committer.
+type timedCommitter struct {
+	g             *store.GroupCommitter
+	mu            sync.Mutex
+	start, commit []time.Duration
+}
+
+func (c *timedCommitter) Commit(ctx context.Context, p store.CommitParams) (store.CommitResult, error) {
+	t0 := time.Now()
+	res, err := c.g.Commit(ctx, p)
+	d := time.Since(t0)
+	c.mu.Lock()
+	c.commit = append(c.commit, d)
+	c.mu.Unlock()
+	return res, err
+}
+
+func (c *timedCommitter) JobStart(ctx context.Context, p store.AttemptStartParams) (store.StartedAttempt, error) {
+	t0 := time.Now()
+	res, err := c.g.JobStart(ctx, p)
+	d := time.Since(t0)
+	c.mu.Lock()
+	c.start = append(c.start, d)
+	c.mu.Unlock()
+	return res, err
+}
+
+// report adds the p50 and p99 of both waits, in milliseconds, and the mean batch sizes.
+func (c *timedCommitter) report(b *testing.B) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := func(ds []time.Duration, p float64) float64 {
+		if len(ds) == 0 {
+			return 0
+		}
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(q(c.start, 0.5), "start-p50-ms")
+	b.ReportMetric(q(c.start, 0.99), "start-p99-ms")
+	b.ReportMetric(q(c.commit, 0.5), "commit-p50-ms")
+	b.ReportMetric(q(c.commit, 0.99), "commit-p99-ms")
+	st := c.g.Stats()
+	if st.CommitBatches > 0 && st.StartBatches > 0 {
+		b.ReportMetric(float64(st.CommitRows)/float64(st.CommitBatches), "commit-rows/stmt")
+		b.ReportMetric(float64(st.StartRows)/float64(st.StartBatches), "start-rows/stmt")
+	}
 }
