@@ -273,7 +273,8 @@ WITH async AS (
 )
 SELECT i.key, upd.attempts, upd.created_at, COALESCE(upd.bytes_total, 0),
 	COALESCE(upd.budget_no, 0), COALESCE(upd.budget_bytes, 0), upd.budget_since,
-	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
+	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0),
+	COALESCE(locked.state = 'running', false)
 FROM input i
 LEFT JOIN upd USING (key)
 LEFT JOIN cur ON cur.key = i.key
@@ -328,12 +329,13 @@ func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock loc
 	for rows.Next() {
 		var k string
 		var r startRow
+		// tookOver is read from the locked row, the version the start moved (the same
+		// one whose attempt it wrote as lost), not from the statement's snapshot.
 		if err := rows.Scan(&k, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
-			&r.found, &r.locked, &r.state, &r.fence); err != nil {
+			&r.found, &r.locked, &r.state, &r.fence, &r.tookOver); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		r.tookOver = tasks.JobState(r.state) == tasks.StateRunning
 		got[k] = r
 	}
 	if err := rows.Err(); err != nil {

@@ -339,7 +339,7 @@ func newBatcher[Req, Res any](cfg GroupConfig, ops rowOps[Req, Res]) *batcher[Re
 	b := &batcher[Req, Res]{cfg: cfg, ops: ops,
 		reqs:     make(chan *groupReq[Req, Res], cfg.QueueSize),
 		slots:    make(chan struct{}, cfg.MaxInFlight),
-		lone:     make(chan struct{}, cfg.MaxInFlight),
+		lone:     make(chan struct{}, max(4, 2*cfg.MaxInFlight)),
 		finished: make(chan struct{}, 1),
 		done:     make(chan struct{})}
 	go b.loop()
@@ -525,11 +525,17 @@ func (b *batcher[Req, Res]) alone(r *groupReq[Req, Res]) {
 			}
 			pause = min(2*pause, 50*time.Millisecond)
 		}
-		// The caller leaving cancels a statement that is its alone. At most MaxInFlight
-		// lone statements run at once (loneSlots), beside the batches' own.
+		// The caller leaving cancels a statement that is its alone. At most
+		// max(4, 2×MaxInFlight) lone statements of a kind run at once, beside the batches'.
 		ctx, cancel := context.WithCancel(context.Background())
 		stop := context.AfterFunc(r.ctx, cancel)
-		b.lone <- struct{}{}
+		select {
+		case b.lone <- struct{}{}:
+		case <-r.ctx.Done():
+			stop()
+			cancel()
+			continue // answered as gone at the top of the loop
+		}
 		again := b.try(ctx, []*groupReq[Req, Res]{r})
 		<-b.lone
 		stop()

@@ -209,6 +209,7 @@ SELECT p.key, p.state = 'complete', COALESCE(p.completed_at < now() - $4::interv
 		SELECT fence, lag(fence) OVER (ORDER BY attempt_no) AS prev FROM attempts a WHERE a.job_key = p.key
 	) x WHERE x.prev >= x.fence)
 	AND p.fence >= COALESCE((SELECT max(fence) FROM attempts a WHERE a.job_key = p.key), 0),
+	p.state IN ('complete', 'failed'),
 	p.state NOT IN ('complete', 'failed') OR (
 		SELECT count(*) = p.attempts AND count(DISTINCT attempt_no) = p.attempts
 			AND COALESCE(min(attempt_no), 1) = 1 AND COALESCE(max(attempt_no), 0) = p.attempts
@@ -221,17 +222,20 @@ ORDER BY p.key`, last, cfg.BatchSize, cfg.EventKeyPrefix, cfg.OutboxRetention)
 		var (
 			key                                               string
 			isComplete, pruned, hasEvent, shared, incr, perOK bool
+			isTerminal                                        bool
 			nResults                                          int64
 			n                                                 int
 		)
-		_, err := pgx.ForEachRow(rows, []any{&key, &isComplete, &pruned, &nResults, &hasEvent, &shared, &incr, &perOK}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&key, &isComplete, &pruned, &nResults, &hasEvent, &shared, &incr, &isTerminal, &perOK}, func() error {
 			n++
 			last = key
 			fences.Checked++
 			if !incr {
 				fences.add(key, cfg.MaxExamples)
 			}
-			perStart.Checked++
+			if isTerminal {
+				perStart.Checked++
+			}
 			if !perOK {
 				perStart.add(key, cfg.MaxExamples)
 			}
