@@ -148,23 +148,21 @@ type timedCommitter struct {
 }
 
 func (c *timedCommitter) Commit(ctx context.Context, p store.CommitParams) (store.CommitResult, error) {
-	t0 := time.Now()
-	res, err := c.g.Commit(ctx, p)
-	d := time.Since(t0)
-	c.mu.Lock()
-	c.commit = append(c.commit, d)
-	c.mu.Unlock()
-	return res, err
+	defer c.took(&c.commit, time.Now())
+	return c.g.Commit(ctx, p)
 }
 
 func (c *timedCommitter) JobStart(ctx context.Context, p store.AttemptStartParams) (store.StartedAttempt, error) {
-	t0 := time.Now()
-	res, err := c.g.JobStart(ctx, p)
+	defer c.took(&c.start, time.Now())
+	return c.g.JobStart(ctx, p)
+}
+
+// took records the time since t0 in list.
+func (c *timedCommitter) took(list *[]time.Duration, t0 time.Time) {
 	d := time.Since(t0)
 	c.mu.Lock()
-	c.start = append(c.start, d)
+	*list = append(*list, d)
 	c.mu.Unlock()
-	return res, err
 }
 
 // report adds the p50 and p99 of both waits, in milliseconds, and the mean batch sizes.
