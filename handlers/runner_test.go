@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -300,21 +301,34 @@ func TestFailureCategories(t *testing.T) {
 		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
 	})
 	t.Run("LeaseBusy", func(t *testing.T) {
-		r := newRig(t, rigOpts{})
-		key, task := r.job(t, "sku-1")
-		reg := r.registry(t, nil)
-		// Another worker holds the lease.
-		_, err := r.ns.Client.HSet(ctx, r.ns.Prefix+"{"+key+"}:lease", "owner", "other-worker", "token", "1").Result()
-		require.NoError(t, err)
-		start := time.Now()
-		require.NoError(t, r.ns.Client.PExpire(ctx, r.ns.Prefix+"{"+key+"}:lease", 20*time.Second).Err())
-		err = reg.ProcessTask(ctx, task)
-		// Retried when the holder's lease runs out (what was left of its 20 s when the claim
-		// met it, to the millisecond) plus the jitter (Rand 0.5 of 1 s): no later than 20.5 s,
-		// no earlier than that less the time since the lease was set.
-		const lease, jitter = 20 * time.Second, 500 * time.Millisecond
-		check(t, r, key, start, err, want{state: tasks.StatePending, outcome: "", decision: asynqDecision{Retry: true, Counted: false},
-			minD: lease + jitter - time.Since(start) - time.Millisecond, maxD: lease + jitter, noAttemptRow: true})
+		// Another worker holds the lease: one of this version (a STRING lease, claimed
+		// through lua), or one of the version before (a HASH lease, during a rolling deploy).
+		for _, holder := range []string{"ThisVersion", "PreviousVersionHash"} {
+			t.Run(holder, func(t *testing.T) {
+				r := newRig(t, rigOpts{})
+				key, task := r.job(t, "sku-1")
+				reg := r.registry(t, nil)
+				const lease, jitter = 20 * time.Second, 500 * time.Millisecond
+				start := time.Now()
+				if holder == "ThisVersion" {
+					leases, err := lua.NewLeases(r.ns.Client, r.ns.Prefix)
+					require.NoError(t, err)
+					_, err = leases.Claim(ctx, key, "other-worker", lease, 0)
+					require.NoError(t, err)
+				} else {
+					_, err := r.ns.Client.HSet(ctx, r.ns.Prefix+"{"+key+"}:lease", "owner", "other-worker", "token", "1").Result()
+					require.NoError(t, err)
+					start = time.Now()
+					require.NoError(t, r.ns.Client.PExpire(ctx, r.ns.Prefix+"{"+key+"}:lease", lease).Err())
+				}
+				err := reg.ProcessTask(ctx, task)
+				// Retried when the holder's lease runs out (what was left of its 20 s when
+				// the claim met it, to the millisecond) plus the jitter (Rand 0.5 of 1 s): no
+				// later than 20.5 s, no earlier than that less the time since the lease was set.
+				check(t, r, key, start, err, want{state: tasks.StatePending, outcome: "", decision: asynqDecision{Retry: true, Counted: false},
+					minD: lease + jitter - time.Since(start) - time.Millisecond, maxD: lease + jitter, noAttemptRow: true})
+			})
+		}
 	})
 	t.Run("Superseded", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
