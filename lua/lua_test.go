@@ -14,6 +14,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -271,5 +272,34 @@ func TestScriptHeaders(t *testing.T) {
 		}
 		// A script may use only keys it declares: no key built from ARGV.
 		require.NotContains(t, src, "ARGV[1] ..", "%s builds a key from ARGV", f)
+	}
+}
+
+// TestLeaseOwnerWithColons: the lease value is "<token>:<owner>" and an owner may hold
+// colons and digits (host:port worker ids): it is still one holder, told from another whose
+// name is a suffix or looks like a token, on miniredis and on a real server.
+func TestLeaseOwnerWithColons(t *testing.T) {
+	ctx := context.Background()
+	mini, _ := miniLeases(t)
+	onServer, _ := realLeases(t)
+	for name, l := range map[string]*lua.Leases{"miniredis": mini, "real": onServer} {
+		t.Run(name, func(t *testing.T) {
+			const key = "colons"
+			a, err := l.Claim(ctx, key, "host:12:pid/ab", time.Minute, 0)
+			require.NoError(t, err)
+			for _, other := range []string{"12:pid/ab", "7:1", "1", "pid/ab"} {
+				_, err = l.Claim(ctx, key, other, time.Minute, 0)
+				var held *lua.HeldError
+				require.ErrorAs(t, err, &held, other)
+				assert.Equal(t, "host:12:pid/ab", held.Holder, other)
+			}
+			require.NoError(t, l.Renew(ctx, a, time.Minute))
+			require.ErrorIs(t, l.Release(ctx, lua.Lease{Key: a.Key, Owner: "12:pid/ab", Token: a.Token}), lua.ErrNotOwner)
+			require.NoError(t, l.Release(ctx, a))
+			b, err := l.Claim(ctx, key, "7:1", time.Minute, 0)
+			require.NoError(t, err)
+			assert.Greater(t, b.Token, a.Token)
+			require.NoError(t, l.Release(ctx, b))
+		})
 	}
 }

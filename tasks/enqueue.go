@@ -412,6 +412,13 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 			records[i].Queue = q
 		}
 		results[i].State = recorded[i].State
+		// Settled by their rows alone: reported as in place even if the queue check fails.
+		switch recorded[i].State {
+		case StateComplete:
+			results[i].Outcome = AlreadyComplete
+		case StateFailed:
+			results[i].Outcome = AlreadyFailed
+		}
 	}
 	live, err := e.liveTasks(ctx, records, recorded)
 	if err != nil {
