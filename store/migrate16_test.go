@@ -34,6 +34,11 @@ func TestMigration16DownUp(t *testing.T) {
 	_, err = start(ctx, s, "rescued", 1)
 	require.NoError(t, err)
 	require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: "rescued", ExpectFence: 1, Token: 2}))
+	record(t, s, "reported") // rescued, then its worker reported: superseded / lease_expired
+	_, err = start(ctx, s, "reported", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: "reported", ExpectFence: 1, Token: 2}))
+	require.NoError(t, s.AttemptSupersede(ctx, store.AttemptSupersedeParams{Key: "reported", Token: 1, Bytes: 10}))
 
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
@@ -52,6 +57,7 @@ func TestMigration16DownUp(t *testing.T) {
 	assert.Equal(t, "running", outcome("taken", 2))
 	assert.Equal(t, "superseded", outcome("taken", 1), "a takeover's lost row, as the previous version wrote it")
 	assert.Equal(t, "retryable", outcome("rescued", 1), "a rescue's lost row, as the previous version wrote it")
+	assert.Equal(t, "retryable", outcome("reported", 1), "a rescued attempt its worker reported, as the previous version kept it")
 	assert.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM attempts WHERE job_key = 'run' AND worker = 'w1' AND session_id = 'sess0001' AND fence = 3`))
 	assert.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'jobs' AND column_name LIKE 'attempt\_%'`))
 

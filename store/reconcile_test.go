@@ -212,7 +212,9 @@ func rescueRaceOutcome(t *testing.T, s *store.PG, pool *pgxpool.Pool, key string
 		require.Equal(t, jobView{tasks.StateRetryable, token + 1, 1, "lease_expired", 0}, jv)
 		require.Zero(t, results)
 		require.Zero(t, events)
-		require.Equal(t, "lost", evidenceOf(t, s, key, 1).Outcome, "the rescue wrote the attempt's row")
+		ev := evidenceOf(t, s, key, 1)
+		require.Equal(t, "lost", ev.Outcome, "the rescue wrote the attempt's row")
+		require.Equal(t, "lease_expired", ev.Category, "the rescue wrote the attempt's row")
 		return "rescue"
 	default:
 		t.Fatalf("%s: want exactly one winner; commit: %v, rescue: %v", key, commitErr, rescueErr)
@@ -319,7 +321,9 @@ func TestJobsRescue(t *testing.T) {
 		require.Equal(t, 2, rescued, "ok-1 and ok-2 rescued")
 		ev := evidenceOf(t, s, "many-ok-2", 2)
 		assert.Len(t, ev.Error, 2000, "error cut to 2000 bytes")
-		assert.Equal(t, "lost", evidenceOf(t, s, "many-ok-2", 1).Outcome, "an older attempt is not touched")
+		older := evidenceOf(t, s, "many-ok-2", 1)
+		assert.Equal(t, "lost", older.Outcome, "an older attempt is not touched")
+		assert.Equal(t, "superseded", older.Category, "written by the takeover's start, not by this rescue (lease_expired)")
 	})
 
 	t.Run("RefusedRowsWriteNothing", func(t *testing.T) {

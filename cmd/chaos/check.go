@@ -360,7 +360,7 @@ ORDER BY r.job_key`, windowChaos)
 			fail(InvStale, err)
 		} else {
 			var superseded, leaseLost int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome = 'superseded'), count(*) FILTER (WHERE a.category IN ('lease_lost', 'lease_expired'))
+			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome IN ('superseded', 'lost') AND a.category = 'superseded'), count(*) FILTER (WHERE a.category IN ('lease_lost', 'lease_expired'))
 FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&superseded, &leaseLost)
 			// What became of the attempts that were running when their worker was paused
 			// for 2.5 leases: refused (superseded, lease lost, rescued) unless nobody had

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -81,8 +82,26 @@ var enqueueCmd = command{
 		file := fs.String("f", "", "read JSON-lines specs from `FILE` (- for stdin) instead of the spec flags")
 		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue of new jobs (default: the kind's, where cmd/worker listens; a job keeps the queue it was created with)")
 		asJSON := fs.Bool("json", false, "print one JSON object per spec instead of text")
-		batch := fs.Int("batch", defaultBatch, fmt.Sprintf("with -f: specs stored per batch (1 to %d)", maxBatch))
-		progress := fs.Duration("progress", time.Second, "with -f: at most one progress line on stderr per `INTERVAL` (0: one per batch); none for a file of one batch")
+		// Both are checked as they are parsed, so that a bad value is a usage error before
+		// any database is reached.
+		batch, progress := new(int), new(time.Duration)
+		*batch, *progress = defaultBatch, time.Second
+		fs.Func("batch", fmt.Sprintf("with -f: specs stored per batch (1 to %d) (default %d)", maxBatch, defaultBatch), func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxBatch {
+				return fmt.Errorf("%q must be a whole number from 1 to %d", v, maxBatch)
+			}
+			*batch = n
+			return nil
+		})
+		fs.Func("progress", "with -f: at most one progress line on stderr per `INTERVAL` (0: one per batch); none for a file of one batch (default 1s)", func(v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return fmt.Errorf("%q must be a duration of 0 or more, e.g. 1s or 500ms", v)
+			}
+			*progress = d
+			return nil
+		})
 		return func(ctx context.Context, c *cli, _ []string) error {
 			fileOnly := map[string]bool{"f": true, "queue": true, "json": true, "batch": true, "progress": true}
 			if *file == "" {
@@ -114,12 +133,6 @@ var enqueueCmd = command{
 			})
 			if set != "" {
 				return usageError{"-f reads the specs from a file: the spec flag(s)" + set + " can not be combined with it"}
-			}
-			if *batch < 1 || *batch > maxBatch {
-				return usageError{fmt.Sprintf("-batch %d must be between 1 and %d", *batch, maxBatch)}
-			}
-			if *progress < 0 {
-				return usageError{fmt.Sprintf("-progress %v must not be negative", *progress)}
 			}
 			r := &enqueueRun{c: c, queue: *queue, asJSON: *asJSON, batch: *batch, progress: *progress}
 			defer r.close()

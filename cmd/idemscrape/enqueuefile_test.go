@@ -185,9 +185,10 @@ func TestEnqueueFileBatches(t *testing.T) {
 	assert.Equal(t, 0, code, stderr.String())
 	assert.NotContains(t, stderr.String(), "progress:")
 	for args, want := range map[string]string{
-		"-f - -batch 0":      "-batch 0 must be between 1 and 100000",
-		"-f - -batch 100001": "-batch 100001 must be between 1 and 100000",
-		"-f - -progress -1s": "-progress -1s must not be negative",
+		"-f - -batch 0":      `flag -batch: "0" must be a whole number from 1 to 100000`,
+		"-f - -batch 100001": `flag -batch: "100001" must be a whole number from 1 to 100000`,
+		"-f - -batch many":   `flag -batch: "many" must be a whole number`,
+		"-f - -progress -1s": `flag -progress: "-1s" must be a duration of 0 or more`,
 		"-kind k -batch 10":  "flag(s) -batch apply to -f FILE only",
 		"-f - -kind k":       "-kind can not be combined",
 	} {

@@ -61,7 +61,7 @@ SELECT key, attempts, fence, attempt_worker, attempt_session, country, attempt_e
 FROM jobs WHERE state = 'running' AND attempts > 0
 ON CONFLICT DO NOTHING;
 UPDATE attempts SET outcome = CASE WHEN category = 'lease_expired' THEN 'retryable' ELSE 'superseded' END
-WHERE outcome = 'lost';
+WHERE outcome = 'lost' OR (outcome = 'superseded' AND category = 'lease_expired');
 ALTER TABLE saved_inputs DROP CONSTRAINT IF EXISTS saved_inputs_job_key_fkey;
 ALTER TABLE saved_inputs DROP CONSTRAINT IF EXISTS saved_inputs_job_key_fence_fkey;
 ALTER TABLE saved_inputs ADD CONSTRAINT saved_inputs_job_key_fence_fkey
