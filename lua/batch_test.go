@@ -30,7 +30,7 @@ func scanPrefix(t *testing.T, c *redis.Client, prefix string) []string {
 	return keys
 }
 
-// scripterOnly hides the client's Pipeline: ClaimMany/ReleaseMany fall back to one call
+// scripterOnly hides the client's Pipeline: RunMany falls back to one call
 // after another.
 type scripterOnly struct{ redis.Scripter }
 
@@ -214,11 +214,18 @@ func TestClaimManyReleaseMany(t *testing.T) {
 			})
 		})
 		t.Run("NoPipeline", func(t *testing.T) {
+			// Leases always pipeline (their client is a redis.Cmdable); RunMany on a bare
+			// Scripter (store/outbox passes one) sends the scripts one after another,
+			// each with its own reply, NOSCRIPT handled by Script.Run.
 			env := mk(t)
 			t.Run(env.name, func(t *testing.T) {
-				l, err := lua.NewLeases(scripterOnly{env.client}, env.prefix)
-				require.NoError(t, err)
-				check(t, env, l)
+				echo := redis.NewScript(`return redis.call("INCRBY", KEYS[1], ARGV[1])`)
+				k := env.prefix + "{n}:x"
+				cmds := lua.RunMany(ctx, scripterOnly{env.client}, echo, [][]string{{k}, {k}, {k}}, [][]any{{1}, {2}, {"x"}})
+				require.Len(t, cmds, 3)
+				assert.Equal(t, int64(1), cmds[0].Val())
+				assert.Equal(t, int64(3), cmds[1].Val())
+				assert.Error(t, cmds[2].Err())
 			})
 		})
 	}

@@ -274,6 +274,22 @@ func TestCommandsPerCall(t *testing.T) {
 		{"ReleaseDone", func(t *testing.T) {
 			require.NoError(t, l.ReleaseDone(ctx, b))
 		}, map[string]int{"evalsha": 1, "mget": 1, "del": 1}},
+		{"Take", func(t *testing.T) {
+			// The runner's claim: the token comes from PostgreSQL's attempt start.
+			a, err = l.Take(ctx, "taken", "A/1", time.Minute)
+			require.NoError(t, err)
+		}, map[string]int{"set": 1}},
+		{"TakeHeld", func(t *testing.T) {
+			_, err := l.Take(ctx, "taken", "B/1", time.Minute)
+			require.ErrorIs(t, err, lua.ErrLeaseHeld)
+		}, map[string]int{"set": 1, "pttl": 1}},
+		{"RenewTaken", func(t *testing.T) {
+			require.NoError(t, l.Renew(ctx, a, time.Minute))
+		}, map[string]int{"evalsha": 1, "get": 1, "pexpire": 1}},
+		{"ReleaseCommitted", func(t *testing.T) {
+			// The runner's release after a commit.
+			require.NoError(t, l.ReleaseCommitted(ctx, a))
+		}, map[string]int{"del": 1}},
 		{"ReservePaced", func(t *testing.T) {
 			_, ok, err := h.Reserve(ctx, "shop.example", paced, time.Second)
 			require.NoError(t, err)

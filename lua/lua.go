@@ -35,6 +35,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,6 +89,18 @@ type Lease struct {
 	// Claimed is when the claim was sent, on the worker's clock: the lease ends no later
 	// than Claimed + TTL, which is what the Keeper counts from.
 	Claimed time.Time
+	// taken: the lease came from Take. Redis holds the owner alone, and Token is the one
+	// PostgreSQL's attempt start issued (the caller sets it), not the counter's.
+	taken bool
+}
+
+// value is what Redis holds under the lease's key: "<token>:<owner>" for a Claim,
+// "<owner>" for a Take (owners are unique per claim: see Take).
+func (l Lease) value() string {
+	if l.taken {
+		return l.Owner
+	}
+	return strconv.FormatInt(l.Token, 10) + ":" + l.Owner
 }
 
 // Defaults of Leases.
@@ -97,13 +112,13 @@ const (
 
 // Leases claims, renews and releases job leases on one Redis (or Redis Cluster).
 type Leases struct {
-	rdb        redis.Scripter
+	rdb        redis.Cmdable
 	keys       Keys
 	counterTTL time.Duration
 }
 
 // NewLeases returns Leases on rdb with all keys under prefix (e.g. "idemscrape:").
-func NewLeases(rdb redis.Scripter, prefix string) (*Leases, error) {
+func NewLeases(rdb redis.Cmdable, prefix string) (*Leases, error) {
 	keys, err := NewKeys(prefix)
 	if err != nil {
 		return nil, err
@@ -160,6 +175,70 @@ func claimResult(req ClaimRequest, sent time.Time, reply []any, err error) (Leas
 	return Lease{}, fmt.Errorf("lua: claim %q: unexpected reply %v", req.Key, reply)
 }
 
+// Take takes the lease of job key for owner for ttl with one command (SET NX PX GET) and
+// issues no token: the fencing token is the fence PostgreSQL's attempt start raises
+// (store.JobStart with Token 0), which the caller sets as the returned lease's Token
+// before it renews or releases it. owner must be unique per claim (the runner's owners
+// are "<worker>/<random>"): Redis holds the owner alone, and Renew and Release recognise
+// the lease by it. If another owner holds the lease, Take returns a *HeldError
+// (errors.Is ErrLeaseHeld) with what a second round trip read of the holder's remaining
+// time; a lease of an older worker (a "<token>:<owner>" STRING, or a HASH before that) is
+// held as any other.
+func (l *Leases) Take(ctx context.Context, key, owner string, ttl time.Duration) (Lease, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return Lease{}, err
+	}
+	k := l.keys.Lease(key)
+	sent := time.Now()
+	prev, err := l.rdb.SetArgs(ctx, k, owner, redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
+	switch {
+	case errors.Is(err, redis.Nil): // the key was free: ours
+		return Lease{Key: key, Owner: owner, TTL: ttl, Claimed: sent, taken: true}, nil
+	case err == nil: // held: prev is the holder's value
+		return Lease{}, l.held(ctx, key, holderOf(prev))
+	case isWrongType(err):
+		// An older worker's HASH lease (see claim.lua, rolling deploy): held.
+		holder, _ := l.rdb.HGet(ctx, k, "owner").Result()
+		return Lease{}, l.held(ctx, key, holder)
+	}
+	return Lease{}, fmt.Errorf("lua: take %q: %w", key, err)
+}
+
+// held is the *HeldError of a lease held by holder, with its remaining time (0 when the
+// read fails or the lease expired in between).
+func (l *Leases) held(ctx context.Context, key, holder string) error {
+	pttl, _ := l.rdb.PTTL(ctx, l.keys.Lease(key)).Result()
+	return &HeldError{Key: key, Holder: holder, Remaining: max(pttl, 0)}
+}
+
+// tokenPrefix is the "<token>:" a Claim lease's value starts with.
+var tokenPrefix = regexp.MustCompile(`^[0-9]+:`)
+
+// holderOf is the owner in a lease's value: "<token>:<owner>" (Claim) or "<owner>" (Take).
+func holderOf(value string) string { return tokenPrefix.ReplaceAllString(value, "") }
+
+func isWrongType(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
+}
+
+// ReleaseCommitted gives up the lease of a job whose commit succeeded, and the job's token
+// counter with it, with one DEL and no owner check. That is safe only after the commit: the
+// job is complete in PostgreSQL, which refuses every later start of it, so whoever might
+// hold the lease by now (ours expired during the commit and another worker took it) can do
+// nothing with it; and a later claim's floor is the fence PostgreSQL holds. A completed
+// job keeps no key in Redis. The caller learns nothing about a loss here: the Keeper
+// reports those.
+func (l *Leases) ReleaseCommitted(ctx context.Context, lease Lease) error {
+	if err := checkLease(lease); err != nil {
+		return err
+	}
+	if err := l.rdb.Del(ctx, l.keys.Lease(lease.Key), l.keys.Fence(lease.Key)).Err(); err != nil {
+		return fmt.Errorf("lua: release %q: %w", lease.Key, err)
+	}
+	return nil
+}
+
 // Renew extends lease to ttl from now on the server clock. It fails with ErrLeaseLost if
 // the lease expired or was deleted and ErrNotOwner if another claim holds it.
 func (l *Leases) Renew(ctx context.Context, lease Lease, ttl time.Duration) error {
@@ -167,7 +246,7 @@ func (l *Leases) Renew(ctx context.Context, lease Lease, ttl time.Duration) erro
 		return err
 	}
 	n, err := renewScript.Run(ctx, l.rdb, []string{l.keys.Lease(lease.Key)},
-		lease.Owner, lease.Token, ttl.Milliseconds()).Int64()
+		lease.value(), ttl.Milliseconds()).Int64()
 	return statusErr("renew", lease, n, err)
 }
 
@@ -205,7 +284,11 @@ func releaseArgs(lease Lease, terminal bool) []any {
 	if terminal {
 		flag = "1"
 	}
-	return []any{lease.Owner, lease.Token, flag}
+	token := lease.Token
+	if lease.taken {
+		token = 0 // not the counter's: the counter is deleted only for its own last token
+	}
+	return []any{lease.value(), token, flag}
 }
 
 func checkLease(lease Lease) error {

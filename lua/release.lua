@@ -1,15 +1,16 @@
--- release.lua: give a lease up, only for the holder that claimed it with this token. By
+-- release.lua: give a lease up, only for the claim that holds it. By
 -- default the token counter stays, so the next claim still gets a higher token. When the
 -- caller says the job is terminal (complete: it never runs again and PostgreSQL holds its
 -- fence, the floor of every later claim), the counter goes too, so a completed job leaves
 -- no key behind. The counter is deleted only while it still holds this lease's token: a
 -- higher one was issued to a claim PostgreSQL may not know of, and must stay.
 --
--- KEYS[1] -> <prefix>{<tag>}:lease   STRING  "<token>:<owner>"; PX = lease end
+-- KEYS[1] -> <prefix>{<tag>}:lease   STRING  the holder's value; PX = lease end
 -- KEYS[2] -> <prefix>{<tag>}:fence   STRING  the last token issued for the job
 -- --
--- ARGV[1] -> owner
--- ARGV[2] -> token (integer)
+-- ARGV[1] -> the lease's value as its claim wrote it: "<token>:<owner>" (Claim) or
+--            "<owner>" (Take)
+-- ARGV[2] -> token (integer; 0 for a Take lease, whose token PostgreSQL issued)
 -- ARGV[3] -> terminal: "1" deletes the token counter with the lease, "0" keeps it
 --
 -- Returns
@@ -29,7 +30,7 @@ if not cur[1] then
   end
   return -1
 end
-if cur[1] ~= ARGV[2] .. ":" .. ARGV[1] then
+if cur[1] ~= ARGV[1] then
   return -2
 end
 if ARGV[3] == "1" and cur[2] == ARGV[2] then

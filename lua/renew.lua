@@ -1,10 +1,10 @@
--- renew.lua: extend a lease, only for the holder that claimed it with this token.
+-- renew.lua: extend a lease, only for the claim that holds it.
 --
--- KEYS[1] -> <prefix>{<tag>}:lease   STRING  "<token>:<owner>"; PX = lease end
+-- KEYS[1] -> <prefix>{<tag>}:lease   STRING  the holder's value; PX = lease end
 -- --
--- ARGV[1] -> owner
--- ARGV[2] -> token (integer)
--- ARGV[3] -> new lease length from now (milliseconds, >= 1)
+-- ARGV[1] -> the lease's value as its claim wrote it: "<token>:<owner>" (Claim) or
+--            "<owner>" (Take)
+-- ARGV[2] -> new lease length from now (milliseconds, >= 1)
 --
 -- Returns
 --    1  renewed
@@ -20,8 +20,8 @@ end
 if not cur then
   return -1
 end
-if cur ~= ARGV[2] .. ":" .. ARGV[1] then
+if cur ~= ARGV[1] then
   return -2
 end
-redis.call("PEXPIRE", KEYS[1], ARGV[3])
+redis.call("PEXPIRE", KEYS[1], ARGV[2])
 return 1
