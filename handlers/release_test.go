@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -11,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/handlers"
-	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -29,8 +29,8 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
-// leaseScripts is a go-redis hook that reports the lease scripts run on one job key (a
-// claim has 2 keys and 4 arguments, a release 2 keys and 3) and holds the first release
+// leaseScripts is a go-redis hook that reports the lease commands run on one job key (the
+// runner's take is a SET, its release after a commit a DEL) and holds the first release
 // until gate is closed.
 type leaseScripts struct {
 	key      string
@@ -51,13 +51,13 @@ func (h *leaseScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 func (h *leaseScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
-		if (cmd.Name() != "evalsha" && cmd.Name() != "eval") || len(args) < 4 || !strings.Contains(args[3].(string), "{"+h.key+"}") {
+		if len(args) < 2 || !strings.HasSuffix(fmt.Sprint(args[1]), "{"+h.key+"}:lease") {
 			return next(ctx, cmd)
 		}
-		switch len(args) {
-		case 9:
+		switch cmd.Name() {
+		case "set":
 			h.events <- "claim"
-		case 8:
+		case "del":
 			h.events <- "release"
 			first := false
 			h.once.Do(func() { first = true })
@@ -66,7 +66,7 @@ func (h *leaseScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			}
 		}
 		err := next(ctx, cmd)
-		if len(args) == 8 {
+		if cmd.Name() == "del" {
 			h.events <- "released"
 		}
 		return err
@@ -74,16 +74,9 @@ func (h *leaseScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // hookedRegistry returns a registry on the rig whose Redis client carries a leaseScripts
-// hook for key, with the lease scripts already in Redis's script cache (a first EVALSHA
-// would be answered NOSCRIPT and sent again as EVAL: two calls for one claim).
+// hook for key.
 func (r *rig) hookedRegistry(t *testing.T, key string, mutate func(*handlers.Config)) (*handlers.Registry, *leaseScripts) {
 	t.Helper()
-	ctx := context.Background()
-	warm, err := lua.NewLeases(r.ns.Client, r.ns.Prefix)
-	require.NoError(t, err)
-	l, err := warm.Claim(ctx, "warm-up", "test", time.Minute, 0)
-	require.NoError(t, err)
-	require.NoError(t, warm.ReleaseDone(ctx, l))
 	hook := &leaseScripts{key: key, events: make(chan string, 16), gate: make(chan struct{})}
 	opts := *r.ns.Client.Options()
 	client := redis.NewClient(&opts)

@@ -786,7 +786,7 @@ func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) 
 	case errors.Is(err, store.ErrJobComplete):
 		it.o.result = "already_done"
 		return false
-	case !started && (errors.As(err, &heldErr) || errors.Is(err, errFenceRace) || errors.Is(err, store.ErrStaleFence)):
+	case !started && (errors.As(err, &heldErr) || errors.Is(err, store.ErrStaleFence)):
 		it.o.result = "busy"
 	default:
 		it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
@@ -816,20 +816,27 @@ func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) 
 }
 
 // startAndCommit starts the job's attempt under the lease's token (re-claiming above a
-// stale fence, as the runner does) and commits the observation. started reports whether
+// stale fence, at most maxReclaims times) and commits the observation. started reports whether
 // the attempt was started under j.lease's token; inserted is the commit's ResultInserted.
 func (rp *reparser) startAndCommit(ctx context.Context, j *reparseJob, owner string) (started, inserted bool, err error) {
 	it, key := j.it, j.it.o.key
-	start := store.AttemptStartParams{Key: key, Token: j.lease.Token, Worker: "reparse/" + rp.cfg.By, Country: it.job.Spec.Country}
-	_, err = rp.group.JobStart(ctx, start)
-	if errors.Is(err, store.ErrStaleFence) {
-		// Redis issued a token at or below the fence PostgreSQL holds (it lost its
-		// counter): re-claim above it, as the runner does.
-		var acq acquired
-		acq, err = acquire(ctx, rp.leases, rp.group, acquireParams{Key: key, Owner: owner, TTL: reparseLease, Start: start})
-		if err == nil {
-			j.lease = acq.Lease
+	start := store.AttemptStartParams{Key: key, Worker: "reparse/" + rp.cfg.By, Country: it.job.Spec.Country}
+	for reclaims := 0; ; reclaims++ {
+		start.Token = j.lease.Token
+		_, err = rp.group.JobStart(ctx, start)
+		var te *store.TransitionError
+		if !errors.As(err, &te) || !errors.Is(err, store.ErrStaleFence) || reclaims == maxReclaims {
+			break
 		}
+		// Redis issued a token at or below the fence PostgreSQL holds (it lost its counter,
+		// or runners raised the fence with tokens of PostgreSQL's): re-claim above it; the
+		// holder's re-claim gets a higher token.
+		l, cerr := rp.leases.Claim(ctx, key, owner, reparseLease, te.Fence)
+		if cerr != nil {
+			err = cerr
+			break
+		}
+		j.lease = l
 	}
 	if err != nil {
 		return false, false, err

@@ -115,10 +115,10 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	lost := keeper.Stop()
 	r.lengths.Observe(k.name, time.Since(begun))
 	if committed {
-		// A committed job never runs again and PostgreSQL holds its fence: its lease and
-		// Redis fence counter go (0 bytes of Redis per completed job), without holding up
-		// the delivery's acknowledgement (see releaseDone).
-		r.releaseDone(ctx, k, acq.Lease, lost, log)
+		// A committed job never runs again and PostgreSQL holds its fence: its lease goes
+		// (0 bytes of Redis per completed job) with one DEL, without holding up the
+		// delivery's acknowledgement (see releaseDone).
+		r.releaseDone(ctx, acq.Lease, log)
 	} else if err := r.release(ctx, acq.Lease, false); err != nil {
 		if lost == nil && (errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner)) {
 			lost = err // expired between the keeper's last renewal and now: a loss, not a release failure
@@ -295,15 +295,15 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // release but the next claim of the same key. A claim of it by this registry waits for the
 // release (acquireAfterRelease); another worker's claim meets a held lease and retries
 // later, as any duplicate delivery does. Close waits for every release in flight (after
-// Close a release runs in the delivery); one a crash cuts short leaves a lease that expires with its TTL and a fence counter that
-// expires with its own (7 days).
-func (r *Registry) releaseDone(ctx context.Context, k *kind, lease lua.Lease, lost error, log *slog.Logger) {
+// Close a release runs in the delivery); one a crash cuts short leaves a lease that
+// expires with its TTL.
+func (r *Registry) releaseDone(ctx context.Context, lease lua.Lease, log *slog.Logger) {
 	r.relMu.Lock()
 	if r.closed {
 		// A handler still running when Close was called (after the asynq server's drain
 		// timeout): release here, Close may be waiting already.
 		r.relMu.Unlock()
-		r.finishRelease(ctx, k, lease, lost, log)
+		r.finishRelease(ctx, lease, log)
 		return
 	}
 	r.releases.Add(1)
@@ -314,22 +314,16 @@ func (r *Registry) releaseDone(ctx context.Context, k *kind, lease lua.Lease, lo
 		defer r.releases.Done()
 		defer close(done)
 		defer r.releasing.CompareAndDelete(lease.Key, done)
-		r.finishRelease(ctx, k, lease, lost, log)
+		r.finishRelease(ctx, lease, log)
 	}()
 }
 
-// finishRelease releases a committed job's lease and counts a loss the keeper did not see.
-func (r *Registry) finishRelease(ctx context.Context, k *kind, lease lua.Lease, lost error, log *slog.Logger) {
-	err := r.release(ctx, lease, true)
-	switch {
-	case err == nil:
-	case errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner):
-		if lost == nil {
-			// Expired between the keeper's last renewal and the release: the commit had
-			// already been accepted under the fence, so only the metric tells.
-			r.metrics.leaseLosses.WithLabelValues(k.name).Inc()
-		}
-	default:
+// finishRelease releases a committed job's lease: one DEL, no owner check
+// (lua.Leases.ReleaseCommitted: the job is complete, whoever holds the lease now can do
+// nothing with it). A lease that expired between the keeper's last renewal and the commit
+// is not seen here; the commit was accepted under the fence, which is what counts.
+func (r *Registry) finishRelease(ctx context.Context, lease lua.Lease, log *slog.Logger) {
+	if err := r.release(ctx, lease, true); err != nil {
 		log.WarnContext(ctx, "lease release failed", "err", err)
 	}
 }
@@ -351,7 +345,7 @@ func (r *Registry) release(ctx context.Context, lease lua.Lease, done bool) erro
 	rctx, cancel := detached(ctx)
 	defer cancel()
 	if done {
-		return r.leases.ReleaseDone(rctx, lease)
+		return r.leases.ReleaseCommitted(rctx, lease)
 	}
 	return r.leases.Release(rctx, lease)
 }
@@ -550,7 +544,7 @@ func EventKey(jobKey string) string { return "observed:" + jobKey }
 func (r *Registry) notStarted(k *kind, job tasks.Payload, err error, log *slog.Logger) error {
 	var held *lua.HeldError
 	switch {
-	case errors.As(err, &held), errors.Is(err, errFenceRace):
+	case errors.As(err, &held):
 		r.metrics.leaseBusy.WithLabelValues(k.name).Inc()
 		delay := leaseBusyMaxDelay
 		if held != nil {

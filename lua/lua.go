@@ -5,15 +5,24 @@
 // clock); and the trimming of an outbox stream (TrimStream: only entries every consumer
 // group has delivered and acknowledged are removed).
 //
+// Two ways to hold a lease:
+//   - Take (the runner's, one SET NX PX GET): the lease alone; the fencing token is the
+//     fence PostgreSQL's attempt start issues (store.JobStart with Token 0). After the
+//     job's commit, ReleaseCommitted drops it with one DEL.
+//   - Claim / ClaimMany (the reconciler's rescue, reparse): the lease and a token from a
+//     per-job counter in Redis, above the floor the caller passes (the fence PostgreSQL
+//     holds).
+//
 // Guarantees:
-//   - At most one owner holds a job's lease at a time; the lease expires on the Redis
-//     server's clock unless renewed.
+//   - At most one owner holds a job's lease at a time, whichever way it was taken; the
+//     lease expires on the Redis server's clock unless renewed.
 //   - Every successful Claim returns a token strictly greater than every token issued before
-//     for that job, and greater than the floor the caller passes (the fence PostgreSQL holds),
-//     so even a Redis that restarted without persistence never repeats a token that
-//     PostgreSQL has accepted.
-//   - Renew and Release succeed only for the owner and token that claimed.
-//   - ReleaseDone (a job that completed) also deletes the job's token counter, so a
+//     by the counter for that job, and greater than the floor, so even a Redis that
+//     restarted without persistence never repeats a token that PostgreSQL has accepted.
+//   - Renew and Release succeed only for the claim that holds the lease (its owner, and for
+//     a Claim its token).
+//   - ReleaseDone (a job that completed) also deletes the job's token counter when it holds
+//     the counter's last token, and ReleaseCommitted deletes lease and counter, so a
 //     completed job keeps no key in Redis; a later claim's floor (the fence PostgreSQL
 //     holds) still keeps its token above every token issued before.
 //   - ClaimMany and ReleaseMany send many claims or releases in one pipelined round trip,
@@ -26,8 +35,8 @@
 //     ({host:<host>}), and the trim and unlock scripts touch one key each, so every script
 //     runs on Redis Cluster (TestScriptsSingleSlot runs each on a real 3-master cluster).
 //
-// This package knows nothing of PostgreSQL: the caller passes the floor and raises the
-// fence (store.JobStart).
+// This package knows nothing of PostgreSQL: the caller passes the floor, or sets the token
+// PostgreSQL issued, and raises the fence (store.JobStart).
 package lua
 
 import (

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/store"
@@ -24,24 +25,9 @@ import (
 // was committed synchronously before the crash is intact.
 func TestLostAttemptStartIsHarmless(t *testing.T) {
 	ctx := context.Background()
-	srv := testutil.StartPostgres(t)
-
-	// Keep an async commit's WAL in shared memory until the crash: a process crash loses
-	// only WAL not yet handed to the kernel, which the WAL writer does every
-	// wal_writer_delay (and the background writer or autovacuum can force earlier).
-	admin := srv.Pool(t, "postgres")
-	for _, set := range []string{
-		`ALTER SYSTEM SET wal_writer_delay = '10s'`,
-		`ALTER SYSTEM SET bgwriter_lru_maxpages = 0`,
-		`ALTER SYSTEM SET autovacuum = off`,
-	} {
-		_, err := admin.Exec(ctx, set)
-		require.NoError(t, err)
-	}
-	admin.Close()
-	srv.Restart()
-	pool := srv.MigratedPool(t)
+	srv, pool := crashFixture(t)
 	s := store.New(pool)
+
 
 	const jobs = 100
 	key := func(i int) string { return fmt.Sprintf("crash-%03d", i) }
@@ -173,4 +159,93 @@ SELECT count(*) FROM jobs j
 WHERE j.attempts <> (SELECT count(*) FROM attempts a WHERE a.job_key = j.key)
 	OR NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence AND a.outcome = 'complete')
 	OR NOT EXISTS (SELECT 1 FROM results r WHERE r.job_key = j.key AND r.fence = j.fence)`), "a job whose rows disagree")
+}
+
+// crashFixture is a throwaway server that keeps an async commit's WAL in shared memory until
+// a crash: a process crash loses only WAL not yet handed to the kernel, which the WAL writer
+// does every wal_writer_delay (and the background writer or autovacuum can force earlier).
+func crashFixture(t *testing.T) (*testutil.PostgresServer, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	srv := testutil.StartPostgres(t)
+	admin := srv.Pool(t, "postgres")
+	for _, set := range []string{
+		`ALTER SYSTEM SET wal_writer_delay = '10s'`,
+		`ALTER SYSTEM SET bgwriter_lru_maxpages = 0`,
+		`ALTER SYSTEM SET autovacuum = off`,
+	} {
+		_, err := admin.Exec(ctx, set)
+		require.NoError(t, err)
+	}
+	admin.Close()
+	srv.Restart()
+	return srv, srv.MigratedPool(t)
+}
+
+// TestIssuedTokenSurvivesCrash: a start that issues its token (Token 0, the runner's) waits
+// for its WAL flush, so a crash right after it never takes the fence back and the next
+// start never issues that token again. Same fixture as TestLostAttemptStartIsHarmless,
+// which does lose starts with tokens of their own; here, alone and grouped, every issued
+// start survives the crash, and the next start issues a higher token.
+func TestIssuedTokenSurvivesCrash(t *testing.T) {
+	ctx := context.Background()
+	srv, pool := crashFixture(t)
+	s := store.New(pool)
+
+	const jobs = 60
+	key := func(i int) string { return fmt.Sprintf("issued-%03d", i) }
+	recs := make([]tasks.JobRecord, jobs)
+	for i := range recs {
+		recs[i] = tasks.JobRecord{Key: key(i), Spec: tasks.Spec{Kind: "catalog", SourceID: key(i), Country: "US", Window: "w", ParserVersion: 3}}
+	}
+	_, err := s.JobsRecord(ctx, recs)
+	require.NoError(t, err)
+	// A first attempt each, so the issued token is 2, not 1.
+	for i := range jobs {
+		a, err := s.JobStart(ctx, store.AttemptStartParams{Key: key(i), Worker: "w1", Country: "US"})
+		require.NoError(t, err)
+		require.Equal(t, int64(1), a.Fence)
+		require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: key(i), Token: 1, NextAttemptAt: time.Now(), Category: "timeout"}))
+	}
+
+	issued := make([]int64, jobs)
+	for i := range jobs / 2 {
+		a, err := s.JobStart(ctx, store.AttemptStartParams{Key: key(i), Worker: "w1", Country: "US"})
+		require.NoError(t, err)
+		issued[i] = a.Fence
+	}
+	g := s.NewGroupCommitter(0, 0)
+	var wg sync.WaitGroup
+	errs := make([]error, jobs)
+	for i := jobs / 2; i < jobs; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var a store.StartedAttempt
+			a, errs[i] = g.JobStart(ctx, store.AttemptStartParams{Key: key(i), Worker: "w1", Country: "US"})
+			issued[i] = a.Fence
+		}()
+	}
+	wg.Wait()
+	g.Close()
+	for i := jobs / 2; i < jobs; i++ {
+		require.NoError(t, errs[i], key(i))
+	}
+
+	srv.Crash()
+	srv.Start()
+	pool.Reset()
+
+	for i := range jobs {
+		require.Equal(t, int64(2), issued[i], key(i))
+		j, err := s.JobGet(ctx, key(i))
+		require.NoError(t, err)
+		require.Equal(t, tasks.StateRunning, j.State, "%s: the issued start was lost in the crash", key(i))
+		require.Equal(t, issued[i], j.Fence, key(i))
+		// A takeover after the crash gets a token nobody held.
+		a, err := s.JobStart(ctx, store.AttemptStartParams{Key: key(i), Worker: "w2", Country: "US"})
+		require.NoError(t, err)
+		require.Equal(t, issued[i]+1, a.Fence, key(i))
+		require.True(t, a.TookOver, key(i))
+	}
 }

@@ -241,7 +241,7 @@ LEFT JOIN jobs j ON j.key = i.key`, key, token, obs, ev)
 
 const startSQL = `
 WITH async AS (
-	SELECT set_config('synchronous_commit', 'off', true)
+	SELECT set_config('synchronous_commit', $8::text, true)
 ), input AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[])
 		AS t(key, token, worker, session_id, country, endpoint)
@@ -252,12 +252,14 @@ WITH async AS (
 ), cur AS (
 	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
 ), upd AS (
-	UPDATE jobs j SET state = 'running', fence = i.token, attempts = j.attempts + 1,
+	UPDATE jobs j SET state = 'running', fence = CASE WHEN i.token = 0 THEN j.fence + 1 ELSE i.token END,
+		attempts = j.attempts + 1,
 		next_attempt_at = NULL, updated_at = now(), attempt_worker = i.worker,
 		attempt_session = i.session_id, attempt_endpoint = i.endpoint, attempt_started_at = now()
 	FROM input i JOIN locked USING (key)
-	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND j.state = ANY($7::text[]) AND j.fence < i.token
-	RETURNING j.key, j.attempts, j.created_at, j.bytes_total,
+	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND j.state = ANY($7::text[])
+		AND (i.token = 0 OR j.fence < i.token)
+	RETURNING j.key, j.fence, j.attempts, j.created_at, j.bytes_total,
 		j.attempts - j.budget_attempts AS budget_no, j.bytes_total - j.budget_bytes AS budget_bytes,
 		COALESCE(j.budget_since, j.created_at) AS budget_since
 ), lost AS (
@@ -271,7 +273,7 @@ WITH async AS (
 		finished_at = now(), evidence_due = true
 	WHERE a.outcome = 'running'
 )
-SELECT i.key, upd.attempts, upd.created_at, COALESCE(upd.bytes_total, 0),
+SELECT i.key, upd.fence, upd.attempts, upd.created_at, COALESCE(upd.bytes_total, 0),
 	COALESCE(upd.budget_no, 0), COALESCE(upd.budget_bytes, 0), upd.budget_since,
 	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0),
 	COALESCE(locked.state = 'running', false)
@@ -293,6 +295,7 @@ var startSQLs = [...]string{lockWait: fmt.Sprintf(startSQL, lockWait.clause()), 
 
 // startRow is what the start statement and its re-read report for one job.
 type startRow struct {
+	newFence    *int64 // the fence the attempt runs under
 	attemptNo   *int32
 	createdAt   *time.Time
 	bytes       int64
@@ -307,9 +310,24 @@ type startRow struct {
 }
 
 func (r startRow) started() StartedAttempt {
-	return StartedAttempt{AttemptNo: int(*r.attemptNo), JobCreatedAt: *r.createdAt, BytesTotal: r.bytes,
+	return StartedAttempt{Fence: *r.newFence, AttemptNo: int(*r.attemptNo), JobCreatedAt: *r.createdAt, BytesTotal: r.bytes,
 		TookOver:        r.tookOver,
 		BudgetAttemptNo: int(r.budgetNo), BudgetBytes: r.budgetBytes, BudgetSince: *r.budgetSince}
+}
+
+// startCommitMode is the start statement's synchronous_commit. A start whose token came from
+// the caller (a Redis counter that never repeats one) commits without waiting for its WAL
+// flush: a start lost in a crash is harmless, because every later write of the attempt
+// requires fence = token exactly, which the lost start never set and nobody else is given
+// (TestLostAttemptStartIsHarmless). A start that issues its token (Token 0: fence + 1) must
+// not be lost once its token is handed out: after a crash the next start would issue the
+// same number again, and two attempts would hold one token (TestIssuedTokenSurvivesCrash).
+// Such a batch waits for its flush, one per statement.
+func startCommitMode(tokens []int64) string {
+	if slices.Contains(tokens, 0) {
+		return "on"
+	}
+	return "off"
 }
 
 // startRows runs the fenced attempt start of distinct jobs in one statement (see
@@ -321,7 +339,8 @@ func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock loc
 	for i, p := range batch {
 		keys[i], tokens[i], workers[i], sessions[i], countries[i], endpoints[i] = p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint
 	}
-	rows, err := s.pool.Query(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates)
+	rows, err := s.pool.Query(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates,
+		startCommitMode(tokens))
 	if err != nil {
 		return nil, err
 	}
@@ -331,7 +350,7 @@ func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock loc
 		var r startRow
 		// tookOver is read from the locked row, the version the start moved (the same
 		// one whose attempt it wrote as lost), not from the statement's snapshot.
-		if err := rows.Scan(&k, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
+		if err := rows.Scan(&k, &r.newFence, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
 			&r.found, &r.locked, &r.state, &r.fence, &r.tookOver); err != nil {
 			rows.Close()
 			return nil, err
@@ -374,7 +393,7 @@ func (s *PG) resolveStarts(ctx context.Context, batch []AttemptStartParams) ([]r
 		keys[i], tokens[i] = p.Key, p.Token
 	}
 	rows, err := s.pool.Query(ctx, `
-SELECT i.key, CASE WHEN j.fence = i.token AND j.state = 'running' THEN j.attempts END, j.created_at,
+SELECT i.key, j.fence, CASE WHEN i.token > 0 AND j.fence = i.token AND j.state = 'running' THEN j.attempts END, j.created_at,
 	COALESCE(j.bytes_total, 0), COALESCE(j.attempts - j.budget_attempts, 0), COALESCE(j.bytes_total - j.budget_bytes, 0),
 	COALESCE(j.budget_since, j.created_at), j.key IS NOT NULL, COALESCE(j.state, ''), COALESCE(j.fence, 0),
 	EXISTS (SELECT 1 FROM attempts p WHERE p.job_key = i.key AND p.attempt_no = j.attempts - 1
@@ -388,7 +407,7 @@ LEFT JOIN jobs j ON j.key = i.key`, keys, tokens)
 	for rows.Next() {
 		var k string
 		var r startRow
-		if err := rows.Scan(&k, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
+		if err := rows.Scan(&k, &r.newFence, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
 			&r.found, &r.state, &r.fence, &r.tookOver); err != nil {
 			rows.Close()
 			return nil, err
@@ -403,6 +422,11 @@ LEFT JOIN jobs j ON j.key = i.key`, keys, tokens)
 		r := got[p.Key]
 		st := tasks.JobState(r.state)
 		switch {
+		case p.Token == 0 && r.found && slices.Contains(startableStates, string(st)):
+			// An issued token can not be told apart from a later one: start again. If the
+			// first start took effect, this one takes it over (the first attempt's row is
+			// written as lost, category superseded), as after a worker that died there.
+			out[i].busy = true
 		case r.attemptNo != nil && r.createdAt != nil:
 			out[i].res = r.started()
 		case r.found && r.fence < p.Token && slices.Contains(startableStates, string(st)):

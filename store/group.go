@@ -240,8 +240,8 @@ func (g *GroupCommitter) Commit(ctx context.Context, p CommitParams) (CommitResu
 
 // JobStart is PG.JobStart through the batch.
 func (g *GroupCommitter) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {
-	if p.Token < 1 {
-		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
+	if p.Token < 0 {
+		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d is negative (0 issues one)", p.Key, p.Token)
 	}
 	return g.starts.do(ctx, p)
 }

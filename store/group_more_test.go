@@ -335,6 +335,36 @@ func TestGroupCommitAmbiguousCommit(t *testing.T) {
 		assert.Equal(t, 1, testutil.Count(t, s.Pool(), `SELECT attempts FROM jobs WHERE key = 's'`), "one start")
 	})
 
+	t.Run("IssuedTokenReplyLost", func(t *testing.T) {
+		// A start that issues its token (Token 0) and loses its reply can not tell its own
+		// fence from a later one: it is sent again, and the second start takes the first
+		// over (the first attempt's row written as lost, by the rule of a worker that
+		// died). The caller gets the second, and nothing is half-applied.
+		s := store.New(testutil.PG(t))
+		record(t, s, "s")
+		g, err := s.NewGroupCommitterConfig(noClocks)
+		require.NoError(t, err)
+		defer g.Close()
+		var lost atomic.Int32
+		store.SetGroupHooks(g, store.GroupHooks{After: func([]string) error {
+			if lost.Add(1) == 1 {
+				return errors.New("read tcp: connection reset by peer") // the statement ran; its reply is lost
+			}
+			return nil
+		}})
+		a, err := g.JobStart(ctx, store.AttemptStartParams{Key: "s", Worker: "w"})
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, lost.Load(), "sent twice")
+		assert.Equal(t, int64(2), a.Fence)
+		assert.Equal(t, 2, a.AttemptNo)
+		assert.True(t, a.TookOver)
+		atts, err := s.AttemptList(ctx, "s")
+		require.NoError(t, err)
+		require.Len(t, atts, 2)
+		assert.Equal(t, []string{store.OutcomeLost, "running"}, []string{atts[0].Outcome, atts[1].Outcome})
+		require.NoError(t, s.JobComplete(ctx, store.AttemptFinishParams{Key: "s", Token: a.Fence}))
+	})
+
 	t.Run("LateStatementWinsTheRetry", func(t *testing.T) {
 		// The first statement's connection fails after it was sent; the re-read finds the
 		// job untouched, so the commit is tried again; but the first statement takes

@@ -214,8 +214,10 @@ LEFT JOIN jobs ON jobs.key = input.key AND ins.key IS NULL`,
 
 // AttemptStartParams starts an attempt of a job under a fencing token.
 type AttemptStartParams struct {
-	Key           string
-	Token         int64  // fencing token from the lease claim; must exceed the job's fence
+	Key string
+	// Token is the fencing token from the lease claim, which must exceed the job's fence;
+	// or 0: the start issues the token itself, the job's fence + 1 (StartedAttempt.Fence).
+	Token         int64
 	Worker        string // worker identity, e.g. host/pid
 	SessionID     string // proxy session id, if known at start
 	Country       string // requested exit country
@@ -224,6 +226,7 @@ type AttemptStartParams struct {
 
 // StartedAttempt is what JobStart reports about the attempt it started.
 type StartedAttempt struct {
+	Fence        int64     // the fencing token the attempt runs under (AttemptStartParams.Token, or issued)
 	AttemptNo    int       // 1 for the first attempt of the job
 	JobCreatedAt time.Time // when the job was created
 	BytesTotal   int64     // bytes of the job's earlier attempts (all of them: evidence)
@@ -237,23 +240,27 @@ type StartedAttempt struct {
 	BudgetSince     time.Time // when the budget started (creation or the last requeue)
 }
 
-// JobStart moves the job to running under p.Token and records attempt number
+// JobStart moves the job to running under a new fencing token and records attempt number
 // attempts+1, in one statement. Allowed from pending, retryable, and running with a lower
 // fence (a takeover after the previous holder's lease expired; that holder's attempt is
-// marked superseded, and its worker's bytes are added later by AttemptSupersede). The
-// job's fence is raised to p.Token only if p.Token is higher, so fences never go
-// backwards.
+// written as lost, and its worker's bytes are added later by AttemptSupersede).
 //
-// The statement commits without waiting for its WAL flush (synchronous_commit = off for
-// this transaction only): a start lost in a crash is harmless, because every later write
-// of the attempt requires fence = p.Token exactly, which a lost start never set
-// (TestLostAttemptStartIsHarmless). The completing commit is synchronous and flushes the
-// WAL up to itself, the start included. The job's row is locked first (waiting, within
+// The token is p.Token, applied only if it is above the job's fence (fences never go
+// backwards), or, with p.Token 0, issued here: the fence + 1, reported as
+// StartedAttempt.Fence. The runner issues its tokens here (it holds a lua.Take lease, which
+// has none); the reconciler and reparse bring theirs from a Redis counter.
+//
+// A start with a token of its own commits without waiting for its WAL flush
+// (synchronous_commit = off for this transaction only): a start lost in a crash is
+// harmless, because every later write of the attempt requires fence = p.Token exactly,
+// which a lost start never set (TestLostAttemptStartIsHarmless). One that issues its token
+// waits for the flush, or a crash could issue that token again (startCommitMode). The
+// completing commit is synchronous and flushes the WAL up to itself. The job's row is locked first (waiting, within
 // ctx, for a lock another transaction holds). It is the statement of the GroupCommitter,
 // for a batch of one.
 func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {
-	if p.Token < 1 {
-		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d must be >= 1", p.Key, p.Token)
+	if p.Token < 0 {
+		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d is negative (0 issues one)", p.Key, p.Token)
 	}
 	out, err := s.startRows(ctx, []AttemptStartParams{p}, lockWait)
 	if err != nil {
@@ -388,7 +395,7 @@ func (s *PG) refusal(ctx context.Context, op, key string, token int64, found boo
 
 // startStale: a start is refused for its token when the fence is not below it.
 func startStale(token int64) func(tasks.JobState, int64) bool {
-	return func(_ tasks.JobState, fence int64) bool { return fence >= token }
+	return func(_ tasks.JobState, fence int64) bool { return token > 0 && fence >= token }
 }
 
 // finishStale: a finish is refused for its token when the job runs under another one, or

@@ -210,8 +210,8 @@ func TestTransitions(t *testing.T) {
 		_, err := s.JobStart(ctx, store.AttemptStartParams{Key: "bad-input", Token: 1, ProxyEndpoint: "user:secret@gw.example:7777"})
 		require.Error(t, err)
 		require.NotContains(t, err.Error(), "secret")
-		_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "bad-input", Token: 0})
-		require.ErrorContains(t, err, "token 0")
+		_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "bad-input", Token: -1})
+		require.ErrorContains(t, err, "token -1 is negative")
 		err = s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "bad-input", Token: 1})
 		require.ErrorContains(t, err, "NextAttemptAt")
 		err = s.JobFail(ctx, store.AttemptFinishParams{Key: "bad-input", Token: 1})
@@ -374,4 +374,40 @@ func TestSchemaFingerprints(t *testing.T) {
 	_, err = s.SchemaFingerprintsRecent(ctx, "shop", 1, 0)
 	require.ErrorContains(t, err, "limit 0")
 	require.Equal(t, 3, testutil.Count(t, pool, `SELECT count(*) FROM schema_fingerprints`))
+}
+
+// TestJobStartIssuesToken: Token 0 issues fence + 1 (the runner's starts); a token of the
+// caller's (the reconciler's and reparse's, from a Redis counter) still applies only above
+// the fence, so the two kinds of start never share a token.
+func TestJobStartIssuesToken(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+	record(t, s, "j")
+	issue := func() store.StartedAttempt {
+		t.Helper()
+		a, err := s.JobStart(ctx, store.AttemptStartParams{Key: "j", Worker: "w1", Country: "US"})
+		require.NoError(t, err)
+		return a
+	}
+	a := issue()
+	require.Equal(t, int64(1), a.Fence)
+	require.Equal(t, 1, a.AttemptNo)
+	b := issue() // the holder of 1 lost its lease: a takeover
+	require.Equal(t, int64(2), b.Fence)
+	require.True(t, b.TookOver)
+	require.ErrorIs(t, s.JobComplete(ctx, finish("j", 1)), store.ErrStaleFence, "the first attempt is fenced out")
+
+	c, err := s.JobStart(ctx, store.AttemptStartParams{Key: "j", Token: 7, Worker: "reparse", Country: "US"})
+	require.NoError(t, err)
+	require.Equal(t, int64(7), c.Fence)
+	_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "j", Token: 7, Worker: "reparse", Country: "US"})
+	require.ErrorIs(t, err, store.ErrStaleFence)
+	d := issue()
+	require.Equal(t, int64(8), d.Fence, "issued above a counter's token")
+	require.NoError(t, s.JobComplete(ctx, finish("j", 8)))
+	_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "j", Worker: "w1", Country: "US"})
+	require.ErrorIs(t, err, store.ErrJobComplete)
+	var te *store.TransitionError
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, int64(8), te.Fence)
 }

@@ -34,10 +34,11 @@ const benchPrefix = "bench:"
 const b2Factor = 10
 
 // runB2 measures the lease alone, b2Factor × N cycles from s.Conc goroutines, one job key
-// each, after a warm-up (connections, script cache) on other keys: ours claims
-// the lease with claim.lua (a fresh fencing token) and gives it up with ReleaseDone (what
-// the runner does after a commit); the peer takes a plain lock with SET NX PX and drops it
-// with DEL (no token, no owner check on release).
+// each, after a warm-up (connections) on other keys: ours takes the lease as the runner
+// does (lua.Leases.Take: SET NX PX GET, the holder read back when refused; the token comes
+// from PostgreSQL's start, not measured here) and gives it up as the runner does after a
+// commit (ReleaseCommitted: DEL of lease and counter); the peer takes a plain lock with
+// SET NX PX and drops it with DEL.
 func runB2(ctx context.Context, s runSpec, rdb *redis.Client, rrt *redisCounter, pgrt *pgCounter) (runResult, error) {
 	keys := make([]string, s.N*b2Factor)
 	for i := range keys {
@@ -55,11 +56,11 @@ func runB2(ctx context.Context, s runSpec, rdb *redis.Client, rrt *redisCounter,
 			return runResult{}, err
 		}
 		do = func(ctx context.Context, k string) error {
-			l, err := leases.Claim(ctx, k, "worker-1", ttl, 0)
+			l, err := leases.Take(ctx, k, "worker-1", ttl)
 			if err != nil {
 				return err
 			}
-			return leases.ReleaseDone(ctx, l)
+			return leases.ReleaseCommitted(ctx, l)
 		}
 	} else {
 		do = func(ctx context.Context, k string) error {

@@ -21,7 +21,7 @@
 //     store.GroupCommitter) against one INSERT … ON CONFLICT DO NOTHING per job.
 //   - b5: enqueue of N specs with EnqueueMany when every job already exists ("ours" column:
 //     duplicate) against N fresh ones ("peer" column: fresh).
-//   - b2: the lease alone: lua claim + ReleaseDone against SET NX PX + DEL.
+//   - b2: the lease alone: Take + ReleaseCommitted (the runner's) against SET NX PX + DEL.
 //   - b4: dispatch: outbox.Dispatcher.DispatchOnce of N committed rows against raw
 //     pipelined XADDs of the same entries; then the lag from a grouped commit's return to
 //     its stream entry (p50, p99) with a listening dispatcher, printed below the table.
