@@ -28,7 +28,6 @@ func TestLostAttemptStartIsHarmless(t *testing.T) {
 	srv, pool := crashFixture(t)
 	s := store.New(pool)
 
-
 	const jobs = 100
 	key := func(i int) string { return fmt.Sprintf("crash-%03d", i) }
 	recs := make([]tasks.JobRecord, jobs)
