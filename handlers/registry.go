@@ -204,10 +204,13 @@ type Registry struct {
 	// releasing: job key -> chan closed when the background release of its committed
 	// lease ended (releaseDone); releases counts them for Close. Once closed (under
 	// relMu), a release runs in the delivery itself: Close may already be waiting.
+	// toRelease queues the releases for the one flusher goroutine (flushing: it runs).
 	releasing sync.Map
 	releases  sync.WaitGroup
 	relMu     sync.Mutex
 	closed    bool
+	toRelease []pendingRelease
+	flushing  bool
 }
 
 var kindName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)

@@ -3,6 +3,7 @@ package handlers_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -45,25 +46,47 @@ type leaseScripts struct {
 func (h *leaseScripts) open() { h.openOnce.Do(func() { close(h.gate) }) }
 
 func (h *leaseScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *leaseScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+// ours: cmd is a command on the job's lease key.
+func (h *leaseScripts) ours(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	return len(args) >= 2 && strings.HasSuffix(fmt.Sprint(args[1]), "{"+h.key+"}:lease")
 }
+
+// release reports a release and holds the first one until gate is closed.
+func (h *leaseScripts) release() {
+	h.events <- "release"
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		<-h.gate
+	}
+}
+
+// ProcessPipelineHook sees the releases of committed leases (pipelined by the registry's
+// flusher).
+func (h *leaseScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "del" && h.ours(c) }) {
+			return next(ctx, cmds)
+		}
+		h.release()
+		err := next(ctx, cmds)
+		h.events <- "released"
+		return err
+	}
+}
+
+// ProcessHook sees the take (SET) and a release sent on its own (DEL).
 func (h *leaseScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if len(args) < 2 || !strings.HasSuffix(fmt.Sprint(args[1]), "{"+h.key+"}:lease") {
+		if !h.ours(cmd) {
 			return next(ctx, cmd)
 		}
 		switch cmd.Name() {
 		case "set":
 			h.events <- "claim"
 		case "del":
-			h.events <- "release"
-			first := false
-			h.once.Do(func() { first = true })
-			if first {
-				<-h.gate
-			}
+			h.release()
 		}
 		err := next(ctx, cmd)
 		if cmd.Name() == "del" {
@@ -156,4 +179,68 @@ func TestReleaseAfterClose(t *testing.T) {
 	n, err := r.ns.Client.Exists(ctx, r.ns.Prefix+"{"+key+"}:lease", r.ns.Prefix+"{"+key+"}:fence").Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "no lease, no fence counter")
+}
+
+// delCounter records, per pipeline that deletes anything, how many DELs it carried.
+type delCounter struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (d *delCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (d *delCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (d *delCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, c := range cmds {
+			if c.Name() == "del" {
+				n++
+			}
+		}
+		if n > 0 {
+			d.mu.Lock()
+			d.sizes = append(d.sizes, n)
+			d.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestCommittedReleasesBatched: the releases of committed leases queued while one pipeline
+// is on its way go together in the next one (one round trip for many jobs), and every job
+// still ends without a Redis key.
+func TestCommittedReleasesBatched(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	first, task := r.job(t, "sku-20")
+	counter := &delCounter{}
+	reg, hook := r.hookedRegistry(t, first, nil)
+	// The counter sees every pipeline the registry's client sends (the hooks share it).
+	handlers.RedisOf(reg).AddHook(counter)
+
+	require.NoError(t, reg.ProcessTask(ctx, task))
+	require.Equal(t, "claim", recv(t, hook.events, "the first claim"))
+	require.Equal(t, "release", recv(t, hook.events, "the first release, held"))
+	// The flusher is held in the first pipeline: these queue behind it.
+	const more = 6
+	keys := []string{first}
+	for i := range more {
+		key, task := r.job(t, fmt.Sprintf("sku-%d", 21+i))
+		keys = append(keys, key)
+		require.NoError(t, reg.ProcessTask(ctx, task))
+	}
+	hook.open()
+	require.Equal(t, "released", recv(t, hook.events, "the first release ends"))
+	handlers.WaitReleases(reg)
+	counter.mu.Lock()
+	sizes := slices.Clone(counter.sizes)
+	counter.mu.Unlock()
+	require.Equal(t, []int{1, more}, sizes, "DELs per pipeline: the held one, then all that queued behind it")
+	for _, key := range keys {
+		n, err := r.ns.Client.Exists(ctx, r.ns.Prefix+"{"+key+"}:lease", r.ns.Prefix+"{"+key+"}:fence").Result()
+		require.NoError(t, err)
+		require.Zero(t, n, key)
+	}
 }

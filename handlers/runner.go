@@ -297,6 +297,10 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // later, as any duplicate delivery does. Close waits for every release in flight (after
 // Close a release runs in the delivery); one a crash cuts short leaves a lease that
 // expires with its TTL.
+//
+// The releases are sent by one flusher goroutine, all those queued while its previous
+// round trip ran in one pipeline (natural batching, as the group committer's): one DEL per
+// job, but one write and one read on the connection per batch, not per job.
 func (r *Registry) releaseDone(ctx context.Context, lease lua.Lease, log *slog.Logger) {
 	r.relMu.Lock()
 	if r.closed {
@@ -307,15 +311,52 @@ func (r *Registry) releaseDone(ctx context.Context, lease lua.Lease, log *slog.L
 		return
 	}
 	r.releases.Add(1)
-	r.relMu.Unlock()
 	done := make(chan struct{})
 	r.releasing.Store(lease.Key, done)
-	go func() {
-		defer r.releases.Done()
-		defer close(done)
-		defer r.releasing.CompareAndDelete(lease.Key, done)
-		r.finishRelease(ctx, lease, log)
-	}()
+	r.toRelease = append(r.toRelease, pendingRelease{lease: lease, done: done, log: log})
+	start := !r.flushing
+	r.flushing = true
+	r.relMu.Unlock()
+	if start {
+		go r.flushReleases(context.WithoutCancel(ctx))
+	}
+}
+
+// pendingRelease is a committed job's lease queued for the flusher.
+type pendingRelease struct {
+	lease lua.Lease
+	done  chan struct{}
+	log   *slog.Logger
+}
+
+// flushReleases sends the queued releases, a pipeline per batch, until the queue is empty.
+func (r *Registry) flushReleases(ctx context.Context) {
+	for {
+		r.relMu.Lock()
+		batch := r.toRelease
+		r.toRelease = nil
+		if len(batch) == 0 {
+			r.flushing = false
+			r.relMu.Unlock()
+			return
+		}
+		r.relMu.Unlock()
+		leases := make([]lua.Lease, len(batch))
+		for i, p := range batch {
+			leases[i] = p.lease
+		}
+		rctx, cancel := detached(ctx)
+		errs := r.leases.ReleaseCommittedMany(rctx, leases)
+		cancel()
+		for i, p := range batch {
+			if errs[i] != nil {
+				p.log.WarnContext(ctx, "lease release failed", "err", errs[i])
+			}
+			r.releasing.CompareAndDelete(p.lease.Key, p.done)
+			close(p.done)
+			r.releases.Done()
+		}
+	}
 }
 
 // finishRelease releases a committed job's lease: one DEL, no owner check

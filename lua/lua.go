@@ -248,6 +248,28 @@ func (l *Leases) ReleaseCommitted(ctx context.Context, lease Lease) error {
 	return nil
 }
 
+// ReleaseCommittedMany is ReleaseCommitted for many leases in one pipelined round trip (one
+// DEL each). errs[i] answers leases[i]: nil, a bad-argument error, or the Redis error of
+// that DEL.
+func (l *Leases) ReleaseCommittedMany(ctx context.Context, leases []Lease) []error {
+	errs := make([]error, len(leases))
+	cmds := make([]*redis.IntCmd, len(leases))
+	_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, lease := range leases {
+			if errs[i] = checkLease(lease); errs[i] == nil {
+				cmds[i] = p.Del(ctx, l.keys.Lease(lease.Key), l.keys.Fence(lease.Key))
+			}
+		}
+		return nil
+	})
+	for i, c := range cmds {
+		if c != nil && c.Err() != nil {
+			errs[i] = fmt.Errorf("lua: release %q: %w", leases[i].Key, c.Err())
+		}
+	}
+	return errs
+}
+
 // Renew extends lease to ttl from now on the server clock. It fails with ErrLeaseLost if
 // the lease expired or was deleted and ErrNotOwner if another claim holds it.
 func (l *Leases) Renew(ctx context.Context, lease Lease, ttl time.Duration) error {

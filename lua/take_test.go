@@ -88,6 +88,29 @@ func TestTake(t *testing.T) {
 				require.NoError(t, l.ReleaseCommitted(ctx, a))
 				require.ErrorIs(t, l.Release(ctx, b), lua.ErrLeaseLost)
 			}},
+			{"ReleaseCommittedMany", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+				var ls []lua.Lease
+				for _, k := range []string{"a", "b", "c"} {
+					x, err := l.Take(ctx, k, "w1/"+k, time.Minute)
+					require.NoError(t, err)
+					ls = append(ls, x)
+				}
+				// A counter an older worker or the reconciler left goes with the lease.
+				require.NoError(t, env.client.Set(ctx, l.Keys().Fence("b"), "4", 0).Err())
+				errs := l.ReleaseCommittedMany(ctx, append(ls, lua.Lease{}))
+				require.Len(t, errs, 4)
+				require.NoError(t, errs[0])
+				require.NoError(t, errs[1])
+				require.NoError(t, errs[2])
+				require.Error(t, errs[3], "a lease without key is refused, the others go")
+				assert.Empty(t, scanPrefix(t, env.client, env.prefix))
+				assert.Empty(t, l.ReleaseCommittedMany(ctx, nil))
+				cctx, cancel := context.WithCancel(ctx)
+				cancel()
+				for _, err := range l.ReleaseCommittedMany(cctx, ls) {
+					assert.ErrorIs(t, err, context.Canceled)
+				}
+			}},
 			{"ClaimAndTakeExcludeEachOther", func(t *testing.T, env leaseEnv, l *lua.Leases) {
 				c, err := l.Claim(ctx, "job", "reconciler", time.Minute, 0)
 				require.NoError(t, err)
