@@ -46,6 +46,7 @@ type leaseScripts struct {
 func (h *leaseScripts) open() { h.openOnce.Do(func() { close(h.gate) }) }
 
 func (h *leaseScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+
 // ours: cmd is a command on the job's lease key.
 func (h *leaseScripts) ours(cmd redis.Cmder) bool {
 	args := cmd.Args()
