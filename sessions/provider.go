@@ -56,6 +56,7 @@ type Provider struct {
 	user, pass  template // userTmpl and passTmpl, parsed once
 	maxLifetime time.Duration
 	exitHeader  string // response header naming the exit ("" = the provider sends none)
+	price       Price  // what its traffic costs (WithPrice; zero: no price)
 	creds       credentials
 }
 
@@ -163,7 +164,7 @@ func (p *Provider) WithGateway(gateway string) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	np.exitHeader = p.exitHeader
+	np.exitHeader, np.price = p.exitHeader, p.price
 	return np, nil
 }
 
@@ -199,6 +200,7 @@ const (
 	EnvPassword = "IDEMSCRAPE_PROXY_PASSWORD" // never logged; or a file named by IDEMSCRAPE_PROXY_PASSWORD_FILE
 	EnvZone     = "IDEMSCRAPE_PROXY_ZONE"     // brightdata only
 	EnvGateway  = "IDEMSCRAPE_PROXY_GATEWAY"  // optional host:port override
+	// and EnvPrice, EnvPriceCountries (price.go): what the traffic costs, optional
 )
 
 // ProviderFromEnv builds a preset from the environment (see the Env* constants). Errors
@@ -231,9 +233,15 @@ func ProviderFromEnv() (*Provider, error) {
 		return nil, err
 	}
 	if gw := os.Getenv(EnvGateway); gw != "" {
-		return p.WithGateway(gw)
+		if p, err = p.WithGateway(gw); err != nil {
+			return nil, err
+		}
 	}
-	return p, nil
+	price, err := PriceFromEnv(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
+	return p.WithPrice(price)
 }
 
 // Name is the provider's name, e.g. "oxylabs".

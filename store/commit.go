@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 )
 
@@ -35,6 +36,7 @@ type CommitParams struct {
 	Bytes         int64
 	SessionID     string
 	ProxyEndpoint string
+	Cost          Cost // what the attempt's bytes cost at its proxy's price (zero: no price)
 }
 
 // CommitResult reports what the commit wrote.
@@ -64,6 +66,29 @@ func (p *CommitParams) Validate() error {
 		return fmt.Errorf("store: commit %q: EventPayload is not valid JSON", p.Key)
 	case p.Bytes < 0:
 		return fmt.Errorf("store: commit %q: Bytes %d is negative", p.Key, p.Bytes)
+	}
+	return p.Cost.check("commit", p.Key)
+}
+
+// Cost is what an attempt's bytes cost at its proxy's price, in integer micro-units of
+// Currency (1 USD = 1,000,000 micro-units): no floats reach the database. The zero Cost is
+// "no price configured".
+type Cost struct {
+	Micros   int64
+	Currency string // ISO 4217 code, e.g. "USD"; required when Micros > 0
+}
+
+var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
+
+// check refuses what the attempts table would refuse, naming the attempt.
+func (c Cost) check(op, key string) error {
+	switch {
+	case c.Micros < 0:
+		return fmt.Errorf("store: %s %q: cost %d micro-units is negative", op, key, c.Micros)
+	case c.Currency != "" && !currencyCode.MatchString(c.Currency):
+		return fmt.Errorf("store: %s %q: currency %q is not an ISO 4217 code (three capital letters)", op, key, c.Currency)
+	case c.Micros > 0 && c.Currency == "":
+		return fmt.Errorf("store: %s %q: cost %d micro-units has no currency", op, key, c.Micros)
 	}
 	return nil
 }

@@ -17,3 +17,6 @@ func SetGroupHooks(g *GroupCommitter, h GroupHooks) {
 
 // StartSQL is the fenced start statement (lockSkip) and StartableStates its $7.
 var StartSQL, StartableStates = startSQLs[lockSkip], startableStates
+
+// CommitSQLs are the fenced commit statements ([lock][notify]).
+var CommitSQLs = commitSQLs

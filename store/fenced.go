@@ -57,12 +57,12 @@ type rowOutcome[Res any] struct {
 const commitSQL = `
 WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[], $6::text[],
-		$7::text[], $8::text[], $9::jsonb[], $10::int[], $11::bigint[], $12::text[], $13::text[])
-		AS t(key, token, obs_key, pv, data, fp, event_key, topic, payload, status, bytes, session_id, endpoint)
+		$7::text[], $8::text[], $9::jsonb[], $10::int[], $11::bigint[], $12::text[], $13::text[],
+		$14::bigint[], $15::text[])
+		AS t(key, token, obs_key, pv, data, fp, event_key, topic, payload, status, bytes, session_id, endpoint,
+			cost, currency)
 ), locked AS MATERIALIZED (
 	SELECT j.key FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %[1]s
-), cur AS (
-	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
 ), upd AS (
 	UPDATE jobs j SET state = 'complete', completed_at = now(), updated_at = now(),
 		next_attempt_at = NULL, last_category = NULL, bytes_total = j.bytes_total + i.bytes
@@ -75,6 +75,8 @@ WITH input AS (
 	SELECT %[5]s, i.key, i.pv, i.data, i.fp, i.token FROM input i JOIN upd USING (key)
 	ON CONFLICT (observation_key) DO NOTHING
 	RETURNING job_key
+), cur AS (
+	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
 ), ev AS (
 	INSERT INTO outbox (event_key, topic, payload)
 	SELECT i.event_key, i.topic, i.payload FROM input i JOIN upd USING (key)
@@ -82,20 +84,21 @@ WITH input AS (
 	RETURNING event_key
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, http_status, bytes, outcome)
+		started_at, finished_at, http_status, bytes, outcome, cost_micros, currency)
 	SELECT i.key, u.attempts, i.token, u.attempt_worker, COALESCE(NULLIF(i.session_id, ''), u.attempt_session),
 		u.country, COALESCE(NULLIF(i.endpoint, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()),
-		now(), NULLIF(i.status, 0), i.bytes, 'complete'
+		now(), NULLIF(i.status, 0), i.bytes, 'complete', i.cost, NULLIF(i.currency, '')
 	FROM input i JOIN upd u USING (key)
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'complete', finished_at = now(),
 		http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes,
+		cost_micros = EXCLUDED.cost_micros, currency = EXCLUDED.currency,
 		session_id = COALESCE(NULLIF(EXCLUDED.session_id, ''), a.session_id),
 		proxy_endpoint = COALESCE(NULLIF(EXCLUDED.proxy_endpoint, ''), a.proxy_endpoint)
 ), dup AS (
 	-- Duplicate result writes rejected (committed jobs whose observation key existed) are
 	-- counted in the commit itself, so idemscrape stats reads them from PostgreSQL.
 	INSERT INTO maintenance_counters (name, n, updated_at)
-	SELECT $14, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
+	SELECT $16, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
 	HAVING count(*) > 0
 	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + EXCLUDED.n, updated_at = now()
 )%[2]s
@@ -108,9 +111,9 @@ LEFT JOIN ev ON ev.event_key = i.event_key
 LEFT JOIN cur ON cur.key = i.key
 LEFT JOIN locked ON locked.key = i.key%[3]s`
 
-// commitNotifySQL makes the commit statement notify OutboxNotifyChannel ($15) itself.
+// commitNotifySQL makes the commit statement notify OutboxNotifyChannel ($17) itself.
 const commitNotifySQL, commitNotifyJoin = `, notify AS (
-	SELECT pg_notify($15, '') WHERE EXISTS (SELECT 1 FROM ev)
+	SELECT pg_notify($17, '') WHERE EXISTS (SELECT 1 FROM ev)
 )`, `
 CROSS JOIN (SELECT count(*) FROM notify) AS signalled`
 
@@ -130,15 +133,17 @@ func (s *PG) commitRows(ctx context.Context, batch []CommitParams, lock lockMode
 	var (
 		key, obs, fp, evKey, topic, session, endpoint = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		data, payload                                 = make([]string, n), make([]string, n)
-		token, bytes                                  = make([]int64, n), make([]int64, n)
+		token, bytes, cost                            = make([]int64, n), make([]int64, n), make([]int64, n)
 		pv, status                                    = make([]int32, n), make([]int32, n)
+		currency                                      = make([]string, n)
 	)
 	for i, p := range batch {
 		key[i], token[i], obs[i], pv[i], data[i], fp[i] = p.Key, p.Token, p.ObservationKey, int32(p.ParserVersion), string(p.Data), p.Fingerprint
 		evKey[i], topic[i], payload[i], status[i] = p.EventKey, p.Topic, string(p.EventPayload), int32(p.HTTPStatus)
-		bytes[i], session[i], endpoint[i] = p.Bytes, p.SessionID, p.ProxyEndpoint
+		bytes[i], session[i], endpoint[i], cost[i], currency[i] = p.Bytes, p.SessionID, p.ProxyEndpoint, p.Cost.Micros, p.Cost.Currency
 	}
-	args := []any{key, token, obs, pv, data, fp, evKey, topic, payload, status, bytes, session, endpoint, CounterDuplicateResults}
+	args := []any{key, token, obs, pv, data, fp, evKey, topic, payload, status, bytes, session, endpoint, cost, currency,
+		CounterDuplicateResults}
 	sql := commitSQLs[lock][0]
 	if notify {
 		sql = commitSQLs[lock][1]

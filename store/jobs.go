@@ -51,6 +51,8 @@ type Attempt struct {
 	Outcome       string     `db:"outcome"`
 	Category      string     `db:"category"`
 	Error         string     `db:"error"`
+	CostMicros    int64      `db:"cost_micros"` // what Bytes cost, micro-units of Currency (0: no price)
+	Currency      string     `db:"currency"`
 }
 
 // Attempt outcomes recorded in attempts.outcome.
@@ -75,7 +77,7 @@ const jobColumns = `key, kind, COALESCE(url, '') AS url, COALESCE(source_id, '')
 
 const attemptColumns = `job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
 	started_at, finished_at, COALESCE(http_status, 0) AS http_status, bytes, outcome,
-	COALESCE(category, '') AS category, COALESCE(error, '') AS error`
+	COALESCE(category, '') AS category, COALESCE(error, '') AS error, cost_micros, COALESCE(currency, '') AS currency`
 
 // JobGet returns the jobs row with key, or ErrJobNotFound.
 func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
@@ -97,7 +99,7 @@ func (s *PG) AttemptList(ctx context.Context, key string) ([]Attempt, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_key = $1
 UNION ALL
 SELECT j.key, j.attempts, j.fence, j.attempt_worker, j.attempt_session, j.country, j.attempt_endpoint,
-	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', ''
+	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', '', 0, ''
 FROM jobs j WHERE j.key = $1 AND j.state = 'running'
 	AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence)
 ORDER BY attempt_no`, key)
@@ -280,6 +282,7 @@ type AttemptFinishParams struct {
 	Bytes         int64     // bytes this attempt transferred; added to jobs.bytes_total
 	SessionID     string    // proxy session id (overwrites the start value when set)
 	ProxyEndpoint string    // redacted endpoint (overwrites the start value when set)
+	Cost          Cost      // what Bytes cost at the proxy's price (zero: no price)
 }
 
 // JobComplete moves the job from running to complete, only if its fence still equals
@@ -316,6 +319,9 @@ func (s *PG) finish(ctx context.Context, op string, to tasks.JobState, p Attempt
 	if p.Bytes < 0 {
 		return fmt.Errorf("store: %s %q: Bytes %d is negative", op, p.Key, p.Bytes)
 	}
+	if err := p.Cost.check(op, p.Key); err != nil {
+		return err
+	}
 	var nextAt *time.Time
 	if to == tasks.StateRetryable {
 		nextAt = &p.NextAttemptAt
@@ -337,20 +343,21 @@ WITH cur AS (
 	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, http_status, bytes, outcome, category, error)
+		started_at, finished_at, http_status, bytes, outcome, category, error, cost_micros, currency)
 	SELECT $1, u.attempts, $2, u.attempt_worker, COALESCE(NULLIF($9, ''), u.attempt_session), u.country,
 		COALESCE(NULLIF($10, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()), now(),
-		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, '')
+		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, ''), $11, NULLIF($12, '')
 	FROM upd u
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
 		error = EXCLUDED.error, http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes, finished_at = now(),
+		cost_micros = EXCLUDED.cost_micros, currency = EXCLUDED.currency,
 		session_id = COALESCE(NULLIF(EXCLUDED.session_id, ''), a.session_id),
 		proxy_endpoint = COALESCE(NULLIF(EXCLUDED.proxy_endpoint, ''), a.proxy_endpoint)
 )
 SELECT EXISTS (SELECT 1 FROM upd), cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 		p.Key, p.Token, string(to), nextAt, p.Category, truncateUTF8(p.Error, maxErrorText),
-		p.HTTPStatus, p.Bytes, p.SessionID, p.ProxyEndpoint,
+		p.HTTPStatus, p.Bytes, p.SessionID, p.ProxyEndpoint, p.Cost.Micros, p.Cost.Currency,
 	).Scan(&done, &found, &state, &fence)
 	if err != nil {
 		return fmt.Errorf("store: %s %q: %w", op, p.Key, err)

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -61,7 +62,7 @@ func TestMigration16DownUp(t *testing.T) {
 	assert.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM attempts WHERE job_key = 'run' AND worker = 'w1' AND session_id = 'sess0001' AND fence = 3`))
 	assert.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'jobs' AND column_name LIKE 'attempt\_%'`))
 
-	_, err = p.UpTo(ctx, 16)
+	_, err = p.Up(ctx)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `DELETE FROM attempts WHERE job_key = 'run'`) // a row the previous version wrote, as before
 	require.NoError(t, err)
@@ -71,4 +72,40 @@ func TestMigration16DownUp(t *testing.T) {
 	assert.Equal(t, store.OutcomeRunning, atts[0].Outcome, "read from the jobs row, which up filled in again")
 	assert.Equal(t, "w1", atts[0].Worker)
 	assert.Equal(t, "sess0001", atts[0].SessionID)
+}
+
+// TestMigration17DownUp: the attempts' cost columns go with Down and come back, empty, with
+// Up; the table refuses a cost without a currency or a currency that is not a code.
+func TestMigration17DownUp(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	record(t, s, "paid")
+	_, err := start(ctx, s, "paid", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "paid", Token: 1, NextAttemptAt: time.Now(),
+		Category: "timeout", Bytes: 1000, Cost: store.Cost{Micros: 8, Currency: "USD"}}))
+	for _, bad := range []string{
+		`UPDATE attempts SET cost_micros = 5, currency = NULL WHERE job_key = 'paid'`,
+		`UPDATE attempts SET currency = 'usd' WHERE job_key = 'paid'`,
+		`UPDATE attempts SET cost_micros = -1 WHERE job_key = 'paid'`,
+	} {
+		_, err := pool.Exec(ctx, bad)
+		require.ErrorContains(t, err, "attempts_cost_valid", bad)
+	}
+
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, db, store.Migrations(), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = p.DownTo(ctx, 16)
+	require.NoError(t, err)
+	assert.Zero(t, testutil.Count(t, pool, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'attempts' AND column_name IN ('cost_micros', 'currency')`))
+	_, err = p.Up(ctx)
+	require.NoError(t, err)
+	atts, err := s.AttemptList(ctx, "paid")
+	require.NoError(t, err)
+	require.Len(t, atts, 1)
+	assert.Equal(t, int64(0), atts[0].CostMicros)
+	assert.Equal(t, "", atts[0].Currency)
 }

@@ -52,3 +52,16 @@ func TestStartPlanByPrimaryKey(t *testing.T) {
 	require.NotContains(t, text, "jobs_state_idx", "the start reads the state index:\n%s", text)
 	require.Contains(t, text, "jobs_pkey", text)
 }
+
+// TestFencedSQLMarkersInFirstKB: pg_stat_activity shows a statement's first 1 KB
+// (track_activity_query_size's default), and tests and operators find the fenced commit by
+// its INSERT INTO results there: a longer input list must not push it past.
+func TestFencedSQLMarkersInFirstKB(t *testing.T) {
+	for _, byLock := range store.CommitSQLs {
+		for _, sql := range byLock {
+			i := strings.Index(sql, "INSERT INTO results")
+			require.GreaterOrEqual(t, i, 0)
+			require.Less(t, i+len("INSERT INTO results"), 1024, "the marker ends past the first 1 KB")
+		}
+	}
+}

@@ -17,6 +17,7 @@ type AttemptSupersedeParams struct {
 	ProxyEndpoint string // redacted endpoint, host:port only ("" keeps the recorded one)
 	Category      string // why the worker stopped, e.g. "superseded" ("" means "superseded")
 	Error         string // error text, already free of credentials; cut to 2000 bytes, NULs dropped
+	Cost          Cost   // what Bytes cost at the proxy's price (zero: no price); added once
 }
 
 // ErrAttemptLive: AttemptSupersede was called for the attempt the job is running under;
@@ -47,6 +48,9 @@ func (s *PG) AttemptSupersede(ctx context.Context, p AttemptSupersedeParams) err
 	case p.HTTPStatus < 0:
 		return fmt.Errorf("store: AttemptSupersede %q: HTTPStatus %d is negative", p.Key, p.HTTPStatus)
 	}
+	if err := p.Cost.check("AttemptSupersede", p.Key); err != nil {
+		return err
+	}
 	category := p.Category
 	if category == "" {
 		category = OutcomeSuperseded
@@ -66,6 +70,7 @@ WITH job AS (
 		category = CASE WHEN a.outcome = 'running' THEN $7 ELSE COALESCE(a.category, $7) END,
 		finished_at = COALESCE(a.finished_at, now()),
 		bytes = a.bytes + $3,
+		cost_micros = a.cost_micros + $9, currency = COALESCE(a.currency, NULLIF($10, '')),
 		http_status = COALESCE(NULLIF($4, 0), a.http_status),
 		session_id = COALESCE(NULLIF($5, ''), a.session_id),
 		proxy_endpoint = COALESCE(NULLIF($6, ''), a.proxy_endpoint),
@@ -80,7 +85,7 @@ WITH job AS (
 )
 SELECT COALESCE((SELECT live FROM job), false)`,
 		p.Key, p.Token, p.Bytes, p.HTTPStatus, p.SessionID, p.ProxyEndpoint, category,
-		truncateUTF8(p.Error, maxErrorText),
+		truncateUTF8(p.Error, maxErrorText), p.Cost.Micros, p.Cost.Currency,
 	).Scan(&live)
 	if err != nil {
 		return fmt.Errorf("store: AttemptSupersede %q: %w", p.Key, err)

@@ -1,0 +1,176 @@
+package sessions
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Price is what a proxy provider bills for traffic: micro-units of Currency (1 USD =
+// 1,000,000) per decimal gigabyte (10^9 bytes, as providers bill), optionally a different
+// price per exit country. The zero Price is "no price": attempts cost nothing.
+//
+// Integers throughout: an attempt's cost is its bytes × the price ÷ 10^9, rounded half up
+// to a whole micro-unit, so a cost never depends on a float's rounding and the attempts'
+// costs add up exactly in PostgreSQL.
+type Price struct {
+	Currency    string           // ISO 4217 code, e.g. "USD"
+	MicrosPerGB int64            // the default price
+	ByCountry   map[string]int64 // upper-case ISO 3166 code → micro-units per GB
+}
+
+// Environment variables read by PriceFromEnv.
+const (
+	EnvPrice          = "IDEMSCRAPE_PROXY_PRICE"           // e.g. "8.40 USD/GB"
+	EnvPriceCountries = "IDEMSCRAPE_PROXY_PRICE_COUNTRIES" // e.g. "DE=9.10,BR=12"
+)
+
+var (
+	priceSpec   = regexp.MustCompile(`^([0-9]+(?:\.[0-9]{1,6})?) ?([A-Z]{3})/GB$`)
+	amountSpec  = regexp.MustCompile(`^[0-9]+(?:\.[0-9]{1,6})?$`)
+	countryISO  = regexp.MustCompile(`^[A-Z]{2}$`)
+	currencyISO = regexp.MustCompile(`^[A-Z]{3}$`)
+)
+
+// ParsePrice reads a price per GB written as "<amount> <CUR>/GB", e.g. "8.40 USD/GB" (up
+// to six decimals; the currency an ISO 4217 code).
+func ParsePrice(s string) (Price, error) {
+	m := priceSpec.FindStringSubmatch(strings.TrimSpace(s))
+	if m == nil {
+		return Price{}, fmt.Errorf("sessions: price %q is not \"<amount> <CUR>/GB\" (e.g. \"8.40 USD/GB\": up to 6 decimals, a 3-letter currency code)", s)
+	}
+	micros, err := parseMicros(m[1])
+	if err != nil {
+		return Price{}, fmt.Errorf("sessions: price %q: %w", s, err)
+	}
+	return Price{Currency: m[2], MicrosPerGB: micros}, nil
+}
+
+// WithCountries returns p with per-country prices in the same currency, written
+// "DE=9.10,BR=12" (amounts per GB, as in ParsePrice).
+func (p Price) WithCountries(spec string) (Price, error) {
+	if p.Currency == "" {
+		return Price{}, fmt.Errorf("sessions: per-country prices %q need a default price (and its currency) first", spec)
+	}
+	out := Price{Currency: p.Currency, MicrosPerGB: p.MicrosPerGB, ByCountry: map[string]int64{}}
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		cc, amount, ok := strings.Cut(part, "=")
+		cc, amount = strings.ToUpper(strings.TrimSpace(cc)), strings.TrimSpace(amount)
+		if !ok || !countryISO.MatchString(cc) || !amountSpec.MatchString(amount) {
+			return Price{}, fmt.Errorf("sessions: per-country price %q is not CC=<amount> (e.g. DE=9.10)", part)
+		}
+		if _, dup := out.ByCountry[cc]; dup {
+			return Price{}, fmt.Errorf("sessions: per-country prices name %s twice", cc)
+		}
+		micros, err := parseMicros(amount)
+		if err != nil {
+			return Price{}, fmt.Errorf("sessions: per-country price %q: %w", part, err)
+		}
+		out.ByCountry[cc] = micros
+	}
+	return out, nil
+}
+
+// parseMicros turns a decimal amount with up to six decimals into micro-units.
+func parseMicros(amount string) (int64, error) {
+	whole, frac, _ := strings.Cut(amount, ".")
+	w, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || w > math.MaxInt64/1_000_000-1 {
+		return 0, fmt.Errorf("amount %s is too large", amount)
+	}
+	f := int64(0)
+	if frac != "" {
+		f, _ = strconv.ParseInt((frac + "000000")[:6], 10, 64)
+	}
+	return w*1_000_000 + f, nil
+}
+
+// PriceFromEnv reads IDEMSCRAPE_PROXY_PRICE and IDEMSCRAPE_PROXY_PRICE_COUNTRIES; both
+// unset is the zero Price. Errors name the variable.
+func PriceFromEnv(getenv func(string) string) (Price, error) {
+	def, countries := getenv(EnvPrice), getenv(EnvPriceCountries)
+	if def == "" {
+		if countries != "" {
+			return Price{}, fmt.Errorf("sessions: %s is set but %s is not", EnvPriceCountries, EnvPrice)
+		}
+		return Price{}, nil
+	}
+	p, err := ParsePrice(def)
+	if err != nil {
+		return Price{}, fmt.Errorf("%s: %w", EnvPrice, err)
+	}
+	if countries != "" {
+		if p, err = p.WithCountries(countries); err != nil {
+			return Price{}, fmt.Errorf("%s: %w", EnvPriceCountries, err)
+		}
+	}
+	return p, nil
+}
+
+// IsZero reports whether no price is configured.
+func (p Price) IsZero() bool { return p.Currency == "" }
+
+// PerGB is the price per GB for an exit country (the default when the country has none).
+func (p Price) PerGB(country string) int64 {
+	if m, ok := p.ByCountry[strings.ToUpper(country)]; ok {
+		return m
+	}
+	return p.MicrosPerGB
+}
+
+// Cost is what bytes through an exit in country cost, in micro-units of p.Currency:
+// bytes × PerGB(country) ÷ 10^9, rounded half up (saturating at the largest int64). Zero
+// for the zero Price or no bytes.
+func (p Price) Cost(bytes int64, country string) int64 {
+	per := p.PerGB(country)
+	if p.IsZero() || bytes <= 0 || per <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(bytes), uint64(per))
+	lo, carry := bits.Add64(lo, 500_000_000, 0) // half of 10^9: round half up
+	hi += carry
+	if hi >= 1_000_000_000 {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, 1_000_000_000)
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// String writes the default price as ParsePrice reads it ("8.4 USD/GB").
+func (p Price) String() string {
+	if p.IsZero() {
+		return "no price"
+	}
+	return strconv.FormatFloat(float64(p.MicrosPerGB)/1e6, 'f', -1, 64) + " " + p.Currency + "/GB"
+}
+
+// WithPrice returns a copy of p whose attempts are costed at price (the zero Price: none).
+func (p *Provider) WithPrice(price Price) (*Provider, error) {
+	if !price.IsZero() && !currencyISO.MatchString(price.Currency) {
+		return nil, fmt.Errorf("sessions: provider %s: currency %q is not an ISO 4217 code", p.name, price.Currency)
+	}
+	if price.MicrosPerGB < 0 {
+		return nil, fmt.Errorf("sessions: provider %s: price %d micro-units per GB is negative", p.name, price.MicrosPerGB)
+	}
+	for cc, m := range price.ByCountry {
+		if !countryISO.MatchString(cc) || m < 0 {
+			return nil, fmt.Errorf("sessions: provider %s: per-country price %s=%d is not an upper-case country and a price >= 0", p.name, cc, m)
+		}
+	}
+	np := *p
+	np.price = price
+	return &np, nil
+}
+
+// Price is what the provider's traffic costs (the zero Price when none was configured).
+func (p *Provider) Price() Price { return p.price }
