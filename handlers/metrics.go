@@ -15,6 +15,7 @@ type metrics struct {
 	afterRecovery     *prometheus.CounterVec   // kind
 	duplicateResults  *prometheus.CounterVec   // kind
 	jobBytes          *prometheus.HistogramVec // kind
+	proxyCost         *prometheus.CounterVec   // kind, provider, currency
 	leaseLosses       *prometheus.CounterVec   // kind
 	leaseBusy         *prometheus.CounterVec   // kind
 	sessionRestarts   *prometheus.CounterVec   // kind, reason
@@ -64,6 +65,10 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Help:    "Bytes moved through the proxy per logical job, all attempts, observed when the job completes or fails.",
 			Buckets: prometheus.ExponentialBuckets(1024, 4, 10),
 		}, []string{"kind"}),
+		proxyCost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_proxy_cost_total",
+			Help: "What the attempts' proxy traffic cost at the provider's configured price, in units of the currency (IDEMSCRAPE_PROXY_PRICE); every attempt, wasted ones included.",
+		}, []string{"kind", "provider", "currency"}),
 		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_lease_losses_total",
 			Help: "Attempts that lost their lease while running.",
@@ -128,7 +133,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
-		m.jobBytes, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
+		m.jobBytes, m.proxyCost, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

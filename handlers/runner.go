@@ -96,9 +96,10 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	jobCtx := keeper.Context()
 	begun := time.Now()
 
-	// 3 + 4. Workflow on a sticky session, then parse.
+	// 3 + 4. Workflow on a sticky session, then parse; what its bytes cost.
 	w = r.work(jobCtx, k, job, acq, log)
 	w.probe = adm.probe
+	w.cost = r.attemptCost(k, job, w.unit.Bytes)
 	if k.saved.Enabled() {
 		r.saveInputs(jobCtx, k, job, acq, &w, log)
 	}
@@ -405,8 +406,23 @@ func beforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
 // time left, at most 5 s.
 func deadlineMargin(left time.Duration) time.Duration { return min(left/10, 5*time.Second) }
 
+// attemptCost is what an attempt's bytes cost at the provider's price (zero without one),
+// counted in idemscrape_proxy_cost_total once per attempt: the provider bills the bytes
+// whatever becomes of the attempt. The attempt's record (commit, failure, superseded
+// evidence) stores the same figure.
+func (r *Registry) attemptCost(k *kind, job tasks.Payload, bytes int64) store.Cost {
+	price := r.cfg.Provider.Price()
+	micros := price.Cost(bytes, job.Spec.Country)
+	if micros == 0 {
+		return store.Cost{}
+	}
+	r.metrics.proxyCost.WithLabelValues(k.name, r.cfg.Provider.Name(), price.Currency).Add(float64(micros) / 1e6)
+	return store.Cost{Micros: micros, Currency: price.Currency}
+}
+
 // workResult is what steps 3 and 4 produced.
 type workResult struct {
+	cost store.Cost // what unit.Bytes cost (attemptCost)
 	unit sessions.Result
 	obs  Observation
 	data json.RawMessage
@@ -534,6 +550,7 @@ func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq a
 		Data: w.data, Fingerprint: fingerprint(w.unit.Staged),
 		EventKey: EventKey(job.Key), Topic: k.topic, EventPayload: payload,
 		HTTPStatus: w.unit.LastStatus, Bytes: w.unit.Bytes, SessionID: sess.ID, ProxyEndpoint: sess.Endpoint,
+		Cost: w.cost,
 	})
 	r.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	if err != nil {
@@ -627,7 +644,7 @@ func (r *Registry) superseded(ctx context.Context, k *kind, job tasks.Payload, a
 	ectx, cancel := detached(ctx)
 	defer cancel()
 	if eerr := r.cfg.Store.AttemptSupersede(ectx, store.AttemptSupersedeParams{
-		Key: job.Key, Token: acq.Lease.Token, Bytes: w.unit.Bytes, HTTPStatus: status,
+		Key: job.Key, Token: acq.Lease.Token, Bytes: w.unit.Bytes, HTTPStatus: status, Cost: w.cost,
 		SessionID: w.session(), ProxyEndpoint: r.cfg.Provider.Gateway(),
 		Category: string(tasks.CategorySuperseded), Error: text,
 	}); eerr != nil {
@@ -704,7 +721,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	}
 	params := store.AttemptFinishParams{
 		Key: job.Key, Token: acq.Lease.Token, Category: string(d.Category), Error: errText,
-		HTTPStatus: fe.Status, Bytes: w.unit.Bytes, SessionID: w.session(),
+		HTTPStatus: fe.Status, Bytes: w.unit.Bytes, SessionID: w.session(), Cost: w.cost,
 	}
 	// The writes below are fenced like the commit: a superseded attempt writes nothing. They
 	// run even if the job context was cancelled (lease lost), on a detached context.

@@ -259,7 +259,8 @@ func TestCLI(t *testing.T) {
 		require.NoError(t, err)
 		res, err := st.Commit(ctx, store.CommitParams{Key: key, Token: token, ObservationKey: obsKey, ParserVersion: 3,
 			Data: []byte(`{"price":"19.99"}`), Fingerprint: "sha256:f00d", EventKey: handlers.EventKey(key), Topic: kind,
-			EventPayload: payload, HTTPStatus: 200, Bytes: 2048, SessionID: "sess0002"})
+			EventPayload: payload, HTTPStatus: 200, Bytes: 2048, SessionID: "sess0002",
+			Cost: store.Cost{Micros: 17_203, Currency: "USD"}}) // 2,048 bytes at 8.40 USD/GB
 		require.NoError(t, err)
 		return res
 	}
@@ -268,7 +269,8 @@ func TestCLI(t *testing.T) {
 	commit(k1, 2, k1)
 	start(k2, 1, "w1")
 	require.NoError(t, st.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: k2, Token: 1, NextAttemptAt: time.Now(),
-		Category: "timeout", Error: "GET /p/2: context deadline exceeded", Bytes: 500, HTTPStatus: 0}))
+		Category: "timeout", Error: "GET /p/2: context deadline exceeded", Bytes: 500, HTTPStatus: 0,
+		Cost: store.Cost{Micros: 4_200, Currency: "USD"}}))
 	start(k2, 2, "w2")
 	require.NoError(t, st.JobFail(ctx, store.AttemptFinishParams{Key: k2, Token: 2, Category: "parse_error",
 		Error: "price: selector .price matched nothing", Bytes: 300, HTTPStatus: 200}))
@@ -363,6 +365,12 @@ func TestCLI(t *testing.T) {
 			assert.NotZero(t, st[m], m)
 		}
 		assert.NotEmpty(t, st["retries_caused_by_category"])
+		costs := st["costs"].([]any)
+		require.Len(t, costs, 1)
+		usd := costs[0].(map[string]any)
+		assert.EqualValues(t, 2*17_203+4_200, usd["total_micros"], "k1's and k3's commits, k2's timeout")
+		assert.EqualValues(t, 17_203, usd["useful_micros"])
+		assert.Equal(t, map[string]any{"duplicate": 17_203.0, "retryable/timeout": 4_200.0}, usd["waste_micros"])
 		assert.NotEmpty(t, st["diagnosis"])
 		require.Contains(t, st, "storage")
 		assert.Len(t, st["storage"].(map[string]any)["tables"], 11)

@@ -19,7 +19,8 @@ var statsCmd = command{
 	summary: "Show the six duplicate-work measures (attempts per completed job, jobs completed after lease recovery,\n" +
 		"duplicate result writes rejected, outbox events deduplicated downstream, bytes per logical job, failure\n" +
 		"categories by retries caused), the reconciler's maintenance counters, and a diagnosis when the duplicate\n" +
-		"rate rises; the tables' sizes and what retention deletes next (with the scheduler's -config, or the\n" +
+		"rate rises; what the proxy traffic cost (per completed job, by kind, window and endpoint, and the waste by\n" +
+		"category) where workers have a price (IDEMSCRAPE_PROXY_PRICE); the tables' sizes and what retention deletes next (with the scheduler's -config, or the\n" +
 		"default retentions). Computed from PostgreSQL alone.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		asJSON := fs.Bool("json", false, "print JSON (snake_case fields) instead of tables")
@@ -41,6 +42,10 @@ var statsCmd = command{
 			if sto.RetentionDue, err = pg.RetentionDue(ctx, rc.JobRetention, rc.QuarantineRetention); err != nil {
 				return err
 			}
+			costs, err := pg.StatsCost(ctx)
+			if err != nil {
+				return err
+			}
 			diag := ops.Diagnose(st)
 			if *asJSON {
 				if diag == nil {
@@ -48,11 +53,15 @@ var statsCmd = command{
 				}
 				return writeJSON(c.stdout, struct {
 					store.Stats
-					Diagnosis []string `json:"diagnosis"`
-					Storage   storage  `json:"storage"`
-				}{st, diag, sto})
+					Costs     []store.CostStats `json:"costs"`
+					Diagnosis []string          `json:"diagnosis"`
+					Storage   storage           `json:"storage"`
+				}{st, costs, diag, sto})
 			}
 			if err := writeStats(c.stdout, st, diag); err != nil {
+				return err
+			}
+			if err := writeCosts(c.stdout, costs); err != nil {
 				return err
 			}
 			return writeStorage(c.stdout, sto)
@@ -185,4 +194,48 @@ func humanBytes(n int64) string {
 		v, suffix = v/unit, s
 	}
 	return fmt.Sprintf("%.1f %s", v, suffix)
+}
+
+// money writes micro-units as a decimal amount with its currency, e.g. "0.000021 USD".
+func money(micros int64, currency string) string {
+	return fmt.Sprintf("%d.%06d %s", micros/1_000_000, micros%1_000_000, currency)
+}
+
+// byAmount renders a cost map as "a 0.000021 USD, b …", largest first.
+func byAmount(m map[string]int64, currency string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := sortedKeys(m)
+	sort.SliceStable(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %s", categoryName(k), money(m[k], currency))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// writeCosts prints one table per currency: total, per completed job, useful and wasted,
+// and the sums by kind, window and proxy endpoint.
+func writeCosts(w io.Writer, costs []store.CostStats) error {
+	fmt.Fprintln(w)
+	if len(costs) == 0 {
+		fmt.Fprintln(w, "cost: none recorded (no worker has a price: IDEMSCRAPE_PROXY_PRICE, e.g. \"8.40 USD/GB\")")
+		return nil
+	}
+	for _, c := range costs {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "COST (%s)\tVALUE\n", c.Currency)
+		fmt.Fprintf(tw, "total\t%s over %d attempts\n", money(c.TotalMicros, c.Currency), c.Attempts)
+		fmt.Fprintf(tw, "per completed job\t%s (%d jobs, all their attempts)\n", money(c.PerCompletedJobMicros, c.Currency), c.CompletedJobs)
+		fmt.Fprintf(tw, "useful\t%s\n", money(c.UsefulMicros, c.Currency))
+		fmt.Fprintf(tw, "waste, by category\t%s\n", byAmount(c.Waste, c.Currency))
+		fmt.Fprintf(tw, "by kind\t%s\n", byAmount(c.ByKind, c.Currency))
+		fmt.Fprintf(tw, "by window\t%s\n", byAmount(c.ByWindow, c.Currency))
+		fmt.Fprintf(tw, "by proxy endpoint\t%s\n", byAmount(c.ByProxyEndpoint, c.Currency))
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,0 +1,83 @@
+package handlers_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// TestCostPerAttempt: a worker whose provider has a price (8.40 USD/GB, 10.00 for US exits)
+// records on every attempt exactly its bytes at that price (bytes × price ÷ 10^9, rounded
+// half up); idemscrape_proxy_cost_total counts the same money; and StatsCost adds it up so
+// that useful + waste by category, and the sums by kind, window and endpoint, each equal the
+// sum of the attempts' costs.
+func TestCostPerAttempt(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	price, err := sessions.ParsePrice("8.40 USD/GB")
+	require.NoError(t, err)
+	price, err = price.WithCountries("US=10")
+	require.NoError(t, err)
+	metrics := prometheus.NewRegistry()
+	reg := r.registry(t, func(c *handlers.Config) {
+		c.Provider, err = c.Provider.WithPrice(price)
+		require.NoError(t, err)
+		c.Registerer = metrics
+	})
+
+	retried, task := r.job(t, "sku-30")
+	r.site.Throttle(1, time.Second)
+	require.True(t, decisionOf(reg.ProcessTask(ctx, task)).Retry, "attempt 1 throttled")
+	require.NoError(t, reg.ProcessTask(ctx, task), "attempt 2 completes")
+	first, task := r.job(t, "sku-31")
+	require.NoError(t, reg.ProcessTask(ctx, task))
+
+	var sum, waste int64
+	for _, key := range []string{retried, first} {
+		atts, err := r.st.AttemptList(ctx, key)
+		require.NoError(t, err)
+		for _, a := range atts {
+			require.Positive(t, a.Bytes, "%s attempt %d moved bytes", key, a.AttemptNo)
+			want := (a.Bytes*10_000_000 + 500_000_000) / 1_000_000_000 // US price, half up
+			require.Equal(t, want, a.CostMicros, "%s attempt %d: %d bytes at 10.00 USD/GB", key, a.AttemptNo, a.Bytes)
+			require.Equal(t, price.Cost(a.Bytes, "US"), a.CostMicros)
+			require.Equal(t, "USD", a.Currency)
+			sum += a.CostMicros
+			if a.Outcome != store.OutcomeComplete {
+				require.Equal(t, store.OutcomeRetryable, a.Outcome)
+				waste += a.CostMicros
+			}
+		}
+	}
+	require.Positive(t, waste)
+
+	var metric float64
+	for _, m := range metricFamily(t, metrics, "idemscrape_proxy_cost_total") {
+		require.True(t, labelled(m, "provider", "generic") && labelled(m, "currency", "USD") && labelled(m, "kind", "catalog"))
+		metric += m.GetCounter().GetValue()
+	}
+	require.InDelta(t, float64(sum)/1e6, metric, 1e-9, "the metric counts the same money")
+
+	costs, err := r.st.StatsCost(ctx)
+	require.NoError(t, err)
+	require.Len(t, costs, 1)
+	c := costs[0]
+	require.Equal(t, "USD", c.Currency)
+	require.Equal(t, sum, c.TotalMicros)
+	require.Equal(t, int64(3), c.Attempts)
+	require.Equal(t, int64(2), c.CompletedJobs)
+	require.Equal(t, (sum+1)/2, c.PerCompletedJobMicros)
+	require.Equal(t, map[string]int64{"retryable/" + string(tasks.CategoryThrottled): waste}, c.Waste)
+	require.Equal(t, sum-waste, c.UsefulMicros)
+	require.Equal(t, map[string]int64{"catalog": sum}, c.ByKind)
+	require.Equal(t, map[string]int64{"2026-04-23": sum}, c.ByWindow)
+	require.Equal(t, map[string]int64{r.proxy.Addr: sum}, c.ByProxyEndpoint)
+}
