@@ -57,6 +57,9 @@ type options struct {
 	MaxAttempts int
 	// MaxSessionRestarts is how many new sessions one attempt may replay its unit on.
 	MaxSessionRestarts int
+	// Price is the fake proxy's price: every attempt's cost, the summary's cost per job and
+	// top waste category.
+	Price string
 	// Timeout bounds the run (not the UI wait).
 	Timeout time.Duration
 	// UI keeps the HTTP server up after the summary until ctx is done.
@@ -90,6 +93,7 @@ func defaultOptions() options {
 		// With 15 % disconnects a session finishes its 4 requests half the time: 6 sessions
 		// per attempt and 3 attempts make a served job's failure a one-in-a-million event.
 		MaxSessionRestarts: 5,
+		Price:              "8.40 USD/GB", // a residential proxy's list price
 		Timeout:            110 * time.Second,
 		HTTPAddr:           "127.0.0.1:0",
 		Progress:           progressPlain,
@@ -154,6 +158,15 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	}
 	if provider, err = provider.WithGateway(proxy.Addr); err != nil {
 		return err
+	}
+	if o.Price != "" {
+		price, err := sessions.ParsePrice(o.Price)
+		if err != nil {
+			return err
+		}
+		if provider, err = provider.WithPrice(price); err != nil {
+			return err
+		}
 	}
 
 	// Our own database and Redis namespace, removed at exit.

@@ -72,6 +72,7 @@ func TestDemo(t *testing.T) {
 		assert.Regexp(t, `(?m)^  outbox replays deduplicated\s+[1-9]\d* \(8 events, \d+ stream entries, 8 took effect\)$`, text)
 		assert.Regexp(t, `(?m)^  duplicates rejected\s+15 enqueues`, text) // 10 on the second tick, 5 by hand
 		assert.Regexp(t, `(?m)^\[\s*\d+\.\ds\] jobs 12/12 done`, text)
+		assert.Regexp(t, `(?m)^  proxy cost\s+0\.\d{6} USD per completed job · 0\.\d{6} USD in all \(8\.40 USD/GB\) · top waste: \S+ 0\.\d{6} USD \(\d+ % of the cost\)$`, text)
 		assert.Equal(t, 6, len(regexp.MustCompile(`(?m)^  ok\s+(every complete|every outbox|every event|no result|no outbox) `).FindAllString(text, -1)), "six invariants shown as ok")
 		assert.NotContains(t, text, "FAIL")
 		assert.NotContains(t, text, proxyPassword)

@@ -56,6 +56,7 @@ func main() {
 	rf.Define(&envflag.Set{FS: flag.CommandLine, Prefix: "IDEMSCRAPE_"})
 	flag.IntVar(&o.Products, "products", o.Products, "catalog size: one job per product and served country")
 	flag.Float64Var(&o.Disconnect, "disconnect", o.Disconnect, "probability that the fake proxy's device drops a request")
+	flag.StringVar(&o.Price, "proxy-price", o.Price, `the fake proxy's price, "<amount> <CUR>/GB" ("" for none): each attempt's cost`)
 	flag.BoolVar(&o.UI, "ui", envBool(envUI), "keep the HTTP server (asynqmon, job pages) up after the summary until Ctrl-C (or set "+envUI+"=1)")
 	flag.StringVar(&o.HTTPAddr, "http", o.HTTPAddr, "listen address of the worker's HTTP server")
 	flag.BoolVar(&o.Keep, "keep", false, "keep the demo's database and Redis keys at exit (prints their names)")

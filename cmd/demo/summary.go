@@ -24,6 +24,7 @@ import (
 type summary struct {
 	Elapsed time.Duration
 	Stats   store.Stats
+	Costs   []store.CostStats // what the proxy traffic cost, per currency
 
 	Total        int64
 	AttemptsHist [][2]int64 // (attempts, jobs), by attempts
@@ -81,6 +82,9 @@ func collect(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient,
 	var err error
 	var gap *float64
 	if s.Stats, err = store.New(pool).StatsGet(ctx); err != nil {
+		return nil, err
+	}
+	if s.Costs, err = store.New(pool).StatsCost(ctx); err != nil {
 		return nil, err
 	}
 	err = pool.QueryRow(ctx, `
@@ -348,6 +352,10 @@ func (s *summary) render(w io.Writer, o options) {
 		cats = []string{"none"}
 	}
 	fmt.Fprintf(tw, "  top failure categories\t%s (failed attempts)\n", strings.Join(cats, " · "))
+	for _, c := range s.Costs {
+		fmt.Fprintf(tw, "  proxy cost\t%s per completed job · %s in all (%s) · %s\n",
+			money(c.PerCompletedJobMicros, c.Currency), money(c.TotalMicros, c.Currency), o.Price, topWaste(c))
+	}
 	tw.Flush()
 
 	fmt.Fprintln(w, "\nFAULTS (each must have happened at least once)")
@@ -406,4 +414,23 @@ func sortedKeys(m map[string]int64) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// money writes micro-units as an amount with its currency, e.g. "0.000021 USD".
+func money(micros int64, currency string) string {
+	return fmt.Sprintf("%d.%06d %s", micros/1_000_000, micros%1_000_000, currency)
+}
+
+// topWaste names the costliest waste category and its share of the total.
+func topWaste(c store.CostStats) string {
+	top, most := "", int64(0)
+	for _, k := range sortedKeys(c.Waste) {
+		if c.Waste[k] > most {
+			top, most = k, c.Waste[k]
+		}
+	}
+	if top == "" || c.TotalMicros == 0 {
+		return "no waste"
+	}
+	return fmt.Sprintf("top waste: %s %s (%.0f %% of the cost)", top, money(most, c.Currency), 100*float64(most)/float64(c.TotalMicros))
 }
