@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
@@ -80,4 +82,51 @@ func TestCostPerAttempt(t *testing.T) {
 	require.Equal(t, map[string]int64{"catalog": sum}, c.ByKind)
 	require.Equal(t, map[string]int64{"2026-04-23": sum}, c.ByWindow)
 	require.Equal(t, map[string]int64{r.proxy.Addr: sum}, c.ByProxyEndpoint)
+}
+
+// TestJobMoneyBudget: a kind's money budget is the bytes it buys at the exit's price. A
+// page that costs more than the whole budget stops inside its first attempt (the 20 MiB
+// page is cut near the budget's bytes) and fails the job as budget_exceeded, not retried;
+// a kind with a money budget can not be registered on a worker without a price.
+func TestJobMoneyBudget(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	big := func(job tasks.Payload) (*sessions.Unit, error) {
+		return &sessions.Unit{Steps: []sessions.Step{{Name: "big", Safe: true, Run: func(ctx context.Context, sc *sessions.StepContext) error {
+			resp, err := sc.Get(r.site.URL + "/big") // 20 MiB
+			if err != nil {
+				return err
+			}
+			return sc.Staging.Put("size", len(resp.Body))
+		}}}}, nil
+	}
+	money := handlers.WithRetry(handlers.RetryConfig{MoneyBudget: 2_560}) // 0.00256 USD: 256 KB at 10 USD/GB
+	newReg := func(prov *sessions.Provider) *handlers.Registry {
+		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: prov, KeyPrefix: r.ns.Prefix,
+			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), MaxBodyBytes: 64 << 20}})
+		require.NoError(t, err)
+		t.Cleanup(reg.Close)
+		return reg
+	}
+
+	err := newReg(r.prov).Register(catalog.Kind, big, catalog.Parse, money)
+	require.ErrorContains(t, err, `kind "catalog": a money budget of 2560 micro-units needs a price on provider generic`)
+
+	priced, err := r.prov.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: 10_000_000})
+	require.NoError(t, err)
+	reg := newReg(priced)
+	require.NoError(t, reg.Register(catalog.Kind, big, catalog.Parse, money))
+	key, task := r.job(t, "sku-32")
+	require.ErrorIs(t, reg.ProcessTask(ctx, task), asynq.SkipRetry)
+	job, err := r.st.JobGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tasks.StateFailed, job.State)
+	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	const budgetBytes = 256_000
+	require.Greater(t, job.BytesTotal, int64(budgetBytes), "stopped past the budget's bytes")
+	require.Less(t, job.BytesTotal, int64(4*budgetBytes), "stopped near them, not after 20 MiB")
+	atts, err := r.st.AttemptList(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, atts, 1)
+	require.Equal(t, priced.Price().Cost(atts[0].Bytes, "US"), atts[0].CostMicros, "the overrun is on the record, at the price")
 }

@@ -2,9 +2,12 @@ package handlers
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"math/rand/v2"
 	"time"
 
+	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -71,6 +74,13 @@ type RetryConfig struct {
 	// BandwidthBudget caps the bytes all attempts of one job may move through the proxy.
 	// Defaults to DefaultBandwidthBudget.
 	BandwidthBudget int64
+	// MoneyBudget caps what all attempts of one job may cost, in micro-units of the
+	// provider's currency (sessions.Price; 0: no money budget). It is enforced like the
+	// bandwidth budget, as the bytes it buys at the job's exit price: inside an attempt
+	// (the unit stops at the cap) and between attempts (budget_exceeded). The bytes of
+	// earlier attempts are costed at today's price. Registering a kind with a money budget
+	// on a worker whose provider has no price is an error.
+	MoneyBudget int64
 }
 
 func (c RetryConfig) withDefaults() (RetryConfig, error) {
@@ -83,7 +93,7 @@ func (c RetryConfig) withDefaults() (RetryConfig, error) {
 	if c.BandwidthBudget == 0 {
 		c.BandwidthBudget = DefaultBandwidthBudget
 	}
-	if c.MaxAttempts < 1 || c.TotalBudget < 0 || c.BandwidthBudget < 0 {
+	if c.MaxAttempts < 1 || c.TotalBudget < 0 || c.BandwidthBudget < 0 || c.MoneyBudget < 0 {
 		return c, fmt.Errorf("handlers: RetryConfig: MaxAttempts %d must be >= 1, budgets non-negative", c.MaxAttempts)
 	}
 	for cat, p := range c.Policies {
@@ -111,6 +121,7 @@ type failureInput struct {
 	RetryAfter time.Duration // the destination's Retry-After, 0 if none
 	JobAge     time.Duration // now − job creation
 	JobBytes   int64         // bytes of all attempts, this one included
+	JobCost    int64         // what JobBytes cost at the job's exit price (micro-units; 0 without a price)
 }
 
 // decision is what happens to a job after a failed attempt.
@@ -136,6 +147,9 @@ func (c RetryConfig) decide(in failureInput, rnd func() float64) decision {
 	if in.JobBytes > c.BandwidthBudget {
 		return budget(fmt.Sprintf("%d bytes moved, over the %d-byte budget", in.JobBytes, c.BandwidthBudget))
 	}
+	if c.MoneyBudget > 0 && in.JobCost >= c.MoneyBudget {
+		return budget(fmt.Sprintf("%d micro-units spent, the %d money budget", in.JobCost, c.MoneyBudget))
+	}
 	delay := backoff(p, in.AttemptNo, rnd)
 	delay = max(delay, in.RetryAfter)
 	if in.JobAge+delay > c.TotalBudget {
@@ -154,3 +168,21 @@ func backoff(p Policy, attemptNo int, rnd func() float64) time.Duration {
 }
 
 func defaultRand() float64 { return rand.Float64() }
+
+// attemptByteCap is how many bytes an attempt may still move: what is left of the job's
+// bandwidth budget and, with a money budget, what is left of it at the exit's price per GB
+// (bytes = micro-units × 10^9 ÷ price, rounded down; the earlier bytes costed at today's
+// price). At least 1, so that an attempt that starts with nothing left stops at its first
+// response as budget_exceeded.
+func (c RetryConfig) attemptByteCap(price sessions.Price, country string, bytesSoFar int64) int64 {
+	left := c.BandwidthBudget - bytesSoFar
+	if per := price.PerGB(country); c.MoneyBudget > 0 && per > 0 {
+		money := c.MoneyBudget - price.Cost(bytesSoFar, country)
+		hi, lo := bits.Mul64(uint64(max(money, 0)), 1_000_000_000)
+		if hi < uint64(per) {
+			q, _ := bits.Div64(hi, lo, uint64(per))
+			left = min(left, int64(min(q, uint64(math.MaxInt64))))
+		}
+	}
+	return max(1, left)
+}

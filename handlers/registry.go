@@ -374,6 +374,10 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 	if k.retry, err = k.retry.withDefaults(); err != nil {
 		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 	}
+	if k.retry.MoneyBudget > 0 && r.cfg.Provider.Price().IsZero() {
+		return fmt.Errorf("handlers: kind %q: a money budget of %d micro-units needs a price on provider %s (sessions.Provider.WithPrice, IDEMSCRAPE_PROXY_PRICE)",
+			kindName, k.retry.MoneyBudget, r.cfg.Provider.Name())
+	}
 	k.limiter = r.limiterFor(k)
 	r.mu.Lock()
 	defer r.mu.Unlock()

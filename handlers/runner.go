@@ -490,8 +490,9 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		Country:            job.Spec.Country,
 		SessionLifetime:    k.sessionLifetime,
 		MaxSessionRestarts: r.cfg.MaxSessionRestarts,
-		// The job's bandwidth budget is enforced inside the attempt, not only between them.
-		MaxBytes:  max(1, k.retry.BandwidthBudget-acq.Attempt.BudgetBytes),
+		// The job's bandwidth and money budgets are enforced inside the attempt, not only
+		// between them.
+		MaxBytes:  k.retry.attemptByteCap(r.cfg.Provider.Price(), job.Spec.Country, acq.Attempt.BudgetBytes),
 		Collector: collector,
 		Now:       r.cfg.Now,
 		Logger:    log,
@@ -701,6 +702,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 			RetryAfter: fe.RetryAfter,
 			JobAge:     now.Sub(acq.Attempt.BudgetSince),
 			JobBytes:   acq.Attempt.BudgetBytes + w.unit.Bytes,
+			JobCost:    r.cfg.Provider.Price().Cost(acq.Attempt.BudgetBytes+w.unit.Bytes, job.Spec.Country),
 		}, r.cfg.Rand)
 	}
 	if d.Retry && !exempt {

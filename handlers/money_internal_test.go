@@ -1,0 +1,43 @@
+package handlers
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// TestAttemptByteCap: the bytes an attempt may move are what is left of the bandwidth
+// budget and of the money budget at the exit's price, whichever is less, at least 1.
+func TestAttemptByteCap(t *testing.T) {
+	price := sessions.Price{Currency: "USD", MicrosPerGB: 8_000_000, ByCountry: map[string]int64{"DE": 10_000_000}}
+	c := RetryConfig{BandwidthBudget: 1 << 20, MoneyBudget: 5_000} // 5,000 µUSD = 625,000 bytes at 8 USD/GB
+	require.Equal(t, int64(625_000), c.attemptByteCap(price, "US", 0))
+	require.Equal(t, int64(500_000), c.attemptByteCap(price, "de", 0), "the country's price")
+	require.Equal(t, int64(425_000), c.attemptByteCap(price, "US", 200_000), "200,000 earlier bytes cost 1,600")
+	require.Equal(t, int64(1), c.attemptByteCap(price, "US", 700_000), "spent: 1 byte, so the attempt stops at once")
+	require.Equal(t, int64(1<<20), RetryConfig{BandwidthBudget: 1 << 20}.attemptByteCap(price, "US", 0), "no money budget")
+	require.Equal(t, int64(1<<20-10), c.attemptByteCap(sessions.Price{}, "US", 10), "no price: the bandwidth budget alone")
+	require.Equal(t, int64(1<<20), RetryConfig{BandwidthBudget: 1 << 20, MoneyBudget: math.MaxInt64}.attemptByteCap(price, "US", 0),
+		"a budget too large to convert leaves the bandwidth budget")
+}
+
+// TestDecideMoneyBudget: a retryable failure of a job that has spent its money budget
+// fails the job as budget_exceeded, naming the amounts.
+func TestDecideMoneyBudget(t *testing.T) {
+	c, err := RetryConfig{MoneyBudget: 1_000}.withDefaults()
+	require.NoError(t, err)
+	rnd := func() float64 { return 0 }
+	in := failureInput{Category: tasks.CategoryThrottled, AttemptNo: 1, JobCost: 999}
+	require.True(t, c.decide(in, rnd).Retry)
+	in.JobCost = 1_000
+	d := c.decide(in, rnd)
+	require.False(t, d.Retry)
+	require.Equal(t, tasks.CategoryBudgetExceeded, d.Category)
+	require.Contains(t, d.Why, "1000 micro-units spent, the 1000 money budget")
+	_, err = RetryConfig{MoneyBudget: -1}.withDefaults()
+	require.ErrorContains(t, err, "budgets non-negative")
+}
