@@ -1,10 +1,12 @@
 package handlers
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -22,8 +24,9 @@ import (
 //     incident again, the breaker stays open and the interval doubles up to
 //     IncidentProbeMax.
 //
-// The breaker is per registry (per worker process): the Provider, and so the account, is
-// registry-wide. Registry.Ready reports it (for /readyz) and idemscrape_incident_open shows it.
+// There is one breaker per provider of the registry (per worker process; see
+// providerSlot): Registry.Ready reports them (for /readyz), idemscrape_incident_open is 1
+// while all are open and idemscrape_provider_incident_open shows each.
 
 // Incident defaults.
 const (
@@ -122,4 +125,69 @@ func (b *breaker) state() error {
 	}
 	return fmt.Errorf("%w: %s since %s (%s); next probe at %s",
 		ErrIncident, b.category, b.since.UTC().Format(time.RFC3339), b.detail, b.probeAt.UTC().Format(time.RFC3339))
+}
+
+// Several providers (Config.Providers). Each has its own breaker: an incident on one moves
+// the worker's deliveries to the next provider in Config.Providers' order, and the worker
+// stops taking work only when every provider's breaker is open. A delivery runs its whole
+// unit on the one provider it was admitted to: a change of provider is a lost session,
+// which replays the unit from step 1 on the next delivery, never halves of two providers.
+
+// providerSlot is one provider of the worker and its incident breaker.
+type providerSlot struct {
+	prov    *sessions.Provider
+	breaker breaker
+}
+
+// admitAny picks the provider for one delivery: the first in priority order whose breaker
+// admits it (closed, or open with its probe due: the probe goes first, so that a provider
+// that recovered is restored). When none admits, ok is false and wait is the shortest of
+// their waits.
+func (r *Registry) admitAny(now time.Time) (*providerSlot, admission) {
+	wait := time.Duration(-1)
+	for _, s := range r.providers {
+		adm := s.breaker.admit(now)
+		if adm.ok {
+			return s, adm
+		}
+		if wait < 0 || adm.wait < wait {
+			wait = adm.wait
+		}
+	}
+	return nil, admission{wait: wait}
+}
+
+// incidentState is nil while some provider takes work; otherwise every provider's
+// incident, joined.
+func (r *Registry) incidentState() error {
+	var errs []error
+	for _, s := range r.providers {
+		err := s.breaker.state()
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("provider %s: %w", s.prov.Name(), err))
+	}
+	return errors.Join(errs...)
+}
+
+// openProviders counts the providers whose breaker is open, and sets the gauges:
+// idemscrape_provider_incident_open per provider, idemscrape_incident_open when all are.
+func (r *Registry) openProviders() int {
+	n := 0
+	for _, s := range r.providers {
+		open := s.breaker.state() != nil
+		v := 0.0
+		if open {
+			n++
+			v = 1
+		}
+		r.metrics.providerOpen.WithLabelValues(s.prov.Name()).Set(v)
+	}
+	if n == len(r.providers) {
+		r.metrics.incidentOpen.Set(1)
+	} else {
+		r.metrics.incidentOpen.Set(0)
+	}
+	return n
 }

@@ -32,6 +32,7 @@ type acquireParams struct {
 type acquired struct {
 	Lease   lua.Lease // Lease.Token is the attempt's fencing token (Attempt.Fence)
 	Attempt store.StartedAttempt
+	slot    *providerSlot // the provider the attempt runs on (set by the caller)
 }
 
 // acquire takes the lease of a job and starts an attempt: one Redis command (SET NX PX,

@@ -22,6 +22,7 @@ type metrics struct {
 	commitSeconds     prometheus.Histogram
 	acknowledgedNoOps *prometheus.CounterVec // kind, state: deliveries of complete/failed jobs
 	incidentOpen      prometheus.Gauge
+	providerOpen      *prometheus.GaugeVec   // provider
 	incidentTrips     *prometheus.CounterVec // category
 	incidentDeferred  *prometheus.CounterVec // kind
 	tasksDropped      *prometheus.CounterVec // kind, reason
@@ -92,8 +93,12 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}, []string{"kind", "state"}),
 		incidentOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemscrape_incident_open",
-			Help: "1 while a proxy incident (407: credentials, username format, balance) stops this worker taking work.",
+			Help: "1 while a proxy incident (407: credentials, username format, balance) on every provider stops this worker taking work.",
 		}),
+		providerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemscrape_provider_incident_open",
+			Help: "1 while a proxy incident (407) keeps this worker's deliveries off the provider; with several providers, the others carry the work.",
+		}, []string{"provider"}),
 		incidentTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_incidents_total",
 			Help: "Proxy incidents that stopped this worker taking work, by category.",
@@ -132,7 +137,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Help: "Bytes robots.txt fetches moved through the proxy: the fleet's overhead, not counted against any job's budget.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
+	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
 		m.jobBytes, m.proxyCost, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -106,8 +106,13 @@ type Config struct {
 	NoGroupCommit bool
 	// Redis holds the leases. Required.
 	Redis redis.UniversalClient
-	// Provider issues sticky proxy sessions. Required.
+	// Provider issues sticky proxy sessions. Required unless Providers is set.
 	Provider *sessions.Provider
+	// Providers are several accounts, in the order they are used: every delivery runs on
+	// the first whose incident breaker is closed (see incident.go), so a provider that
+	// refuses the account (407) hands its work to the next until a probe finds it
+	// working again. Names must differ. When set, Provider must be nil or Providers[0].
+	Providers []*sessions.Provider
 	// KeyPrefix of the lease keys. Defaults to DefaultKeyPrefix.
 	KeyPrefix string
 	// Collector configures each session's collector (size cap, timeouts, robots, guard).
@@ -184,13 +189,13 @@ var (
 // implements asynq.Handler; run the asynq server with ServerConfig so its retry delays and
 // failure counting follow the runner's decisions.
 type Registry struct {
-	cfg     Config
-	starter starter
-	owned   *store.GroupCommitter // the default committer, closed by Close
-	leases  *lua.Leases
-	lengths *LeaseLengths
-	breaker breaker
-	metrics *metrics
+	cfg       Config
+	starter   starter
+	owned     *store.GroupCommitter // the default committer, closed by Close
+	leases    *lua.Leases
+	lengths   *LeaseLengths
+	providers []*providerSlot // Config.Providers with their breakers, in order
+	metrics   *metrics
 	// politeness: the shared host limits and the hosts this worker paused.
 	hostLimits *lua.HostLimits
 	paused     pausedHosts
@@ -217,9 +222,26 @@ var kindName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
 
 // NewRegistry validates cfg and returns an empty registry.
 func NewRegistry(cfg Config) (*Registry, error) {
-	if cfg.Store == nil || cfg.Redis == nil || cfg.Provider == nil {
-		return nil, errors.New("handlers: Config needs Store, Redis and Provider")
+	if cfg.Store == nil || cfg.Redis == nil || (cfg.Provider == nil && len(cfg.Providers) == 0) {
+		return nil, errors.New("handlers: Config needs Store, Redis and Provider (or Providers)")
 	}
+	if len(cfg.Providers) == 0 {
+		cfg.Providers = []*sessions.Provider{cfg.Provider}
+	}
+	names := map[string]bool{}
+	for i, p := range cfg.Providers {
+		switch {
+		case p == nil:
+			return nil, fmt.Errorf("handlers: Config.Providers[%d] is nil", i)
+		case names[p.Name()]:
+			return nil, fmt.Errorf("handlers: Config.Providers: provider %s twice (names must differ: they label metrics and attempts)", p.Name())
+		}
+		names[p.Name()] = true
+	}
+	if cfg.Provider != nil && cfg.Provider != cfg.Providers[0] {
+		return nil, errors.New("handlers: Config.Provider and Config.Providers both set: set Providers alone")
+	}
+	cfg.Provider = cfg.Providers[0]
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = DefaultKeyPrefix
 	}
@@ -309,7 +331,11 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	}
 	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, hostLimits: hostLimits, log: cfg.Logger, kinds: map[string]*kind{},
 		inputs: inputs.New(cfg.Store.Pool())}
-	r.breaker.interval, r.breaker.max = cfg.IncidentProbeInterval, cfg.IncidentProbeMax
+	for _, p := range cfg.Providers {
+		s := &providerSlot{prov: p}
+		s.breaker.interval, s.breaker.max = cfg.IncidentProbeInterval, cfg.IncidentProbeMax
+		r.providers = append(r.providers, s)
+	}
 	if cfg.Registerer == nil {
 		reg := prometheus.NewRegistry()
 		cfg.Registerer, r.gatherer = reg, reg
@@ -374,9 +400,11 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 	if k.retry, err = k.retry.withDefaults(); err != nil {
 		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 	}
-	if k.retry.MoneyBudget > 0 && r.cfg.Provider.Price().IsZero() {
-		return fmt.Errorf("handlers: kind %q: a money budget of %d micro-units needs a price on provider %s (sessions.Provider.WithPrice, IDEMSCRAPE_PROXY_PRICE)",
-			kindName, k.retry.MoneyBudget, r.cfg.Provider.Name())
+	for _, p := range r.cfg.Providers {
+		if k.retry.MoneyBudget > 0 && p.Price().IsZero() {
+			return fmt.Errorf("handlers: kind %q: a money budget of %d micro-units needs a price on provider %s (sessions.Provider.WithPrice, IDEMSCRAPE_PROXY_PRICE)",
+				kindName, k.retry.MoneyBudget, p.Name())
+		}
 	}
 	k.limiter = r.limiterFor(k)
 	r.mu.Lock()
@@ -433,7 +461,7 @@ func (r *Registry) Kinds() []string {
 // Ready returns nil when the registry takes work, and an error wrapping ErrIncident that
 // says which incident (category, since when, next probe) when a proxy incident has stopped
 // it. It touches no network: serve it on /readyz together with Redis and PostgreSQL checks.
-func (r *Registry) Ready() error { return r.breaker.state() }
+func (r *Registry) Ready() error { return r.incidentState() }
 
 // Gatherer returns the private metrics registry, or nil when Config.Registerer was given.
 func (r *Registry) Gatherer() prometheus.Gatherer { return r.gatherer }

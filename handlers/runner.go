@@ -56,17 +56,18 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	}
 	log := jobLogger(r.log, slog.String("job", job.Key), slog.String("kind", k.name))
 
-	// 0. An open proxy incident: take no work, touch nothing.
-	adm := r.breaker.admit(r.cfg.Now())
+	// 0. The provider: the first whose incident breaker admits the delivery. An open
+	// incident on every provider: take no work, touch nothing.
+	slot, adm := r.admitAny(r.cfg.Now())
 	if !adm.ok {
 		r.metrics.incidentDeferred.WithLabelValues(k.name).Inc()
 		// Spread over one probe interval, so the backlog does not come due all at once.
 		delay := adm.wait + time.Duration(r.cfg.Rand()*float64(r.cfg.IncidentProbeInterval))
-		return &retryError{delay: delay, counted: false, err: r.breaker.state()}
+		return &retryError{delay: delay, counted: false, err: r.incidentState()}
 	}
 	var w workResult
 	if adm.probe {
-		defer func() { r.probeDone(w, log) }()
+		defer func() { r.probeDone(slot, w, log) }()
 	}
 	// Finish before asynq stops waiting for this delivery, so that the runner — not asynq's
 	// default backoff — decides and records what happens next.
@@ -79,13 +80,14 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 		Key:   job.Key,
 		Owner: r.owner(),
 		TTL:   r.lengths.For(k.name),
-		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: r.cfg.Provider.Gateway()},
+		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway()},
 	})
 	if err != nil {
 		return r.notStarted(k, job, err, log)
 	}
+	acq.slot = slot
 	log = jobLogger(log, slog.Int("attempt", acq.Attempt.AttemptNo), slog.Int64("token", acq.Lease.Token),
-		slog.String("endpoint", r.cfg.Provider.Gateway()))
+		slog.String("endpoint", slot.prov.Gateway()))
 
 	// 2. Keep the lease while we work.
 	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
@@ -99,7 +101,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	// 3 + 4. Workflow on a sticky session, then parse; what its bytes cost.
 	w = r.work(jobCtx, k, job, acq, log)
 	w.probe = adm.probe
-	w.cost = r.attemptCost(k, job, w.unit.Bytes)
+	w.cost = r.attemptCost(slot.prov, k, job, w.unit.Bytes)
 	if k.saved.Enabled() {
 		r.saveInputs(jobCtx, k, job, acq, &w, log)
 	}
@@ -223,6 +225,7 @@ func (r *Registry) undecodable(ctx context.Context, k *kind, decodeErr error) er
 	if err != nil {
 		return r.notStarted(k, job, err, log)
 	}
+	acq.slot = r.providers[0]
 	defer func() { _ = r.release(ctx, acq.Lease, false) }()
 	text := fmt.Sprintf("task payload not readable by worker %s, and the job is %v old (UndecodableMaxAge %v): %v",
 		r.cfg.WorkerID, age.Round(time.Second), r.cfg.UndecodableMaxAge, decodeErr)
@@ -243,7 +246,7 @@ func (r *Registry) undecodable(ctx context.Context, k *kind, decodeErr error) er
 
 // probeDone reports the outcome of the delivery the incident breaker let through as its
 // probe. A probe that met the incident again was already handled by failed.
-func (r *Registry) probeDone(w workResult, log *slog.Logger) {
+func (r *Registry) probeDone(slot *providerSlot, w workResult, log *slog.Logger) {
 	if w.err != nil && isIncident(sessions.CategoryOf(w.err)) {
 		return // failed() met the incident again and re-armed the breaker
 	}
@@ -251,14 +254,14 @@ func (r *Registry) probeDone(w workResult, log *slog.Logger) {
 	case probeRefused:
 		// The 407 came back but another failure (a lost lease) took its place: still an
 		// incident.
-		r.breaker.trip(tasks.CategoryProxyAuth, "the probe met 407 again", r.cfg.Now(), true)
+		slot.breaker.trip(tasks.CategoryProxyAuth, "the probe met 407 again", r.cfg.Now(), true)
 	case probeAuthenticated:
-		if r.breaker.probeDone(true) {
-			r.metrics.incidentOpen.Set(0)
-			log.Info("proxy incident over: the probe authenticated; taking work again")
+		if slot.breaker.probeDone(true) {
+			r.openProviders()
+			log.Info("proxy incident over: the probe authenticated; the provider takes work again", "provider", slot.prov.Name())
 		}
 	default:
-		r.breaker.probeDone(false) // no answer at all: the next delivery probes again
+		slot.breaker.probeDone(false) // no answer at all: the next delivery probes again
 	}
 }
 
@@ -410,13 +413,13 @@ func deadlineMargin(left time.Duration) time.Duration { return min(left/10, 5*ti
 // counted in idemscrape_proxy_cost_total once per attempt: the provider bills the bytes
 // whatever becomes of the attempt. The attempt's record (commit, failure, superseded
 // evidence) stores the same figure.
-func (r *Registry) attemptCost(k *kind, job tasks.Payload, bytes int64) store.Cost {
-	price := r.cfg.Provider.Price()
+func (r *Registry) attemptCost(prov *sessions.Provider, k *kind, job tasks.Payload, bytes int64) store.Cost {
+	price := prov.Price()
 	micros := price.Cost(bytes, job.Spec.Country)
 	if micros == 0 {
 		return store.Cost{}
 	}
-	r.metrics.proxyCost.WithLabelValues(k.name, r.cfg.Provider.Name(), price.Currency).Add(float64(micros) / 1e6)
+	r.metrics.proxyCost.WithLabelValues(k.name, prov.Name(), price.Currency).Add(float64(micros) / 1e6)
 	return store.Cost{Micros: micros, Currency: price.Currency}
 }
 
@@ -486,13 +489,13 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		collector.Limiter = k.limiter
 	}
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
-		Provider:           r.cfg.Provider,
+		Provider:           acq.slot.prov,
 		Country:            job.Spec.Country,
 		SessionLifetime:    k.sessionLifetime,
 		MaxSessionRestarts: r.cfg.MaxSessionRestarts,
 		// The job's bandwidth and money budgets are enforced inside the attempt, not only
 		// between them.
-		MaxBytes:  k.retry.attemptByteCap(r.cfg.Provider.Price(), job.Spec.Country, acq.Attempt.BudgetBytes),
+		MaxBytes:  k.retry.attemptByteCap(acq.slot.prov.Price(), job.Spec.Country, acq.Attempt.BudgetBytes),
 		Collector: collector,
 		Now:       r.cfg.Now,
 		Logger:    log,
@@ -646,7 +649,7 @@ func (r *Registry) superseded(ctx context.Context, k *kind, job tasks.Payload, a
 	defer cancel()
 	if eerr := r.cfg.Store.AttemptSupersede(ectx, store.AttemptSupersedeParams{
 		Key: job.Key, Token: acq.Lease.Token, Bytes: w.unit.Bytes, HTTPStatus: status, Cost: w.cost,
-		SessionID: w.session(), ProxyEndpoint: r.cfg.Provider.Gateway(),
+		SessionID: w.session(), ProxyEndpoint: acq.slot.prov.Gateway(),
 		Category: string(tasks.CategorySuperseded), Error: text,
 	}); eerr != nil {
 		log.WarnContext(ctx, "superseded attempt's evidence not recorded", "err", eerr)
@@ -685,15 +688,26 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	case incident:
 		// The account's failure, not the job's: no cap, no budget, not counted. The job waits
 		// until the breaker's probe may run, spread over one probe interval.
-		opened, wait := r.breaker.trip(fe.Category, fe.Error(), now, w.probe)
+		opened, wait := acq.slot.breaker.trip(fe.Category, fe.Error(), now, w.probe)
 		if opened {
-			r.metrics.incidentOpen.Set(1)
 			r.metrics.incidentTrips.WithLabelValues(string(fe.Category)).Inc()
-			log.ErrorContext(ctx, "proxy incident: the gateway refused the account; taking no work until a probe authenticates",
-				"category", string(fe.Category), "gateway", r.cfg.Provider.Gateway(), "err", fe.Error(), "probe_in", wait)
+			if open := r.openProviders(); open < len(r.providers) {
+				log.ErrorContext(ctx, "proxy incident: the gateway refused the account; its deliveries go to the next provider until a probe authenticates",
+					"category", string(fe.Category), "provider", acq.slot.prov.Name(), "gateway", acq.slot.prov.Gateway(),
+					"err", fe.Error(), "probe_in", wait, "providers_open", open, "providers", len(r.providers))
+			} else {
+				log.ErrorContext(ctx, "proxy incident: the gateway refused the account; taking no work until a probe authenticates",
+					"category", string(fe.Category), "provider", acq.slot.prov.Name(), "gateway", acq.slot.prov.Gateway(),
+					"err", fe.Error(), "probe_in", wait)
+			}
 		}
 		d = decision{Retry: true, Category: fe.Category,
 			Delay: wait + time.Duration(r.cfg.Rand()*float64(r.cfg.IncidentProbeInterval))}
+		if r.incidentState() == nil {
+			// Another provider takes work: the job goes to it at once (asynq's resolution is
+			// a second), on a new session there.
+			d.Delay = time.Second
+		}
 	default:
 		d = k.retry.decide(failureInput{
 			Category: fe.Category,
@@ -702,7 +716,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 			RetryAfter: fe.RetryAfter,
 			JobAge:     now.Sub(acq.Attempt.BudgetSince),
 			JobBytes:   acq.Attempt.BudgetBytes + w.unit.Bytes,
-			JobCost:    r.cfg.Provider.Price().Cost(acq.Attempt.BudgetBytes+w.unit.Bytes, job.Spec.Country),
+			JobCost:    acq.slot.prov.Price().Cost(acq.Attempt.BudgetBytes+w.unit.Bytes, job.Spec.Country),
 		}, r.cfg.Rand)
 	}
 	if d.Retry && !exempt {

@@ -134,6 +134,8 @@ type FakeProxy struct {
 	rotatingBytes atomic.Int64
 	requests      atomic.Int64
 	disconnects   atomic.Int64
+	refusing      atomic.Bool  // SetRefusing: every request answered 407
+	refused       atomic.Int64 // requests answered 407 for SetRefusing
 
 	mu           sync.Mutex
 	discProb     float64
@@ -261,6 +263,14 @@ func (p *FakeProxy) ExitOf(sessionID string) string {
 	return ""
 }
 
+// SetRefusing makes the proxy answer every request 407, whatever its credentials, as a
+// provider does after a password rotation or once the account's balance is spent (true),
+// or take them again (false).
+func (p *FakeProxy) SetRefusing(refusing bool) { p.refusing.Store(refusing) }
+
+// Refused counts the requests answered 407 because of SetRefusing.
+func (p *FakeProxy) Refused() int64 { return p.refused.Load() }
+
 // SetDisconnectProb changes DisconnectProb for the requests that follow; p is clamped to [0, 1].
 func (p *FakeProxy) SetDisconnectProb(prob float64) {
 	prob = math.Max(0, math.Min(1, prob))
@@ -345,6 +355,10 @@ func (p *FakeProxy) serveConn(c net.Conn) {
 // handle answers one request and reports whether the client connection may be reused.
 func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 	cred, ok := p.authenticate(req.Header.Get("Proxy-Authorization"))
+	if ok && p.refusing.Load() {
+		p.refused.Add(1)
+		ok = false
+	}
 	if !ok {
 		h := http.Header{}
 		h.Set("Proxy-Authenticate", `Basic realm="fake"`)

@@ -459,6 +459,19 @@ func TestFakeProxy(t *testing.T) {
 		status, _, _, err = fpGet(fpClient(t, p, "acme", generic.pass), echo.URL+"/")
 		require.NoError(t, err)
 		assert.Equal(t, http.StatusOK, status, "rotating requests have no device to lose")
+
+		// A refused account (password rotated, balance spent): 407 whatever the credentials.
+		p.SetDisconnectProb(0)
+		p.SetRefusing(true)
+		status, _, _, err = fpGet(fpClient(t, p, "acme-session-fresh002", generic.pass), echo.URL+"/")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusProxyAuthRequired, status)
+		assert.Equal(t, int64(1), p.Refused())
+		p.SetRefusing(false)
+		status, _, _, err = fpGet(fpClient(t, p, "acme-session-fresh002", generic.pass), echo.URL+"/")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status, "taken again")
+		assert.Equal(t, int64(1), p.Refused())
 	})
 
 	t.Run("DisconnectClosesConnectTunnel", func(t *testing.T) {

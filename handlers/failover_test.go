@@ -1,0 +1,174 @@
+package handlers_test
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestProviderFailover: a worker with two providers, alpha then beta. Alpha starts
+// answering 407 (its password rotated): the attempt that met it is retryable and not
+// counted, alpha's breaker opens, and the job and the next ones run on beta; the worker
+// stays ready. No unit mixes providers: every session's bytes went through one proxy, the
+// one its attempt records. Alpha answers again: once its probe interval has passed the next
+// delivery is its probe, which authenticates, and alpha takes work again. With both
+// refusing, the worker stops taking work (Ready names both). The clock is the test's: the
+// breakers' schedule does not depend on this box's pace.
+func TestProviderFailover(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	a := r.proxy
+	b := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary})
+	provider := func(name, gateway string) *sessions.Provider {
+		p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
+		require.NoError(t, err)
+		return p
+	}
+	alpha, beta := provider("alpha", a.Addr), provider("beta", b.Addr)
+	var mu sync.Mutex
+	clock := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+	metrics := prometheus.NewRegistry()
+	reg, err := handlers.NewRegistry(handlers.Config{
+		Store: r.st, Redis: r.ns.Client, Providers: []*sessions.Provider{alpha, beta}, KeyPrefix: r.ns.Prefix,
+		Collector:             sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
+		Logger:                slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Registerer:            metrics,
+		Now:                   now,
+		Rand:                  func() float64 { return 0 },
+		IncidentProbeInterval: time.Minute,
+		IncidentProbeMax:      2 * time.Minute,
+	})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse,
+		handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 1}))) // a counted failure would fail the job
+	gauge := func(provider string) float64 {
+		for _, m := range metricFamily(t, metrics, "idemscrape_provider_incident_open") {
+			if labelled(m, "provider", provider) {
+				return m.GetGauge().GetValue()
+			}
+		}
+		return 0
+	}
+	run := func(sku string) (string, error) {
+		key, task := r.job(t, sku)
+		return key, reg.ProcessTask(ctx, task)
+	}
+	rerun := func(key string) error {
+		j, err := r.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		_, task := r.job(t, j.SourceID)
+		return reg.ProcessTask(ctx, task)
+	}
+
+	k1, err := run("sku-40")
+	require.NoError(t, err, "alpha first")
+
+	a.SetRefusing(true)
+	k2, err := run("sku-41")
+	dec := decisionOf(err)
+	require.True(t, dec.Retry, "the 407 is the account's, not the job's: %v", err)
+	require.False(t, dec.Counted, "not counted against the job")
+	require.LessOrEqual(t, dec.Delay, time.Second, "the job goes to beta at once, not after alpha's probe")
+	require.Equal(t, 1.0, gauge("alpha"))
+	require.Equal(t, 0.0, gaugeValue(t, metrics, "idemscrape_incident_open"), "the worker still takes work")
+	require.NoError(t, reg.Ready())
+	require.NoError(t, rerun(k2), "on beta")
+	k3, err := run("sku-42")
+	require.NoError(t, err, "on beta")
+
+	// Alpha is fixed; its probe is due after its interval: the next delivery probes it.
+	a.SetRefusing(false)
+	advance(time.Minute)
+	k4, err := run("sku-43")
+	require.NoError(t, err, "alpha's probe")
+	require.Equal(t, 0.0, gauge("alpha"), "alpha restored")
+	k5, err := run("sku-44")
+	require.NoError(t, err, "alpha again")
+
+	want := map[string][]string{ // each job's attempts: outcome@provider
+		k1: {"complete@alpha"},
+		k2: {"retryable/proxy_auth@alpha", "complete@beta"},
+		k3: {"complete@beta"},
+		k4: {"complete@alpha"},
+		k5: {"complete@alpha"},
+	}
+	gateways := map[string]string{a.Addr: "alpha", b.Addr: "beta"}
+	for key, outcomes := range want {
+		atts, err := r.st.AttemptList(ctx, key)
+		require.NoError(t, err)
+		var got []string
+		for _, at := range atts {
+			o := at.Outcome
+			if at.Category != "" {
+				o += "/" + at.Category
+			}
+			got = append(got, o+"@"+gateways[at.ProxyEndpoint])
+			if at.Outcome != store.OutcomeComplete {
+				continue
+			}
+			// The unit's bytes went through its own provider's proxy only.
+			onA, onB := a.BytesFor(at.SessionID), b.BytesFor(at.SessionID)
+			require.Positive(t, onA+onB, "%s: session %s moved bytes", key, at.SessionID)
+			require.True(t, (onA > 0) != (onB > 0), "%s: session %s went through both proxies", key, at.SessionID)
+			require.Equal(t, gateways[at.ProxyEndpoint] == "alpha", onA > 0, key)
+		}
+		require.Equal(t, outcomes, got, key)
+	}
+	require.Zero(t, countState(t, r.st, tasks.StateFailed), "no job failed for the incident")
+	require.Equal(t, int64(1), a.Refused())
+
+	// Both refuse: the worker stops taking work, and says why.
+	a.SetRefusing(true)
+	b.SetRefusing(true)
+	_, err = run("sku-45")
+	require.True(t, decisionOf(err).Retry)
+	_, err = run("sku-46") // beta meets its 407 now
+	require.True(t, decisionOf(err).Retry)
+	require.ErrorIs(t, reg.Ready(), handlers.ErrIncident)
+	require.ErrorContains(t, reg.Ready(), "provider alpha")
+	require.ErrorContains(t, reg.Ready(), "provider beta")
+	require.NotContains(t, reg.Ready().Error(), canary)
+	require.Equal(t, 1.0, gaugeValue(t, metrics, "idemscrape_incident_open"))
+	refused := a.Refused() + b.Refused()
+	_, err = run("sku-47")
+	dec = decisionOf(err)
+	require.True(t, dec.Retry && !dec.Counted, "handed back untouched")
+	require.Equal(t, refused, a.Refused()+b.Refused(), "no proxy was asked")
+	require.Zero(t, countState(t, r.st, tasks.StateFailed))
+}
+
+func TestProvidersConfig(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	other, err := sessions.NewProvider("generic", "127.0.0.1:1", "{user}-session-{session}", "{pass}", "acct", canary, 0)
+	require.NoError(t, err)
+	base := handlers.Config{Store: r.st, Redis: r.ns.Client, KeyPrefix: r.ns.Prefix}
+	cfg := base
+	cfg.Providers = []*sessions.Provider{r.prov, other}
+	_, err = handlers.NewRegistry(cfg)
+	require.ErrorContains(t, err, "provider generic twice")
+	cfg = base
+	cfg.Provider, cfg.Providers = other, []*sessions.Provider{r.prov}
+	_, err = handlers.NewRegistry(cfg)
+	require.ErrorContains(t, err, "set Providers alone")
+	cfg = base
+	cfg.Providers = []*sessions.Provider{nil}
+	_, err = handlers.NewRegistry(cfg)
+	require.ErrorContains(t, err, "Providers[0] is nil")
+	_, err = handlers.NewRegistry(base)
+	require.ErrorContains(t, err, "Provider (or Providers)")
+}
