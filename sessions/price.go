@@ -94,21 +94,24 @@ func parseMicros(amount string) (int64, error) {
 
 // PriceFromEnv reads IDEMSCRAPE_PROXY_PRICE and IDEMSCRAPE_PROXY_PRICE_COUNTRIES; both
 // unset is the zero Price. Errors name the variable.
-func PriceFromEnv(getenv func(string) string) (Price, error) {
+func PriceFromEnv(getenv func(string) string) (Price, error) { return priceFromEnv(getenv, "") }
+
+// priceFromEnv is PriceFromEnv; suffix is only for the names in errors (getenv adds it).
+func priceFromEnv(getenv func(string) string, suffix string) (Price, error) {
 	def, countries := getenv(EnvPrice), getenv(EnvPriceCountries)
 	if def == "" {
 		if countries != "" {
-			return Price{}, fmt.Errorf("sessions: %s is set but %s is not", EnvPriceCountries, EnvPrice)
+			return Price{}, fmt.Errorf("sessions: %s is set but %s is not", EnvPriceCountries+suffix, EnvPrice+suffix)
 		}
 		return Price{}, nil
 	}
 	p, err := ParsePrice(def)
 	if err != nil {
-		return Price{}, fmt.Errorf("%s: %w", EnvPrice, err)
+		return Price{}, fmt.Errorf("%s: %w", EnvPrice+suffix, err)
 	}
 	if countries != "" {
 		if p, err = p.WithCountries(countries); err != nil {
-			return Price{}, fmt.Errorf("%s: %w", EnvPriceCountries, err)
+			return Price{}, fmt.Errorf("%s: %w", EnvPriceCountries+suffix, err)
 		}
 	}
 	return p, nil

@@ -205,19 +205,64 @@ const (
 
 // ProviderFromEnv builds a preset from the environment (see the Env* constants). Errors
 // name the variable, never its value.
-func ProviderFromEnv() (*Provider, error) {
-	name, user := os.Getenv(EnvProvider), os.Getenv(EnvUser)
-	pass, _, err := secretenv.Lookup(EnvPassword)
+func ProviderFromEnv() (*Provider, error) { return providerFromEnv("") }
+
+// EnvName optionally names a provider (ProvidersFromEnv: two accounts of one preset need
+// different names, which label metrics and logs).
+const EnvName = "IDEMSCRAPE_PROXY_NAME"
+
+// MaxEnvProviders is how many accounts ProvidersFromEnv reads (the first, then _2 … _9).
+const MaxEnvProviders = 9
+
+// ProvidersFromEnv builds the worker's providers in failover order: the first from the
+// Env* variables, then one per suffix _2, _3, … (IDEMSCRAPE_PROXY_PROVIDER_2,
+// IDEMSCRAPE_PROXY_USER_2, IDEMSCRAPE_PROXY_PASSWORD_2 or its _FILE, _ZONE_2, _GATEWAY_2,
+// _PRICE_2, _PRICE_COUNTRIES_2, _NAME_2) for as long as IDEMSCRAPE_PROXY_PROVIDER_<n> is
+// set. Names must differ (IDEMSCRAPE_PROXY_NAME_<n> renames one). Errors name the
+// variable, never its value.
+func ProvidersFromEnv() ([]*Provider, error) {
+	first, err := providerFromEnv("")
+	if err != nil {
+		return nil, err
+	}
+	out := []*Provider{first}
+	seen := map[string]string{first.Name(): EnvProvider}
+	for n := 2; n <= MaxEnvProviders; n++ {
+		suffix := "_" + strconv.Itoa(n)
+		if os.Getenv(EnvProvider+suffix) == "" {
+			if n < MaxEnvProviders && os.Getenv(EnvProvider+"_"+strconv.Itoa(n+1)) != "" {
+				return nil, fmt.Errorf("sessions: %s is set but %s is not: number the accounts without gaps", EnvProvider+"_"+strconv.Itoa(n+1), EnvProvider+suffix)
+			}
+			break
+		}
+		p, err := providerFromEnv(suffix)
+		if err != nil {
+			return nil, err
+		}
+		if other, dup := seen[p.Name()]; dup {
+			return nil, fmt.Errorf("sessions: %s and %s both make a provider named %s: set %s to tell them apart", other, EnvProvider+suffix, p.Name(), EnvName+suffix)
+		}
+		seen[p.Name()] = EnvProvider + suffix
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// providerFromEnv is ProviderFromEnv for the variables ending in suffix ("" or "_<n>").
+func providerFromEnv(suffix string) (*Provider, error) {
+	env := func(name string) string { return os.Getenv(name + suffix) }
+	name, user := env(EnvProvider), env(EnvUser)
+	pass, _, err := secretenv.Lookup(EnvPassword + suffix)
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	if user == "" || pass == "" {
-		return nil, fmt.Errorf("sessions: %s and %s (or %s_FILE) must be set", EnvUser, EnvPassword, EnvPassword)
+		return nil, fmt.Errorf("sessions: %s and %s (or %s_FILE) must be set", EnvUser+suffix, EnvPassword+suffix, EnvPassword+suffix)
 	}
 	var p *Provider
 	switch name {
 	case "brightdata":
-		p, err = BrightData(user, os.Getenv(EnvZone), pass)
+		p, err = BrightData(user, env(EnvZone), pass)
 	case "oxylabs":
 		p, err = Oxylabs(user, pass)
 	case "decodo":
@@ -227,21 +272,39 @@ func ProviderFromEnv() (*Provider, error) {
 	case "soax":
 		p, err = SOAX(user, pass)
 	default:
-		return nil, fmt.Errorf("sessions: %s must be one of brightdata, oxylabs, decodo, iproyal, soax", EnvProvider)
+		return nil, fmt.Errorf("sessions: %s must be one of brightdata, oxylabs, decodo, iproyal, soax", EnvProvider+suffix)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if gw := os.Getenv(EnvGateway); gw != "" {
+	if gw := env(EnvGateway); gw != "" {
 		if p, err = p.WithGateway(gw); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", EnvGateway+suffix, err)
 		}
 	}
-	price, err := PriceFromEnv(os.Getenv)
+	if n := env(EnvName); n != "" {
+		if p, err = p.WithName(n); err != nil {
+			return nil, fmt.Errorf("%s: %w", EnvName+suffix, err)
+		}
+	}
+	price, err := priceFromEnv(env, suffix)
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	return p.WithPrice(price)
+}
+
+var providerName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// WithName returns a copy of p named name (lower-case letters, digits, '_', '.', '-'):
+// two accounts of one preset need different names.
+func (p *Provider) WithName(name string) (*Provider, error) {
+	if !providerName.MatchString(name) {
+		return nil, fmt.Errorf("sessions: provider name %q: lower-case letters, digits, '_', '.', '-', at most 63", name)
+	}
+	np := *p
+	np.name = name
+	return &np, nil
 }
 
 // Name is the provider's name, e.g. "oxylabs".

@@ -126,6 +126,61 @@ func TestProviderFromEnv(t *testing.T) {
 	require.ErrorContains(t, err, EnvPassword)
 }
 
+// TestProvidersFromEnv: the accounts in failover order, each with its own variables
+// (suffix _2, _3 …); a second account of the same preset needs a name; gaps and bad
+// values are refused naming the variable, never the password.
+func TestProvidersFromEnv(t *testing.T) {
+	t.Setenv(EnvProvider, "decodo")
+	t.Setenv(EnvUser, "acme")
+	t.Setenv(EnvPassword, canary)
+	t.Setenv(EnvPrice, "4 USD/GB")
+	ps, err := ProvidersFromEnv()
+	require.NoError(t, err)
+	require.Len(t, ps, 1, "one account: one provider")
+
+	t.Setenv(EnvProvider+"_2", "oxylabs")
+	t.Setenv(EnvUser+"_2", "acme2")
+	t.Setenv(EnvPassword+"_2", canary+"2")
+	t.Setenv(EnvGateway+"_2", "127.0.0.1:7777")
+	t.Setenv(EnvPrice+"_2", "9.5 USD/GB")
+	ps, err = ProvidersFromEnv()
+	require.NoError(t, err)
+	require.Len(t, ps, 2)
+	require.Equal(t, "decodo", ps[0].Name())
+	require.Equal(t, int64(4_000_000), ps[0].Price().MicrosPerGB)
+	require.Equal(t, "oxylabs", ps[1].Name())
+	require.Equal(t, "127.0.0.1:7777", ps[1].Gateway())
+	require.Equal(t, int64(9_500_000), ps[1].Price().MicrosPerGB, "its own price")
+
+	t.Setenv(EnvProvider+"_3", "decodo")
+	t.Setenv(EnvUser+"_3", "acme3")
+	t.Setenv(EnvPassword+"_3", canary)
+	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, EnvName+"_3")
+	t.Setenv(EnvName+"_3", "decodo-backup")
+	ps, err = ProvidersFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, "decodo-backup", ps[2].Name())
+
+	t.Setenv(EnvName+"_3", "Bad Name")
+	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, EnvName+"_3")
+	t.Setenv(EnvName+"_3", "decodo-backup")
+	t.Setenv(EnvPrice+"_3", "cheap")
+	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, EnvPrice+"_3")
+	t.Setenv(EnvPrice+"_3", "")
+	t.Setenv(EnvPassword+"_3", "")
+	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, EnvPassword+"_3")
+	require.NotContains(t, err.Error(), canary)
+	t.Setenv(EnvPassword+"_3", canary)
+
+	t.Setenv(EnvProvider+"_2", "")
+	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, "without gaps")
+}
+
 // TestRedactedForms: every way Go prints or encodes a Provider or Session hides the
 // credentials, nested in other structs too.
 func TestRedactedForms(t *testing.T) {

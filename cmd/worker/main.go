@@ -13,7 +13,9 @@
 // robots.txt cache, outbox streams and asynq's queues all run on either (docs/CLUSTER.md).
 //
 // Proxy credentials come only from the environment (IDEMSCRAPE_PROXY_PROVIDER, _USER,
-// _PASSWORD, _ZONE, _GATEWAY; see sessions.ProviderFromEnv), and so do the HTTP basic-auth
+// _PASSWORD, _ZONE, _GATEWAY, and the price IDEMSCRAPE_PROXY_PRICE; more accounts, used in
+// order when one refuses the account, with the suffixes _2, _3 …; see
+// sessions.ProvidersFromEnv), and so do the HTTP basic-auth
 // credentials (IDEMSCRAPE_HTTP_USER, IDEMSCRAPE_HTTP_PASSWORD): none of them is ever
 // logged. SIGTERM or SIGINT shut the worker down gracefully (see service.Service.Shutdown);
 // it exits 0 after a clean shutdown, 1 on an error, 2 on a bad configuration.
@@ -294,7 +296,7 @@ func (b badSetting) Error() string { return b.err.Error() }
 func (b badSetting) Unwrap() error { return b.err }
 
 func run(ctx context.Context, c config, log *slog.Logger) error {
-	provider, err := sessions.ProviderFromEnv()
+	providers, err := sessions.ProvidersFromEnv()
 	if err != nil {
 		return badSetting{err}
 	}
@@ -350,7 +352,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		committer = fc
 	}
 	reg, err := handlers.NewRegistry(handlers.Config{
-		Store: store.New(pool), Redis: rdb, Provider: provider, Committer: committer,
+		Store: store.New(pool), Redis: rdb, Providers: providers, Committer: committer,
 		KeyPrefix: c.keyPrefix, WorkerID: c.workerID, Collector: collector,
 		MaxSessionRestarts: c.maxSessionRestart,
 		LeaseLengths: &handlers.LeaseLengthConfig{
@@ -404,7 +406,11 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		names = append(names, q)
 	}
 	sort.Strings(names)
-	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxy", provider.Name(), "gateway", provider.Gateway(),
+	var proxies []string
+	for _, p := range providers {
+		proxies = append(proxies, p.Name()+" "+p.Gateway()+" ("+p.Price().String()+")")
+	}
+	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies,
 		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c))
 	return svc.Run(ctx)
 }

@@ -432,3 +432,37 @@ func TestFlags(t *testing.T) {
 		}
 	})
 }
+
+// TestWorkerFailover: the binary with two accounts (IDEMSCRAPE_PROXY_*_2). The first
+// account is refused (407) from the start: its attempts are recorded as proxy_auth, every
+// job completes on the second account's proxy at its price, none fails, and no password
+// reaches the log.
+func TestWorkerFailover(t *testing.T) {
+	bin := buildWorker(t)
+	w := newWorld(t, 4)
+	w.gate.open()
+	w.proxy.SetRefusing(true)
+	backup := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Seed: 4, Format: testutil.ProxyFormatOxylabs, User: "acct2", Password: proxyPassword + "-2"})
+	env := append(w.env(t), "IDEMSCRAPE_PROXY_PROVIDER_2=oxylabs", "IDEMSCRAPE_PROXY_USER_2=acct2",
+		"IDEMSCRAPE_PROXY_PASSWORD_2="+proxyPassword+"-2", "IDEMSCRAPE_PROXY_GATEWAY_2="+backup.Addr,
+		"IDEMSCRAPE_PROXY_NAME_2=oxylabs-backup", "IDEMSCRAPE_PROXY_PRICE_2=6 USD/GB")
+	wk := startWorker(t, bin, w.args(2, 30*time.Second), env)
+	wk.waitLine(t, "oxylabs-backup")
+	for range w.keys {
+		wk.waitLine(t, `"msg":"job complete"`)
+	}
+	require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+	assert.Equal(t, 0, wk.wait(t, 90*time.Second))
+
+	for k, s := range w.states(t) {
+		assert.Equal(t, tasks.StateComplete, s, k)
+	}
+	assert.Positive(t, w.proxy.Refused(), "the first account was tried and refused")
+	assert.Equal(t, testutil.Count(t, w.pool, `SELECT count(*) FROM attempts WHERE category = 'proxy_auth'`),
+		testutil.Count(t, w.pool, `SELECT count(*) FROM attempts WHERE category = 'proxy_auth' AND proxy_endpoint = $1`, w.proxy.Addr))
+	assert.Equal(t, len(w.keys), testutil.Count(t, w.pool,
+		`SELECT count(*) FROM attempts WHERE outcome = 'complete' AND proxy_endpoint = $1 AND currency = 'USD' AND cost_micros > 0`, backup.Addr),
+		"every job completed on the second account, at its price")
+	log := wk.log()
+	assert.NotContains(t, log, proxyPassword)
+}
