@@ -110,7 +110,7 @@ func TestJobMoneyBudget(t *testing.T) {
 	}
 
 	err := newReg(r.prov).Register(catalog.Kind, big, catalog.Parse, money)
-	require.ErrorContains(t, err, `kind "catalog": a money budget of 2560 micro-units needs a price on provider generic`)
+	require.ErrorContains(t, err, `kind "catalog": a money budget of 2560 micro-units needs a price above 0 on provider generic`)
 
 	priced, err := r.prov.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: 10_000_000})
 	require.NoError(t, err)
@@ -129,4 +129,37 @@ func TestJobMoneyBudget(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, atts, 1)
 	require.Equal(t, priced.Price().Cost(atts[0].Bytes, "US"), atts[0].CostMicros, "the overrun is on the record, at the price")
+	require.Contains(t, atts[0].Error, "the job's money budget: 2560 of 2560 micro-units USD left", "the error names the money budget")
+}
+
+// TestMoneyBudgetNeedsOneCurrency: a money budget is refused on providers without a price
+// above 0, or billing in different currencies.
+func TestMoneyBudgetNeedsOneCurrency(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	priced := func(name string, price sessions.Price) *sessions.Provider {
+		p, err := sessions.NewProvider(name, r.proxy.Addr, "{user}-session-{session}", "{pass}", "acct", canary, 0)
+		require.NoError(t, err)
+		p, err = p.WithPrice(price)
+		require.NoError(t, err)
+		return p
+	}
+	usd, eur, free := sessions.Price{Currency: "USD", MicrosPerGB: 8_000_000}, sessions.Price{Currency: "EUR", MicrosPerGB: 7_000_000},
+		sessions.Price{Currency: "USD"}
+	money := handlers.WithRetry(handlers.RetryConfig{MoneyBudget: 1_000})
+	for name, tc := range map[string]struct {
+		providers []*sessions.Provider
+		want      string
+	}{
+		"TwoCurrencies": {[]*sessions.Provider{priced("a", usd), priced("b", eur)}, "provider a bills in USD and b in EUR"},
+		"FreeProvider":  {[]*sessions.Provider{priced("a", usd), priced("b", free)}, "needs a price above 0 on provider b"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Providers: tc.providers, KeyPrefix: r.ns.Prefix,
+				Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
+			require.NoError(t, err)
+			t.Cleanup(reg.Close)
+			require.ErrorContains(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse, money), tc.want)
+			require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse), "without a money budget")
+		})
+	}
 }

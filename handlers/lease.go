@@ -55,7 +55,7 @@ func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParam
 		return acquired{}, err
 	}
 	start := p.Start
-	start.Key, start.Token = p.Key, 0
+	start.Key, start.Token, start.Owner = p.Key, 0, p.Owner
 	att, err := st.JobStart(ctx, start)
 	if err != nil {
 		// Give the lease back so the next delivery need not wait for it to expire. A

@@ -13,16 +13,24 @@ import (
 // TestAttemptByteCap: the bytes an attempt may move are what is left of the bandwidth
 // budget and of the money budget at the exit's price, whichever is less, at least 1.
 func TestAttemptByteCap(t *testing.T) {
+	capOf := func(c RetryConfig, price sessions.Price, country string, soFar int64) int64 {
+		n, _ := c.attemptByteCap(price, country, soFar)
+		return n
+	}
 	price := sessions.Price{Currency: "USD", MicrosPerGB: 8_000_000, ByCountry: map[string]int64{"DE": 10_000_000}}
 	c := RetryConfig{BandwidthBudget: 1 << 20, MoneyBudget: 5_000} // 5,000 µUSD = 625,000 bytes at 8 USD/GB
-	require.Equal(t, int64(625_000), c.attemptByteCap(price, "US", 0))
-	require.Equal(t, int64(500_000), c.attemptByteCap(price, "de", 0), "the country's price")
-	require.Equal(t, int64(425_000), c.attemptByteCap(price, "US", 200_000), "200,000 earlier bytes cost 1,600")
-	require.Equal(t, int64(1), c.attemptByteCap(price, "US", 700_000), "spent: 1 byte, so the attempt stops at once")
-	require.Equal(t, int64(1<<20), RetryConfig{BandwidthBudget: 1 << 20}.attemptByteCap(price, "US", 0), "no money budget")
-	require.Equal(t, int64(1<<20-10), c.attemptByteCap(sessions.Price{}, "US", 10), "no price: the bandwidth budget alone")
-	require.Equal(t, int64(1<<20), RetryConfig{BandwidthBudget: 1 << 20, MoneyBudget: math.MaxInt64}.attemptByteCap(price, "US", 0),
+	require.Equal(t, int64(625_000), capOf(c, price, "US", 0))
+	require.Equal(t, int64(500_000), capOf(c, price, "de", 0), "the country's price")
+	require.Equal(t, int64(425_000), capOf(c, price, "US", 200_000), "200,000 earlier bytes cost 1,600")
+	require.Equal(t, int64(1), capOf(c, price, "US", 700_000), "spent: 1 byte, so the attempt stops at once")
+	require.Equal(t, int64(1<<20), capOf(RetryConfig{BandwidthBudget: 1 << 20}, price, "US", 0), "no money budget")
+	require.Equal(t, int64(1<<20-10), capOf(c, sessions.Price{}, "US", 10), "no price: the bandwidth budget alone")
+	require.Equal(t, int64(1<<20), capOf(RetryConfig{BandwidthBudget: 1 << 20, MoneyBudget: math.MaxInt64}, price, "US", 0),
 		"a budget too large to convert leaves the bandwidth budget")
+	_, note := c.attemptByteCap(price, "US", 0)
+	require.Equal(t, "the job's money budget: 5000 of 5000 micro-units USD left at 8000000 micro-units/GB", note)
+	_, note = RetryConfig{BandwidthBudget: 1000, MoneyBudget: 5_000}.attemptByteCap(price, "US", 0)
+	require.Empty(t, note, "the bandwidth budget is the lesser")
 }
 
 // TestDecideMoneyBudget: a retryable failure of a job that has spent its money budget
@@ -39,5 +47,5 @@ func TestDecideMoneyBudget(t *testing.T) {
 	require.Equal(t, tasks.CategoryBudgetExceeded, d.Category)
 	require.Contains(t, d.Why, "1000 micro-units spent, the 1000 money budget")
 	_, err = RetryConfig{MoneyBudget: -1}.withDefaults()
-	require.ErrorContains(t, err, "budgets non-negative")
+	require.ErrorContains(t, err, "MoneyBudget -1 is negative")
 }

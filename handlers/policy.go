@@ -93,8 +93,15 @@ func (c RetryConfig) withDefaults() (RetryConfig, error) {
 	if c.BandwidthBudget == 0 {
 		c.BandwidthBudget = DefaultBandwidthBudget
 	}
-	if c.MaxAttempts < 1 || c.TotalBudget < 0 || c.BandwidthBudget < 0 || c.MoneyBudget < 0 {
-		return c, fmt.Errorf("handlers: RetryConfig: MaxAttempts %d must be >= 1, budgets non-negative", c.MaxAttempts)
+	switch {
+	case c.MaxAttempts < 1:
+		return c, fmt.Errorf("handlers: RetryConfig: MaxAttempts %d must be >= 1", c.MaxAttempts)
+	case c.TotalBudget < 0:
+		return c, fmt.Errorf("handlers: RetryConfig: TotalBudget %v is negative", c.TotalBudget)
+	case c.BandwidthBudget < 0:
+		return c, fmt.Errorf("handlers: RetryConfig: BandwidthBudget %d is negative", c.BandwidthBudget)
+	case c.MoneyBudget < 0:
+		return c, fmt.Errorf("handlers: RetryConfig: MoneyBudget %d is negative", c.MoneyBudget)
 	}
 	for cat, p := range c.Policies {
 		if p.Retry && (p.Base <= 0 || p.Max < p.Base) {
@@ -147,6 +154,8 @@ func (c RetryConfig) decide(in failureInput, rnd func() float64) decision {
 	if in.JobBytes > c.BandwidthBudget {
 		return budget(fmt.Sprintf("%d bytes moved, over the %d-byte budget", in.JobBytes, c.BandwidthBudget))
 	}
+	// Money: spent means nothing left to buy a byte with (>=); bytes: over the budget (>),
+	// as the attempt's byte cap lets it reach the budget exactly.
 	if c.MoneyBudget > 0 && in.JobCost >= c.MoneyBudget {
 		return budget(fmt.Sprintf("%d micro-units spent, the %d money budget", in.JobCost, c.MoneyBudget))
 	}
@@ -174,15 +183,22 @@ func defaultRand() float64 { return rand.Float64() }
 // (bytes = micro-units × 10^9 ÷ price, rounded down; the earlier bytes costed at today's
 // price). At least 1, so that an attempt that starts with nothing left stops at its first
 // response as budget_exceeded.
-func (c RetryConfig) attemptByteCap(price sessions.Price, country string, bytesSoFar int64) int64 {
+//
+// note says what the cap stands for when the money budget is the lesser ("" when it is the
+// bandwidth budget): RunConfig.BudgetNote, so that budget_exceeded names the right budget.
+func (c RetryConfig) attemptByteCap(price sessions.Price, country string, bytesSoFar int64) (capBytes int64, note string) {
 	left := c.BandwidthBudget - bytesSoFar
 	if per := price.PerGB(country); c.MoneyBudget > 0 && per > 0 {
 		money := c.MoneyBudget - price.Cost(bytesSoFar, country)
 		hi, lo := bits.Mul64(uint64(max(money, 0)), 1_000_000_000)
 		if hi < uint64(per) {
 			q, _ := bits.Div64(hi, lo, uint64(per))
-			left = min(left, int64(min(q, uint64(math.MaxInt64))))
+			if byMoney := int64(min(q, uint64(math.MaxInt64))); byMoney < left {
+				left = byMoney
+				note = fmt.Sprintf("the job's money budget: %d of %d micro-units %s left at %d micro-units/GB",
+					max(money, 0), c.MoneyBudget, price.Currency, per)
+			}
 		}
 	}
-	return max(1, left)
+	return max(1, left), note
 }

@@ -401,9 +401,16 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 	}
 	for _, p := range r.cfg.Providers {
-		if k.retry.MoneyBudget > 0 && p.Price().IsZero() {
-			return fmt.Errorf("handlers: kind %q: a money budget of %d micro-units needs a price on provider %s (sessions.Provider.WithPrice, IDEMSCRAPE_PROXY_PRICE)",
+		if k.retry.MoneyBudget == 0 {
+			break
+		}
+		switch price, first := p.Price(), r.cfg.Providers[0].Price(); {
+		case price.IsZero() || price.MicrosPerGB <= 0:
+			return fmt.Errorf("handlers: kind %q: a money budget of %d micro-units needs a price above 0 on provider %s (sessions.Provider.WithPrice, IDEMSCRAPE_PROXY_PRICE)",
 				kindName, k.retry.MoneyBudget, p.Name())
+		case price.Currency != first.Currency:
+			return fmt.Errorf("handlers: kind %q: a money budget needs one currency, but provider %s bills in %s and %s in %s",
+				kindName, r.cfg.Providers[0].Name(), first.Currency, p.Name(), price.Currency)
 		}
 	}
 	k.limiter = r.limiterFor(k)

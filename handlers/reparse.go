@@ -820,7 +820,7 @@ func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) 
 // the attempt was started under j.lease's token; inserted is the commit's ResultInserted.
 func (rp *reparser) startAndCommit(ctx context.Context, j *reparseJob, owner string) (started, inserted bool, err error) {
 	it, key := j.it, j.it.o.key
-	start := store.AttemptStartParams{Key: key, Worker: "reparse/" + rp.cfg.By, Country: it.job.Spec.Country}
+	start := store.AttemptStartParams{Key: key, Worker: "reparse/" + rp.cfg.By, Country: it.job.Spec.Country, Owner: owner}
 	for reclaims := 0; ; reclaims++ {
 		start.Token = j.lease.Token
 		_, err = rp.group.JobStart(ctx, start)

@@ -488,6 +488,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 	if collector.Limiter == nil {
 		collector.Limiter = k.limiter
 	}
+	maxBytes, budgetNote := k.retry.attemptByteCap(acq.slot.prov.Price(), job.Spec.Country, acq.Attempt.BudgetBytes)
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Provider:           acq.slot.prov,
 		Country:            job.Spec.Country,
@@ -495,10 +496,11 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		MaxSessionRestarts: r.cfg.MaxSessionRestarts,
 		// The job's bandwidth and money budgets are enforced inside the attempt, not only
 		// between them.
-		MaxBytes:  k.retry.attemptByteCap(acq.slot.prov.Price(), job.Spec.Country, acq.Attempt.BudgetBytes),
-		Collector: collector,
-		Now:       r.cfg.Now,
-		Logger:    log,
+		MaxBytes:   maxBytes,
+		BudgetNote: budgetNote,
+		Collector:  collector,
+		Now:        r.cfg.Now,
+		Logger:     log,
 		Quarantine: func(qctx context.Context, q sessions.Quarantined) error {
 			staged, err := json.Marshal(q.Staged)
 			if err != nil {

@@ -73,8 +73,9 @@ type CollectorConfig struct {
 
 	// budget is how many bytes this collector may move before its reads fail with
 	// ErrBudgetExceeded (set by Unit.Run from RunConfig.MaxBytes); only if budgetSet.
-	budgetSet bool
-	budget    int64
+	budgetSet  bool
+	budget     int64
+	budgetNote string // what the budget stands for (RunConfig.BudgetNote), "" for bandwidth
 }
 
 func (c *CollectorConfig) withDefaults() CollectorConfig {
@@ -197,7 +198,7 @@ func (b *Bound) overBudget() bool {
 }
 
 func (b *Bound) budgetError() error {
-	return &budgetExceededError{moved: b.bytes.Load(), budget: b.cfg.budget}
+	return &budgetExceededError{moved: b.bytes.Load(), budget: b.cfg.budget, note: b.cfg.budgetNote}
 }
 
 // Exit is the exit address the session's responses named in the provider's exit header
@@ -536,16 +537,24 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// ErrBudgetExceeded: the run moved more bytes than RunConfig.MaxBytes; the response being
+// ErrBudgetExceeded: the run moved more bytes than RunConfig.MaxBytes (the job's bandwidth
+// budget, or the bytes its money budget buys: RunConfig.BudgetNote); the response being
 // read was aborted (category budget_exceeded).
-var ErrBudgetExceeded = errors.New("sessions: bandwidth budget exceeded")
+var ErrBudgetExceeded = errors.New("sessions: byte budget exceeded")
 
 // budgetExceededError says how much was moved against which budget; errors.Is(err,
 // ErrBudgetExceeded) holds.
-type budgetExceededError struct{ moved, budget int64 }
+type budgetExceededError struct {
+	moved, budget int64
+	note          string // what the byte budget stands for, "" for the bandwidth budget
+}
 
 func (e *budgetExceededError) Error() string {
-	return fmt.Sprintf("%v: this session moved %d bytes, the run had %d left", ErrBudgetExceeded, e.moved, e.budget)
+	msg := fmt.Sprintf("%v: this session moved %d bytes, the run had %d left", ErrBudgetExceeded, e.moved, e.budget)
+	if e.note != "" {
+		msg += " (" + e.note + ")"
+	}
+	return msg
 }
 
 func (e *budgetExceededError) Is(target error) bool { return target == ErrBudgetExceeded }

@@ -126,6 +126,10 @@ type RunConfig struct {
 	// as Result.Bytes counts them) exceed it, the response being read is aborted and the
 	// run stops with category budget_exceeded, without replay. Defaults to 0: unlimited.
 	MaxBytes int64
+	// BudgetNote names what MaxBytes stands for in the budget_exceeded error when it is not
+	// the bandwidth budget itself, e.g. "the job's money budget: 2560 micro-units at
+	// 10 USD/GB". Optional.
+	BudgetNote string
 	// Collector configures each session's collector.
 	Collector CollectorConfig
 	// Quarantine receives the staging of every run that did not finish. Required: the
@@ -237,7 +241,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		runCfg := collectorCfg
 		if cfg.MaxBytes > 0 {
 			// What earlier sessions of this run moved counts against the same budget.
-			runCfg.budgetSet, runCfg.budget = true, cfg.MaxBytes-res.Bytes
+			runCfg.budgetSet, runCfg.budget, runCfg.budgetNote = true, cfg.MaxBytes-res.Bytes, cfg.BudgetNote
 		}
 		staged, failure, unsafeRan := u.runOnce(ctx, sess, &runCfg, now, &res)
 		if failure == nil {

@@ -80,6 +80,11 @@ type Cost struct {
 
 var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
 
+// String writes the cost as a decimal amount with its currency, e.g. "0.000021 USD".
+func (c Cost) String() string {
+	return fmt.Sprintf("%d.%06d %s", c.Micros/1_000_000, c.Micros%1_000_000, c.Currency)
+}
+
 // check refuses what the attempts table would refuse, naming the attempt.
 func (c Cost) check(op, key string) error {
 	switch {

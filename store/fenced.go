@@ -245,11 +245,9 @@ LEFT JOIN jobs j ON j.key = i.key`, key, token, obs, ev)
 }
 
 const startSQL = `
-WITH async AS (
-	SELECT set_config('synchronous_commit', $8::text, true)
-), input AS (
-	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[])
-		AS t(key, token, worker, session_id, country, endpoint)
+WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $8::text[])
+		AS t(key, token, worker, session_id, country, endpoint, owner)
 ), locked AS MATERIALIZED (
 	SELECT j.key, j.state, j.fence, j.attempts, j.country, j.attempt_worker, j.attempt_session,
 		j.attempt_endpoint, j.attempt_started_at
@@ -260,7 +258,8 @@ WITH async AS (
 	UPDATE jobs j SET state = 'running', fence = CASE WHEN i.token = 0 THEN j.fence + 1 ELSE i.token END,
 		attempts = j.attempts + 1,
 		next_attempt_at = NULL, updated_at = now(), attempt_worker = i.worker,
-		attempt_session = i.session_id, attempt_endpoint = i.endpoint, attempt_started_at = now()
+		attempt_session = i.session_id, attempt_endpoint = i.endpoint, attempt_started_at = now(),
+		attempt_owner = i.owner
 	FROM input i JOIN locked USING (key)
 	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND j.state = ANY($7::text[])
 		AND (i.token = 0 OR j.fence < i.token)
@@ -285,8 +284,7 @@ SELECT i.key, upd.fence, upd.attempts, upd.created_at, COALESCE(upd.bytes_total,
 FROM input i
 LEFT JOIN upd USING (key)
 LEFT JOIN cur ON cur.key = i.key
-LEFT JOIN locked ON locked.key = i.key
-CROSS JOIN async`
+LEFT JOIN locked ON locked.key = i.key`
 
 // startableStates are the states a start moves to running. They are a parameter, not a
 // constant list, so that the planner can not prove the partial state index's predicate
@@ -320,32 +318,18 @@ func (r startRow) started() StartedAttempt {
 		BudgetAttemptNo: int(r.budgetNo), BudgetBytes: r.budgetBytes, BudgetSince: *r.budgetSince}
 }
 
-// startCommitMode is the start statement's synchronous_commit. A start whose token came from
-// the caller (a Redis counter that never repeats one) commits without waiting for its WAL
-// flush: a start lost in a crash is harmless, because every later write of the attempt
-// requires fence = token exactly, which the lost start never set and nobody else is given
-// (TestLostAttemptStartIsHarmless). A start that issues its token (Token 0: fence + 1) must
-// not be lost once its token is handed out: after a crash the next start would issue the
-// same number again, and two attempts would hold one token (TestIssuedTokenSurvivesCrash).
-// Such a batch waits for its flush, one per statement.
-func startCommitMode(tokens []int64) string {
-	if slices.Contains(tokens, 0) {
-		return "on"
-	}
-	return "off"
-}
-
 // startRows runs the fenced attempt start of distinct jobs in one statement (see
 // PG.JobStart). err is a failure of the statement as a whole.
 func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock lockMode) ([]rowOutcome[StartedAttempt], error) {
 	n := len(batch)
 	keys, workers, sessions, countries, endpoints := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	owners := make([]string, n)
 	tokens := make([]int64, n)
 	for i, p := range batch {
 		keys[i], tokens[i], workers[i], sessions[i], countries[i], endpoints[i] = p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint
+		owners[i] = p.Owner
 	}
-	rows, err := s.pool.Query(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates,
-		startCommitMode(tokens))
+	rows, err := s.pool.Query(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates, owners)
 	if err != nil {
 		return nil, err
 	}
@@ -392,19 +376,21 @@ func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock loc
 // get.
 func (s *PG) resolveStarts(ctx context.Context, batch []AttemptStartParams) ([]rowOutcome[StartedAttempt], error) {
 	n := len(batch)
-	keys := make([]string, n)
+	keys, owners := make([]string, n), make([]string, n)
 	tokens := make([]int64, n)
 	for i, p := range batch {
-		keys[i], tokens[i] = p.Key, p.Token
+		keys[i], tokens[i], owners[i] = p.Key, p.Token, p.Owner
 	}
 	rows, err := s.pool.Query(ctx, `
-SELECT i.key, j.fence, CASE WHEN i.token > 0 AND j.fence = i.token AND j.state = 'running' THEN j.attempts END, j.created_at,
+SELECT i.key, j.fence, CASE WHEN j.state = 'running' AND (
+		(i.owner <> '' AND j.attempt_owner = i.owner AND (i.token = 0 OR j.fence = i.token))
+		OR (i.owner = '' AND i.token > 0 AND j.fence = i.token)) THEN j.attempts END, j.created_at,
 	COALESCE(j.bytes_total, 0), COALESCE(j.attempts - j.budget_attempts, 0), COALESCE(j.bytes_total - j.budget_bytes, 0),
 	COALESCE(j.budget_since, j.created_at), j.key IS NOT NULL, COALESCE(j.state, ''), COALESCE(j.fence, 0),
 	EXISTS (SELECT 1 FROM attempts p WHERE p.job_key = i.key AND p.attempt_no = j.attempts - 1
-		AND p.outcome IN ('lost', 'superseded') AND p.category = 'superseded' AND p.fence < i.token)
-FROM unnest($1::text[], $2::bigint[]) AS i(key, token)
-LEFT JOIN jobs j ON j.key = i.key`, keys, tokens)
+		AND p.outcome IN ('lost', 'superseded') AND p.category = 'superseded' AND p.fence < j.fence)
+FROM unnest($1::text[], $2::bigint[], $3::text[]) AS i(key, token, owner)
+LEFT JOIN jobs j ON j.key = i.key`, keys, tokens, owners)
 	if err != nil {
 		return nil, err
 	}
@@ -427,13 +413,15 @@ LEFT JOIN jobs j ON j.key = i.key`, keys, tokens)
 		r := got[p.Key]
 		st := tasks.JobState(r.state)
 		switch {
-		case p.Token == 0 && r.found && slices.Contains(startableStates, string(st)):
-			// An issued token can not be told apart from a later one: start again. If the
-			// first start took effect, this one takes it over (the first attempt's row is
-			// written as lost, category superseded), as after a worker that died there.
-			out[i].busy = true
 		case r.attemptNo != nil && r.createdAt != nil:
+			// Running under this start's owner (unique per start) or, without an owner,
+			// its own token: the start took effect.
 			out[i].res = r.started()
+		case p.Token == 0 && r.found && slices.Contains(startableStates, string(st)):
+			// Not this start's (another owner, or none given): it did not take effect, or,
+			// without an owner to tell, it may have; sent again, it takes the first over
+			// (its row written as lost) as after a worker that died there.
+			out[i].busy = true
 		case r.found && r.fence < p.Token && slices.Contains(startableStates, string(st)):
 			out[i].busy = true
 		default:

@@ -336,10 +336,10 @@ func TestGroupCommitAmbiguousCommit(t *testing.T) {
 	})
 
 	t.Run("IssuedTokenReplyLost", func(t *testing.T) {
-		// A start that issues its token (Token 0) and loses its reply can not tell its own
-		// fence from a later one: it is sent again, and the second start takes the first
-		// over (the first attempt's row written as lost, by the rule of a worker that
-		// died). The caller gets the second, and nothing is half-applied.
+		// A start that issues its token (Token 0) and loses its reply is recognised by its
+		// owner on the jobs row: reported as started, not sent again. Without an owner it
+		// can not tell its fence from a later one: it is sent again and takes the first
+		// over (the first attempt's row written as lost).
 		s := store.New(testutil.PG(t))
 		record(t, s, "s")
 		g, err := s.NewGroupCommitterConfig(noClocks)
@@ -352,17 +352,26 @@ func TestGroupCommitAmbiguousCommit(t *testing.T) {
 			}
 			return nil
 		}})
-		a, err := g.JobStart(ctx, store.AttemptStartParams{Key: "s", Worker: "w"})
+		a, err := g.JobStart(ctx, store.AttemptStartParams{Key: "s", Worker: "w", Owner: "w/0001"})
 		require.NoError(t, err)
-		assert.EqualValues(t, 2, lost.Load(), "sent twice")
-		assert.Equal(t, int64(2), a.Fence)
-		assert.Equal(t, 2, a.AttemptNo)
-		assert.True(t, a.TookOver)
-		atts, err := s.AttemptList(ctx, "s")
+		assert.EqualValues(t, 1, lost.Load(), "resolved by its owner, not sent again")
+		assert.Equal(t, int64(1), a.Fence)
+		assert.Equal(t, 1, a.AttemptNo)
+		assert.False(t, a.TookOver)
+		require.NoError(t, s.JobComplete(ctx, store.AttemptFinishParams{Key: "s", Token: a.Fence}))
+
+		record(t, s, "anon")
+		lost.Store(0)
+		b, err := g.JobStart(ctx, store.AttemptStartParams{Key: "anon", Worker: "w"})
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, lost.Load(), "without an owner: sent again")
+		assert.Equal(t, int64(2), b.Fence)
+		assert.Equal(t, 2, b.AttemptNo)
+		assert.True(t, b.TookOver)
+		atts, err := s.AttemptList(ctx, "anon")
 		require.NoError(t, err)
 		require.Len(t, atts, 2)
 		assert.Equal(t, []string{store.OutcomeLost, "running"}, []string{atts[0].Outcome, atts[1].Outcome})
-		require.NoError(t, s.JobComplete(ctx, store.AttemptFinishParams{Key: "s", Token: a.Fence}))
 	})
 
 	t.Run("LateStatementWinsTheRetry", func(t *testing.T) {

@@ -224,6 +224,11 @@ type AttemptStartParams struct {
 	SessionID     string // proxy session id, if known at start
 	Country       string // requested exit country
 	ProxyEndpoint string // redacted proxy endpoint, host:port only (the table refuses '@' and '/')
+	// Owner identifies this start, unique per start (the runner passes its lease owner,
+	// "<worker>/<random>"), recorded on the jobs row. A start whose reply was lost is
+	// recognised by it; without one, a lost start that issued its token is sent again and
+	// takes the first over.
+	Owner string
 }
 
 // StartedAttempt is what JobStart reports about the attempt it started.
@@ -252,12 +257,11 @@ type StartedAttempt struct {
 // StartedAttempt.Fence. The runner issues its tokens here (it holds a lua.Take lease, which
 // has none); the reconciler and reparse bring theirs from a Redis counter.
 //
-// A start with a token of its own commits without waiting for its WAL flush
-// (synchronous_commit = off for this transaction only): a start lost in a crash is
-// harmless, because every later write of the attempt requires fence = p.Token exactly,
-// which a lost start never set (TestLostAttemptStartIsHarmless). One that issues its token
-// waits for the flush, or a crash could issue that token again (startCommitMode). The
-// completing commit is synchronous and flushes the WAL up to itself. The job's row is locked first (waiting, within
+// Every start waits for its WAL flush (one per grouped statement), so a crash never takes a
+// fence back: an issued token would otherwise be issued again, and a counter token lost in
+// a crash could equal one the next start issues (TestStartsSurviveCrash). Tokens are as
+// durable as PostgreSQL's commits: with a standby, use synchronous replication, or a
+// failover may lose the last starts with the last commits. The job's row is locked first (waiting, within
 // ctx, for a lock another transaction holds). It is the statement of the GroupCommitter,
 // for a batch of one.
 func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {

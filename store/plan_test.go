@@ -38,7 +38,7 @@ func TestStartPlanByPrimaryKey(t *testing.T) {
 	_, err = conn.Exec(ctx, `PREPARE start_plan AS `+store.StartSQL)
 	require.NoError(t, err)
 	// EXPLAIN EXECUTE takes literals (the keys are plain: no quoting needed).
-	rows, err := conn.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE start_plan('{%s}', '{0}', '{w}', '{""}', '{US}', '{gw:1}', '{%s}', 'on')`,
+	rows, err := conn.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE start_plan('{%s}', '{0}', '{w}', '{""}', '{US}', '{gw:1}', '{%s}', '{w/1}')`,
 		recs[10].Key, strings.Join(store.StartableStates, ",")))
 	require.NoError(t, err)
 	var plan []string

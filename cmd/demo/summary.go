@@ -416,9 +416,9 @@ func sortedKeys(m map[string]int64) []string {
 	return keys
 }
 
-// money writes micro-units as an amount with its currency, e.g. "0.000021 USD".
+// money writes micro-units of currency as an amount, e.g. "0.000021 USD".
 func money(micros int64, currency string) string {
-	return fmt.Sprintf("%d.%06d %s", micros/1_000_000, micros%1_000_000, currency)
+	return store.Cost{Micros: micros, Currency: currency}.String()
 }
 
 // topWaste names the costliest waste category and its share of the total.

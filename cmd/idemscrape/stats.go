@@ -79,6 +79,12 @@ func categoryName(c string) string {
 
 // byCount renders a category map as "a 3, b 1", largest first.
 func byCount(m map[string]int64) string {
+	return byValue(m, func(n int64) string { return fmt.Sprint(n) })
+}
+
+// byValue renders a category map as "a <show(3)>, b <show(1)>", largest first; "-" when
+// empty.
+func byValue(m map[string]int64, show func(int64) string) string {
 	if len(m) == 0 {
 		return "-"
 	}
@@ -86,7 +92,7 @@ func byCount(m map[string]int64) string {
 	sort.SliceStable(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %d", categoryName(k), m[k])
+		parts[i] = categoryName(k) + " " + show(m[k])
 	}
 	return strings.Join(parts, ", ")
 }
@@ -196,23 +202,14 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%.1f %s", v, suffix)
 }
 
-// money writes micro-units as a decimal amount with its currency, e.g. "0.000021 USD".
+// money writes micro-units of currency as an amount, e.g. "0.000021 USD".
 func money(micros int64, currency string) string {
-	return fmt.Sprintf("%d.%06d %s", micros/1_000_000, micros%1_000_000, currency)
+	return store.Cost{Micros: micros, Currency: currency}.String()
 }
 
 // byAmount renders a cost map as "a 0.000021 USD, b …", largest first.
 func byAmount(m map[string]int64, currency string) string {
-	if len(m) == 0 {
-		return "-"
-	}
-	keys := sortedKeys(m)
-	sort.SliceStable(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %s", categoryName(k), money(m[k], currency))
-	}
-	return strings.Join(parts, ", ")
+	return byValue(m, func(n int64) string { return money(n, currency) })
 }
 
 // writeCosts prints one table per currency: total, per completed job, useful and wasted,

@@ -17,7 +17,13 @@ ALTER TABLE attempts ADD CONSTRAINT attempts_cost_valid
     CHECK (cost_micros >= 0 AND (currency IS NULL OR currency ~ '^[A-Z]{3}$')
         AND (cost_micros = 0 OR currency IS NOT NULL)) NOT VALID;
 ALTER TABLE attempts VALIDATE CONSTRAINT attempts_cost_valid;
+-- The running attempt's owner (issue 23): the lease owner of the delivery that started it,
+-- unique per start. A start whose reply was lost (the connection failed after it was sent)
+-- is recognised by it: the fence alone can not tell, since the runner's token is issued by
+-- the start itself.
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS attempt_owner text NOT NULL DEFAULT '';
 
 -- +goose Down
+ALTER TABLE jobs DROP COLUMN IF EXISTS attempt_owner;
 ALTER TABLE attempts DROP CONSTRAINT IF EXISTS attempts_cost_valid;
 ALTER TABLE attempts DROP COLUMN IF EXISTS currency, DROP COLUMN IF EXISTS cost_micros;
