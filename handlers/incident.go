@@ -173,7 +173,11 @@ func (r *Registry) incidentState() error {
 
 // openProviders counts the providers whose breaker is open, and sets the gauges:
 // idemscrape_provider_incident_open per provider, idemscrape_incident_open when all are.
+// Serialised (gaugeMu), so that two deliveries tripping and closing breakers at once can
+// not leave the gauges as the older of their two readings.
 func (r *Registry) openProviders() int {
+	r.gaugeMu.Lock()
+	defer r.gaugeMu.Unlock()
 	n := 0
 	for _, s := range r.providers {
 		open := s.breaker.state() != nil

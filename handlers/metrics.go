@@ -101,7 +101,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}, []string{"provider"}),
 		incidentTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_incidents_total",
-			Help: "Proxy incidents that stopped this worker taking work, by category.",
+			Help: "Proxy incidents (a provider refusing the account) that moved this worker off a provider, or stopped it taking work when it was the last, by category.",
 		}, []string{"category"}),
 		incidentDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_incident_deferred_deliveries_total",

@@ -195,6 +195,7 @@ type Registry struct {
 	leases    *lua.Leases
 	lengths   *LeaseLengths
 	providers []*providerSlot // Config.Providers with their breakers, in order
+	gaugeMu   sync.Mutex      // openProviders
 	metrics   *metrics
 	// politeness: the shared host limits and the hosts this worker paused.
 	hostLimits *lua.HostLimits

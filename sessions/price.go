@@ -154,7 +154,11 @@ func (p Price) String() string {
 	if p.IsZero() {
 		return "no price"
 	}
-	return strconv.FormatFloat(float64(p.MicrosPerGB)/1e6, 'f', -1, 64) + " " + p.Currency + "/GB"
+	amount := strconv.FormatInt(p.MicrosPerGB/1_000_000, 10)
+	if frac := strings.TrimRight(fmt.Sprintf("%06d", p.MicrosPerGB%1_000_000), "0"); frac != "" {
+		amount += "." + frac
+	}
+	return amount + " " + p.Currency + "/GB"
 }
 
 // WithPrice returns a copy of p whose attempts are costed at price (the zero Price: none).

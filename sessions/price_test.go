@@ -25,6 +25,18 @@ func TestParsePrice(t *testing.T) {
 	}
 }
 
+func TestPriceString(t *testing.T) {
+	for in, want := range map[string]string{"8.40 USD/GB": "8.4 USD/GB", "12 EUR/GB": "12 EUR/GB", "0.000001 USD/GB": "0.000001 USD/GB"} {
+		p, err := ParsePrice(in)
+		require.NoError(t, err)
+		require.Equal(t, want, p.String())
+		again, err := ParsePrice(p.String())
+		require.NoError(t, err)
+		require.Equal(t, p, again, "String reads back")
+	}
+	require.Equal(t, "no price", Price{}.String())
+}
+
 func TestPriceWithCountries(t *testing.T) {
 	p, err := ParsePrice("8 USD/GB")
 	require.NoError(t, err)

@@ -227,14 +227,23 @@ func ProvidersFromEnv() ([]*Provider, error) {
 	}
 	out := []*Provider{first}
 	seen := map[string]string{first.Name(): EnvProvider}
+	last := 1 // the accounts are 1.._last_, without gaps
 	for n := 2; n <= MaxEnvProviders; n++ {
 		suffix := "_" + strconv.Itoa(n)
-		if os.Getenv(EnvProvider+suffix) == "" {
-			if n < MaxEnvProviders && os.Getenv(EnvProvider+"_"+strconv.Itoa(n+1)) != "" {
-				return nil, fmt.Errorf("sessions: %s is set but %s is not: number the accounts without gaps", EnvProvider+"_"+strconv.Itoa(n+1), EnvProvider+suffix)
+		set := os.Getenv(EnvProvider+suffix) != ""
+		for _, v := range []string{EnvUser + suffix, EnvPassword + suffix, EnvPassword + suffix + "_FILE", EnvGateway + suffix,
+			EnvZone + suffix, EnvName + suffix, EnvPrice + suffix, EnvPriceCountries + suffix} {
+			if !set && os.Getenv(v) != "" {
+				return nil, fmt.Errorf("sessions: %s is set but %s is not", v, EnvProvider+suffix)
 			}
-			break
 		}
+		if !set {
+			continue
+		}
+		if n != last+1 {
+			return nil, fmt.Errorf("sessions: %s is set but %s is not: number the accounts without gaps", EnvProvider+suffix, EnvProvider+"_"+strconv.Itoa(last+1))
+		}
+		last = n
 		p, err := providerFromEnv(suffix)
 		if err != nil {
 			return nil, err

@@ -178,7 +178,15 @@ func TestProvidersFromEnv(t *testing.T) {
 
 	t.Setenv(EnvProvider+"_2", "")
 	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, EnvUser+"_2 is set but "+EnvProvider+"_2 is not", "an account half set")
+	for _, v := range []string{EnvUser, EnvPassword, EnvGateway, EnvPrice} {
+		t.Setenv(v+"_2", "")
+	}
+	_, err = ProvidersFromEnv()
 	require.ErrorContains(t, err, "without gaps")
+	t.Setenv(EnvPassword+"_2_FILE", "/nonexistent")
+	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, EnvPassword+"_2_FILE is set but "+EnvProvider+"_2 is not")
 }
 
 // TestRedactedForms: every way Go prints or encodes a Provider or Session hides the

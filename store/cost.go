@@ -19,7 +19,7 @@ const (
 	// CostLeaseExpired: an attempt the reconciler rescued after its lease expired.
 	CostLeaseExpired = CategoryLeaseExpired
 	// Attempts that ended retryable or failed are keyed "retryable/<category>" and
-	// "failed/<category>".
+	// "failed/<category>" ("retryable", "failed" without a category).
 )
 
 // CostStats is what the attempts' proxy traffic cost in one currency: the sum of
@@ -53,7 +53,7 @@ WITH a AS (
 			WHEN a.outcome = 'complete' THEN $2
 			WHEN a.category = $4 THEN $4
 			WHEN a.outcome IN ('superseded', 'lost') THEN $3
-			ELSE a.outcome || '/' || COALESCE(a.category, '')
+			ELSE a.outcome || COALESCE('/' || a.category, '')
 		END AS use
 	FROM attempts a JOIN jobs j ON j.key = a.job_key
 	WHERE a.cost_micros > 0
