@@ -54,6 +54,16 @@ func TestServiceComposition(t *testing.T) {
 		require.False(t, cfg.IsFailure(err))
 		bare := reg.ServerConfig(asynq.Config{})
 		require.True(t, bare.IsFailure(hostErr), "without host funcs: asynq's defaults")
+
+		// A task whose worker died with it (asynq's recoverer) is offered again soon, not
+		// after asynq's backoff for its retry count (7 retries: over 40 minutes), while
+		// the host's own task types keep the host's delay.
+		ours, theirs := asynq.NewTask(catalog.Kind, nil), asynq.NewTask("email:send", nil)
+		require.Greater(t, asynq.DefaultRetryDelayFunc(7, asynq.ErrLeaseExpired, ours), 30*time.Minute)
+		require.Equal(t, handlers.LeaseExpiredRetryDelay, cfg.RetryDelayFunc(7, asynq.ErrLeaseExpired, ours))
+		require.Equal(t, handlers.LeaseExpiredRetryDelay, bare.RetryDelayFunc(7, asynq.ErrLeaseExpired, ours))
+		require.Equal(t, 42*time.Second, cfg.RetryDelayFunc(7, asynq.ErrLeaseExpired, theirs))
+		require.Equal(t, handlers.LeaseExpiredRetryDelay, handlers.RetryDelay(7, fmt.Errorf("wrapped: %w", asynq.ErrLeaseExpired), ours))
 	})
 
 	t.Run("LeaseLengthOneField", func(t *testing.T) {

@@ -489,6 +489,14 @@ func (r *Registry) ServerConfig(base asynq.Config) asynq.Config {
 		if errors.As(err, &re) || hostDelay == nil {
 			return RetryDelay(n, err, t)
 		}
+		if errors.Is(err, asynq.ErrLeaseExpired) && t != nil {
+			r.mu.RLock()
+			_, ours := r.kinds[t.Type()]
+			r.mu.RUnlock()
+			if ours {
+				return RetryDelay(n, err, t)
+			}
+		}
 		return hostDelay(n, err, t)
 	}
 	base.IsFailure = func(err error) bool {
@@ -517,11 +525,22 @@ func (r *Registry) Middleware(next asynq.Handler) asynq.Handler {
 	})
 }
 
-// RetryDelay is an asynq.RetryDelayFunc that follows the runner's decision.
+// LeaseExpiredRetryDelay is how soon asynq offers again a task whose worker died with it
+// (asynq's recoverer: asynq.ErrLeaseExpired). The runner decided nothing for that delivery;
+// the next one takes the job over (or meets the dead worker's lease and retries when it
+// expires), so it must not wait asynq's default backoff, which after a few retries is
+// tens of minutes (n⁴ seconds) while the job's row says it is due.
+const LeaseExpiredRetryDelay = 5 * time.Second
+
+// RetryDelay is an asynq.RetryDelayFunc that follows the runner's decision, and retries a
+// task its worker died with after LeaseExpiredRetryDelay.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	var re *retryError
 	if errors.As(err, &re) {
 		return re.delay
+	}
+	if errors.Is(err, asynq.ErrLeaseExpired) {
+		return LeaseExpiredRetryDelay
 	}
 	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
