@@ -9,11 +9,6 @@ import (
 	"github.com/idemscrape/idemscrape/store"
 )
 
-// maxReclaims bounds how often reparse re-claims because PostgreSQL holds a fence at or
-// above the token its Redis claim issued. Once is enough after a Redis data loss; more
-// means another worker keeps starting attempts, and the job is busy.
-const maxReclaims = 3
-
 // starter starts attempts: store.PG, or a store.GroupCommitter that batches the starts of
 // concurrent handlers.
 type starter interface {
@@ -43,8 +38,8 @@ type acquired struct {
 // every later write requires that fence exactly. A worker whose lease expired while it
 // paused is refused at its commit because the next start raised the fence. Tokens never
 // depend on what Redis remembers, so a Redis that lost its data (restart without
-// persistence, failover, flush) can not hand out an old token; such a start waits for its
-// WAL flush, so neither can a PostgreSQL crash (store.startCommitMode).
+// persistence, failover, flush) can not hand out an old token; every start waits for its
+// WAL flush, so neither can a PostgreSQL crash (store.PG.JobStart).
 //
 // Errors: a *lua.HeldError (errors.Is lua.ErrLeaseHeld) when another worker holds the
 // lease; store.ErrJobComplete / ErrJobFailed / ErrJobNotFound from JobStart. On error no

@@ -815,6 +815,11 @@ func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) 
 	return false
 }
 
+// maxReclaims bounds how often reparse re-claims because PostgreSQL holds a fence at or
+// above the token its Redis claim issued. Once is enough after a Redis data loss; more
+// means another worker keeps starting attempts, and the job is busy.
+const maxReclaims = 3
+
 // startAndCommit starts the job's attempt under the lease's token (re-claiming above a
 // stale fence, at most maxReclaims times) and commits the observation. started reports whether
 // the attempt was started under j.lease's token; inserted is the commit's ResultInserted.

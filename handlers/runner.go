@@ -24,7 +24,8 @@ import (
 
 // ProcessTask runs one delivery of a job, top to bottom:
 //
-//  1. claim the job's lease (fencing token N) and start the attempt (jobs.fence = N);
+//  1. take the job's lease and start the attempt, which issues the fencing token
+//     (jobs.fence = N, the old fence + 1);
 //  2. keep the lease renewed; losing it cancels the job context;
 //  3. run the workflow unit on a sticky session (replayed on session loss);
 //  4. parse the staged data into the observation;

@@ -1,6 +1,6 @@
 // Package lua holds idemscrape's Redis scripts (the *.lua files next to this one, embedded)
-// and their thin Go wrappers: the lease of a job, claimed, renewed and released atomically,
-// and the fencing token every claim issues; and the fleet-wide politeness of a destination
+// and their thin Go wrappers: the lease of a job, taken, claimed, renewed and released
+// atomically, and the counter token a Claim issues (the runner's token is PostgreSQL's); and the fleet-wide politeness of a destination
 // host (HostLimits: a GCRA bucket and a shared Retry-After pause per host, on the server's
 // clock); and the trimming of an outbox stream (TrimStream: only entries every consumer
 // group has delivered and acknowledged are removed).
@@ -140,7 +140,7 @@ func (l *Leases) Keys() Keys { return l.keys }
 
 // Claim claims the lease of job key for owner for ttl and returns it with a fresh fencing
 // token greater than floor and than every token issued before. A claim by the owner that
-// already holds the lease re-issues a higher token and restarts the lease (the runner does
+// already holds the lease re-issues a higher token and restarts the lease (reparse does
 // this when PostgreSQL holds a higher fence than Redis remembered). If another owner holds
 // it, Claim returns a *HeldError (errors.Is ErrLeaseHeld).
 func (l *Leases) Claim(ctx context.Context, key, owner string, ttl time.Duration, floor int64) (Lease, error) {

@@ -107,11 +107,11 @@ func priceFromEnv(getenv func(string) string, suffix string) (Price, error) {
 	}
 	p, err := ParsePrice(def)
 	if err != nil {
-		return Price{}, fmt.Errorf("%s: %w", EnvPrice+suffix, err)
+		return Price{}, fmt.Errorf("sessions: %s: %s", EnvPrice+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
 	}
 	if countries != "" {
 		if p, err = p.WithCountries(countries); err != nil {
-			return Price{}, fmt.Errorf("%s: %w", EnvPriceCountries+suffix, err)
+			return Price{}, fmt.Errorf("sessions: %s: %s", EnvPriceCountries+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
 		}
 	}
 	return p, nil

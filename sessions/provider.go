@@ -254,6 +254,9 @@ func ProvidersFromEnv() ([]*Provider, error) {
 		seen[p.Name()] = EnvProvider + suffix
 		out = append(out, p)
 	}
+	if os.Getenv(EnvProvider+"_"+strconv.Itoa(MaxEnvProviders+1)) != "" {
+		return nil, fmt.Errorf("sessions: %s is set: at most %d accounts are read", EnvProvider+"_"+strconv.Itoa(MaxEnvProviders+1), MaxEnvProviders)
+	}
 	return out, nil
 }
 
@@ -288,17 +291,17 @@ func providerFromEnv(suffix string) (*Provider, error) {
 	}
 	if gw := env(EnvGateway); gw != "" {
 		if p, err = p.WithGateway(gw); err != nil {
-			return nil, fmt.Errorf("%s: %w", EnvGateway+suffix, err)
+			return nil, fmt.Errorf("sessions: %s: %s", EnvGateway+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
 		}
 	}
 	if n := env(EnvName); n != "" {
 		if p, err = p.WithName(n); err != nil {
-			return nil, fmt.Errorf("%s: %w", EnvName+suffix, err)
+			return nil, fmt.Errorf("sessions: %s: %s", EnvName+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
 		}
 	}
 	price, err := priceFromEnv(env, suffix)
 	if err != nil {
-		return nil, fmt.Errorf("sessions: %w", err)
+		return nil, err
 	}
 	return p.WithPrice(price)
 }

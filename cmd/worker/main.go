@@ -154,11 +154,16 @@ back, leases are released, exit 0).
 Secrets come only from the environment and are never logged:
   $%s, $%s, $%s, $%s, $%s
       the residential proxy account (brightdata | oxylabs | decodo | iproyal | soax)
+  $%s ("8.40 USD/GB"), $%s ("DE=9.10,BR=12")
+      what its traffic costs: each attempt's cost, idemscrape stats, money budgets
+  the same variables ending in _2, _3 … (and $%s_2 … to tell accounts apart)
+      more accounts, used in order when one refuses the account (407)
   $%s, $%s
       HTTP basic auth for /monitoring and /jobs (both set: required; both unset: none)
 
 Flags (each also read from the environment variable shown; the flag wins):
 `, catalog.Kind, sessions.EnvProvider, sessions.EnvUser, sessions.EnvPassword, sessions.EnvZone, sessions.EnvGateway,
+			sessions.EnvPrice, sessions.EnvPriceCountries, sessions.EnvName,
 			service.EnvBasicAuthUser, service.EnvBasicAuthPassword)
 		s.FS.PrintDefaults()
 	}
