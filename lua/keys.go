@@ -71,3 +71,15 @@ func (k Keys) Robots(origin string) string { return k.prefix + k.HostTag(origin)
 
 // RobotsLock is held by the one worker fetching an origin's robots.txt. // STRING owner, PX
 func (k Keys) RobotsLock(origin string) string { return k.prefix + k.HostTag(origin) + ":robots-lock" }
+
+// WindowBudget is the money budget of a kind's collection window, shared by the fleet
+// (winbudget.lua). // HASH spent + one r:<owner> field per reservation; PX = unused for
+// a day (restored from PostgreSQL after)
+func (k Keys) WindowBudget(kind, window string) string {
+	id := kind + "/" + window
+	if strings.ContainsAny(id, "{}") {
+		sum := sha256.Sum256([]byte(id))
+		id = hex.EncodeToString(sum[:12])
+	}
+	return k.prefix + "{budget:" + id + "}"
+}

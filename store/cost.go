@@ -110,3 +110,20 @@ GROUP BY g.currency, use, kind, "window", proxy_endpoint`,
 	}
 	return out, nil
 }
+
+// WindowCost is what the recorded attempts of one kind's collection window cost in
+// currency (micro-units): the system of record for a window's money budget, read when
+// Redis has lost its running total (handlers' window budgets). One index scan of the
+// window's jobs (jobs_kind_window_idx) and their attempts. An attempt still running costs
+// nothing yet: its worker adds its cost when it records the attempt's end.
+func (s *PG) WindowCost(ctx context.Context, kind, window, currency string) (int64, error) {
+	var micros int64
+	err := s.pool.QueryRow(ctx, `
+SELECT COALESCE(sum(a.cost_micros), 0)::bigint
+FROM jobs j JOIN attempts a ON a.job_key = j.key
+WHERE j.kind = $1 AND j."window" = $2 AND a.currency = $3`, kind, window, currency).Scan(&micros)
+	if err != nil {
+		return 0, fmt.Errorf("store: WindowCost %s/%s: %w", kind, window, err)
+	}
+	return micros, nil
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
@@ -77,4 +78,44 @@ func TestAttemptCostRecorded(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 	require.Equal(t, before, testutil.TableSnapshot(t, pool, "jobs"), "nothing written")
+}
+
+// TestWindowCost: a window's cost is the sum of its kind's attempts in that window and
+// currency, whatever their outcome; other windows, kinds and currencies stay out.
+func TestWindowCost(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+	usd := func(m int64) store.Cost { return store.Cost{Micros: m, Currency: "USD"} }
+	got := func(kind, window, cur string) int64 {
+		t.Helper()
+		n, err := s.WindowCost(ctx, kind, window, cur)
+		require.NoError(t, err)
+		return n
+	}
+	require.Zero(t, got("catalog", "2026-04-23", "USD"))
+	record(t, s, "a") // catalog, 2026-04-23
+	_, err := start(ctx, s, "a", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "a", Token: 1, NextAttemptAt: time.Now(), Category: "throttled", Bytes: 10, Cost: usd(84)}))
+	_, err = start(ctx, s, "a", 2)
+	require.NoError(t, err)
+	require.Zero(t, got("catalog", "2026-04-23", "EUR"))
+	require.EqualValues(t, 84, got("catalog", "2026-04-23", "USD"), "a running attempt costs nothing yet")
+	p := commitParams("a", 2)
+	p.Cost = usd(16)
+	_, err = s.Commit(ctx, p)
+	require.NoError(t, err)
+	_, err = s.JobsRecord(ctx, []tasks.JobRecord{
+		{Key: "other-window", Spec: tasks.Spec{Kind: "catalog", SourceID: "o", Country: "US", Window: "2026-04-24", ParserVersion: 3}},
+		{Key: "other-kind", Spec: tasks.Spec{Kind: "offers", SourceID: "o", Country: "US", Window: "2026-04-23", ParserVersion: 3}},
+	})
+	require.NoError(t, err)
+	for _, k := range []string{"other-window", "other-kind"} {
+		_, err = start(ctx, s, k, 1)
+		require.NoError(t, err)
+		require.NoError(t, s.JobFail(ctx, store.AttemptFinishParams{Key: k, Token: 1, Category: "blocked", Bytes: 10, Cost: usd(1000)}))
+	}
+	require.EqualValues(t, 100, got("catalog", "2026-04-23", "USD"))
+	require.EqualValues(t, 1000, got("catalog", "2026-04-24", "USD"))
+	require.EqualValues(t, 1000, got("offers", "2026-04-23", "USD"))
 }

@@ -1,0 +1,166 @@
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed winbudget.lua
+	winBudgetSrc    string
+	winBudgetScript = redis.NewScript(winBudgetSrc)
+)
+
+// WindowBudgetKeep is how long a window's budget hash lives unused. After that (or after
+// Redis lost it) the next reservation finds it unknown and the caller restores it from
+// PostgreSQL (WindowBudgets.Restore): a season of windows leaves no key behind.
+const WindowBudgetKeep = 24 * time.Hour
+
+// ErrBudgetUnknown: Redis holds no spent amount for the window (never set, expired, or
+// lost with Redis's data). Restore it from PostgreSQL, then reserve again.
+var ErrBudgetUnknown = errors.New("lua: window budget unknown to Redis: restore it from PostgreSQL")
+
+// Admission is what a reservation against a window's budget got.
+type Admission int
+
+// Admissions.
+const (
+	// Granted: Grant.Amount micro-units are reserved for the attempt.
+	Granted Admission = iota + 1
+	// Wait: the rest of the budget is reserved by attempts in flight; try again shortly
+	// (their settlements may give some back).
+	Wait
+	// Spent: nothing is left of the budget.
+	Spent
+)
+
+func (a Admission) String() string {
+	switch a {
+	case Granted:
+		return "granted"
+	case Wait:
+		return "wait"
+	case Spent:
+		return "spent"
+	}
+	return fmt.Sprintf("Admission(%d)", int(a))
+}
+
+// Grant is the answer to a reservation.
+type Grant struct {
+	Admission Admission
+	Amount    int64 // micro-units reserved (Granted)
+	Spent     int64 // what the window's settled attempts cost, before this reservation
+	Reserved  int64 // what attempts in flight hold, before this reservation
+}
+
+// WindowBudgets holds the fleet-wide money budgets of collection windows in Redis
+// (winbudget.lua): one hash per kind × window, one round trip per reservation and per
+// settlement. Amounts are integer micro-units of the price's currency.
+type WindowBudgets struct {
+	rdb  redis.Cmdable
+	keys Keys
+}
+
+// NewWindowBudgets returns WindowBudgets on rdb with keys under prefix.
+func NewWindowBudgets(rdb redis.Cmdable, prefix string) (*WindowBudgets, error) {
+	keys, err := NewKeys(prefix)
+	if err != nil {
+		return nil, err
+	}
+	return &WindowBudgets{rdb: rdb, keys: keys}, nil
+}
+
+// Reserve asks for wanted micro-units of the window's budget for the attempt of owner
+// (unique per delivery), held at most hold if it is never settled (its worker died). It
+// returns ErrBudgetUnknown when Redis has no spent amount for the window.
+func (b *WindowBudgets) Reserve(ctx context.Context, kind, window, owner string, budget, wanted int64, hold time.Duration) (Grant, error) {
+	switch {
+	case budget <= 0 || wanted <= 0:
+		return Grant{}, fmt.Errorf("lua: window budget %s/%s: budget %d and wanted %d must be positive", kind, window, budget, wanted)
+	case owner == "":
+		return Grant{}, fmt.Errorf("lua: window budget %s/%s: empty owner", kind, window)
+	}
+	reply, err := winBudgetScript.Run(ctx, b.rdb, []string{b.keys.WindowBudget(kind, window)},
+		"reserve", budget, wanted, owner, max(hold, time.Millisecond).Milliseconds(), WindowBudgetKeep.Milliseconds()).Int64Slice()
+	if err != nil {
+		return Grant{}, fmt.Errorf("lua: window budget %s/%s: reserve: %w", kind, window, err)
+	}
+	if len(reply) != 4 {
+		return Grant{}, fmt.Errorf("lua: window budget %s/%s: reserve: unexpected reply %v", kind, window, reply)
+	}
+	g := Grant{Amount: reply[1], Spent: reply[2], Reserved: reply[3]}
+	switch reply[0] {
+	case -1:
+		return Grant{}, ErrBudgetUnknown
+	case 0:
+		g.Admission = Spent
+	case 1:
+		g.Admission = Granted
+	case 2:
+		g.Admission = Wait
+	default:
+		return Grant{}, fmt.Errorf("lua: window budget %s/%s: reserve: unexpected reply %v", kind, window, reply)
+	}
+	return g, nil
+}
+
+// Settle replaces the reservation of owner by what its attempt cost (0 for an attempt
+// that never started). Call it after the attempt's cost is in PostgreSQL: when Redis lost
+// the window meanwhile, the settlement is dropped (reported false) and the restore counts
+// the cost from there.
+func (b *WindowBudgets) Settle(ctx context.Context, kind, window, owner string, cost int64) (bool, error) {
+	if cost < 0 {
+		return false, fmt.Errorf("lua: window budget %s/%s: settle: negative cost %d", kind, window, cost)
+	}
+	n, err := winBudgetScript.Run(ctx, b.rdb, []string{b.keys.WindowBudget(kind, window)},
+		"settle", owner, cost, WindowBudgetKeep.Milliseconds()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("lua: window budget %s/%s: settle: %w", kind, window, err)
+	}
+	return n >= 0, nil
+}
+
+// Restore sets the window's spent amount (from PostgreSQL: store.PG.WindowCost) unless
+// another worker restored it first, and returns the amount Redis holds.
+func (b *WindowBudgets) Restore(ctx context.Context, kind, window string, spent int64) (int64, error) {
+	if spent < 0 {
+		return 0, fmt.Errorf("lua: window budget %s/%s: restore: negative amount %d", kind, window, spent)
+	}
+	n, err := winBudgetScript.Run(ctx, b.rdb, []string{b.keys.WindowBudget(kind, window)},
+		"restore", spent, WindowBudgetKeep.Milliseconds()).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("lua: window budget %s/%s: restore: %w", kind, window, err)
+	}
+	return n, nil
+}
+
+// Spent reads what the window's settled attempts cost and what is reserved, without
+// changing anything (lapsed reservations included). ok is false when Redis holds nothing.
+func (b *WindowBudgets) Spent(ctx context.Context, kind, window string) (spent, reserved int64, ok bool, err error) {
+	all, err := b.rdb.HGetAll(ctx, b.keys.WindowBudget(kind, window)).Result()
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("lua: window budget %s/%s: %w", kind, window, err)
+	}
+	s, ok := all["spent"]
+	if !ok {
+		return 0, 0, false, nil
+	}
+	if _, err := fmt.Sscan(s, &spent); err != nil {
+		return 0, 0, false, fmt.Errorf("lua: window budget %s/%s: spent %q: %w", kind, window, s, err)
+	}
+	for f, v := range all {
+		if len(f) > 2 && f[:2] == "r:" {
+			var amount, deadline int64
+			if _, err := fmt.Sscan(v, &amount, &deadline); err == nil {
+				reserved += amount
+			}
+		}
+	}
+	return spent, reserved, true, nil
+}

@@ -1,0 +1,84 @@
+-- winbudget.lua: the money budget of one kind × collection window, shared by a fleet.
+-- Every attempt of a budgeted kind reserves, before it starts, the most it may cost (its
+-- byte cap at its exit's price); what it really cost replaces the reservation when its
+-- record is written (ARGV[1] = "settle"). So what the window spends never passes its budget:
+-- an attempt is capped at what it reserved, and nothing is reserved past the budget.
+--
+-- KEYS[1] -> <prefix>{budget:<kind>/<window>}  HASH
+--              spent      integer micro-units the window's finished attempts cost
+--              r:<owner>  "<micro-units> <deadline ms>": one in-flight attempt's reservation
+-- The hash exists only with its spent field. A hash without it — Redis lost its data, or the
+-- key expired after ARGV[last] ms unused — is restored from PostgreSQL by the caller
+-- ("restore"), which is the system of record for what attempts cost.
+--
+-- ARGV[1] = "reserve": ARGV[2] budget, ARGV[3] wanted (micro-units, > 0), ARGV[4] owner,
+--           ARGV[5] hold (ms: the reservation lapses then, if its worker never settles),
+--           ARGV[6] keep (ms the key lives unused)
+--   {1, granted, spent, reserved}  reserved: granted = wanted, or what is left of the budget
+--                                  when nothing else is reserved (the last attempt)
+--   {2, 0, spent, reserved}        wait: the rest of the budget is reserved by attempts in
+--                                  flight; their settlements may give some back
+--   {0, 0, spent, reserved}        spent: nothing is left (spent >= budget)
+--   {-1, 0, 0, 0}                  unknown: restore first
+-- ARGV[1] = "settle": ARGV[2] owner, ARGV[3] cost (micro-units, >= 0), ARGV[4] keep
+--   the reservation goes, spent += cost; returns spent, or -1 if the hash is unknown (the
+--   cost is in PostgreSQL already: the restore counts it)
+-- ARGV[1] = "restore": ARGV[2] spent (from PostgreSQL), ARGV[3] keep
+--   sets spent unless another worker restored it first; returns spent
+-- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL per lapsed reservation);
+-- HEXISTS, HDEL, HINCRBY, PEXPIRE (settle); HSETNX, HGET, PEXPIRE (restore).
+local op = ARGV[1]
+if op == "settle" then
+  if redis.call("HEXISTS", KEYS[1], "spent") == 0 then
+    return -1
+  end
+  redis.call("HDEL", KEYS[1], "r:" .. ARGV[2])
+  local spent = redis.call("HINCRBY", KEYS[1], "spent", ARGV[3])
+  redis.call("PEXPIRE", KEYS[1], ARGV[4])
+  return spent
+elseif op == "restore" then
+  redis.call("HSETNX", KEYS[1], "spent", ARGV[2])
+  redis.call("PEXPIRE", KEYS[1], ARGV[3])
+  return tonumber(redis.call("HGET", KEYS[1], "spent"))
+elseif op ~= "reserve" then
+  return redis.error_reply("winbudget: unknown operation " .. tostring(op))
+end
+
+local budget = tonumber(ARGV[2])
+local wanted = tonumber(ARGV[3])
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call("HGETALL", KEYS[1])
+local spent
+local reserved = 0
+for i = 1, #all, 2 do
+  local f, v = all[i], all[i + 1]
+  if f == "spent" then
+    spent = tonumber(v)
+  elseif string.sub(f, 1, 2) == "r:" then
+    local sp = string.find(v, " ", 1, true)
+    local amount, deadline = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
+    if deadline <= now then
+      redis.call("HDEL", KEYS[1], f) -- its worker died: the reservation lapses
+    else
+      reserved = reserved + amount
+    end
+  end
+end
+if spent == nil then
+  return {-1, 0, 0, 0}
+end
+if spent >= budget then
+  return {0, 0, spent, reserved}
+end
+local left = budget - spent - reserved
+local granted = wanted
+if left < wanted then
+  if reserved > 0 then
+    return {2, 0, spent, reserved}
+  end
+  granted = left
+end
+redis.call("HSET", KEYS[1], "r:" .. ARGV[4], string.format("%d %d", granted, now + tonumber(ARGV[5])))
+redis.call("PEXPIRE", KEYS[1], ARGV[6])
+return {1, granted, spent, reserved}
