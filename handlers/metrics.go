@@ -16,6 +16,8 @@ type metrics struct {
 	duplicateResults  *prometheus.CounterVec   // kind
 	jobBytes          *prometheus.HistogramVec // kind
 	proxyCost         *prometheus.CounterVec   // kind, provider, currency
+	windowStops       *prometheus.CounterVec   // kind, action: failed, deferred, waited
+	windowRestores    *prometheus.CounterVec   // kind
 	leaseLosses       *prometheus.CounterVec   // kind
 	leaseBusy         *prometheus.CounterVec   // kind
 	sessionRestarts   *prometheus.CounterVec   // kind, reason
@@ -70,6 +72,14 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_proxy_cost_total",
 			Help: "What the attempts' proxy traffic cost at the provider's configured price, in units of the currency (IDEMSCRAPE_PROXY_PRICE); every attempt, wasted ones included.",
 		}, []string{"kind", "provider", "currency"}),
+		windowStops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_window_budget_stops_total",
+			Help: "Deliveries a window's money budget (WithWindowBudget) kept from fetching: failed (spent, the job failed budget_exceeded), deferred (spent, retried after DeferFor) or waited (the rest of the budget reserved by attempts in flight; retried in seconds).",
+		}, []string{"kind", "action"}),
+		windowRestores: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_window_budget_restores_total",
+			Help: "Times this worker found a window's spent amount missing in Redis (lost, flushed, or unused for a day) and restored it from PostgreSQL.",
+		}, []string{"kind"}),
 		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_lease_losses_total",
 			Help: "Attempts that lost their lease while running.",
@@ -138,7 +148,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
-		m.jobBytes, m.proxyCost, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
+		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

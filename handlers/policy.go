@@ -2,8 +2,6 @@ package handlers
 
 import (
 	"fmt"
-	"math"
-	"math/bits"
 	"math/rand/v2"
 	"time"
 
@@ -188,16 +186,12 @@ func defaultRand() float64 { return rand.Float64() }
 // bandwidth budget): RunConfig.BudgetNote, so that budget_exceeded names the right budget.
 func (c RetryConfig) attemptByteCap(price sessions.Price, country string, bytesSoFar int64) (capBytes int64, note string) {
 	left := c.BandwidthBudget - bytesSoFar
-	if per := price.PerGB(country); c.MoneyBudget > 0 && per > 0 {
+	if c.MoneyBudget > 0 {
 		money := c.MoneyBudget - price.Cost(bytesSoFar, country)
-		hi, lo := bits.Mul64(uint64(max(money, 0)), 1_000_000_000)
-		if hi < uint64(per) {
-			q, _ := bits.Div64(hi, lo, uint64(per))
-			if byMoney := int64(min(q, uint64(math.MaxInt64))); byMoney < left {
-				left = byMoney
-				note = fmt.Sprintf("the job's money budget: %d of %d micro-units %s left at %d micro-units/GB",
-					max(money, 0), c.MoneyBudget, price.Currency, per)
-			}
+		if byMoney := price.Bytes(money, country); byMoney < left {
+			left = byMoney
+			note = fmt.Sprintf("the job's money budget: %d of %d micro-units %s left at %d micro-units/GB",
+				max(money, 0), c.MoneyBudget, price.Currency, price.PerGB(country))
 		}
 	}
 	return max(1, left), note

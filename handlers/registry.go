@@ -86,6 +86,7 @@ type kind struct {
 	schemas   *schemaSet    // recorded schema fingerprints, shared by the kind's copies
 	hostLimit *lua.Limit    // WithHostLimit
 	limiter   *hostLimiter  // paces the kind's requests
+	window    *WindowBudget // WithWindowBudget
 }
 
 // Config defaults.
@@ -189,14 +190,18 @@ var (
 // implements asynq.Handler; run the asynq server with ServerConfig so its retry delays and
 // failure counting follow the runner's decisions.
 type Registry struct {
-	cfg       Config
-	starter   starter
-	owned     *store.GroupCommitter // the default committer, closed by Close
-	leases    *lua.Leases
-	lengths   *LeaseLengths
-	providers []*providerSlot // Config.Providers with their breakers, in order
-	gaugeMu   sync.Mutex      // openProviders
-	metrics   *metrics
+	cfg     Config
+	starter starter
+	owned   *store.GroupCommitter // the default committer, closed by Close
+	leases  *lua.Leases
+	lengths *LeaseLengths
+	// windows: the fleet's window money budgets (WithWindowBudget); windowLogged: the
+	// spent windows this process logged.
+	windows      *lua.WindowBudgets
+	windowLogged onceSet
+	providers    []*providerSlot // Config.Providers with their breakers, in order
+	gaugeMu      sync.Mutex      // openProviders
+	metrics      *metrics
 	// politeness: the shared host limits and the hosts this worker paused.
 	hostLimits *lua.HostLimits
 	paused     pausedHosts
@@ -309,6 +314,10 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
+	windows, err := lua.NewWindowBudgets(cfg.Redis, cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.LeaseLength != 0 {
 		if cfg.LeaseLengths != nil {
 			return nil, errors.New("handlers: Config: set LeaseLength or LeaseLengths, not both")
@@ -330,7 +339,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 			return nil, fmt.Errorf("handlers: Config.KeepOptions against the shortest lease (LeaseLengths.Min %v): %w", lengths.cfg.Min, err)
 		}
 	}
-	r := &Registry{cfg: cfg, leases: leases, lengths: lengths, hostLimits: hostLimits, log: cfg.Logger, kinds: map[string]*kind{},
+	r := &Registry{cfg: cfg, leases: leases, windows: windows, lengths: lengths, hostLimits: hostLimits, log: cfg.Logger, kinds: map[string]*kind{},
 		inputs: inputs.New(cfg.Store.Pool())}
 	for _, p := range cfg.Providers {
 		s := &providerSlot{prov: p}
@@ -401,18 +410,13 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 	if k.retry, err = k.retry.withDefaults(); err != nil {
 		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 	}
-	for _, p := range r.cfg.Providers {
-		if k.retry.MoneyBudget == 0 {
-			break
+	if k.window != nil {
+		if err := k.window.validate(); err != nil {
+			return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 		}
-		switch price, first := p.Price(), r.cfg.Providers[0].Price(); {
-		case price.IsZero() || price.MicrosPerGB <= 0:
-			return fmt.Errorf("handlers: kind %q: a money budget of %d micro-units needs a price above 0 on provider %s (sessions.Provider.WithPrice, IDEMSCRAPE_PROXY_PRICE)",
-				kindName, k.retry.MoneyBudget, p.Name())
-		case price.Currency != first.Currency:
-			return fmt.Errorf("handlers: kind %q: a money budget needs one currency, but provider %s bills in %s and %s in %s",
-				kindName, r.cfg.Providers[0].Name(), first.Currency, p.Name(), price.Currency)
-		}
+	}
+	if err := r.checkPrices(k); err != nil {
+		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 	}
 	k.limiter = r.limiterFor(k)
 	r.mu.Lock()
@@ -425,6 +429,31 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 }
 
 func kindNameOK(s string) bool { return kindName.MatchString(s) }
+
+// checkPrices: a money budget (the job's or the window's) needs a price above 0 on every
+// provider, all in one currency.
+func (r *Registry) checkPrices(k *kind) error {
+	var what string
+	switch {
+	case k.window != nil:
+		what = fmt.Sprintf("a window money budget of %d micro-units", k.window.Money)
+	case k.retry.MoneyBudget > 0:
+		what = fmt.Sprintf("a money budget of %d micro-units", k.retry.MoneyBudget)
+	default:
+		return nil
+	}
+	first := r.cfg.Providers[0].Price()
+	for _, p := range r.cfg.Providers {
+		switch price := p.Price(); {
+		case price.IsZero() || price.MicrosPerGB <= 0:
+			return fmt.Errorf("%s needs a price above 0 on provider %s (sessions.Provider.WithPrice, IDEMSCRAPE_PROXY_PRICE)", what, p.Name())
+		case price.Currency != first.Currency:
+			return fmt.Errorf("%s needs one currency, but provider %s bills in %s and %s in %s",
+				what, r.cfg.Providers[0].Name(), first.Currency, p.Name(), price.Currency)
+		}
+	}
+	return nil
+}
 
 // Close waits for the lease releases of committed jobs still in flight, then stops the
 // registry's own group committer, if it made one. Call it after the asynq server has shut

@@ -75,18 +75,32 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	ctx, cancel := beforeDeadline(ctx)
 	defer cancel()
 
+	// 1. The window's money budget (a kind with one): reserve the most the attempt may
+	// cost, given back with its real cost once the attempt is recorded (window.go).
+	owner := r.owner()
+	hold, spent, err := r.reserveWindow(ctx, k, job, slot, owner, log)
+	if err != nil {
+		return err
+	}
+	defer func() { r.settleWindow(ctx, k, hold, w.cost.Micros, log) }()
+
 	// 1. Lease, then the attempt under its token.
 	r.acquireAfterRelease(ctx, job.Key)
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
 		Key:   job.Key,
-		Owner: r.owner(),
+		Owner: owner,
 		TTL:   r.lengths.For(k.name),
 		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway()},
 	})
 	if err != nil {
 		return r.notStarted(k, job, err, log)
 	}
-	acq.slot = slot
+	acq.slot, acq.window = slot, hold
+	if spent != nil {
+		// The window's budget is spent (WindowFail): the job fails without fetching.
+		_ = r.release(ctx, acq.Lease, false)
+		return r.failed(ctx, k, job, acq, workResult{err: spent}, log)
+	}
 	log = jobLogger(log, slog.Int("attempt", acq.Attempt.AttemptNo), slog.Int64("token", acq.Lease.Token),
 		slog.String("endpoint", slot.prov.Gateway()))
 
@@ -490,6 +504,9 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		collector.Limiter = k.limiter
 	}
 	maxBytes, budgetNote := k.retry.attemptByteCap(acq.slot.prov.Price(), job.Spec.Country, acq.Attempt.BudgetBytes)
+	if k.window != nil {
+		maxBytes, budgetNote = acq.window.byteCap(maxBytes, budgetNote, job.Spec.Country, k.name, k.window.Money)
+	}
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Provider:           acq.slot.prov,
 		Country:            job.Spec.Country,
@@ -674,9 +691,14 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	// slot the fleet imposed (another job's Retry-After, the host's booked rate) is the
 	// job's failure: out of its budget, not counted by asynq.
 	hostWait := isHostWait(fe)
-	exempt := incident || fe.Category == CategoryParserVersion || hostWait
+	// An attempt the window's reservation stopped, in a window that defers its jobs.
+	windowDefer := fe.Category == tasks.CategoryBudgetExceeded && acq.window != nil && acq.window.capped && k.window.OnSpent == WindowDefer
+	exempt := incident || fe.Category == CategoryParserVersion || hostWait || windowDefer
 	var d decision
 	switch {
+	case windowDefer:
+		d = decision{Retry: true, Category: fe.Category,
+			Delay: k.window.DeferFor + time.Duration(r.cfg.Rand()*float64(windowWaitMax))}
 	case hostWait:
 		// Nothing was sent: retry once the slot is due, spread over HostWaitMax so that the
 		// host's queued jobs do not all come back at the same instant. Not charged against

@@ -149,6 +149,38 @@ func (p Price) Cost(bytes int64, country string) int64 {
 	return int64(q)
 }
 
+// Bytes is how many bytes micros buys through an exit in country: micros × 10^9 ÷
+// PerGB(country), rounded down, so that Cost(Bytes(m)) <= m. math.MaxInt64 for the zero
+// Price, a price of 0, or more than an int64 holds; 0 for micros <= 0.
+func (p Price) Bytes(micros int64, country string) int64 {
+	per := p.PerGB(country)
+	if p.IsZero() || per <= 0 {
+		return math.MaxInt64
+	}
+	if micros <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(micros), 1_000_000_000)
+	if hi >= uint64(per) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(per))
+	return int64(min(q, uint64(math.MaxInt64)))
+}
+
+// ParseAmount reads an amount of money written "<amount> <CUR>", e.g. "25.50 USD" (up to
+// six decimals; the currency an ISO 4217 code), as micro-units and the currency.
+func ParseAmount(s string) (micros int64, currency string, err error) {
+	amount, cur, ok := strings.Cut(strings.TrimSpace(s), " ")
+	if !ok || !amountSpec.MatchString(amount) || !currencyISO.MatchString(cur) {
+		return 0, "", fmt.Errorf("sessions: amount %q is not \"<amount> <CUR>\" (e.g. \"25.50 USD\": up to 6 decimals, a 3-letter currency code)", s)
+	}
+	if micros, err = parseMicros(amount); err != nil {
+		return 0, "", fmt.Errorf("sessions: amount %q: %w", s, err)
+	}
+	return micros, cur, nil
+}
+
 // String writes the default price as ParsePrice reads it ("8.4 USD/GB").
 func (p Price) String() string {
 	if p.IsZero() {

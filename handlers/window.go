@@ -1,0 +1,225 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// WindowAction is what happens to a window's remaining jobs once its money budget is spent.
+type WindowAction int
+
+// Window actions.
+const (
+	// WindowFail fails each remaining job as budget_exceeded, without fetching (the
+	// default). An operator's requeue gives it another chance once the budget is raised.
+	WindowFail WindowAction = iota
+	// WindowDefer hands each remaining delivery back for WindowBudget.DeferFor, uncounted
+	// and without an attempt: the jobs run if the budget is raised meanwhile, or stay
+	// pending.
+	WindowDefer
+)
+
+func (a WindowAction) String() string {
+	if a == WindowDefer {
+		return "defer"
+	}
+	return "fail"
+}
+
+// DefaultWindowDeferFor is WindowBudget.DeferFor's default.
+const DefaultWindowDeferFor = time.Hour
+
+// windowWaitMax bounds the wait of a delivery that found the rest of its window's budget
+// reserved by attempts in flight: it comes back within this, spread.
+const windowWaitMax = 5 * time.Second
+
+// WindowBudget is a money budget for each collection window of a kind (tasks.Spec.Window;
+// jobs without one share the window ""), shared by every worker of the fleet: what the
+// window's attempts cost — at the exit's price, wasted attempts included — never passes
+// Money while Redis keeps its running total.
+//
+// Every attempt reserves, before it starts, the most it may cost: its byte cap (what is
+// left of the job's bandwidth and money budgets) at its exit's price, or what is left of
+// the window when nothing else is reserved; the attempt is capped at what it reserved, and
+// its real cost replaces the reservation once its record is written (lua.WindowBudgets).
+// Reservations are as large as the kind's byte budget: a small BandwidthBudget (what one
+// job needs) lets more attempts of a window run at once near its end.
+//
+// When Redis loses a window's total (restart without persistence, failover, flush) the
+// next worker restores it from PostgreSQL, which records every finished attempt's cost
+// (store.PG.WindowCost); attempts in flight at that moment are the only ones that can
+// then pass the budget, each by at most its own cap. A worker that dies holding a
+// reservation gives it back when its delivery's deadline passes.
+type WindowBudget struct {
+	// Money per window, in micro-units of the providers' currency (all providers must
+	// have a price, in one currency). Required.
+	Money int64
+	// OnSpent: WindowFail (default) or WindowDefer.
+	OnSpent WindowAction
+	// DeferFor is how long a deferred delivery waits. Defaults to DefaultWindowDeferFor.
+	DeferFor time.Duration
+}
+
+// WithWindowBudget gives the kind a money budget per collection window, shared by the
+// fleet (see WindowBudget).
+func WithWindowBudget(b WindowBudget) KindOption { return func(k *kind) { k.window = &b } }
+
+func (b *WindowBudget) validate() error {
+	switch {
+	case b.Money <= 0:
+		return fmt.Errorf("WithWindowBudget: Money %d must be > 0 micro-units", b.Money)
+	case b.OnSpent != WindowFail && b.OnSpent != WindowDefer:
+		return fmt.Errorf("WithWindowBudget: OnSpent %d is neither WindowFail nor WindowDefer", int(b.OnSpent))
+	case b.DeferFor < 0:
+		return fmt.Errorf("WithWindowBudget: DeferFor %v is negative", b.DeferFor)
+	}
+	if b.DeferFor == 0 {
+		b.DeferFor = DefaultWindowDeferFor
+	}
+	return nil
+}
+
+// WindowSpentError is the failure of a job whose window's money budget is spent.
+type WindowSpentError struct {
+	Kind, Window string
+	Spent, Money int64
+	Currency     string
+}
+
+func (e *WindowSpentError) Error() string {
+	return fmt.Sprintf("the money budget of window %q of kind %s is spent: %s of %s",
+		e.Window, e.Kind, store.Cost{Micros: e.Spent, Currency: e.Currency}, store.Cost{Micros: e.Money, Currency: e.Currency})
+}
+
+// windowHold is an attempt's reservation against its window's budget.
+type windowHold struct {
+	window string
+	owner  string // the delivery's lease owner
+	amount int64  // micro-units reserved
+	price  sessions.Price
+	// capped: the reservation, not the job's own budgets, set the attempt's byte cap
+	// (work): an attempt stopped at it was stopped by the window.
+	capped bool
+}
+
+// byteCap lowers an attempt's byte cap to what its reservation buys.
+func (h *windowHold) byteCap(maxBytes int64, note, country, kindName string, money int64) (int64, string) {
+	if h == nil {
+		return maxBytes, note
+	}
+	if b := max(1, h.price.Bytes(h.amount, country)); b < maxBytes {
+		h.capped = true
+		return b, fmt.Sprintf("the money budget of window %q of kind %s: %s reserved of %s",
+			h.window, kindName, store.Cost{Micros: h.amount, Currency: h.price.Currency}, store.Cost{Micros: money, Currency: h.price.Currency})
+	}
+	return maxBytes, note
+}
+
+// reserveWindow is step 1a for a kind with a window budget: reserve the most the attempt
+// may cost. It returns the hold (nil for a kind without a window budget); or, the budget
+// being spent, the failure to record (WindowFail); or an error to return to asynq as it
+// is — a wait, a deferral (WindowDefer), or Redis or PostgreSQL unavailable.
+func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload, slot *providerSlot, owner string, log *slog.Logger) (*windowHold, *sessions.FetchError, error) {
+	if k.window == nil {
+		return nil, nil, nil
+	}
+	price := slot.prov.Price()
+	capBytes, _ := k.retry.attemptByteCap(price, job.Spec.Country, 0)
+	wanted := max(1, price.Cost(capBytes, job.Spec.Country))
+	hold := time.Hour
+	if d, ok := ctx.Deadline(); ok {
+		hold = time.Until(d) + detachedTimeout // the settlement may come that late
+	}
+	window := job.Spec.Window
+	g, err := r.windows.Reserve(ctx, k.name, window, owner, k.window.Money, wanted, hold)
+	if errors.Is(err, lua.ErrBudgetUnknown) {
+		// Redis has no total: PostgreSQL's record of what the window's attempts cost.
+		var spent int64
+		if spent, err = r.cfg.Store.WindowCost(ctx, k.name, window, price.Currency); err != nil {
+			return nil, nil, err
+		}
+		if spent, err = r.windows.Restore(ctx, k.name, window, spent); err != nil {
+			return nil, nil, err
+		}
+		r.metrics.windowRestores.WithLabelValues(k.name).Inc()
+		log.InfoContext(ctx, "window money budget restored from PostgreSQL", "window", window,
+			"spent", store.Cost{Micros: spent, Currency: price.Currency}.String())
+		g, err = r.windows.Reserve(ctx, k.name, window, owner, k.window.Money, wanted, hold)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	switch g.Admission {
+	case lua.Granted:
+		return &windowHold{window: window, owner: owner, amount: g.Amount, price: price}, nil, nil
+	case lua.Wait:
+		r.metrics.windowStops.WithLabelValues(k.name, "waited").Inc()
+		return nil, nil, &retryError{delay: time.Second + time.Duration(r.cfg.Rand()*float64(windowWaitMax)), counted: false,
+			err: fmt.Errorf("the rest of the money budget of window %q is reserved by attempts in flight", window)}
+	}
+	spent := &WindowSpentError{Kind: k.name, Window: window, Spent: g.Spent, Money: k.window.Money, Currency: price.Currency}
+	r.windowSpentOnce(ctx, k, spent, log)
+	if k.window.OnSpent == WindowDefer {
+		r.metrics.windowStops.WithLabelValues(k.name, "deferred").Inc()
+		return nil, nil, &retryError{delay: k.window.DeferFor + time.Duration(r.cfg.Rand()*float64(windowWaitMax)), counted: false, err: spent}
+	}
+	r.metrics.windowStops.WithLabelValues(k.name, "failed").Inc()
+	return nil, &sessions.FetchError{Category: tasks.CategoryBudgetExceeded, Err: spent}, nil
+}
+
+// settleWindow replaces the attempt's reservation by its cost, once its record is written.
+// A reservation whose attempt never started settles at 0. A failure here leaves the
+// reservation to lapse at its hold: the window runs below its budget meanwhile, never
+// above.
+func (r *Registry) settleWindow(ctx context.Context, k *kind, h *windowHold, cost int64, log *slog.Logger) {
+	if h == nil {
+		return
+	}
+	sctx, cancel := detached(ctx)
+	defer cancel()
+	if _, err := r.windows.Settle(sctx, k.name, h.window, h.owner, cost); err != nil {
+		log.WarnContext(ctx, "window money budget not settled; the reservation lapses later", "window", h.window, "err", err)
+	}
+}
+
+// windowSpentOnce logs, once per kind × window and process, that the window's budget is
+// spent: one line, however many deliveries meet it.
+func (r *Registry) windowSpentOnce(ctx context.Context, k *kind, e *WindowSpentError, log *slog.Logger) {
+	if !r.windowLogged.first(k.name + "\x00" + e.Window) {
+		return
+	}
+	log.WarnContext(ctx, "window money budget spent: no new attempt starts for it", "window", e.Window,
+		"spent", store.Cost{Micros: e.Spent, Currency: e.Currency}.String(),
+		"budget", store.Cost{Micros: e.Money, Currency: e.Currency}.String(), "action", k.window.OnSpent.String())
+}
+
+// onceSet remembers keys, at most onceSetMax (then it starts over: a window that comes
+// back after thousands of others is logged again).
+type onceSet struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+const onceSetMax = 4096
+
+func (s *onceSet) first(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.seen[key]; ok {
+		return false
+	}
+	if s.seen == nil || len(s.seen) >= onceSetMax {
+		s.seen = map[string]struct{}{}
+	}
+	s.seen[key] = struct{}{}
+	return true
+}
