@@ -193,9 +193,9 @@ ON CONFLICT (observation_key) DO NOTHING`, p.ObservationKey)
 	return res, nil
 }
 
-// retryOption returns the kind option that scales the retry backoffs (EnvChaosRetryScale),
-// or nil when unset.
-func retryOption(s string) (handlers.KindOption, error) {
+// retryPolicies returns the retry policies with their backoffs scaled
+// (EnvChaosRetryScale), or nil when unset.
+func retryPolicies(s string) (map[tasks.Category]handlers.Policy, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
 	}
@@ -211,7 +211,7 @@ func retryOption(s string) (handlers.KindOption, error) {
 		}
 		pol[cat] = p
 	}
-	return handlers.WithRetry(handlers.RetryConfig{Policies: pol}), nil
+	return pol, nil
 }
 
 // staleCommitTimeout bounds the stale commit's statement: generous, so that PostgreSQL

@@ -40,14 +40,14 @@ func TestFailpoints(t *testing.T) {
 		}
 	})
 	t.Run("RetryScale", func(t *testing.T) {
-		opt, err := retryOption("")
+		opt, err := retryPolicies("")
 		require.NoError(t, err)
 		assert.Nil(t, opt)
-		opt, err = retryOption("0.02")
+		opt, err = retryPolicies("0.02")
 		require.NoError(t, err)
 		assert.NotNil(t, opt)
 		for _, bad := range []string{"0", "2", "-1", "x"} {
-			_, err := retryOption(bad)
+			_, err := retryPolicies(bad)
 			assert.ErrorContains(t, err, EnvChaosRetryScale, bad)
 		}
 	})

@@ -72,6 +72,7 @@ import (
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store/outbox"
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 // config is everything the worker reads from flags and the environment.
@@ -107,6 +108,14 @@ type config struct {
 	streamTrimPolicy  outbox.TrimPolicy // from streamTrim, set by validate
 	streamTrimEvery   time.Duration
 	streamMaxLen      int
+	// The example kind's budgets.
+	jobByteBudget  int
+	windowBudget   string
+	windowMoney    int64  // from windowBudget, set by validate
+	windowCurrency string // from windowBudget, set by validate
+	windowAction   string
+	windowOnSpent  handlers.WindowAction // from windowAction, set by validate
+	windowDeferFor time.Duration
 }
 
 // envPrefix is the prefix of every environment variable of the worker.
@@ -142,6 +151,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Bool(&c.ignoreRobots, "ignore-robots", "IGNORE_ROBOTS", "do not fetch or respect robots.txt")
 	c.log.Define(s)
 	s.String(&c.savedInputs, "saved-inputs", "SAVED_INPUTS", "never", "what the example kind keeps of each attempt for idemscrape reparse: never, always, on_failure or sample(RATE), optionally \",max=BYTES\" (docs/PARSERS.md)")
+	s.Int(&c.jobByteBudget, "job-byte-budget", "JOB_BYTE_BUDGET", handlers.DefaultBandwidthBudget, "bytes all attempts of one job of the example kind may move through the proxy")
+	s.String(&c.windowBudget, "window-budget", "WINDOW_BUDGET", "", "money the example kind may spend per collection window, fleet-wide, e.g. \"25.50 USD\" (in the proxies' currency; needs $IDEMSCRAPE_PROXY_PRICE); default none")
+	s.String(&c.windowAction, "window-budget-action", "WINDOW_BUDGET_ACTION", handlers.WindowFail.String(), "what happens to a window's remaining jobs once its budget is spent: fail (budget_exceeded) or defer (handed back for -window-defer-for)")
+	s.Duration(&c.windowDeferFor, "window-defer-for", "WINDOW_DEFER_FOR", handlers.DefaultWindowDeferFor, "with -window-budget-action defer: how long a delivery of a spent window waits")
 	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes (required)")
 
 	s.FS.Usage = func() {
@@ -190,6 +203,9 @@ func (c *config) validate() error {
 	if _, err := parseQueues(c.queues); err != nil {
 		return err
 	}
+	if err := c.validateBudgets(); err != nil {
+		return err
+	}
 	var err error
 	if c.savedPolicy, err = inputs.ParsePolicy(c.savedInputs); err != nil {
 		return fmt.Errorf("-saved-inputs ($IDEMSCRAPE_SAVED_INPUTS): %w", err)
@@ -201,6 +217,54 @@ func (c *config) validate() error {
 		return err
 	}
 	return c.log.Validate()
+}
+
+// validateBudgets checks the example kind's budget flags, naming the flag that is wrong.
+func (c *config) validateBudgets() error {
+	if c.jobByteBudget < 1 {
+		return fmt.Errorf("-job-byte-budget ($IDEMSCRAPE_JOB_BYTE_BUDGET) %d must be >= 1 byte", c.jobByteBudget)
+	}
+	switch c.windowAction {
+	case handlers.WindowFail.String():
+		c.windowOnSpent = handlers.WindowFail
+	case handlers.WindowDefer.String():
+		c.windowOnSpent = handlers.WindowDefer
+	default:
+		return fmt.Errorf("-window-budget-action ($IDEMSCRAPE_WINDOW_BUDGET_ACTION) %q: want fail or defer", c.windowAction)
+	}
+	if c.windowDeferFor <= 0 {
+		return fmt.Errorf("-window-defer-for ($IDEMSCRAPE_WINDOW_DEFER_FOR) %v must be positive", c.windowDeferFor)
+	}
+	if c.windowBudget == "" {
+		return nil
+	}
+	var err error
+	if c.windowMoney, c.windowCurrency, err = sessions.ParseAmount(c.windowBudget); err != nil {
+		return fmt.Errorf("-window-budget ($IDEMSCRAPE_WINDOW_BUDGET): %w", err)
+	}
+	if c.windowMoney <= 0 {
+		return fmt.Errorf("-window-budget ($IDEMSCRAPE_WINDOW_BUDGET) %q must be above 0", c.windowBudget)
+	}
+	return nil
+}
+
+// kindOptions are the example kind's options from the flags: budgets, retry policies.
+func (c *config) kindOptions(providers []*sessions.Provider, policies map[tasks.Category]handlers.Policy) ([]handlers.KindOption, error) {
+	opts := []handlers.KindOption{handlers.WithSavedInputs(c.savedPolicy),
+		handlers.WithRetry(handlers.RetryConfig{Policies: policies, BandwidthBudget: int64(c.jobByteBudget)})}
+	if c.windowMoney == 0 {
+		return opts, nil
+	}
+	if cur := providers[0].Price().Currency; cur != c.windowCurrency {
+		have := "no price ($IDEMSCRAPE_PROXY_PRICE unset)"
+		if cur != "" {
+			have = "a price in " + cur
+		}
+		return nil, fmt.Errorf("-window-budget ($IDEMSCRAPE_WINDOW_BUDGET) %q is in %s, but the proxy account %s has %s",
+			c.windowBudget, c.windowCurrency, providers[0].Name(), have)
+	}
+	return append(opts, handlers.WithWindowBudget(handlers.WindowBudget{
+		Money: c.windowMoney, OnSpent: c.windowOnSpent, DeferFor: c.windowDeferFor})), nil
 }
 
 // validateStreams checks the -stream-trim flags, naming the flag that is wrong.
@@ -309,11 +373,15 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return badSetting{err}
 	}
-	retryOpt, err := retryOption(os.Getenv(EnvChaosRetryScale))
+	policies, err := retryPolicies(os.Getenv(EnvChaosRetryScale))
 	if err != nil {
 		return badSetting{err}
 	}
-	if len(fp) > 0 || retryOpt != nil {
+	kindOpts, err := c.kindOptions(providers, policies)
+	if err != nil {
+		return badSetting{err}
+	}
+	if len(fp) > 0 || policies != nil {
 		log.Warn("chaos settings on: for chaos runs only", "failpoints", os.Getenv(EnvFailpoints), "retry_scale", os.Getenv(EnvChaosRetryScale))
 	}
 	auth, err := service.BasicAuthFromEnv()
@@ -370,12 +438,8 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	defer reg.Close()
 	kinds := []string{catalog.Kind}
-	kindOpts := []handlers.KindOption{handlers.WithSavedInputs(c.savedPolicy)}
-	if retryOpt != nil {
-		kindOpts = append(kindOpts, retryOpt)
-	}
 	if err := reg.Register(catalog.Kind, fp.workflow(catalog.Workflow(c.catalogBase)), catalog.Parse, kindOpts...); err != nil {
-		return err
+		return badSetting{err}
 	}
 
 	queues, _ := parseQueues(c.queues)
@@ -416,6 +480,14 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		proxies = append(proxies, p.Name()+" "+p.Gateway()+" ("+p.Price().String()+")")
 	}
 	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies,
-		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c))
+		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c), "window_budget", windowBudgetText(c))
 	return svc.Run(ctx)
+}
+
+// windowBudgetText is -window-budget as the start-up log line shows it.
+func windowBudgetText(c config) string {
+	if c.windowMoney == 0 {
+		return "none"
+	}
+	return c.windowBudget + " per window, then " + c.windowAction
 }

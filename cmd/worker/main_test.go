@@ -27,6 +27,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store/outbox"
@@ -193,26 +194,35 @@ type world struct {
 	keys  []string
 }
 
-func newWorld(t *testing.T, jobs int) *world {
+func newWorld(t *testing.T, jobs int) *world { return newWorldOn(t, jobs, jobs, testutil.Redis(t)) }
+
+// newWorldOn is newWorld on the given Redis namespace, with a shop of products products of
+// which the first jobs are enqueued.
+func newWorldOn(t *testing.T, jobs, products int, ns *testutil.RedisNS) *world {
 	t.Helper()
-	w := &world{pool: testutil.PG(t), ns: testutil.Redis(t)}
+	w := &world{pool: testutil.PG(t), ns: ns}
 	w.st = store.New(w.pool)
-	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 3, Products: jobs})
+	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 3, Products: products})
 	w.gate = newGate(t, site)
 	w.proxy = testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Seed: 3, Format: testutil.ProxyFormatOxylabs, User: "acct", Password: proxyPassword})
+	w.enqueue(t, 1, jobs)
+	return w
+}
 
+// enqueue enqueues the jobs of sku-<from> … sku-<to> in window 2026-04-23.
+func (w *world) enqueue(t *testing.T, from, to int) {
+	t.Helper()
 	client := asynq.NewClient(w.ns.AsynqOpt())
-	t.Cleanup(func() { _ = client.Close() })
+	defer client.Close()
 	enq, err := tasks.NewEnqueuer(client, w.st, &tasks.EnqueuerConfig{Queue: w.ns.Queue})
 	require.NoError(t, err)
-	for i := 1; i <= jobs; i++ {
+	for i := from; i <= to; i++ {
 		res, err := enq.Enqueue(context.Background(), tasks.Spec{
 			Kind: catalog.Kind, SourceID: fmt.Sprintf("sku-%d", i), Country: "US", Window: "2026-04-23", ParserVersion: 1,
 		})
 		require.NoError(t, err)
 		w.keys = append(w.keys, res.Key)
 	}
-	return w
 }
 
 func (w *world) args(concurrency int, shutdown time.Duration) []string {
@@ -465,4 +475,81 @@ func TestWorkerFailover(t *testing.T) {
 		"every job completed on the second account, at its price")
 	log := wk.log()
 	assert.NotContains(t, log, proxyPassword)
+}
+
+// TestWindowMoneyBudget: two worker processes share one window's money budget (0.02 USD at
+// 1000 USD/GB: 20,000 bytes; a job's attempt may move 4 KiB). What the window's attempts
+// cost ends at most one attempt's cap past the budget; every job completed or failed as
+// budget_exceeded (-window-budget-action fail), those after the budget was spent without
+// fetching; each worker says so in one line. Then Redis loses everything (FLUSHALL on a
+// throwaway server): the window's spent amount is restored from PostgreSQL, and the new
+// jobs of the window fail without moving a byte.
+func TestWindowMoneyBudget(t *testing.T) {
+	bin := buildWorker(t)
+	srv := testutil.StartRedis(t)
+	ns := &testutil.RedisNS{Client: srv.Client(), Addr: srv.Addr, Prefix: "wb:", Queue: "wbq"}
+	w := newWorldOn(t, 30, 33, ns)
+	w.gate.open()
+	const budget, capBytes = 20_000, 4096
+	args := append(w.args(4, 30*time.Second), "-job-byte-budget", fmt.Sprint(capBytes),
+		"-window-budget", "0.02 USD", "-window-budget-action", "fail")
+	env := append(w.env(t), "IDEMSCRAPE_PROXY_PRICE=1000 USD/GB")
+	ctx := context.Background()
+	terminal := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Minute) // a bound for a hung run, not a pace
+		for testutil.Count(t, w.pool, `SELECT count(*) FROM jobs WHERE state IN ('complete', 'failed')`) < n {
+			require.True(t, time.Now().Before(deadline), "jobs not finished")
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	workers := []*worker{startWorker(t, bin, args, env), startWorker(t, bin, args, env)}
+	terminal(30)
+	for _, wk := range workers {
+		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
+	}
+	spent, err := w.st.WindowCost(ctx, catalog.Kind, "2026-04-23", "USD")
+	require.NoError(t, err)
+	complete := testutil.Count(t, w.pool, `SELECT count(*) FROM jobs WHERE state = 'complete'`)
+	t.Logf("%d of 30 complete, %d micro-units spent", complete, spent)
+	assert.LessOrEqual(t, spent, int64(budget+capBytes), "at most one attempt's cap past the budget")
+	assert.GreaterOrEqual(t, spent, int64(budget-capBytes), "the budget was used")
+	assert.Positive(t, complete)
+	assert.Equal(t, 30-complete, testutil.Count(t, w.pool,
+		`SELECT count(*) FROM jobs WHERE state = 'failed' AND last_category = 'budget_exceeded'`), "the rest failed budget_exceeded")
+	unfetched := testutil.Count(t, w.pool, `SELECT count(*) FROM attempts WHERE category = 'budget_exceeded' AND bytes = 0
+		AND error LIKE '%the money budget of window "2026-04-23" of kind catalog is spent%'`)
+	assert.Positive(t, unfetched, "jobs of the spent window failed without fetching")
+	for _, wk := range workers {
+		assert.LessOrEqual(t, strings.Count(wk.log(), "window money budget spent"), 1, "one line per worker")
+		assert.NotContains(t, wk.log(), proxyPassword)
+	}
+
+	// Redis loses its data; three more jobs of the window come.
+	require.NoError(t, srv.Client().FlushAll(ctx).Err())
+	w.enqueue(t, 31, 33)
+	wk := startWorker(t, bin, args, env)
+	terminal(33)
+	require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
+	assert.Equal(t, 0, wk.wait(t, 90*time.Second))
+	assert.Contains(t, wk.log(), "window money budget restored from PostgreSQL")
+	for _, key := range w.keys[30:] {
+		j, err := w.st.JobGet(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, tasks.StateFailed, j.State, key)
+		assert.Equal(t, string(tasks.CategoryBudgetExceeded), j.LastCategory, key)
+		assert.Zero(t, j.BytesTotal, "%s moved no byte", key)
+	}
+	after, err := w.st.WindowCost(ctx, catalog.Kind, "2026-04-23", "USD")
+	require.NoError(t, err)
+	assert.Equal(t, spent, after)
+	wb, err := lua.NewWindowBudgets(srv.Client(), ns.Prefix)
+	require.NoError(t, err)
+	inRedis, reserved, ok, err := wb.Spent(ctx, catalog.Kind, "2026-04-23")
+	require.NoError(t, err)
+	require.True(t, ok, "restored")
+	assert.Equal(t, spent, inRedis, "Redis holds PostgreSQL's figure again")
+	assert.Zero(t, reserved)
 }
