@@ -18,6 +18,7 @@ type metrics struct {
 	proxyCost         *prometheus.CounterVec   // kind, provider, currency
 	windowStops       *prometheus.CounterVec   // kind, action: failed, deferred, waited
 	windowRestores    *prometheus.CounterVec   // kind
+	routeChanges      *prometheus.CounterVec   // kind, provider, reason
 	leaseLosses       *prometheus.CounterVec   // kind
 	leaseBusy         *prometheus.CounterVec   // kind
 	sessionRestarts   *prometheus.CounterVec   // kind, reason
@@ -80,6 +81,10 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_window_budget_restores_total",
 			Help: "Times this worker found a window's spent amount missing in Redis (lost, flushed, or unused for a day) and restored it from PostgreSQL.",
 		}, []string{"kind"}),
+		routeChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_route_changes_total",
+			Help: "Routes this worker taught the fleet: reason no_peers (the provider had no exit in the job's country: skipped there for a while) or blocked (the destination blocked the provider's exit tier: escalated to the next tier for a while).",
+		}, []string{"kind", "provider", "reason"}),
 		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_lease_losses_total",
 			Help: "Attempts that lost their lease while running.",
@@ -148,7 +153,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
-		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
+		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

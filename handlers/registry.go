@@ -165,6 +165,10 @@ type Config struct {
 	IncidentProbeInterval time.Duration
 	// IncidentProbeMax caps the probe interval. Defaults to DefaultIncidentProbeMax.
 	IncidentProbeMax time.Duration
+	// Routing tunes how a worker with several Providers routes jobs between them, learned
+	// by the fleet in Redis: a provider without exits in a country is skipped there, a
+	// destination that blocks an exit tier goes to the next tier (see routing.go).
+	Routing RoutingConfig
 	// UndecodableMaxAge bounds how long a task whose payload this worker can not read is
 	// retried (late, uncounted, for a newer worker): once its job is older than this
 	// (from the jobs row's created_at, or its last requeue), the job fails as internal
@@ -199,6 +203,7 @@ type Registry struct {
 	// spent windows this process logged.
 	windows      *lua.WindowBudgets
 	windowLogged onceSet
+	router       *router         // routing between providers (nil with one provider)
 	providers    []*providerSlot // Config.Providers with their breakers, in order
 	gaugeMu      sync.Mutex      // openProviders
 	metrics      *metrics
@@ -345,6 +350,10 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		s := &providerSlot{prov: p}
 		s.breaker.interval, s.breaker.max = cfg.IncidentProbeInterval, cfg.IncidentProbeMax
 		r.providers = append(r.providers, s)
+	}
+	if len(r.providers) > 1 {
+		keys, _ := lua.NewKeys(cfg.KeyPrefix) // checked by NewLeases
+		r.router = newRouter(cfg.Routing, keys, cfg.Redis, r.providers)
 	}
 	if cfg.Registerer == nil {
 		reg := prometheus.NewRegistry()

@@ -59,7 +59,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 
 	// 0. The provider: the first whose incident breaker admits the delivery. An open
 	// incident on every provider: take no work, touch nothing.
-	slot, adm := r.admitAny(r.cfg.Now())
+	slot, adm := r.pickProvider(ctx, k, job)
 	if !adm.ok {
 		r.metrics.incidentDeferred.WithLabelValues(k.name).Inc()
 		// Spread over one probe interval, so the backlog does not come due all at once.
@@ -693,9 +693,14 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	hostWait := isHostWait(fe)
 	// An attempt the window's reservation stopped, in a window that defers its jobs.
 	windowDefer := fe.Category == tasks.CategoryBudgetExceeded && acq.window != nil && acq.window.capped && k.window.OnSpent == WindowDefer
-	exempt := incident || fe.Category == CategoryParserVersion || hostWait || windowDefer
+	// A provider without exits in the country, or a tier the destination blocks: the job
+	// goes to another provider at once (routing.go).
+	routed, isRouted := r.rerouted(ctx, k, job, acq.slot, fe, log)
+	exempt := incident || fe.Category == CategoryParserVersion || hostWait || windowDefer || isRouted
 	var d decision
 	switch {
+	case isRouted:
+		d = routed
 	case windowDefer:
 		d = decision{Retry: true, Category: fe.Category,
 			Delay: k.window.DeferFor + time.Duration(r.cfg.Rand()*float64(windowWaitMax))}

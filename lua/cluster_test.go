@@ -204,6 +204,23 @@ func TestScriptsSingleSlot(t *testing.T) {
 		require.Equal(t, int64(1), n, "trim %q removes the one acknowledged entry", stream)
 	}
 
+	// The window budget script: restore, reserve, settle, on windows of random kinds.
+	wb, err := lua.NewWindowBudgets(rdb, prefix)
+	require.NoError(t, err)
+	for i := range 50 {
+		kind, window := fmt.Sprintf("kind-%d", r.IntN(1e6)), "2026-04-23"
+		if i%10 == 0 {
+			window = fmt.Sprintf("{odd}-%d", i)
+		}
+		_, err := wb.Restore(ctx, kind, window, 0)
+		require.NoError(t, err, "restore %s/%s", kind, window)
+		g, err := wb.Reserve(ctx, kind, window, "w1", 100, 10, time.Minute)
+		require.NoError(t, err, "reserve %s/%s", kind, window)
+		require.Equal(t, lua.Granted, g.Admission)
+		_, err = wb.Settle(ctx, kind, window, "w1", 7)
+		require.NoError(t, err, "settle %s/%s", kind, window)
+	}
+
 	// Every script file ran, and every call's KEYS share one slot by the cluster's own
 	// reckoning. One node answers CLUSTER KEYSLOT for any key.
 	node := redis.NewClient(&redis.Options{Addr: cluster.Addrs()[0]})

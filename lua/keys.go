@@ -83,3 +83,23 @@ func (k Keys) WindowBudget(kind, window string) string {
 	}
 	return k.prefix + "{budget:" + id + "}"
 }
+
+// routeID is the hash-tag body of a routing key: id, or a hash of it if it holds a brace.
+func routeID(id string) string {
+	if strings.ContainsAny(id, "{}") {
+		sum := sha256.Sum256([]byte(id))
+		return hex.EncodeToString(sum[:12])
+	}
+	return id
+}
+
+// RouteTier is the lowest exit tier a destination (a host, or a kind's destination) has not
+// blocked lately: a tier rank, set when a tier was blocked, gone after the escalation's
+// TTL (handlers' routing). // STRING integer; PX = escalation end
+func (k Keys) RouteTier(dest string) string { return k.prefix + "{route:" + routeID(dest) + "}:tier" }
+
+// RouteNoPeers marks a provider that answered "no exit" for a country lately (handlers'
+// routing). // STRING "1"; PX = until the provider is tried for the country again
+func (k Keys) RouteNoPeers(provider, country string) string {
+	return k.prefix + "{route:" + routeID(provider) + "}:nopeers:" + routeID(country)
+}

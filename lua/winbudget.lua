@@ -11,20 +11,23 @@
 -- key expired after ARGV[last] ms unused — is restored from PostgreSQL by the caller
 -- ("restore"), which is the system of record for what attempts cost.
 --
--- ARGV[1] = "reserve": ARGV[2] budget, ARGV[3] wanted (micro-units, > 0), ARGV[4] owner,
---           ARGV[5] hold (ms: the reservation lapses then, if its worker never settles),
---           ARGV[6] keep (ms the key lives unused)
---   {1, granted, spent, reserved}  reserved: granted = wanted, or what is left of the budget
---                                  when nothing else is reserved (the last attempt)
---   {2, 0, spent, reserved}        wait: the rest of the budget is reserved by attempts in
---                                  flight; their settlements may give some back
---   {0, 0, spent, reserved}        spent: nothing is left (spent >= budget)
---   {-1, 0, 0, 0}                  unknown: restore first
--- ARGV[1] = "settle": ARGV[2] owner, ARGV[3] cost (micro-units, >= 0), ARGV[4] keep
---   the reservation goes, spent += cost; returns spent, or -1 if the hash is unknown (the
---   cost is in PostgreSQL already: the restore counts it)
--- ARGV[1] = "restore": ARGV[2] spent (from PostgreSQL), ARGV[3] keep
---   sets spent unless another worker restored it first; returns spent
+-- ARGV[1] -> operation: "reserve", "settle" or "restore"
+-- reserve: ARGV[2] -> budget; ARGV[3] -> wanted (micro-units, > 0); ARGV[4] -> owner;
+--          ARGV[5] -> hold (ms: the reservation lapses then, if its worker never settles);
+--          ARGV[6] -> keep (ms the key lives unused)
+-- settle:  ARGV[2] -> owner; ARGV[3] -> cost (micro-units, >= 0); ARGV[4] -> keep
+-- restore: ARGV[2] -> spent (from PostgreSQL); ARGV[3] -> keep
+--
+-- Returns
+--   reserve: {1, granted, spent, reserved}  reserved: granted = wanted, or what is left of
+--                                           the budget when nothing else is reserved
+--            {2, 0, spent, reserved}        wait: the rest of the budget is reserved by
+--                                           attempts in flight; settlements may give some back
+--            {0, 0, spent, reserved}        spent: nothing is left (spent >= budget)
+--            {-1, 0, 0, 0}                  unknown: restore first
+--   settle:  spent after adding the cost (the reservation goes), or -1 if the hash is
+--            unknown (the cost is in PostgreSQL already: the restore counts it)
+--   restore: the spent amount Redis holds (another worker's restore, if it came first)
 -- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL per lapsed reservation);
 -- HEXISTS, HDEL, HINCRBY, PEXPIRE (settle); HSETNX, HGET, PEXPIRE (restore).
 local op = ARGV[1]

@@ -57,6 +57,7 @@ type Provider struct {
 	maxLifetime time.Duration
 	exitHeader  string // response header naming the exit ("" = the provider sends none)
 	price       Price  // what its traffic costs (WithPrice; zero: no price)
+	tier        Tier   // the exits it sells (WithTier; "": residential)
 	creds       credentials
 }
 
@@ -232,7 +233,7 @@ func ProvidersFromEnv() ([]*Provider, error) {
 		suffix := "_" + strconv.Itoa(n)
 		set := os.Getenv(EnvProvider+suffix) != ""
 		for _, v := range []string{EnvUser + suffix, EnvPassword + suffix, EnvPassword + suffix + "_FILE", EnvGateway + suffix,
-			EnvZone + suffix, EnvName + suffix, EnvPrice + suffix, EnvPriceCountries + suffix} {
+			EnvZone + suffix, EnvName + suffix, EnvPrice + suffix, EnvPriceCountries + suffix, EnvTier + suffix} {
 			if !set && os.Getenv(v) != "" {
 				return nil, fmt.Errorf("sessions: %s is set but %s is not", v, EnvProvider+suffix)
 			}
@@ -298,6 +299,13 @@ func providerFromEnv(suffix string) (*Provider, error) {
 		if p, err = p.WithName(n); err != nil {
 			return nil, fmt.Errorf("sessions: %s: %s", EnvName+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
 		}
+	}
+	if t := env(EnvTier); t != "" {
+		tier, err := ParseTier(t)
+		if err != nil {
+			return nil, fmt.Errorf("sessions: %s: %s", EnvTier+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
+		}
+		p.tier = tier // p is this function's own copy
 	}
 	price, err := priceFromEnv(env, suffix)
 	if err != nil {

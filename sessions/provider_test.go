@@ -151,6 +151,16 @@ func TestProvidersFromEnv(t *testing.T) {
 	require.Equal(t, "oxylabs", ps[1].Name())
 	require.Equal(t, "127.0.0.1:7777", ps[1].Gateway())
 	require.Equal(t, int64(9_500_000), ps[1].Price().MicrosPerGB, "its own price")
+	require.Equal(t, TierResidential, ps[1].Tier(), "residential unless set")
+	t.Setenv(EnvTier+"_2", "Datacenter")
+	ps, err = ProvidersFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, TierDatacenter, ps[1].Tier())
+	require.Equal(t, TierResidential, ps[0].Tier())
+	t.Setenv(EnvTier+"_2", "satellite")
+	_, err = ProvidersFromEnv()
+	require.ErrorContains(t, err, "sessions: "+EnvTier+"_2: tier \"satellite\": want datacenter, residential or mobile")
+	t.Setenv(EnvTier+"_2", "mobile")
 
 	t.Setenv(EnvProvider+"_3", "decodo")
 	t.Setenv(EnvUser+"_3", "acme3")
@@ -185,7 +195,7 @@ func TestProvidersFromEnv(t *testing.T) {
 	t.Setenv(EnvProvider+"_2", "")
 	_, err = ProvidersFromEnv()
 	require.ErrorContains(t, err, EnvUser+"_2 is set but "+EnvProvider+"_2 is not", "an account half set")
-	for _, v := range []string{EnvUser, EnvPassword, EnvGateway, EnvPrice} {
+	for _, v := range []string{EnvUser, EnvPassword, EnvGateway, EnvPrice, EnvTier} {
 		t.Setenv(v+"_2", "")
 	}
 	_, err = ProvidersFromEnv()

@@ -90,6 +90,10 @@ type FakeProxyConfig struct {
 	// Now is the clock session lifetimes are measured with, so tests can step time instead
 	// of sleeping. Defaults to time.Now.
 	Now func() time.Time
+	// Tier is the kind of exit this gateway sells (datacenter, residential, mobile): it is
+	// sent to the destination in X-Fake-Tier on forwarded plain-HTTP requests, so that a
+	// FakeSite can block a tier (FakeSite.SetBlockedTier). Defaults to "" (no header).
+	Tier string
 }
 
 // FakeProxy is a residential-proxy gateway on a free 127.0.0.1 port: HTTP forward proxying
@@ -478,6 +482,9 @@ func (p *FakeProxy) forward(c net.Conn, req *http.Request, up net.Conn, exit str
 	clientClose := req.Close
 	fpStripHopHeaders(req.Header)
 	req.Header.Set("X-Fake-Exit", exit)
+	if p.cfg.Tier != "" {
+		req.Header.Set("X-Fake-Tier", p.cfg.Tier)
+	}
 	req.RequestURI = ""
 	req.Close = true
 	if err := req.Write(up); err != nil {

@@ -110,6 +110,8 @@ type FakeSite struct {
 	unavailable   int
 	slow          time.Duration
 	schemaChange  bool
+	blockedTier   string
+	blocked       map[string]int // tier → requests answered 403 for it
 	closeOnce     sync.Once
 }
 
@@ -203,6 +205,36 @@ func (s *FakeSite) Throttle(n int, retryAfter time.Duration) {
 	s.throttle, s.throttleAfter = max(n, 0), retryAfter
 }
 
+// SetBlockedTier makes every later request (robots.txt excepted) that came through a
+// FakeProxy of that tier (X-Fake-Tier) answer 403 Forbidden with a block page, as a shop
+// that blocks datacenter exits does; "" blocks none.
+func (s *FakeSite) SetBlockedTier(tier string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.blockedTier = tier
+}
+
+// Blocked is how many requests were answered 403 for coming through tier.
+func (s *FakeSite) Blocked(tier string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blocked[tier]
+}
+
+// blockTier reports whether a request through tier is blocked, and counts it.
+func (s *FakeSite) blockTier(tier, path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tier == "" || tier != s.blockedTier || path == "/robots.txt" {
+		return false
+	}
+	if s.blocked == nil {
+		s.blocked = map[string]int{}
+	}
+	s.blocked[tier]++
+	return true
+}
+
 // SetUnavailable makes the next n requests (robots.txt excepted) answer 503 Service
 // Unavailable with Retry-After (FakeSiteConfig.UnavailableRetryAfter). A pending Throttle
 // is served first.
@@ -281,6 +313,10 @@ func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
 		exit = host
 	}
 	w.Header().Set("X-Exit", exit)
+	if s.blockTier(r.Header.Get("X-Fake-Tier"), r.URL.Path) {
+		s.writeHTML(w, http.StatusForbidden, exit, "<p>Access denied: datacenter traffic is not allowed</p>")
+		return
+	}
 	pend := s.admit(r.URL.Path)
 	if pend.slow > 0 && !fsSleep(r, pend.slow) {
 		return

@@ -169,14 +169,18 @@ Secrets come only from the environment and are never logged:
       the residential proxy account (brightdata | oxylabs | decodo | iproyal | soax)
   $%s ("8.40 USD/GB"), $%s ("DE=9.10,BR=12")
       what its traffic costs: each attempt's cost, idemscrape stats, money budgets
+  $%s (datacenter | residential | mobile; default residential)
+      the exits it sells: jobs start on the cheapest tier their shop has not blocked
   the same variables ending in _2, _3 … (and $%s_2 … to tell accounts apart)
-      more accounts, used in order when one refuses the account (407)
+      more accounts, used in order when one refuses the account (407); a shop that
+      blocks a tier (403) moves to the next tier for an hour, a country without peers
+      on one account to the next account for 10 minutes, fleet-wide
   $%s, $%s
       HTTP basic auth for /monitoring and /jobs (both set: required; both unset: none)
 
 Flags (each also read from the environment variable shown; the flag wins):
 `, catalog.Kind, sessions.EnvProvider, sessions.EnvUser, sessions.EnvPassword, sessions.EnvZone, sessions.EnvGateway,
-			sessions.EnvPrice, sessions.EnvPriceCountries, sessions.EnvName,
+			sessions.EnvPrice, sessions.EnvPriceCountries, sessions.EnvTier, sessions.EnvName,
 			service.EnvBasicAuthUser, service.EnvBasicAuthPassword)
 		s.FS.PrintDefaults()
 	}
@@ -477,7 +481,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	sort.Strings(names)
 	var proxies []string
 	for _, p := range providers {
-		proxies = append(proxies, p.Name()+" "+p.Gateway()+" ("+p.Price().String()+")")
+		proxies = append(proxies, p.Name()+" "+p.Gateway()+" ("+string(p.Tier())+", "+p.Price().String()+")")
 	}
 	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies,
 		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c), "window_budget", windowBudgetText(c))
