@@ -57,8 +57,9 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	}
 	log := jobLogger(r.log, slog.String("job", job.Key), slog.String("kind", k.name))
 
-	// 0. The provider: the first whose incident breaker admits the delivery. An open
-	// incident on every provider: take no work, touch nothing.
+	// 0. The provider: with several, the cheapest tier the job's destination has not
+	// blocked and with exits in its country (routing.go), whose incident breaker admits
+	// the delivery. An open incident on every provider: take no work, touch nothing.
 	slot, adm := r.pickProvider(ctx, k, job)
 	if !adm.ok {
 		r.metrics.incidentDeferred.WithLabelValues(k.name).Inc()
