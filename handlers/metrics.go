@@ -19,6 +19,7 @@ type metrics struct {
 	windowStops       *prometheus.CounterVec   // kind, action: failed, deferred, waited
 	windowRestores    *prometheus.CounterVec   // kind
 	routeChanges      *prometheus.CounterVec   // kind, provider, reason
+	resent            *prometheus.CounterVec   // kind
 	leaseLosses       *prometheus.CounterVec   // kind
 	leaseBusy         *prometheus.CounterVec   // kind
 	sessionRestarts   *prometheus.CounterVec   // kind, reason
@@ -85,6 +86,10 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_route_changes_total",
 			Help: "Routes this worker taught the fleet: reason no_peers (the provider had no exit in the job's country: skipped there for a while) or blocked (the destination blocked the provider's exit tier: escalated to the next tier for a while).",
 		}, []string{"kind", "provider", "reason"}),
+		resent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_throttle_resends_total",
+			Help: "Requests sent again on their session after a 429/503 with a short Retry-After (sessions.CollectorConfig.ThrottleWaitMax) instead of ending the attempt.",
+		}, []string{"kind"}),
 		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_lease_losses_total",
 			Help: "Attempts that lost their lease while running.",
@@ -153,7 +158,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
-		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
+		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -592,7 +592,7 @@ func TestRetryAfterSlowsHost(t *testing.T) {
 		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: rdb, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 			WorkerID: fmt.Sprintf("worker-%d", i),
 			// A request that takes long on a loaded box is not what this test is about.
-			Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: time.Minute},
+			Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1, RequestTimeout: time.Minute},
 			HostLimits: map[string]lua.Limit{site.host: {Rate: rate, Burst: 1}},
 		})
 		require.NoError(t, err)
@@ -906,7 +906,7 @@ func TestFleetPauseNotChargedToBudget(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	site := newTimedSite(t)
 	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-		Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second, IgnoreRobotsTxt: true},
+		Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1, RequestTimeout: 5 * time.Second, IgnoreRobotsTxt: true},
 		HostLimits: map[string]lua.Limit{site.host: {Rate: 100, Burst: 10}},
 		Rand:       func() float64 { return 0.5 },
 	})

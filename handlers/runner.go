@@ -145,6 +145,9 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 			log.WarnContext(ctx, "lease release failed", "err", err)
 		}
 	}
+	if w.unit.Resent > 0 {
+		r.metrics.resent.WithLabelValues(k.name).Add(float64(w.unit.Resent))
+	}
 	for _, reason := range w.unit.RestartReasons {
 		r.metrics.sessionRestarts.WithLabelValues(k.name, string(reason)).Inc()
 	}

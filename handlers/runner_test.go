@@ -56,7 +56,9 @@ func (r *rig) registry(t *testing.T, mutate func(*handlers.Config), opts ...hand
 	t.Helper()
 	cfg := handlers.Config{
 		Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
+		// A 429 with Retry-After 1 s ends the attempt, as the failure tests expect (the
+		// re-send on the same session is TestThrottleResend's).
+		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second, ThrottleWaitMax: -1},
 		Logger:    slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 		Rand:      func() float64 { return 0.5 },
 	}
@@ -75,7 +77,7 @@ func (r *rig) registry(t *testing.T, mutate func(*handlers.Config), opts ...hand
 func (r *rig) registryKind(t *testing.T, workflow handlers.WorkflowFunc, parser handlers.ParserFunc) *handlers.Registry {
 	t.Helper()
 	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
+		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1}})
 	require.NoError(t, err)
 	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Register(catalog.Kind, workflow, parser))

@@ -27,6 +27,8 @@ const (
 	DefaultDialTimeout         = 10 * time.Second
 	DefaultTLSHandshakeTimeout = 10 * time.Second
 	DefaultUserAgent           = "idemscrape (+https://github.com/idemscrape/idemscrape)"
+	DefaultThrottleWaitMax     = 2 * time.Second
+	DefaultThrottleRetries     = 2
 )
 
 // CollectorConfig configures the collector bound to a session.
@@ -70,6 +72,17 @@ type CollectorConfig struct {
 	// a gateway that binds a kept-alive connection to the session of its first request.
 	// HTTPS destinations always use the session's own CONNECT tunnels.
 	IsolatePlainHTTP bool
+	// ThrottleWaitMax: a GET answered 429 or 503 with a Retry-After of at most this is sent
+	// again on the same session once the wait has passed, up to ThrottleRetries times,
+	// instead of ending the attempt: the session, and what its earlier steps fetched,
+	// stays good, so the unit is not replayed from its first step later (the bytes of a
+	// throttled attempt were the largest share of waste after session loss in the chaos
+	// runs). A longer Retry-After ends the attempt as throttled, as before, so a worker
+	// slot and the lease are never held long. Defaults to DefaultThrottleWaitMax; negative
+	// turns it off.
+	ThrottleWaitMax time.Duration
+	// ThrottleRetries bounds the re-sends of one request. Defaults to DefaultThrottleRetries.
+	ThrottleRetries int
 
 	// budget is how many bytes this collector may move before its reads fail with
 	// ErrBudgetExceeded (set by Unit.Run from RunConfig.MaxBytes); only if budgetSet.
@@ -94,6 +107,12 @@ func (c *CollectorConfig) withDefaults() CollectorConfig {
 	}
 	if o.UserAgent == "" {
 		o.UserAgent = DefaultUserAgent
+	}
+	if o.ThrottleWaitMax == 0 {
+		o.ThrottleWaitMax = DefaultThrottleWaitMax
+	}
+	if o.ThrottleRetries <= 0 {
+		o.ThrottleRetries = DefaultThrottleRetries
 	}
 	if o.Guard == nil {
 		o.Guard = &Guard{}
@@ -124,6 +143,8 @@ type Bound struct {
 	bytes      atomic.Int64
 	served     atomic.Bool  // the session answered at least one request
 	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
+	resent     atomic.Int64 // requests sent again after a short Retry-After (ThrottleWaitMax)
+	ctx        context.Context
 
 	exitMu sync.Mutex
 	exit   string // the exit the session's first response named ("" until then)
@@ -135,7 +156,7 @@ const responseKey = "idemscrape.response"
 // unit is done.
 func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
 	c := cfg.withDefaults()
-	b := &Bound{Session: s, cfg: c}
+	b := &Bound{Session: s, cfg: c, ctx: ctx}
 	b.plainKey = plainKey{endpoint: s.Endpoint, dial: c.DialTimeout, header: c.RequestTimeout}
 	if c.IsolatePlainHTTP {
 		b.plain = &plainTransport{t: newPlainTransport(b.plainKey, 4), refs: 1} // not in plains: only this Bound
@@ -162,7 +183,34 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 // Fetch sends one request through the session and returns the response. A proxy refusal,
 // a network failure or a destination status >= 400 returns a *FetchError (with the
 // response, when there is one).
+//
+// A GET or HEAD answered 429 or 503 with a short Retry-After (CollectorConfig.ThrottleWaitMax)
+// is sent again on the same session once it has passed (ThrottleRetries times at most).
 func (b *Bound) Fetch(method, rawURL string, body io.Reader, hdr http.Header) (*colly.Response, error) {
+	for try := 0; ; try++ {
+		resp, err := b.fetchOnce(method, rawURL, body, hdr)
+		var fe *FetchError
+		if err == nil || resp == nil || !errors.As(err, &fe) || fe.Category != tasks.CategoryThrottled ||
+			(method != http.MethodGet && method != http.MethodHead) || body != nil ||
+			fe.RetryAfter <= 0 || fe.RetryAfter > b.cfg.ThrottleWaitMax || try >= b.cfg.ThrottleRetries {
+			return resp, err
+		}
+		t := time.NewTimer(fe.RetryAfter)
+		select {
+		case <-t.C:
+		case <-b.ctx.Done():
+			t.Stop()
+			return resp, err
+		}
+		b.resent.Add(1)
+	}
+}
+
+// Resent is how many requests this collector sent again after a short Retry-After.
+func (b *Bound) Resent() int64 { return b.resent.Load() }
+
+// fetchOnce is one Fetch without the re-sends.
+func (b *Bound) fetchOnce(method, rawURL string, body io.Reader, hdr http.Header) (*colly.Response, error) {
 	cctx := colly.NewContext()
 	if err := b.Collector.Request(method, rawURL, body, cctx, hdr); err != nil {
 		return nil, classify(err, b.served.Load())

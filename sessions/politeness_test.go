@@ -282,7 +282,7 @@ func TestLimiterHooks(t *testing.T) {
 		s, err := rr.e.provider.NewSession("US", 0, time.Now())
 		require.NoError(t, err)
 		b, err := sessions.NewCollector(context.Background(), s, &sessions.CollectorConfig{
-			Guard: sessions.LoopbackGuard(), Robots: rr.cache, Limiter: lim})
+			Guard: sessions.LoopbackGuard(), Robots: rr.cache, Limiter: lim, ThrottleWaitMax: -1})
 		require.NoError(t, err)
 		t.Cleanup(b.Close)
 		return b

@@ -153,6 +153,9 @@ type Result struct {
 	// RestartReasons holds the category of each session loss that caused a restart.
 	RestartReasons []tasks.Category
 	Bytes          int64 // bytes moved through the proxy, all sessions
+	// Resent counts requests sent again on their session after a short Retry-After
+	// (CollectorConfig.ThrottleWaitMax), all sessions.
+	Resent int64
 	// LastStatus is the HTTP status of the last response the run received — the
 	// destination's, or the proxy's own refusal (407, 502, …) — 0 if none arrived.
 	LastStatus int
@@ -299,6 +302,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 	}
 	defer func() {
 		res.Bytes += bound.Bytes()
+		res.Resent += bound.Resent()
 		if st := bound.LastStatus(); st != 0 {
 			res.LastStatus = st
 		}
