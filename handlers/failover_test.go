@@ -172,3 +172,64 @@ func TestProvidersConfig(t *testing.T) {
 	_, err = handlers.NewRegistry(base)
 	require.ErrorContains(t, err, "Provider (or Providers)")
 }
+
+// TestProviderOutOfBalance: provider alpha's account runs out of balance (402 Payment
+// Required with the provider's error header): an incident like a 407 — alpha's breaker
+// opens, the job goes to beta at once, uncounted, and completes there; once the balance is
+// topped up, alpha's probe authenticates and it takes work again.
+func TestProviderOutOfBalance(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	a := r.proxy
+	b := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary})
+	provider := func(name, gateway string) *sessions.Provider {
+		p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
+		require.NoError(t, err)
+		return p
+	}
+	var mu sync.Mutex
+	clock := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	metrics := prometheus.NewRegistry()
+	reg, err := handlers.NewRegistry(handlers.Config{
+		Store: r.st, Redis: r.ns.Client, Providers: []*sessions.Provider{provider("alpha", a.Addr), provider("beta", b.Addr)}, KeyPrefix: r.ns.Prefix,
+		Collector:             sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
+		Logger:                slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Registerer:            metrics,
+		Now:                   func() time.Time { mu.Lock(); defer mu.Unlock(); return clock },
+		Rand:                  func() float64 { return 0 },
+		IncidentProbeInterval: time.Minute,
+	})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse,
+		handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 1})))
+
+	a.SetOutOfBalance(true)
+	key, task := r.job(t, "sku-40")
+	dec := decisionOf(reg.ProcessTask(ctx, task))
+	require.True(t, dec.Retry && !dec.Counted, "the account's failure, not the job's: %+v", dec)
+	require.LessOrEqual(t, dec.Delay, time.Second)
+	require.NoError(t, reg.ProcessTask(ctx, task), "on beta")
+	atts, err := r.st.AttemptList(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, atts, 2)
+	require.Equal(t, string(tasks.CategoryProxyAuth), atts[0].Category)
+	require.Contains(t, atts[0].Error, "402")
+	require.Equal(t, b.Addr, atts[1].ProxyEndpoint)
+	require.Equal(t, store.OutcomeComplete, atts[1].Outcome)
+	for _, m := range metricFamily(t, metrics, "idemscrape_provider_incident_open") {
+		if labelled(m, "provider", "alpha") {
+			require.Equal(t, 1.0, m.GetGauge().GetValue())
+		}
+	}
+
+	a.SetOutOfBalance(false)
+	mu.Lock()
+	clock = clock.Add(time.Minute)
+	mu.Unlock()
+	probe, task := r.job(t, "sku-41")
+	require.NoError(t, reg.ProcessTask(ctx, task), "alpha's probe")
+	atts, err = r.st.AttemptList(ctx, probe)
+	require.NoError(t, err)
+	require.Equal(t, a.Addr, atts[0].ProxyEndpoint, "alpha takes work again")
+}

@@ -287,7 +287,7 @@ func (r *Registry) probeDone(slot *providerSlot, w workResult, log *slog.Logger)
 // Verdicts of a probe delivery.
 const (
 	probeInconclusive  = iota // no answer at all (network error, timeout): proves nothing
-	probeRefused              // the proxy answered 407 again
+	probeRefused              // the proxy answered 407 (or 402) again
 	probeAuthenticated        // an answer that is not the proxy's 407
 )
 
@@ -296,7 +296,7 @@ const (
 // Bytes alone prove nothing: a request's own bytes count before it is answered.
 func probeVerdict(lastStatus int) int {
 	switch {
-	case lastStatus == http.StatusProxyAuthRequired:
+	case lastStatus == http.StatusProxyAuthRequired, lastStatus == http.StatusPaymentRequired:
 		return probeRefused
 	case lastStatus != 0:
 		return probeAuthenticated

@@ -538,6 +538,10 @@ func isProxyRefusal(res *http.Response) bool {
 	switch res.StatusCode {
 	case http.StatusProxyAuthRequired, http.StatusBadGateway, 522, 525:
 		return true
+	case http.StatusPaymentRequired:
+		// The provider's "no balance" carries its error header; a shop's own 402 (a
+		// paywall) does not.
+		return providerErrorCode(res.Header) != ""
 	}
 	return providerErrorCode(res.Header) != "" && res.StatusCode >= 500
 }

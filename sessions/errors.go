@@ -119,7 +119,9 @@ func sanitizeHeader(v string) string {
 // the session already served a request (then a 502 means its device went away).
 func classifyProxyStatus(status int, started bool) tasks.Category {
 	switch {
-	case status == http.StatusProxyAuthRequired:
+	case status == http.StatusProxyAuthRequired, status == http.StatusPaymentRequired:
+		// 407: the credentials; 402: the account's balance. Either is the account's
+		// failure, an incident (handlers), not the job's.
 		return tasks.CategoryProxyAuth
 	case started && status == http.StatusBadGateway:
 		return tasks.CategorySessionLost

@@ -78,6 +78,7 @@ func TestClassifyNetworkFailures(t *testing.T) {
 		{"ProxyStatusNXDOMAIN", &proxyStatusError{status: 502, header: http.Header{"Proxy-Status": {`brd; error=dns_error; rcode="NXDOMAIN"`}}}, tasks.CategoryDNSNotFound},
 		{"ProxyStatusDNSTimeout", &proxyStatusError{status: 504, header: http.Header{"Proxy-Status": {`brd; error=dns_timeout`}}}, tasks.CategoryNetwork},
 		{"ProxyStatusOther", &proxyStatusError{status: 502, header: http.Header{"Proxy-Status": {`brd; error=destination_unreachable`}}}, tasks.CategoryExitUnavailable},
+		{"ProxyOutOfBalance", &proxyStatusError{status: 402, header: http.Header{"X-Brd-Err-Code": {"balance_exhausted"}}}, tasks.CategoryProxyAuth},
 		{"Canceled", fmt.Errorf("get: %w", context.Canceled), tasks.CategoryInterrupted},
 		{"Budget", fmt.Errorf("read: %w", &budgetExceededError{moved: 10, budget: 5}), tasks.CategoryBudgetExceeded},
 	}
@@ -86,4 +87,8 @@ func TestClassifyNetworkFailures(t *testing.T) {
 			require.Equal(t, tc.want, classify(tc.err, false).Category)
 		})
 	}
+	// A plain-HTTP 402 is the provider's only with its error header; a shop's own (a
+	// paywall) is the destination's answer.
+	require.True(t, isProxyRefusal(&http.Response{StatusCode: 402, Header: http.Header{"X-Brd-Err-Code": {"balance_exhausted"}}}))
+	require.False(t, isProxyRefusal(&http.Response{StatusCode: 402, Header: http.Header{}}))
 }

@@ -10,7 +10,8 @@ type Category string
 // Failure categories. Fetch categories are assigned by package sessions, the others by
 // the runner.
 const (
-	// CategoryProxyAuth: the proxy refused the credentials or username format (407).
+	// CategoryProxyAuth: the proxy refused the credentials or username format (407), or
+	// the account (402 Payment Required: no balance left).
 	// Configuration error: terminal, never a retry storm.
 	CategoryProxyAuth Category = "proxy_auth"
 	// CategoryExitUnavailable: the provider has no exit for the requested country or

@@ -140,6 +140,7 @@ type FakeProxy struct {
 	disconnects   atomic.Int64
 	refusing      atomic.Bool  // SetRefusing: every request answered 407
 	refused       atomic.Int64 // requests answered 407 for SetRefusing
+	broke         atomic.Bool  // SetOutOfBalance: every request answered 402
 
 	mu           sync.Mutex
 	discProb     float64
@@ -272,6 +273,11 @@ func (p *FakeProxy) ExitOf(sessionID string) string {
 // or take them again (false).
 func (p *FakeProxy) SetRefusing(refusing bool) { p.refusing.Store(refusing) }
 
+// SetOutOfBalance makes the proxy answer every authenticated request (CONNECT included)
+// 402 Payment Required with the provider's error header X-Brd-Err-Code, as a provider does
+// when the account's balance ran out; Refused counts them too.
+func (p *FakeProxy) SetOutOfBalance(broke bool) { p.broke.Store(broke) }
+
 // Refused counts the requests answered 407 because of SetRefusing.
 func (p *FakeProxy) Refused() int64 { return p.refused.Load() }
 
@@ -367,6 +373,13 @@ func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool
 		h := http.Header{}
 		h.Set("Proxy-Authenticate", `Basic realm="fake"`)
 		fpWriteError(c, http.StatusProxyAuthRequired, h, "proxy authentication required\n")
+		return false
+	}
+	if p.broke.Load() {
+		p.refused.Add(1)
+		h := http.Header{}
+		h.Set("X-Brd-Err-Code", "balance_exhausted")
+		fpWriteError(c, http.StatusPaymentRequired, h, "account balance exhausted\n")
 		return false
 	}
 	var target string
