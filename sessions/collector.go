@@ -83,6 +83,9 @@ type CollectorConfig struct {
 	ThrottleWaitMax time.Duration
 	// ThrottleRetries bounds the re-sends of one request. Defaults to DefaultThrottleRetries.
 	ThrottleRetries int
+	// Browsers renders pages that need JavaScript (StepContext.Render) on the session.
+	// Defaults to nil: a step that renders fails (ErrNoBrowsers).
+	Browsers *BrowserPool
 
 	// budget is how many bytes this collector may move before its reads fail with
 	// ErrBudgetExceeded (set by Unit.Run from RunConfig.MaxBytes); only if budgetSet.

@@ -141,6 +141,7 @@ type FakeProxy struct {
 	refusing      atomic.Bool  // SetRefusing: every request answered 407
 	refused       atomic.Int64 // requests answered 407 for SetRefusing
 	broke         atomic.Bool  // SetOutOfBalance: every request answered 402
+	authed        atomic.Int64 // requests with valid credentials
 
 	mu           sync.Mutex
 	discProb     float64
@@ -244,6 +245,20 @@ func (p *FakeProxy) BytesFor(sessionID string) int64 {
 	defer p.mu.Unlock()
 	if s := p.sessions[sessionID]; s != nil {
 		return s.bytes.Load()
+	}
+	return 0
+}
+
+// Authenticated is the number of requests that carried valid credentials (a browser's
+// first try without them, answered 407, is not one).
+func (p *FakeProxy) Authenticated() int64 { return p.authed.Load() }
+
+// RequestsFor is the number of requests made with a session id (authenticated).
+func (p *FakeProxy) RequestsFor(sessionID string) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s := p.sessions[sessionID]; s != nil {
+		return int64(s.requests)
 	}
 	return 0
 }
@@ -375,6 +390,7 @@ func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool
 		fpWriteError(c, http.StatusProxyAuthRequired, h, "proxy authentication required\n")
 		return false
 	}
+	p.authed.Add(1)
 	if p.broke.Load() {
 		p.refused.Add(1)
 		h := http.Header{}

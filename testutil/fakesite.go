@@ -346,6 +346,22 @@ func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
 		s.writeHTML(w, http.StatusOK, exit, "<p>private: polite scrapers never see this</p>")
 	case path == "/big":
 		s.serveBig(w, exit)
+	case strings.HasPrefix(path, "/js/product/"):
+		s.serveJSProduct(w, r, exit, strings.TrimPrefix(path, "/js/product/"))
+	case path == "/js/probe":
+		s.serveJSProbe(w, r, exit)
+	case path == "/redirect-private":
+		http.Redirect(w, r, "http://10.1.2.3/", http.StatusFound)
+	case strings.HasPrefix(path, "/img/"):
+		w.Header().Set("Content-Type", "image/png")
+		_, _ = w.Write(make([]byte, fsImageSize))
+	case path == "/cookies":
+		w.Header().Set("Content-Type", "application/json")
+		got := map[string]string{}
+		for _, c := range r.Cookies() {
+			got[c.Name] = c.Value
+		}
+		_ = json.NewEncoder(w).Encode(got)
 	case path == "/bomb":
 		bomb := fsBomb()
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -397,6 +413,50 @@ func (s *FakeSite) serveProduct(w http.ResponseWriter, r *http.Request, exit, sk
 		fmt.Sprintf(`<meta name="price-token" content="%s">`, s.token(sid, sku)),
 		fmt.Sprintf(`<h1 class="name">%s</h1><p class="sku">%s</p><span class="currency">%s</span>`,
 			html.EscapeString(p.Name), html.EscapeString(p.SKU), p.Currency))
+}
+
+// fsImageSize is the size of every /img/ answer: a page's pictures are most of its bytes.
+const fsImageSize = 256 << 10
+
+// serveJSProduct is the product page of a shop that renders its price with JavaScript: the
+// HTML has no price, only a script that fetches /api/price/<sku> with the page's token
+// (an XHR) and writes it into #price, then sets the cookie "rendered". Like /product/ it
+// needs the session's sid cookie (from /search); it shows a 256 KiB picture.
+func (s *FakeSite) serveJSProduct(w http.ResponseWriter, r *http.Request, exit, sku string) {
+	sid := s.sidOf(r, exit, s.cfg.StrictExit)
+	if sid == "" {
+		s.writeHTML(w, http.StatusForbidden, exit, "<p>forbidden: no session</p>")
+		return
+	}
+	p, ok := s.products[sku]
+	if !ok {
+		s.writeHTML(w, http.StatusNotFound, exit, "<p>not found</p>")
+		return
+	}
+	s.writeHTML(w, http.StatusOK, exit, fmt.Sprintf(`<h1 class="name">%s</h1><img src="/img/%s.png" alt="">
+<p>Price: <span id="price"></span> <span class="currency">%s</span></p>
+<script>
+fetch("/api/price/%s?token=%s").then(r => r.json()).then(j => {
+  document.cookie = "rendered=1; path=/";
+  const el = document.getElementById("price");
+  el.textContent = j.price;
+  el.className = "ready";
+});
+</script>`, html.EscapeString(p.Name), html.EscapeString(p.SKU), p.Currency, p.SKU, s.token(sid, sku)))
+}
+
+// serveJSProbe is a page whose script reaches for forbidden places: the address in its
+// query's "probe" parameter (host:port), the cloud metadata address, and /redirect-private
+// (a redirect to a private address). It then shows #done.
+func (s *FakeSite) serveJSProbe(w http.ResponseWriter, r *http.Request, exit string) {
+	probe := r.URL.Query().Get("probe")
+	s.writeHTML(w, http.StatusOK, exit, fmt.Sprintf(`<p id="done" hidden>done</p>
+<script>
+const urls = ["http://%s/", "http://169.254.169.254/latest/meta-data/", "/redirect-private"];
+Promise.allSettled(urls.map(u => fetch(u, {mode: "no-cors"}))).then(() => {
+  document.getElementById("done").hidden = false;
+});
+</script>`, html.EscapeString(probe)))
 }
 
 func (s *FakeSite) servePrice(w http.ResponseWriter, r *http.Request, exit, sku string, schemaChange bool) {

@@ -1,0 +1,461 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/fetch"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/target"
+	"github.com/chromedp/chromedp"
+
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// RenderOptions configure one render (StepContext.Render).
+type RenderOptions struct {
+	// WaitFor is a CSS selector the render waits for (visible) before it reads the page:
+	// the element the page's JavaScript fills. "" reads the page once it has loaded.
+	WaitFor string
+	// Capture lists substrings of the URLs of XHR/fetch responses whose bodies the render
+	// returns (Rendered.Captured), e.g. "/api/price/".
+	Capture []string
+	// AllowResources lists resource types to load although the pool blocks them by
+	// default (BrowserConfig.BlockResources: "Image", "Media", "Font").
+	AllowResources []string
+	// Timeout bounds the render. Defaults to the pool's BrowserConfig.RenderTimeout.
+	Timeout time.Duration
+}
+
+// Captured is one XHR/fetch response a render captured (RenderOptions.Capture).
+type Captured struct {
+	URL    string `json:"url"`
+	Status int    `json:"status"`
+	Body   []byte `json:"body"`
+}
+
+// Rendered is what a render saw.
+type Rendered struct {
+	URL      string     // the document's final URL
+	Status   int        // the document's HTTP status
+	HTML     string     // the DOM after the page's JavaScript ran (document.documentElement.outerHTML)
+	Captured []Captured // the captured XHR/fetch responses, in the order they finished
+	Bytes    int64      // bytes the render moved through the proxy (also in Bound.Bytes)
+	Requests int        // requests the page made that were let through
+	// Refused counts the page's requests the destination guard refused (loopback,
+	// private, metadata addresses, ports outside the policy): none reached the proxy.
+	Refused int
+	// Skipped counts the requests for blocked resource types (images, media, fonts).
+	Skipped int
+}
+
+// ErrNoBrowsers: a step rendered on a collector without a browser pool
+// (CollectorConfig.Browsers).
+var ErrNoBrowsers = errors.New("sessions: Render needs a browser pool (CollectorConfig.Browsers, handlers.Config.Browsers)")
+
+// Render loads rawURL in a fresh Chromium browser context of the pool, through the step's
+// session: the same proxy gateway and sticky username as the step's colly requests (the
+// credentials answered through CDP's Fetch.authRequired, never on a command line), the
+// same cookies both ways. Every request the page makes passes the destination guard
+// (refused ones fail in the browser and are counted); the page's own navigation passes
+// robots.txt and the host rate limit. Images, media and fonts are not loaded unless
+// allowed. Every byte counts toward the attempt's budget, which stops the render mid-way
+// (budget_exceeded). A network failure of the session (the device dropped) or a Chromium
+// that died is session_lost: the unit replays on a new session.
+func (sc *StepContext) Render(rawURL string, o RenderOptions) (*Rendered, error) {
+	return sc.bound.Render(rawURL, o)
+}
+
+// Render is StepContext.Render.
+func (b *Bound) Render(rawURL string, o RenderOptions) (*Rendered, error) {
+	pool := b.cfg.Browsers
+	if pool == nil {
+		return nil, &FetchError{Category: tasks.CategoryInternal, Err: ErrNoBrowsers}
+	}
+	ctx := b.ctx
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, &FetchError{Category: tasks.CategoryValidation, Err: fmt.Errorf("sessions: render %q: not an http(s) URL", rawURL)}
+	}
+	if err := b.cfg.Guard.Check(ctx, rawURL); err != nil {
+		return nil, classify(err, b.served.Load())
+	}
+	if b.overBudget() {
+		return nil, classify(b.budgetError(), b.served.Load())
+	}
+	if b.cfg.Robots != nil && !b.cfg.IgnoreRobotsTxt {
+		if err := b.cfg.Robots.check(ctx, b, u); err != nil {
+			return nil, classify(err, b.served.Load())
+		}
+	}
+	if b.cfg.Limiter != nil {
+		if err := b.cfg.Limiter.Wait(ctx, hostKey(u)); err != nil {
+			return nil, classify(err, b.served.Load())
+		}
+	}
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = pool.cfg.RenderTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	br, release, err := pool.acquire(rctx)
+	if err != nil {
+		return nil, renderError(rctx, err, false)
+	}
+	defer release()
+	r := &render{b: b, o: o, pool: pool, page: rawURL, rendered: &Rendered{}, ids: map[network.RequestID]*renderReq{}}
+	res, err := r.run(rctx, br)
+	b.bytes.Add(r.bytesTotal())
+	if res != nil {
+		res.Bytes = r.bytesTotal()
+	}
+	if err != nil {
+		if br.ctx.Err() != nil {
+			// Chromium went away under the render: a lost session, not the worker's crash.
+			return nil, &FetchError{Category: tasks.CategorySessionLost, Err: fmt.Errorf("sessions: render: the browser process ended: %w", err)}
+		}
+		return nil, renderError(rctx, err, r.lostSession())
+	}
+	b.served.Store(true)
+	if res.Status != 0 {
+		b.lastStatus.Store(int32(res.Status))
+	}
+	if fe := classifyStatus(res.Status, http.Header{}, b.cfg.Now()); fe != nil {
+		return res, fe
+	}
+	return res, nil
+}
+
+// renderError classifies a render's failure.
+func renderError(ctx context.Context, err error, lost bool) error {
+	var fe *FetchError
+	switch {
+	case errors.As(err, &fe):
+		return fe
+	case lost:
+		return &FetchError{Category: tasks.CategorySessionLost, Err: fmt.Errorf("sessions: render: %w", err)}
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+		return &FetchError{Category: tasks.CategoryTimeout, Err: fmt.Errorf("sessions: render: %w", err)}
+	case ctx.Err() != nil:
+		return &FetchError{Category: tasks.CategoryInterrupted, Err: fmt.Errorf("sessions: render: %w", context.Cause(ctx))}
+	}
+	return &FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("sessions: render: %w", err)}
+}
+
+// render is one Render's state: the requests the page made, their bytes, what failed.
+type render struct {
+	b        *Bound
+	o        RenderOptions
+	pool     *BrowserPool
+	page     string // the URL asked for
+	rendered *Rendered
+
+	mu       sync.Mutex
+	ids      map[network.RequestID]*renderReq
+	reqBytes int64 // request lines and headers, estimated as the colly path estimates them
+	lost     error // a network failure of the session
+	budget   error // the attempt's budget ran out
+	authFail int   // proxy authentication challenges answered without success
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+// renderReq is one request of the page.
+type renderReq struct {
+	url      string
+	typ      network.ResourceType
+	status   int
+	received int64 // encoded bytes so far (Network.dataReceived), replaced at loadingFinished
+	capture  bool
+	done     bool
+}
+
+func (r *render) bytesTotal() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.reqBytes
+	for _, q := range r.ids {
+		n += q.received
+	}
+	return n
+}
+
+func (r *render) lostSession() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost != nil
+}
+
+// halt ends the render early (budget spent, session lost).
+func (r *render) halt() { r.stopOnce.Do(func() { close(r.stop) }) }
+
+// sessionErrors are Chromium's net errors that mean the proxy or the device went away.
+var sessionErrors = []string{"ERR_EMPTY_RESPONSE", "ERR_CONNECTION_CLOSED", "ERR_CONNECTION_RESET",
+	"ERR_TUNNEL_CONNECTION_FAILED", "ERR_PROXY_CONNECTION_FAILED", "ERR_INCOMPLETE_CHUNKED_ENCODING",
+	"ERR_CONTENT_LENGTH_MISMATCH", "ERR_CONNECTION_REFUSED", "ERR_SOCKET_NOT_CONNECTED"}
+
+// listen is the ordered listener of the page's network events: it runs on the tab's
+// message loop, so it only records (no command).
+func (r *render) listen(ev any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch ev := ev.(type) {
+	case *network.EventRequestWillBeSent:
+		q := r.ids[ev.RequestID]
+		if q == nil {
+			q = &renderReq{}
+			r.ids[ev.RequestID] = q
+		}
+		q.url, q.typ = ev.Request.URL, ev.Type
+		r.reqBytes += int64(len(ev.Request.Method)+len(ev.Request.URL)+16) + int64(len(ev.Request.Headers))*24
+	case *network.EventResponseReceived:
+		if q := r.ids[ev.RequestID]; q != nil && ev.Response != nil {
+			q.status = int(ev.Response.Status)
+			if ev.Type == network.ResourceTypeXHR || ev.Type == network.ResourceTypeFetch {
+				for _, c := range r.o.Capture {
+					if strings.Contains(ev.Response.URL, c) {
+						q.capture = true
+					}
+				}
+			}
+		}
+	case *network.EventDataReceived:
+		if q := r.ids[ev.RequestID]; q != nil {
+			q.received += ev.EncodedDataLength
+		}
+	case *network.EventLoadingFinished:
+		if q := r.ids[ev.RequestID]; q != nil {
+			q.received = max(q.received, int64(ev.EncodedDataLength))
+			q.done = true
+		}
+	case *network.EventLoadingFailed:
+		if q := r.ids[ev.RequestID]; q != nil {
+			q.done = true
+		}
+		if ev.BlockedReason == "" && !ev.Canceled && ev.ErrorText != "" && slices.ContainsFunc(sessionErrors, func(s string) bool { return strings.Contains(ev.ErrorText, s) }) {
+			if r.lost == nil {
+				r.lost = fmt.Errorf("request failed: %s", ev.ErrorText)
+			}
+			go r.halt()
+		}
+	default:
+		return
+	}
+	if b := r.b; b.cfg.budgetSet {
+		n := r.reqBytes
+		for _, q := range r.ids {
+			n += q.received
+		}
+		if b.bytes.Load()+n > b.cfg.budget && r.budget == nil {
+			r.budget = b.budgetError()
+			go r.halt()
+		}
+	}
+}
+
+// run drives one render in a new browser context of br.
+func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
+	r.stop = make(chan struct{})
+	sess := r.b.Session
+	tctx, tcancel := chromedp.NewContext(br.ctx,
+		chromedp.WithNewBrowserContext(func(p *target.CreateBrowserContextParams) {
+			p.ProxyServer = "http://" + sess.Endpoint
+			// Chromium sends loopback destinations around a proxy unless told not to; every
+			// request must go through the session's proxy (the guard decides what may).
+			p.ProxyBypassList = "<-loopback>"
+		}),
+		chromedp.WithListener(r.listen))
+	defer tcancel() // closes the tab and disposes the browser context
+	// The render ends with ctx (the attempt's context, the render timeout) or on halt.
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-r.stop:
+		case <-tctx.Done():
+			return
+		}
+		tcancel()
+	}()
+	if err := chromedp.Do(tctx); err != nil { // opens the tab
+		return nil, err
+	}
+	t := chromedp.FromContext(tctx).Target
+	paused := chromedp.Events(tctx, fetch.RequestPaused)
+	auths := chromedp.Events(tctx, fetch.AuthRequired)
+	var wg sync.WaitGroup
+	defer func() { tcancel(); wg.Wait() }() // the iterators end with the tab
+	wg.Add(2)
+	go func() { defer wg.Done(); r.intercept(tctx, t, paused) }()
+	go func() { defer wg.Done(); r.authenticate(tctx, t, auths) }()
+
+	if _, err := cdp.Call(tctx, t, network.Enable, network.EnableParams{}); err != nil {
+		return nil, err
+	}
+	if _, err := cdp.Call(tctx, t, fetch.Enable, fetch.EnableParams{
+		Patterns:           []*fetch.RequestPattern{{URLPattern: "*"}},
+		HandleAuthRequests: new(true),
+	}); err != nil {
+		return nil, err
+	}
+	// The session's cookies go with the page's requests.
+	if cookies := r.b.Collector.Cookies(r.pageURL()); len(cookies) > 0 {
+		params := network.SetCookiesParams{}
+		for _, c := range cookies {
+			params.Cookies = append(params.Cookies, &network.CookieParam{Name: c.Name, Value: c.Value, URL: r.pageURL()})
+		}
+		if _, err := cdp.Call(tctx, t, network.SetCookies, params); err != nil {
+			return nil, err
+		}
+	}
+	resp, err := chromedp.Run(tctx, chromedp.NavigateResponse(r.pageURL()))
+	if err == nil && r.o.WaitFor != "" {
+		err = chromedp.Do(tctx, chromedp.WaitVisible(chromedp.CSS(r.o.WaitFor)))
+	}
+	if err := r.stopped(); err != nil {
+		return nil, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	res := r.rendered
+	if resp != nil {
+		res.URL, res.Status = resp.URL, int(resp.Status)
+	}
+	if res.HTML, err = chromedp.Run(tctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`)); err != nil {
+		return nil, err
+	}
+	if err := r.captured(tctx, t, res); err != nil {
+		return nil, err
+	}
+	// The page's cookies go back to the session's collector.
+	got, err := cdp.Call(tctx, t, network.GetCookies, network.GetCookiesParams{URLs: []string{r.pageURL(), res.URL}})
+	if err != nil {
+		return nil, err
+	}
+	var jar []*http.Cookie
+	for _, c := range got.Cookies {
+		jar = append(jar, &http.Cookie{Name: c.Name, Value: c.Value, Path: c.Path, Domain: c.Domain, HttpOnly: c.HTTPOnly, Secure: c.Secure})
+	}
+	if len(jar) > 0 {
+		if err := r.b.Collector.SetCookies(r.pageURL(), jar); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.stopped(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// pageURL is the URL the render was asked for.
+func (r *render) pageURL() string { return r.page }
+
+// stopped is the reason the render was halted, if it was.
+func (r *render) stopped() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.budget != nil:
+		return classify(r.budget, true)
+	case r.lost != nil:
+		return &FetchError{Category: tasks.CategorySessionLost, Err: fmt.Errorf("sessions: render: %w", r.lost)}
+	case r.authFail > 0:
+		return &FetchError{Category: tasks.CategoryProxyAuth, Status: http.StatusProxyAuthRequired,
+			Err: errors.New("sessions: render: the proxy refused the session's credentials")}
+	}
+	return nil
+}
+
+// captured fetches the bodies of the captured responses that finished.
+func (r *render) captured(ctx context.Context, t *chromedp.Target, res *Rendered) error {
+	r.mu.Lock()
+	var ids []network.RequestID
+	for id, q := range r.ids {
+		if q.capture && q.done {
+			ids = append(ids, id)
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(ids)
+	for _, id := range ids {
+		body, err := cdp.Call(ctx, t, network.GetResponseBody, network.GetResponseBodyParams{RequestID: id})
+		if err != nil {
+			continue // evicted or failed: not captured
+		}
+		r.mu.Lock()
+		q := r.ids[id]
+		res.Captured = append(res.Captured, Captured{URL: q.url, Status: q.status, Body: body.Body})
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// intercept decides every request of the page before it is sent: the guard, the blocked
+// resource types; everything else continues through the session's proxy.
+func (r *render) intercept(ctx context.Context, t *chromedp.Target, paused iter.Seq2[fetch.EventRequestPaused, error]) {
+	for ev, err := range paused {
+		if err != nil {
+			return
+		}
+		if ev.ResponseStatusCode != 0 || ev.ResponseErrorReason != "" {
+			_, _ = cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+			continue
+		}
+		reqURL := ev.Request.URL
+		switch {
+		case strings.HasPrefix(reqURL, "data:") || strings.HasPrefix(reqURL, "blob:"):
+			// In the page, no network.
+		case r.pool.blocked(ev.ResourceType) && !slices.Contains(r.o.AllowResources, string(ev.ResourceType)):
+			r.mu.Lock()
+			r.rendered.Skipped++
+			r.mu.Unlock()
+			_, _ = cdp.Call(ctx, t, fetch.FailRequest, fetch.FailRequestParams{RequestID: ev.RequestID, ErrorReason: network.ErrorReasonBlockedByClient})
+			continue
+		default:
+			if err := r.b.cfg.Guard.Check(ctx, reqURL); err != nil {
+				r.mu.Lock()
+				r.rendered.Refused++
+				r.mu.Unlock()
+				_, _ = cdp.Call(ctx, t, fetch.FailRequest, fetch.FailRequestParams{RequestID: ev.RequestID, ErrorReason: network.ErrorReasonAccessDenied})
+				continue
+			}
+			r.mu.Lock()
+			r.rendered.Requests++
+			r.mu.Unlock()
+		}
+		_, _ = cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+	}
+}
+
+// authenticate answers the proxy's 407 with the session's credentials, once per request:
+// a second challenge for the same request means the proxy refused them.
+func (r *render) authenticate(ctx context.Context, t *chromedp.Target, auths iter.Seq2[fetch.EventAuthRequired, error]) {
+	tried := map[fetch.RequestID]bool{}
+	for ev, err := range auths {
+		if err != nil {
+			return
+		}
+		resp := &fetch.AuthChallengeResponse{Response: fetch.AuthChallengeResponseResponseCancelAuth}
+		if ev.AuthChallenge != nil && ev.AuthChallenge.Source == fetch.AuthChallengeSourceProxy && !tried[ev.RequestID] {
+			tried[ev.RequestID] = true
+			user, pass := r.b.Session.creds()
+			resp = &fetch.AuthChallengeResponse{Response: fetch.AuthChallengeResponseResponseProvideCredentials, Username: user, Password: pass}
+		} else if ev.AuthChallenge != nil && ev.AuthChallenge.Source == fetch.AuthChallengeSourceProxy {
+			r.mu.Lock()
+			r.authFail++
+			r.mu.Unlock()
+			go r.halt()
+		}
+		_, _ = cdp.Call(ctx, t, fetch.ContinueWithAuth, fetch.ContinueWithAuthParams{RequestID: ev.RequestID, AuthChallengeResponse: resp})
+	}
+}
