@@ -168,14 +168,19 @@ type render struct {
 	authFail int   // proxy authentication challenges answered without success
 	stop     chan struct{}
 	stopOnce sync.Once
+	changed  chan struct{} // a request finished or failed (buffered 1)
 }
 
 // renderReq is one request of the page.
 type renderReq struct {
-	url      string
-	typ      network.ResourceType
-	status   int
-	received int64 // encoded bytes so far (Network.dataReceived), replaced at loadingFinished
+	url    string
+	typ    network.ResourceType
+	status int
+	// received is the request's bytes on the wire so far: the response headers
+	// (Response.encodedDataLength) and the body chunks (Network.dataReceived, their
+	// encoded length, or their decoded length when Chromium reports no encoded one, as it
+	// does for intercepted requests), raised to loadingFinished's total if that is more.
+	received int64
 	capture  bool
 	done     bool
 }
@@ -194,6 +199,48 @@ func (r *render) lostSession() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lost != nil
+}
+
+// signal tells settle that a request ended.
+func (r *render) signal() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+// renderSettleMax bounds how long a render waits, once its page is ready, for the
+// requests still loading: their bytes are the attempt's too.
+const renderSettleMax = 5 * time.Second
+
+// settle waits until every request the page made has finished or failed (at most
+// renderSettleMax): what is still loading when the tab closes is billed by the provider
+// but never reported by Chromium.
+func (r *render) settle(ctx context.Context) {
+	t := time.NewTimer(renderSettleMax)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		pending := 0
+		for _, q := range r.ids {
+			if !q.done {
+				pending++
+			}
+		}
+		r.mu.Unlock()
+		if pending == 0 {
+			return
+		}
+		select {
+		case <-r.changed:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		case <-r.stop:
+			return
+		}
+	}
 }
 
 // halt ends the render early (budget spent, session lost).
@@ -221,6 +268,7 @@ func (r *render) listen(ev any) {
 	case *network.EventResponseReceived:
 		if q := r.ids[ev.RequestID]; q != nil && ev.Response != nil {
 			q.status = int(ev.Response.Status)
+			q.received += int64(ev.Response.EncodedDataLength)
 			if ev.Type == network.ResourceTypeXHR || ev.Type == network.ResourceTypeFetch {
 				for _, c := range r.o.Capture {
 					if strings.Contains(ev.Response.URL, c) {
@@ -231,17 +279,19 @@ func (r *render) listen(ev any) {
 		}
 	case *network.EventDataReceived:
 		if q := r.ids[ev.RequestID]; q != nil {
-			q.received += ev.EncodedDataLength
+			q.received += max(ev.EncodedDataLength, ev.DataLength)
 		}
 	case *network.EventLoadingFinished:
 		if q := r.ids[ev.RequestID]; q != nil {
 			q.received = max(q.received, int64(ev.EncodedDataLength))
 			q.done = true
 		}
+		r.signal()
 	case *network.EventLoadingFailed:
 		if q := r.ids[ev.RequestID]; q != nil {
 			q.done = true
 		}
+		r.signal()
 		if ev.BlockedReason == "" && !ev.Canceled && ev.ErrorText != "" && slices.ContainsFunc(sessionErrors, func(s string) bool { return strings.Contains(ev.ErrorText, s) }) {
 			if r.lost == nil {
 				r.lost = fmt.Errorf("request failed: %s", ev.ErrorText)
@@ -265,7 +315,7 @@ func (r *render) listen(ev any) {
 
 // run drives one render in a new browser context of br.
 func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
-	r.stop = make(chan struct{})
+	r.stop, r.changed = make(chan struct{}), make(chan struct{}, 1)
 	sess := r.b.Session
 	tctx, tcancel := chromedp.NewContext(br.ctx,
 		chromedp.WithNewBrowserContext(func(p *target.CreateBrowserContextParams) {
@@ -320,6 +370,9 @@ func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	resp, err := chromedp.Run(tctx, chromedp.NavigateResponse(r.pageURL()))
 	if err == nil && r.o.WaitFor != "" {
 		err = chromedp.Do(tctx, chromedp.WaitVisible(chromedp.CSS(r.o.WaitFor)))
+	}
+	if err == nil {
+		r.settle(tctx)
 	}
 	if err := r.stopped(); err != nil {
 		return nil, err

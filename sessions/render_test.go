@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,6 +103,237 @@ func TestRenderThroughSession(t *testing.T) {
 		}
 	}
 	assert.NotContains(t, e.logs.String(), canary)
-	_ = tasks.CategorySessionLost
-	_ = time.Second
+}
+
+// TestRenderCookiesShared: the sid cookie a colly step got is sent by the render (the
+// shop answers the JavaScript page only with it), and the cookie the page's script set is
+// sent by the next colly request.
+func TestRenderCookiesShared(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 22}, testutil.FakeSiteConfig{Seed: 22, StrictExit: true})
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	unit := renderUnit(e.site.URL, "sku-4", sessions.RenderOptions{WaitFor: "#price.ready"}, nil)
+	unit.Steps = append(unit.Steps, sessions.Step{Name: "cookies", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+		resp, err := sc.Get(e.site.URL + "/cookies")
+		if err != nil {
+			return err
+		}
+		var got map[string]string
+		if err := json.Unmarshal(resp.Body, &got); err != nil {
+			return err
+		}
+		return sc.Staging.Put("cookies", got)
+	}})
+	res, err := unit.Run(context.Background(), cfg)
+	require.NoError(t, err, "the render had the colly step's sid: the shop answered the page")
+	var cookies map[string]string
+	require.NoError(t, json.Unmarshal(res.Staged["cookies"], &cookies))
+	assert.Equal(t, "1", cookies["rendered"], "the page's cookie went back to colly")
+	assert.NotEmpty(t, cookies["sid"])
+
+	// Without the colly step the render has no sid: the shop refuses the page.
+	unit = renderUnit(e.site.URL, "sku-4", sessions.RenderOptions{}, nil)
+	unit.Steps = unit.Steps[1:]
+	_, err = unit.Run(context.Background(), cfg)
+	assert.Equal(t, tasks.CategoryBlocked, sessions.CategoryOf(err), "403 without the session's cookie")
+}
+
+// TestRenderGuard: the page's script reaches for another port on 127.0.0.1 (a listener of
+// the test), the metadata address and a redirect to a private address; the destination
+// policy allows only the shop's address and port. Each is refused in the browser and
+// counted; the listener saw nothing; the page itself rendered.
+func TestRenderGuard(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 23}, testutil.FakeSiteConfig{Seed: 23})
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
+	probe := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 24}) // any hit on it is a failure
+	siteHost := strings.TrimPrefix(e.site.URL, "http://")
+	_, sitePort, _ := strings.Cut(siteHost, ":")
+	port, err := strconv.Atoi(sitePort)
+	require.NoError(t, err)
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	cfg.Collector.IgnoreRobotsTxt = true
+	cfg.Collector.Guard = sessions.NewGuard(&tasks.DestinationPolicy{
+		Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Ports: []uint16{uint16(port)}})
+	var seen []*sessions.Rendered
+	unit := &sessions.Unit{Name: "probe", Steps: []sessions.Step{{Name: "render", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+		r, err := sc.Render(e.site.URL+"/js/probe?probe="+strings.TrimPrefix(probe.URL, "http://"), sessions.RenderOptions{WaitFor: "#done"})
+		if err != nil {
+			return err
+		}
+		seen = append(seen, r)
+		return nil
+	}}}}
+	_, err = unit.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Len(t, seen, 1)
+	assert.Equal(t, 3, seen[0].Refused, "the other port, the metadata address, the private redirect target")
+	assert.Zero(t, probe.TotalHits(), "nothing reached the other port")
+	assert.GreaterOrEqual(t, seen[0].Requests, 2, "the page and its redirecting request went through")
+}
+
+// TestRenderBytesCounted: a render's bytes are within 5 % of what the proxy moved for the
+// session, and count toward the attempt; a byte budget below the page's size stops the
+// render with budget_exceeded, without replay.
+func TestRenderBytesCounted(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 25}, testutil.FakeSiteConfig{Seed: 25})
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1, LoadResources: []string{"Image"}})
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	cfg.Collector.IgnoreRobotsTxt = true
+	unit := renderUnit(e.site.URL, "sku-5", sessions.RenderOptions{WaitFor: "#price.ready"}, nil)
+	res, err := unit.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	atProxy := e.proxy.BytesFor(res.Session.ID)
+	t.Logf("unit bytes %d, at the proxy %d", res.Bytes, atProxy)
+	assert.Greater(t, res.Bytes, int64(256<<10), "the 256 KiB picture was loaded (allowed) and counted")
+	assert.InEpsilon(t, float64(atProxy), float64(res.Bytes), 0.05)
+
+	cfg.MaxBytes = 64 << 10 // below the picture
+	unit = renderUnit(e.site.URL, "sku-5", sessions.RenderOptions{WaitFor: "#price.ready"}, nil)
+	res, err = unit.Run(context.Background(), cfg)
+	assert.Equal(t, tasks.CategoryBudgetExceeded, sessions.CategoryOf(err), "%v", err)
+	assert.Zero(t, res.Restarts, "not replayed")
+}
+
+// TestRenderSessionLossReplays: the proxy drops the device during the render (the page's
+// price XHR is cut): the staging is quarantined, the unit replays from its first step on
+// a new session, and the result is all from that one session.
+func TestRenderSessionLossReplays(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 26}, testutil.FakeSiteConfig{Seed: 26, StrictExit: true})
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	cfg.Collector.IgnoreRobotsTxt = true
+	cfg.MaxSessionRestarts = 3
+	first := true
+	unit := renderUnit(e.site.URL, "sku-6", sessions.RenderOptions{WaitFor: "#price.ready", Timeout: 20 * time.Second}, nil)
+	render := unit.Steps[1].Run
+	unit.Steps[1].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+		if first {
+			first = false
+			e.proxy.SetDisconnectProb(1) // the page's requests: the device drops on the first
+			defer e.proxy.SetDisconnectProb(0)
+		}
+		return render(ctx, sc)
+	}
+	res, err := unit.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Restarts)
+	assert.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res.RestartReasons)
+	require.NotEmpty(t, e.quarantined, "the lost session's staging is quarantined")
+	p, _ := e.site.Product("sku-6")
+	assert.JSONEq(t, strconv.Quote(p.Price), string(res.Staged["price"]))
+	assert.Len(t, res.Sessions, 2)
+}
+
+// TestBrowserPoolBounded: 20 renders at once on a pool of 2 never run more than 2
+// Chromium browser processes; a Chromium killed under a render is a lost session, the unit
+// replays; after Close no process is left.
+func TestBrowserPoolBounded(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 27}, testutil.FakeSiteConfig{Seed: 27})
+	pool, err := sessions.NewBrowserPool(sessions.BrowserConfig{MaxBrowsers: 2, RendersPerBrowser: 3})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	cfg.Collector.IgnoreRobotsTxt = true
+	var mu sync.Mutex
+	most := 0
+	seenPIDs := map[int]bool{}
+	errs := make(chan error, 20)
+	for i := range 20 {
+		go func() {
+			unit := renderUnit(e.site.URL, fmt.Sprintf("sku-%d", 1+i), sessions.RenderOptions{WaitFor: "#price.ready"}, nil)
+			unit.Steps[1].Run = wrapRender(unit.Steps[1].Run, func() {
+				pids := pool.Processes()
+				mu.Lock()
+				most = max(most, len(pids))
+				for _, p := range pids {
+					seenPIDs[p] = true
+				}
+				mu.Unlock()
+			})
+			_, err := unit.Run(context.Background(), cfg)
+			errs <- err
+		}()
+	}
+	for range 20 {
+		require.NoError(t, <-errs)
+	}
+	assert.LessOrEqual(t, most, 2)
+	assert.LessOrEqual(t, len(chromiumBrowsers(t)), 2, "browser processes on the machine from this pool")
+
+	// A Chromium killed under a render: the unit replays, on a new process.
+	killed := false
+	unit := renderUnit(e.site.URL, "sku-7", sessions.RenderOptions{WaitFor: "#never-there", Timeout: 30 * time.Second}, nil)
+	inner := unit.Steps[1].Run
+	unit.Steps[1].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+		if !killed {
+			killed = true
+			pids := pool.Processes()
+			require.NotEmpty(t, pids)
+			go func() {
+				for _, pid := range pids { // our own pool's processes, by id
+					if p, err := os.FindProcess(pid); err == nil {
+						_ = p.Kill()
+					}
+				}
+			}()
+			return inner(ctx, sc)
+		}
+		return nil
+	}
+	res, err := unit.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res.RestartReasons)
+
+	pids := pool.Processes()
+	pool.Close()
+	for p := range seenPIDs {
+		pids = append(pids, p)
+	}
+	for _, pid := range pids {
+		assert.NoFileExists(t, fmt.Sprintf("/proc/%d/cmdline", pid), "Chromium %d outlived Close", pid)
+	}
+	assert.Empty(t, chromiumBrowsers(t), "no browser process of the pool is left")
+}
+
+func wrapRender(run func(context.Context, *sessions.StepContext) error, during func()) func(context.Context, *sessions.StepContext) error {
+	return func(ctx context.Context, sc *sessions.StepContext) error {
+		during()
+		err := run(ctx, sc)
+		during()
+		return err
+	}
+}
+
+// chromiumBrowsers lists the Chromium browser processes (not their renderer, GPU or
+// utility children) whose profile is a pool's (idemscrape-chromium-*) and whose parent is
+// this test process.
+func chromiumBrowsers(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var pids []int
+	for _, en := range entries {
+		pid, err := strconv.Atoi(en.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !bytes.Contains(cmd, []byte("idemscrape-chromium-")) || bytes.Contains(cmd, []byte("--type=")) {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(os.Getpid()) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
