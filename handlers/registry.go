@@ -121,6 +121,11 @@ type Config struct {
 	// sessions.RobotsCache in Redis under KeyPrefix shared by the fleet; it always sets
 	// Limiter (see HostLimits).
 	Collector sessions.CollectorConfig
+	// Browsers renders the pages of steps that call StepContext.Render (pages that need
+	// JavaScript), on the unit's session. The registry owns it: Close closes it, so no
+	// Chromium process outlives the registry. Defaults to nil: a step that renders fails
+	// (internal, sessions.ErrNoBrowsers).
+	Browsers *sessions.BrowserPool
 	// HostLimits are fleet-wide request rates per destination host — the URL's host,
 	// lower case, with its port unless it is the scheme's default ("shop.example",
 	// "127.0.0.1:8080"). They win over a kind's WithHostLimit and DefaultHostLimit.
@@ -363,6 +368,9 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if r.metrics, err = newMetrics(cfg.Registerer, func() float64 { return float64(r.paused.count(r.cfg.Now())) }); err != nil {
 		return nil, fmt.Errorf("handlers: register metrics: %w", err)
 	}
+	if r.cfg.Browsers != nil {
+		r.cfg.Collector.Browsers = r.cfg.Browsers
+	}
 	if !r.cfg.Collector.IgnoreRobotsTxt && r.cfg.Collector.Robots == nil {
 		robotsBytes := r.metrics.robotsBytes
 		robotsFetches := r.metrics.robotsFetches
@@ -474,6 +482,9 @@ func (r *Registry) Close() {
 	r.releases.Wait()
 	if r.owned != nil {
 		r.owned.Close()
+	}
+	if r.cfg.Browsers != nil {
+		r.cfg.Browsers.Close()
 	}
 }
 
