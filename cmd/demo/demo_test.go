@@ -55,7 +55,7 @@ func TestDemo(t *testing.T) {
 
 		for _, f := range []struct{ name, evidence string }{
 			{"device disconnects", `(\d+) at the proxy; (\d+) half-done units quarantined \(session_lost\)`},
-			{"429 with Retry-After", `(\d+) attempts throttled`},
+			{"429 with Retry-After", `(\d+) requests? waited out and sent again on their session`},
 			{"no proxy peers in JP", `(\d+) jobs, \d+ attempts \((\d+) failed exit_unavailable\): failed (\d+)`},
 			{"shop schema change", `(\d+) jobs: failed/validation (\d+), not retried; (\d+) stagings quarantined as validation failures, 0 results written`},
 			{"dispatcher crash after XADD", `its batch \((\d+) events?\) was published again; the consumer skipped (\d+) replays?`},

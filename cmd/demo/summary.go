@@ -43,6 +43,7 @@ type summary struct {
 	Disconnects       int64
 	Replayed          int64 // stagings quarantined after a lost session
 	ThrottledAttempts int64
+	ThrottleResends   int64 // requests waited out and sent again on their session
 	ThrottleMinGap    *time.Duration // shortest wait from a throttled attempt to the job's next
 	Unavailable       string
 	UnavailableJobs   map[string]int64 // by state
@@ -172,6 +173,7 @@ FROM jobs`, consumerGroup, string(tasks.CategoryThrottled), string(tasks.Categor
 	}
 	s.Disconnects = proxy.Disconnects()
 	s.DuplicateResults = counterSum(reg, "idemscrape_duplicate_results_total")
+	s.ThrottleResends = counterSum(reg, "idemscrape_throttle_resends_total")
 	if s.Invariants, err = invariants(ctx, pool); err != nil {
 		return nil, err
 	}
@@ -281,7 +283,7 @@ func (s *summary) faults() []fault {
 	f := []fault{
 		{"device disconnects", s.Disconnects > 0 && s.Replayed > 0,
 			fmt.Sprintf("%d at the proxy; %d half-done units quarantined (session_lost) and replayed on a new session", s.Disconnects, s.Replayed)},
-		{"429 with Retry-After", s.ThrottledAttempts > 0, fmt.Sprintf("%s throttled%s", plural(int64(s.ThrottledAttempts), "attempt"), s.gapText())},
+		{"429 with Retry-After", s.ThrottledAttempts > 0 || s.ThrottleResends > 0, s.throttleText()},
 	}
 	if s.Unavailable != "" {
 		var states []string
@@ -312,6 +314,17 @@ func (s *summary) faults() []fault {
 	f = append(f, fault{"dispatcher crash after XADD", s.CrashedBatch > 0 && s.Replays > 0,
 		fmt.Sprintf("its batch (%s) was published again; the consumer skipped %s", plural(s.CrashedBatch, "event"), plural(s.Replays, "replay"))})
 	return f
+}
+
+// throttleText: the 429s waited out on their session (a Retry-After of at most 2 s), and
+// the attempts a 429 ended.
+func (s *summary) throttleText() string {
+	text := fmt.Sprintf("%s waited out and sent again on their session, %s throttled",
+		plural(s.ThrottleResends, "request"), plural(s.ThrottledAttempts, "attempt"))
+	if s.ThrottledAttempts > 0 {
+		text += s.gapText()
+	}
+	return text
 }
 
 func (s *summary) gapText() string {
