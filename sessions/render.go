@@ -181,6 +181,8 @@ type renderReq struct {
 	// encoded length, or their decoded length when Chromium reports no encoded one, as it
 	// does for intercepted requests), raised to loadingFinished's total if that is more.
 	received int64
+	hdr      int64 // response header bytes (Response.encodedDataLength)
+	enc, dec int64 // body chunks so far: encoded and decoded lengths (Chromium batches them apart)
 	capture  bool
 	done     bool
 }
@@ -268,7 +270,8 @@ func (r *render) listen(ev any) {
 	case *network.EventResponseReceived:
 		if q := r.ids[ev.RequestID]; q != nil && ev.Response != nil {
 			q.status = int(ev.Response.Status)
-			q.received += int64(ev.Response.EncodedDataLength)
+			q.hdr = int64(ev.Response.EncodedDataLength)
+			q.received = max(q.received, q.hdr)
 			if ev.Type == network.ResourceTypeXHR || ev.Type == network.ResourceTypeFetch {
 				for _, c := range r.o.Capture {
 					if strings.Contains(ev.Response.URL, c) {
@@ -279,7 +282,9 @@ func (r *render) listen(ev any) {
 		}
 	case *network.EventDataReceived:
 		if q := r.ids[ev.RequestID]; q != nil {
-			q.received += max(ev.EncodedDataLength, ev.DataLength)
+			q.enc += ev.EncodedDataLength
+			q.dec += ev.DataLength
+			q.received = max(q.received, q.hdr+max(q.enc, q.dec))
 		}
 	case *network.EventLoadingFinished:
 		if q := r.ids[ev.RequestID]; q != nil {
@@ -468,7 +473,9 @@ func (r *render) intercept(ctx context.Context, t *chromedp.Target, paused iter.
 		switch {
 		case strings.HasPrefix(reqURL, "data:") || strings.HasPrefix(reqURL, "blob:"):
 			// In the page, no network.
-		case r.pool.blocked(ev.ResourceType) && !slices.Contains(r.o.AllowResources, string(ev.ResourceType)):
+		case r.pool.blocked(ev.ResourceType) && !slices.Contains(r.o.AllowResources, string(ev.ResourceType)),
+			ev.ResourceType == network.ResourceTypeOther && strings.HasSuffix(strings.SplitN(reqURL, "?", 2)[0], "/favicon.ico"):
+			// Pictures, media, fonts and the tab's favicon: bytes no scraper reads.
 			r.mu.Lock()
 			r.rendered.Skipped++
 			r.mu.Unlock()
@@ -484,6 +491,10 @@ func (r *render) intercept(ctx context.Context, t *chromedp.Target, paused iter.
 			}
 			r.mu.Lock()
 			r.rendered.Requests++
+			if ev.NetworkID != "" && r.ids[ev.NetworkID] == nil {
+				// Known before Chromium reports it, so that settle waits for it.
+				r.ids[ev.NetworkID] = &renderReq{url: reqURL, typ: ev.ResourceType}
+			}
 			r.mu.Unlock()
 		}
 		_, _ = cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})

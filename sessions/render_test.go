@@ -90,7 +90,7 @@ func TestRenderThroughSession(t *testing.T) {
 	require.NoError(t, json.Unmarshal(seen[0].Captured[0].Body, &body))
 	assert.Equal(t, p.Price, body["price"])
 	assert.Equal(t, 200, seen[0].Status)
-	assert.Equal(t, 1, seen[0].Skipped, "the picture was not loaded")
+	assert.Equal(t, 2, seen[0].Skipped, "neither the picture nor the favicon was loaded")
 	assert.Zero(t, seen[0].Refused)
 
 	assert.Equal(t, e.proxy.Authenticated(), e.proxy.RequestsFor(res.Session.ID), "every authenticated request on the unit's session")
@@ -187,7 +187,7 @@ func TestRenderBytesCounted(t *testing.T) {
 	require.NoError(t, err)
 	atProxy := e.proxy.BytesFor(res.Session.ID)
 	t.Logf("unit bytes %d, at the proxy %d", res.Bytes, atProxy)
-	assert.Greater(t, res.Bytes, int64(256<<10), "the 256 KiB picture was loaded (allowed) and counted")
+	assert.Greater(t, res.Bytes, int64(len(testutil.FakeSiteImage())), "the picture was loaded (allowed) and counted")
 	assert.InEpsilon(t, float64(atProxy), float64(res.Bytes), 0.05)
 
 	cfg.MaxBytes = 64 << 10 // below the picture

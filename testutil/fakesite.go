@@ -13,7 +13,10 @@ import (
 	"fmt"
 	"hash/crc32"
 	"html"
+	"image"
+	"image/png"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -354,7 +357,7 @@ func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "http://10.1.2.3/", http.StatusFound)
 	case strings.HasPrefix(path, "/img/"):
 		w.Header().Set("Content-Type", "image/png")
-		_, _ = w.Write(make([]byte, fsImageSize))
+		_, _ = w.Write(FakeSiteImage())
 	case path == "/cookies":
 		w.Header().Set("Content-Type", "application/json")
 		got := map[string]string{}
@@ -415,8 +418,29 @@ func (s *FakeSite) serveProduct(w http.ResponseWriter, r *http.Request, exit, sk
 			html.EscapeString(p.Name), html.EscapeString(p.SKU), p.Currency))
 }
 
-// fsImageSize is the size of every /img/ answer: a page's pictures are most of its bytes.
-const fsImageSize = 256 << 10
+var (
+	fsImageOnce sync.Once
+	fsImage     []byte
+)
+
+// FakeSiteImage is the picture every /img/ path answers: a valid 256×256 PNG of noise
+// (about 257 KiB: noise does not compress), since a page's pictures are most of its bytes
+// and a browser stops reading a picture it can not decode.
+func FakeSiteImage() []byte {
+	fsImageOnce.Do(func() {
+		img := image.NewNRGBA(image.Rect(0, 0, 256, 256))
+		rnd := mrand.New(mrand.NewPCG(1, 2))
+		for i := range img.Pix {
+			img.Pix[i] = byte(rnd.Uint32())
+		}
+		var buf bytes.Buffer
+		if err := png.Encode(&buf, img); err != nil {
+			panic(err)
+		}
+		fsImage = buf.Bytes()
+	})
+	return fsImage
+}
 
 // serveJSProduct is the product page of a shop that renders its price with JavaScript: the
 // HTML has no price, only a script that fetches /api/price/<sku> with the page's token
