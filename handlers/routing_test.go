@@ -2,13 +2,11 @@ package handlers_test
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,7 +16,6 @@ import (
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
-	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
@@ -58,20 +55,6 @@ func newRoutingRig(t *testing.T, providers []*sessions.Provider, routing handler
 		rr.workers[i] = reg
 	}
 	return rr
-}
-
-// jobIn records a catalog job for sku exiting in country, and its task.
-func (r *rig) jobIn(t *testing.T, sku, country string) (string, *asynq.Task) {
-	t.Helper()
-	spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: sku, Country: country, Window: "2026-04-23", ParserVersion: 1}.Normalize()
-	require.NoError(t, err)
-	key, err := spec.Key()
-	require.NoError(t, err)
-	_, err = r.st.JobsRecord(context.Background(), []tasks.JobRecord{{Key: key, Spec: spec}})
-	require.NoError(t, err)
-	payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
-	require.NoError(t, err)
-	return key, asynq.NewTask(catalog.Kind, payload)
 }
 
 // routeChanges sums idemscrape_route_changes_total for provider and reason.

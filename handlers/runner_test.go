@@ -88,10 +88,17 @@ type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
-// job records a catalog job for sku and returns its key and the asynq task that carries it.
+// job records a catalog job for sku (exit country US) and returns its key and the asynq
+// task that carries it.
 func (r *rig) job(t *testing.T, sku string) (string, *asynq.Task) {
 	t.Helper()
-	spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: sku, Country: "US", Window: "2026-04-23", ParserVersion: 1}.Normalize()
+	return r.jobIn(t, sku, "US")
+}
+
+// jobIn is job with the exit country.
+func (r *rig) jobIn(t *testing.T, sku, country string) (string, *asynq.Task) {
+	t.Helper()
+	spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: sku, Country: country, Window: "2026-04-23", ParserVersion: 1}.Normalize()
 	require.NoError(t, err)
 	key, err := spec.Key()
 	require.NoError(t, err)
