@@ -151,9 +151,12 @@ func TestReplayOnDisconnect(t *testing.T) {
 	ex := exits(t, res.Staged)
 	require.Equal(t, []string{ex[0], ex[0], ex[0]}, ex)
 	require.Equal(t, e.proxy.ExitOf(res.Session.ID), ex[0])
+	// (Not "through another exit": the new session's exit is drawn afresh, and 1 in 249
+	// draws is the old one — a real provider may hand the same address back too. The
+	// replay's staging is the new session's, which is what the lines above prove.)
 	var oldSearch catalog.SearchStage
 	require.NoError(t, json.Unmarshal(q.Staged["search"], &oldSearch))
-	require.NotEqual(t, oldSearch.Exit, ex[0], "the replay left through another exit")
+	require.NotEmpty(t, oldSearch.Exit)
 	require.Equal(t, 2, e.site.Hits("/search"), "step 1 ran again")
 }
 
