@@ -49,3 +49,26 @@ func TestDecideMoneyBudget(t *testing.T) {
 	_, err = RetryConfig{MoneyBudget: -1}.withDefaults()
 	require.ErrorContains(t, err, "MoneyBudget -1 is negative")
 }
+
+// TestWindowHoldCap: a full window reservation never caps an attempt below its own
+// budgets, whatever the rounding of bytes → money → bytes at the price; a partial one (the
+// window's last money) does, and says so.
+func TestWindowHoldCap(t *testing.T) {
+	for _, perGB := range []int64{3_000_000, 4_000_000, 8_400_000, 12_750_000} {
+		price := sessions.Price{Currency: "USD", MicrosPerGB: perGB}
+		c, err := RetryConfig{}.withDefaults()
+		require.NoError(t, err)
+		capBytes, _ := c.attemptByteCap(price, "US", 0)
+		wanted := price.Cost(capBytes, "US")
+		full := &windowHold{window: "w", amount: wanted, wanted: wanted, price: price}
+		got, note := full.byteCap(capBytes, "", "US", "k", 1_000_000)
+		require.Equal(t, capBytes, got, "%d micro/GB", perGB)
+		require.Empty(t, note)
+		require.False(t, full.capped, "%d micro/GB: a full grant is not the window's cap", perGB)
+		part := &windowHold{window: "w", amount: wanted / 2, wanted: wanted, price: price}
+		got, note = part.byteCap(capBytes, "", "US", "k", 1_000_000)
+		require.Less(t, got, capBytes)
+		require.Contains(t, note, `the money budget of window "w" of kind k`)
+		require.True(t, part.capped)
+	}
+}

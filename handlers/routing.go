@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -44,6 +45,9 @@ const (
 	// routeRetryDelay is how soon a job whose attempt taught the fleet a route runs again,
 	// on the provider the route now names.
 	routeRetryDelay = time.Second
+	// maxReroutes × the providers bounds a job's uncounted attempts; past it a routing
+	// failure is the job's own (decide).
+	maxReroutes = 2
 )
 
 // RoutingConfig tunes the fleet's routing between providers.
@@ -165,18 +169,32 @@ func (rt *router) candidates(r *route) []*providerSlot {
 // once. It returns the reason ("no_peers", "blocked") when the job should go to another
 // provider now, or "" when the failure is the job's own (no other provider could do
 // better).
-func (rt *router) learn(ctx context.Context, slot *providerSlot, dest, country string, cat tasks.Category, now time.Time) string {
+func (rt *router) learn(ctx context.Context, slot *providerSlot, dest, country string, fe *sessions.FetchError, now time.Time) string {
 	var key, val, reason string
 	var ttl time.Duration
-	switch cat {
+	known := rt.get(ctx, dest, country, now)
+	// Another provider that can take the job now: not marked without exits in the
+	// country, its breaker closed. Without one the failure is the job's (decide counts it),
+	// so that a country no provider serves does not retry uncounted forever.
+	other := func(ok func(*providerSlot) bool) bool {
+		return slices.ContainsFunc(rt.byTier, func(s *providerSlot) bool {
+			return s != slot && ok(s) && s.breaker.state() == nil
+		})
+	}
+	switch fe.Category {
 	case tasks.CategoryExitUnavailable:
-		if !slices.ContainsFunc(rt.byTier, func(s *providerSlot) bool { return s != slot }) {
+		if !other(func(s *providerSlot) bool { return !known.noPeers[s.prov.Name()] }) {
 			return ""
 		}
 		key, val, ttl, reason = rt.keys.RouteNoPeers(slot.prov.Name(), country), "1", rt.cfg.NoPeersFor, "no_peers"
 	case tasks.CategoryBlocked:
+		// A 403, or the parser's "blocked" (no status): not every 4xx (a 400, a paywall's
+		// 402) says the exit tier is refused.
+		if fe.Status != http.StatusForbidden && fe.Status != 0 {
+			return ""
+		}
 		rank := slot.prov.Tier().Rank()
-		if !slices.ContainsFunc(rt.byTier, func(s *providerSlot) bool { return s.prov.Tier().Rank() > rank }) {
+		if !other(func(s *providerSlot) bool { return s.prov.Tier().Rank() > rank }) {
 			return ""
 		}
 		key, val, ttl, reason = rt.keys.RouteTier(dest), strconv.Itoa(rank+1), rt.cfg.EscalateFor, "blocked"
@@ -226,12 +244,15 @@ func (r *Registry) pickProvider(ctx context.Context, k *kind, job tasks.Payload)
 // rerouted handles an attempt whose failure taught the fleet a route: the job goes to
 // the provider the route now names, at once, the attempt out of its budget. ok is false
 // when the failure is the job's own.
-func (r *Registry) rerouted(ctx context.Context, k *kind, job tasks.Payload, slot *providerSlot, fe *sessions.FetchError, log *slog.Logger) (decision, bool) {
-	if r.router == nil {
+func (r *Registry) rerouted(ctx context.Context, k *kind, job tasks.Payload, acq acquired, fe *sessions.FetchError, log *slog.Logger) (decision, bool) {
+	// Uncounted attempts so far (reroutes, incidents): bounded, so that routes that keep
+	// changing under a job can not retry it forever out of its budget.
+	if r.router == nil || acq.Attempt.AttemptNo-acq.Attempt.BudgetAttemptNo >= maxReroutes*len(r.providers) {
 		return decision{}, false
 	}
+	slot := acq.slot
 	dest := destination(k, job)
-	reason := r.router.learn(ctx, slot, dest, job.Spec.Country, fe.Category, r.cfg.Now())
+	reason := r.router.learn(ctx, slot, dest, job.Spec.Country, fe, r.cfg.Now())
 	if reason == "" {
 		return decision{}, false
 	}

@@ -87,8 +87,9 @@ func endpoints(t *testing.T, st *store.PG, key string) (eps, outcomes []string) 
 func TestCountryRouting(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary,
-		UnavailableCountries: []string{"BR"}}})
-	a, b := r.proxy, testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary})
+		UnavailableCountries: []string{"BR", "JP"}}})
+	a, b := r.proxy, testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary,
+		UnavailableCountries: []string{"JP"}})
 	provider := func(name, gateway string) *sessions.Provider {
 		p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
 		require.NoError(t, err)
@@ -133,6 +134,14 @@ func TestCountryRouting(t *testing.T) {
 	require.NoError(t, rr.workers[1].ProcessTask(ctx, task))
 	eps, _ = endpoints(t, r.st, br3)
 	assert.Equal(t, []string{a.Addr, b.Addr}, eps)
+
+	// A country no provider serves: alpha's failure reroutes once to beta, beta's is the
+	// job's own (counted), not another uncounted reroute back to alpha.
+	_, task = r.jobIn(t, "sku-5", "JP")
+	d = decisionOf(rr.workers[0].ProcessTask(ctx, task))
+	require.True(t, d.Retry && !d.Counted, "alpha: to beta, uncounted: %+v", d)
+	d = decisionOf(rr.workers[0].ProcessTask(ctx, task))
+	assert.True(t, d.Counted, "beta has no exit either: the job's failure, counted: %+v", d)
 }
 
 // TestTierEscalation: a datacenter provider (1 USD/GB) and a residential one (8 USD/GB),

@@ -699,7 +699,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	windowDefer := fe.Category == tasks.CategoryBudgetExceeded && acq.window != nil && acq.window.capped && k.window.OnSpent == WindowDefer
 	// A provider without exits in the country, or a tier the destination blocks: the job
 	// goes to another provider at once (routing.go).
-	routed, isRouted := r.rerouted(ctx, k, job, acq.slot, fe, log)
+	routed, isRouted := r.rerouted(ctx, k, job, acq, fe, log)
 	exempt := incident || fe.Category == CategoryParserVersion || hostWait || windowDefer || isRouted
 	var d decision
 	switch {

@@ -105,6 +105,7 @@ type windowHold struct {
 	window string
 	owner  string // the delivery's lease owner
 	amount int64  // micro-units reserved
+	wanted int64  // what the attempt's own cap costs: amount < wanted is a partial grant
 	price  sessions.Price
 	// capped: the reservation, not the job's own budgets, set the attempt's byte cap
 	// (work): an attempt stopped at it was stopped by the window.
@@ -116,7 +117,10 @@ func (h *windowHold) byteCap(maxBytes int64, note, country, kindName string, mon
 	if h == nil {
 		return maxBytes, note
 	}
-	if b := max(1, h.price.Bytes(h.amount, country)); b < maxBytes {
+	// Only a partial grant (the window's last money) caps the attempt below its own budgets:
+	// a full one, converted back to bytes, may round a few bytes under them, and must not
+	// make the job's own budget look like the window's.
+	if b := max(1, h.price.Bytes(h.amount, country)); h.amount < h.wanted && b < maxBytes {
 		h.capped = true
 		return b, fmt.Sprintf("the money budget of window %q of kind %s: %s reserved of %s",
 			h.window, kindName, store.Cost{Micros: h.amount, Currency: h.price.Currency}, store.Cost{Micros: money, Currency: h.price.Currency})
@@ -156,11 +160,14 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 		g, err = r.windows.Reserve(ctx, k.name, window, owner, k.window.Money, wanted, hold)
 	}
 	if err != nil {
+		// The script may have run and its reply been lost: give back what it may hold
+		// (nothing, if it did not run), so the window need not wait for it to lapse.
+		r.settleWindow(ctx, k, &windowHold{window: window, owner: owner}, 0, log)
 		return nil, nil, err
 	}
 	switch g.Admission {
 	case lua.Granted:
-		return &windowHold{window: window, owner: owner, amount: g.Amount, price: price}, nil, nil
+		return &windowHold{window: window, owner: owner, amount: g.Amount, wanted: wanted, price: price}, nil, nil
 	case lua.Wait:
 		r.metrics.windowStops.WithLabelValues(k.name, "waited").Inc()
 		return nil, nil, &retryError{delay: time.Second + time.Duration(r.cfg.Rand()*float64(windowWaitMax)), counted: false,

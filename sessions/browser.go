@@ -60,6 +60,7 @@ type BrowserPool struct {
 	browsers []*browser
 	starting int
 	closed   bool
+	closing  sync.WaitGroup // closes of reaped browsers
 }
 
 // browser is one Chromium process.
@@ -187,7 +188,8 @@ func (p *BrowserPool) reapLocked() {
 		if b.ctx.Err() == nil {
 			return false
 		}
-		go b.close()
+		p.closing.Add(1)
+		go func() { defer p.closing.Done(); b.close() }()
 		return true
 	})
 }
@@ -204,6 +206,15 @@ func (p *BrowserPool) start() (*browser, error) {
 		chromedp.Flag("js-flags", fmt.Sprintf("--max-old-space-size=%d", p.cfg.JSHeapMB)),
 		// No proxy here: each render's browser context names its session's gateway.
 		chromedp.Flag("no-proxy-server", true),
+		// Popups would open tabs outside the render's interception; so would
+		// out-of-process iframes: keep a page's frames in its tab.
+		chromedp.Flag("disable-popup-blocking", false),
+		chromedp.Flag("disable-site-isolation-trials", true),
+		chromedp.Flag("disable-features", "IsolateOrigins,site-per-process"),
+		// Chromium runs pages' JavaScript: it inherits none of the worker's environment
+		// (proxy, database and Redis secrets), only what it needs to start.
+		chromedp.NoInheritEnv,
+		chromedp.Env(browserEnv()...),
 	)
 	if os.Geteuid() == 0 {
 		opts = append(opts, chromedp.NoSandbox) // Chromium refuses to run its sandbox as root
@@ -211,8 +222,12 @@ func (p *BrowserPool) start() (*browser, error) {
 	actx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	bctx, cancel := chromedp.NewContext(actx)
 	// The first run starts the process, which lives as long as the context of that run:
-	// bctx itself, never a child with a timeout (the allocator bounds the start).
+	// bctx itself, never a child with a timeout; a start that hangs is cancelled.
+	hung := time.AfterFunc(browserStartTimeout, cancel)
 	err = chromedp.Do(bctx)
+	if !hung.Stop() && err == nil {
+		err = fmt.Errorf("no answer within %v", browserStartTimeout)
+	}
 	b := &browser{ctx: bctx, cancel: cancel, allocCancel: allocCancel, dir: dir}
 	if err != nil {
 		b.close()
@@ -234,6 +249,26 @@ func (b *browser) close() {
 	_ = os.RemoveAll(b.dir)
 }
 
+func (p *BrowserPool) activeLocked() int {
+	n := 0
+	for _, b := range p.browsers {
+		n += b.active
+	}
+	return n
+}
+
+// browserEnv is the environment a Chromium process gets: what it needs to start and find
+// fonts, nothing of the worker's secrets.
+func browserEnv() []string {
+	var env []string
+	for _, k := range []string{"PATH", "HOME", "TMPDIR", "LANG", "FONTCONFIG_PATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
 // Processes lists the process ids of the pool's live Chromium browser processes.
 func (p *BrowserPool) Processes() []int {
 	p.mu.Lock()
@@ -248,7 +283,8 @@ func (p *BrowserPool) Processes() []int {
 }
 
 // Close ends every Chromium process of the pool, after the renders in flight (each
-// bounded by its timeout). Renders after Close fail.
+// bounded by its timeout; Close waits at most RenderTimeout + 10 s for them). Renders
+// after Close fail.
 func (p *BrowserPool) Close() {
 	p.mu.Lock()
 	p.closed = true
@@ -256,9 +292,17 @@ func (p *BrowserPool) Close() {
 	for p.starting > 0 {
 		p.cond.Wait()
 	}
+	// Renders in flight end within their timeout; wait for them (bounded).
+	deadline := time.AfterFunc(p.cfg.RenderTimeout+browserCloseTimeout, func() { p.mu.Lock(); p.cond.Broadcast(); p.mu.Unlock() })
+	until := time.Now().Add(p.cfg.RenderTimeout + browserCloseTimeout)
+	for p.activeLocked() > 0 && time.Now().Before(until) {
+		p.cond.Wait()
+	}
+	deadline.Stop()
 	browsers := p.browsers
 	p.browsers = nil
 	p.mu.Unlock()
+	defer p.closing.Wait()
 	var wg sync.WaitGroup
 	for _, b := range browsers {
 		wg.Add(1)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/fetch"
+	"github.com/chromedp/cdproto/inspector"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
@@ -120,6 +121,9 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (*Rendered, error) {
 		res.Bytes = r.bytesTotal()
 	}
 	if err != nil {
+		if stop := r.stopped(); stop != nil {
+			return nil, stop // the halt's reason, not the cancelled command's
+		}
 		if br.ctx.Err() != nil {
 			// Chromium went away under the render: a lost session, not the worker's crash.
 			return nil, &FetchError{Category: tasks.CategorySessionLost, Err: fmt.Errorf("sessions: render: the browser process ended: %w", err)}
@@ -130,7 +134,12 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (*Rendered, error) {
 	if res.Status != 0 {
 		b.lastStatus.Store(int32(res.Status))
 	}
-	if fe := classifyStatus(res.Status, http.Header{}, b.cfg.Now()); fe != nil {
+	if isProxyRefusal(&http.Response{StatusCode: res.Status, Header: r.docHeader}) {
+		// The proxy's own answer (407, 402 with its error header, 502 no peers), not the
+		// destination's: classified as colly's path classifies it.
+		return nil, classify(&proxyStatusError{status: res.Status, header: r.docHeader}, b.served.Load())
+	}
+	if fe := classifyStatus(res.Status, r.docHeader, b.cfg.Now()); fe != nil {
 		return res, fe
 	}
 	return res, nil
@@ -154,15 +163,17 @@ func renderError(ctx context.Context, err error, lost bool) error {
 
 // render is one Render's state: the requests the page made, their bytes, what failed.
 type render struct {
-	b        *Bound
-	o        RenderOptions
-	pool     *BrowserPool
-	page     string // the URL asked for
-	rendered *Rendered
+	b         *Bound
+	o         RenderOptions
+	pool      *BrowserPool
+	page      string      // the URL asked for
+	docHeader http.Header // the document's response headers
+	rendered  *Rendered
 
 	mu       sync.Mutex
 	ids      map[network.RequestID]*renderReq
 	reqBytes int64 // request lines and headers, estimated as the colly path estimates them
+	hops     int64 // the responses of redirect hops
 	lost     error // a network failure of the session
 	budget   error // the attempt's budget ran out
 	authFail int   // proxy authentication challenges answered without success
@@ -190,7 +201,7 @@ type renderReq struct {
 func (r *render) bytesTotal() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := r.reqBytes
+	n := r.reqBytes + r.hops
 	for _, q := range r.ids {
 		n += q.received
 	}
@@ -201,6 +212,22 @@ func (r *render) lostSession() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lost != nil
+}
+
+// requestHeaderBytes counts request headers as the colly path does (headerBytes).
+func requestHeaderBytes(h network.Headers) int64 {
+	var n int64
+	for k, v := range h {
+		n += int64(len(k)+len(fmt.Sprint(v))) + 4
+	}
+	return n
+}
+
+// sameOrigin reports whether two URLs share scheme and host[:port].
+func sameOrigin(a, b string) bool {
+	ua, err1 := url.Parse(a)
+	ub, err2 := url.Parse(b)
+	return err1 == nil && err2 == nil && ua.Scheme == ub.Scheme && strings.EqualFold(ua.Host, ub.Host)
 }
 
 // signal tells settle that a request ended.
@@ -265,8 +292,12 @@ func (r *render) listen(ev any) {
 			q = &renderReq{}
 			r.ids[ev.RequestID] = q
 		}
+		if ev.RedirectResponse != nil {
+			// A redirect hop: Chromium reports no responseReceived for it, only this.
+			r.hops += int64(ev.RedirectResponse.EncodedDataLength)
+		}
 		q.url, q.typ = ev.Request.URL, ev.Type
-		r.reqBytes += int64(len(ev.Request.Method)+len(ev.Request.URL)+16) + int64(len(ev.Request.Headers))*24
+		r.reqBytes += int64(len(ev.Request.Method)+len(ev.Request.URL)+16) + requestHeaderBytes(ev.Request.Headers)
 	case *network.EventResponseReceived:
 		if q := r.ids[ev.RequestID]; q != nil && ev.Response != nil {
 			q.status = int(ev.Response.Status)
@@ -292,12 +323,22 @@ func (r *render) listen(ev any) {
 			q.done = true
 		}
 		r.signal()
+	case *inspector.EventTargetCrashed:
+		// The tab's renderer died (out of memory, a crash): a lost session.
+		if r.lost == nil {
+			r.lost = errors.New("the page's renderer crashed")
+		}
+		go r.halt()
 	case *network.EventLoadingFailed:
-		if q := r.ids[ev.RequestID]; q != nil {
+		q := r.ids[ev.RequestID]
+		if q != nil {
 			q.done = true
 		}
 		r.signal()
-		if ev.BlockedReason == "" && !ev.Canceled && ev.ErrorText != "" && slices.ContainsFunc(sessionErrors, func(s string) bool { return strings.Contains(ev.ErrorText, s) }) {
+		// The page's own requests only: a third-party script that can not be reached says
+		// nothing about the session.
+		own := q != nil && (q.typ == network.ResourceTypeDocument || sameOrigin(q.url, r.page))
+		if own && ev.BlockedReason == "" && !ev.Canceled && ev.ErrorText != "" && slices.ContainsFunc(sessionErrors, func(s string) bool { return strings.Contains(ev.ErrorText, s) }) {
 			if r.lost == nil {
 				r.lost = fmt.Errorf("request failed: %s", ev.ErrorText)
 			}
@@ -307,7 +348,7 @@ func (r *render) listen(ev any) {
 		return
 	}
 	if b := r.b; b.cfg.budgetSet {
-		n := r.reqBytes
+		n := r.reqBytes + r.hops
 		for _, q := range r.ids {
 			n += q.received
 		}
@@ -388,6 +429,10 @@ func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	res := r.rendered
 	if resp != nil {
 		res.URL, res.Status = resp.URL, int(resp.Status)
+		r.docHeader = http.Header{}
+		for k, v := range resp.Headers {
+			r.docHeader.Set(k, fmt.Sprint(v))
+		}
 	}
 	if res.HTML, err = chromedp.Run(tctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`)); err != nil {
 		return nil, err

@@ -75,6 +75,7 @@ func renderUnit(site string, sku string, o sessions.RenderOptions, seen *[]*sess
 // password is in no Chromium process's command line or environment, nor in the logs.
 func TestRenderThroughSession(t *testing.T) {
 	e := setup(t, testutil.FakeProxyConfig{Seed: 21}, testutil.FakeSiteConfig{Seed: 21, StrictExit: true})
+	t.Setenv(sessions.EnvPassword, canary) // as a worker has it: Chromium must not inherit it
 	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
 	cfg := e.runCfg()
 	cfg.Collector.Browsers = pool
@@ -336,4 +337,22 @@ func chromiumBrowsers(t *testing.T) []int {
 		}
 	}
 	return pids
+}
+
+// TestRenderProxyAnswers: the proxy's own refusal of a render's page is classified as for
+// colly — out of balance (402 with the provider's header) is proxy_auth, the account's
+// incident, not the shop blocking the page.
+func TestRenderProxyAnswers(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 28}, testutil.FakeSiteConfig{Seed: 28})
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	cfg.Collector.IgnoreRobotsTxt = true
+	e.proxy.SetOutOfBalance(true)
+	unit := &sessions.Unit{Name: "render", Steps: []sessions.Step{{Name: "render", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+		_, err := sc.Render(e.site.URL+"/search?q=sku-1", sessions.RenderOptions{})
+		return err
+	}}}}
+	_, err := unit.Run(context.Background(), cfg)
+	assert.Equal(t, tasks.CategoryProxyAuth, sessions.CategoryOf(err), "%v", err)
 }
