@@ -43,7 +43,7 @@ type summary struct {
 	Disconnects       int64
 	Replayed          int64 // stagings quarantined after a lost session
 	ThrottledAttempts int64
-	ThrottleResends   int64 // requests waited out and sent again on their session
+	ThrottleResends   int64          // requests waited out and sent again on their session
 	ThrottleMinGap    *time.Duration // shortest wait from a throttled attempt to the job's next
 	Unavailable       string
 	UnavailableJobs   map[string]int64 // by state
