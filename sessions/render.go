@@ -223,6 +223,15 @@ func requestHeaderBytes(h network.Headers) int64 {
 	return n
 }
 
+// cdpHeader turns CDP's headers into an http.Header.
+func cdpHeader(h network.Headers) http.Header {
+	out := http.Header{}
+	for k, v := range h {
+		out.Set(k, fmt.Sprint(v))
+	}
+	return out
+}
+
 // sameOrigin reports whether two URLs share scheme and host[:port].
 func sameOrigin(a, b string) bool {
 	ua, err1 := url.Parse(a)
@@ -299,6 +308,14 @@ func (r *render) listen(ev any) {
 		q.url, q.typ = ev.Request.URL, ev.Type
 		r.reqBytes += int64(len(ev.Request.Method)+len(ev.Request.URL)+16) + requestHeaderBytes(ev.Request.Headers)
 	case *network.EventResponseReceived:
+		if ev.Response != nil && r.b.Session.exitHeader != "" {
+			// The exit-integrity check of colly's path, on every response of the page: a
+			// silently re-assigned exit is a lost session.
+			if err := r.b.checkExit(cdpHeader(ev.Response.Headers)); err != nil && r.lost == nil {
+				r.lost = err
+				go r.halt()
+			}
+		}
 		if q := r.ids[ev.RequestID]; q != nil && ev.Response != nil {
 			q.status = int(ev.Response.Status)
 			q.hdr = int64(ev.Response.EncodedDataLength)
@@ -429,10 +446,7 @@ func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	res := r.rendered
 	if resp != nil {
 		res.URL, res.Status = resp.URL, int(resp.Status)
-		r.docHeader = http.Header{}
-		for k, v := range resp.Headers {
-			r.docHeader.Set(k, fmt.Sprint(v))
-		}
+		r.docHeader = cdpHeader(resp.Headers)
 	}
 	if res.HTML, err = chromedp.Run(tctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`)); err != nil {
 		return nil, err
@@ -471,6 +485,10 @@ func (r *render) stopped() error {
 	case r.budget != nil:
 		return classify(r.budget, true)
 	case r.lost != nil:
+		var fe *FetchError
+		if errors.As(r.lost, &fe) {
+			return fe
+		}
 		return &FetchError{Category: tasks.CategorySessionLost, Err: fmt.Errorf("sessions: render: %w", r.lost)}
 	case r.authFail > 0:
 		return &FetchError{Category: tasks.CategoryProxyAuth, Status: http.StatusProxyAuthRequired,

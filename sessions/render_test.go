@@ -356,3 +356,38 @@ func TestRenderProxyAnswers(t *testing.T) {
 	_, err := unit.Run(context.Background(), cfg)
 	assert.Equal(t, tasks.CategoryProxyAuth, sessions.CategoryOf(err), "%v", err)
 }
+
+// TestRenderExitIntegrity: the provider silently gives the session another exit between
+// the colly search and the render (the fake proxy's lifetime passes on its stub clock):
+// the render's responses name another exit than the session's first one, which is a lost
+// session as on colly's path — staging quarantined, the unit replayed on a new session.
+func TestRenderExitIntegrity(t *testing.T) {
+	clock := testutil.NewClock(time.Date(2026, 4, 23, 15, 0, 0, 0, time.UTC))
+	e := setup(t, testutil.FakeProxyConfig{Seed: 29, SessionLifetime: time.Minute, Now: clock.Now}, testutil.FakeSiteConfig{Seed: 29})
+	var err error
+	e.provider, err = e.provider.WithExitHeader("x-exit")
+	require.NoError(t, err)
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	cfg.Collector.IgnoreRobotsTxt = true
+	unit := renderUnit(e.site.URL, "sku-8", sessions.RenderOptions{WaitFor: "#price.ready"}, nil)
+	search := unit.Steps[0].Run
+	moved := false
+	unit.Steps[0].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+		err := search(ctx, sc)
+		if !moved {
+			moved = true
+			clock.Advance(2 * time.Minute) // the next request of this session gets a new exit
+		}
+		return err
+	}
+	res, err := unit.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res.RestartReasons)
+	require.Len(t, e.quarantined, 1)
+	assert.Contains(t, e.quarantined[0].Detail, "exit changed")
+	assert.True(t, res.ExitVerified)
+	p, _ := e.site.Product("sku-8")
+	assert.JSONEq(t, strconv.Quote(p.Price), string(res.Staged["price"]))
+}
