@@ -168,6 +168,43 @@ func (w *worker) waitLine(t *testing.T, s string) {
 	}
 }
 
+// waitTerminal waits until the workers together logged n jobs ending: "job complete", or
+// an attempt that failed without retry. Their lines are read as they come (a signal, not a
+// poll); the 3 minutes only bound a hung run.
+func waitTerminal(t *testing.T, n int, workers ...*worker) {
+	t.Helper()
+	ended := make(chan struct{}, n)
+	stop := make(chan struct{})
+	defer close(stop)
+	for _, w := range workers {
+		go func() {
+			for {
+				select {
+				case line := <-w.lines:
+					if strings.Contains(line, `"msg":"job complete"`) ||
+						(strings.Contains(line, `"msg":"attempt failed"`) && strings.Contains(line, `"retry":false`)) {
+						select {
+						case ended <- struct{}{}:
+						case <-stop:
+							return
+						}
+					}
+				case <-stop:
+					return
+				}
+			}
+		}()
+	}
+	timeout := time.After(3 * time.Minute)
+	for i := range n {
+		select {
+		case <-ended:
+		case <-timeout:
+			t.Fatalf("%d of %d jobs ended", i, n)
+		}
+	}
+}
+
 // wait waits for the worker to exit and returns its exit code.
 func (w *worker) wait(t *testing.T, within time.Duration) int {
 	t.Helper()
@@ -495,17 +532,9 @@ func TestWindowMoneyBudget(t *testing.T) {
 		"-window-budget", "0.02 USD", "-window-budget-action", "fail")
 	env := append(w.env(t), "IDEMSCRAPE_PROXY_PRICE=1000 USD/GB")
 	ctx := context.Background()
-	terminal := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(3 * time.Minute) // a bound for a hung run, not a pace
-		for testutil.Count(t, w.pool, `SELECT count(*) FROM jobs WHERE state IN ('complete', 'failed')`) < n {
-			require.True(t, time.Now().Before(deadline), "jobs not finished")
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-
 	workers := []*worker{startWorker(t, bin, args, env), startWorker(t, bin, args, env)}
-	terminal(30)
+	waitTerminal(t, 30, workers...)
+	require.Equal(t, 30, testutil.Count(t, w.pool, `SELECT count(*) FROM jobs WHERE state IN ('complete', 'failed')`))
 	for _, wk := range workers {
 		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
 		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
@@ -531,7 +560,8 @@ func TestWindowMoneyBudget(t *testing.T) {
 	require.NoError(t, srv.Client().FlushAll(ctx).Err())
 	w.enqueue(t, 31, 33)
 	wk := startWorker(t, bin, args, env)
-	terminal(33)
+	waitTerminal(t, 3, wk)
+	require.Equal(t, 33, testutil.Count(t, w.pool, `SELECT count(*) FROM jobs WHERE state IN ('complete', 'failed')`))
 	require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
 	assert.Equal(t, 0, wk.wait(t, 90*time.Second))
 	assert.Contains(t, wk.log(), "window money budget restored from PostgreSQL")
