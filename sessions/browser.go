@@ -71,6 +71,25 @@ type browser struct {
 	dir         string
 	active      int
 	pid         int
+	lost        <-chan struct{} // closed when the connection to the process drops
+}
+
+// gone reports whether the process died or its connection dropped. chromedp closes the
+// connection before it cancels the browser's context, so a render can see the process's
+// exit error while ctx is still live: both are checked.
+func (b *browser) gone() bool {
+	if b.ctx.Err() != nil {
+		return true
+	}
+	if b.lost == nil {
+		return false
+	}
+	select {
+	case <-b.lost:
+		return true
+	default:
+		return false
+	}
 }
 
 // NewBrowserPool returns a pool; no process starts before the first render.
@@ -185,7 +204,7 @@ func (p *BrowserPool) releaser(b *browser) func() {
 // reapLocked drops the browsers whose process ended (crashed, killed).
 func (p *BrowserPool) reapLocked() {
 	p.browsers = slices.DeleteFunc(p.browsers, func(b *browser) bool {
-		if b.ctx.Err() == nil {
+		if !b.gone() {
 			return false
 		}
 		p.closing.Add(1)
@@ -233,8 +252,11 @@ func (p *BrowserPool) start() (*browser, error) {
 		b.close()
 		return nil, fmt.Errorf("sessions: browser pool: start %s: %w", p.cfg.ExecPath, err)
 	}
-	if c := chromedp.FromContext(bctx); c != nil && c.Browser != nil && c.Browser.Process() != nil {
-		b.pid = c.Browser.Process().Pid
+	if c := chromedp.FromContext(bctx); c != nil && c.Browser != nil {
+		b.lost = c.Browser.LostConnection
+		if c.Browser.Process() != nil {
+			b.pid = c.Browser.Process().Pid
+		}
 	}
 	return b, nil
 }
@@ -275,7 +297,7 @@ func (p *BrowserPool) Processes() []int {
 	defer p.mu.Unlock()
 	var pids []int
 	for _, b := range p.browsers {
-		if b.ctx.Err() == nil && b.pid != 0 {
+		if !b.gone() && b.pid != 0 {
 			pids = append(pids, b.pid)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"net/http"
 	"net/url"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -124,7 +125,8 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (*Rendered, error) {
 		if stop := r.stopped(); stop != nil {
 			return nil, stop // the halt's reason, not the cancelled command's
 		}
-		if br.ctx.Err() != nil {
+		var exit *exec.ExitError
+		if br.gone() || errors.As(err, &exit) || errors.Is(err, chromedp.ErrChannelClosed) {
 			// Chromium went away under the render: a lost session, not the worker's crash.
 			return nil, &FetchError{Category: tasks.CategorySessionLost, Err: fmt.Errorf("sessions: render: the browser process ended: %w", err)}
 		}
