@@ -26,11 +26,12 @@ check: vet
 	  if ! cmp -s go.mod /tmp/idemscrape.go.mod.$$$$ || ! cmp -s go.sum /tmp/idemscrape.go.sum.$$$$; then \
 	    echo "go mod tidy changed go.mod/go.sum: commit the result"; exit 1; fi
 
-## demo: start the services if needed, then run the demo: a fake shop and a fake residential
-## proxy with faults, the worker service with its dispatcher, a scheduler tick, a consumer;
-## a summary; exit 1 if an invariant breaks. UI=1 keeps asynqmon and the job pages up.
+## demo: start the services (and install Debian's chromium for the JavaScript phase) if
+## needed, then run the demo: a fake shop and a fake residential proxy with faults, the
+## worker service with its dispatcher, a scheduler tick, a consumer; a summary; exit 1 if an
+## invariant breaks. UI=1 keeps asynqmon and the job pages up.
 UI ?=
-demo: services
+demo: test-deps
 	IDEMSCRAPE_DEMO_UI=$(UI) $(GO) run ./cmd/demo $(if $(KEEP),-keep)
 
 ## bench: every benchmark, with memory statistics.

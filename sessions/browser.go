@@ -106,7 +106,7 @@ func NewBrowserPool(cfg BrowserConfig) (*BrowserPool, error) {
 		}
 	}
 	if cfg.ExecPath == "" {
-		return nil, fmt.Errorf("sessions: browser pool: no Chromium found (set BrowserConfig.ExecPath or $%s, or install Debian's chromium)", envChromiumPath)
+		return nil, fmt.Errorf("%w (set BrowserConfig.ExecPath or $%s, or install Debian's chromium)", ErrNoChromium, envChromiumPath)
 	}
 	if _, err := os.Stat(cfg.ExecPath); err != nil {
 		return nil, fmt.Errorf("sessions: browser pool: %w", err)
@@ -290,6 +290,9 @@ func browserEnv() []string {
 	}
 	return env
 }
+
+// ExecPath is the Chromium the pool runs.
+func (p *BrowserPool) ExecPath() string { return p.cfg.ExecPath }
 
 // Processes lists the process ids of the pool's live Chromium browser processes.
 func (p *BrowserPool) Processes() []int {

@@ -64,6 +64,10 @@ type Rendered struct {
 // (CollectorConfig.Browsers).
 var ErrNoBrowsers = errors.New("sessions: Render needs a browser pool (CollectorConfig.Browsers, handlers.Config.Browsers)")
 
+// ErrNoChromium: NewBrowserPool found no Chromium to run (no ExecPath, no
+// $IDEMSCRAPE_CHROMIUM, none on PATH).
+var ErrNoChromium = errors.New("sessions: browser pool: no Chromium found")
+
 // Render loads rawURL in a fresh Chromium browser context of the pool, through the step's
 // session: the same proxy gateway and sticky username as the step's colly requests (the
 // credentials answered through CDP's Fetch.authRequired, never on a command line), the

@@ -145,6 +145,7 @@ type FakeProxy struct {
 
 	mu           sync.Mutex
 	discProb     float64
+	dropPaths    []string // DropNext: each entry drops the device of the next request with that path prefix
 	sessions     map[string]*fpSession
 	rotations    uint64
 	lastRotating string
@@ -304,6 +305,29 @@ func (p *FakeProxy) SetDisconnectProb(prob float64) {
 	p.mu.Unlock()
 }
 
+// DropNext makes the device of the next plain-HTTP request on a sticky session whose
+// URL path starts with pathPrefix drop mid-response (a disconnect, as DisconnectProb
+// draws them): e.g. a page's XHR, to cut a render half-way. Each call drops one request.
+func (p *FakeProxy) DropNext(pathPrefix string) {
+	p.mu.Lock()
+	p.dropPaths = append(p.dropPaths, pathPrefix)
+	p.mu.Unlock()
+}
+
+// takeDrop consumes a DropNext entry that path matches; p.mu is held.
+func (p *FakeProxy) takeDrop(path string) bool {
+	if path == "" {
+		return false
+	}
+	for i, pre := range p.dropPaths {
+		if strings.HasPrefix(path, pre) {
+			p.dropPaths = append(p.dropPaths[:i], p.dropPaths[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
 // Close stops the proxy, kills every open connection and waits for all its goroutines.
 // It may be called more than once.
 func (p *FakeProxy) Close() {
@@ -420,7 +444,11 @@ func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool
 		p.writeBadGateway(c, FakeProxyErrDestination, "fake proxy dials loopback IPv4 destinations only")
 		return false
 	}
-	rt := p.route(cred)
+	path := ""
+	if req.Method != http.MethodConnect {
+		path = req.URL.Path
+	}
+	rt := p.route(cred, path)
 	exit, sess := rt.exit, rt.sess
 	if sess != nil && exit == "" {
 		p.writeBadGateway(c, FakeProxyErrSessionGone, "the session's peer is gone; use a new session id")
@@ -453,7 +481,7 @@ type fpRoute struct {
 
 // route picks the exit for a request and draws its disconnect. For a dead session it
 // returns the session and exit "".
-func (p *FakeProxy) route(cred fpCred) fpRoute {
+func (p *FakeProxy) route(cred fpCred, path string) fpRoute {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cred.session == "" {
@@ -486,7 +514,7 @@ func (p *FakeProxy) route(cred fpCred) fpRoute {
 	}
 	s.requests++
 	n := strconv.FormatUint(s.requests, 10)
-	if fpUnit(p.cfg.Seed, "disconnect", cred.session, n) < p.discProb {
+	if p.takeDrop(path) || fpUnit(p.cfg.Seed, "disconnect", cred.session, n) < p.discProb {
 		s.gone = true
 		p.disconnects.Add(1)
 		return fpRoute{exit: s.exit, sess: s, cut: 8 + int64(fpHash(p.cfg.Seed, "cut", cred.session, n)%57)}

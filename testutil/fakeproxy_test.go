@@ -474,6 +474,23 @@ func TestFakeProxy(t *testing.T) {
 		assert.Equal(t, int64(1), p.Refused())
 	})
 
+	t.Run("DropNextCutsOneRequestByPath", func(t *testing.T) {
+		echo := newFPEcho(t)
+		p := fpNewProxy(t, generic, nil)
+		p.DropNext("/chunked")
+		c := fpClient(t, p, "acme-session-dropnext1", generic.pass)
+		status, _, _, err := fpGet(c, echo.URL+"/")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status, "another path is not cut")
+		_, _, _, err = fpGet(c, echo.URL+"/chunked")
+		require.Error(t, err, "the matching request loses its device")
+		assert.Equal(t, "", p.ExitOf("dropnext1"))
+		assert.Equal(t, int64(1), p.Disconnects())
+		status, _, _, err = fpGet(fpClient(t, p, "acme-session-dropnext2", generic.pass), echo.URL+"/chunked")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status, "one call drops one request")
+	})
+
 	t.Run("DisconnectClosesConnectTunnel", func(t *testing.T) {
 		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "hello")

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/examples/catalogjs"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/scheduler"
@@ -53,6 +54,11 @@ type options struct {
 	// price field: validation fails, the staging is quarantined, nothing is committed.
 	// 0 skips the phase.
 	SchemaChangeJobs int
+	// Rendered products are scraped in a last phase by the catalog.js kind, whose product
+	// page gets its price from JavaScript: rendered in Chromium on the unit's sticky
+	// session, and the proxy drops the device under the first page's price XHR. 0 skips
+	// the phase; so does a machine without Chromium (the summary says so).
+	Rendered int
 	// MaxAttempts caps the attempts of a job (the unavailable country's jobs reach it).
 	MaxAttempts int
 	// MaxSessionRestarts is how many new sessions one attempt may replay its unit on.
@@ -89,6 +95,7 @@ func defaultOptions() options {
 		Throttled:        6,
 		RetryAfter:       time.Second,
 		SchemaChangeJobs: 2,
+		Rendered:         3,
 		MaxAttempts:      3,
 		// With 15 % disconnects a session finishes its 4 requests half the time: 6 sessions
 		// per attempt and 3 attempts make a served job's failure a one-in-a-million event.
@@ -114,8 +121,10 @@ const (
 // validate names the first option that cannot make a demo.
 func (o *options) validate() error {
 	switch {
-	case o.Products < max(1, o.UnavailableJobs, o.SchemaChangeJobs) || o.Products > 5000:
-		return fmt.Errorf("products %d: want %d to 5000", o.Products, max(1, o.UnavailableJobs, o.SchemaChangeJobs))
+	case o.Products < max(1, o.UnavailableJobs, o.SchemaChangeJobs, o.Rendered) || o.Products > 5000:
+		return fmt.Errorf("products %d: want %d to 5000", o.Products, max(1, o.UnavailableJobs, o.SchemaChangeJobs, o.Rendered))
+	case o.Rendered < 0:
+		return fmt.Errorf("rendered %d: want 0 or more", o.Rendered)
 	case len(o.Countries) == 0:
 		return errors.New("countries: want at least one")
 	case o.Disconnect < 0 || o.Disconnect >= 1:
@@ -169,6 +178,21 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		}
 	}
 
+	// The browser of the JavaScript phase: one Chromium process at most, started at the
+	// first render, ended by the registry's Close. Without Chromium the phase is skipped.
+	var browsers *sessions.BrowserPool
+	browserNote := ""
+	if o.Rendered > 0 {
+		browsers, err = sessions.NewBrowserPool(sessions.BrowserConfig{MaxBrowsers: 1})
+		switch {
+		case errors.Is(err, sessions.ErrNoChromium):
+			browserNote = "no Chromium on this machine (make demo installs Debian's chromium)"
+			o.Rendered = 0
+		case err != nil:
+			return err
+		}
+	}
+
 	// Our own database and Redis namespace, removed at exit.
 	rdb := o.Redis.NewClient()
 	defer rdb.Close()
@@ -213,6 +237,12 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		fmt.Fprintf(out, ", no peers in %s", o.Unavailable)
 	}
 	fmt.Fprintln(out)
+	switch {
+	case browserNote != "":
+		fmt.Fprintf(out, "  browser     %s: the JavaScript phase is skipped\n", browserNote)
+	case o.Rendered > 0:
+		fmt.Fprintf(out, "  browser     %s, one process, started at the first render\n", browsers.ExecPath())
+	}
 
 	// The worker: a registry with the catalog kind (retries made fast for the demo), run by
 	// the service entry point with the outbox dispatcher on. The dispatcher crashes once
@@ -222,6 +252,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	reg, err := handlers.NewRegistry(handlers.Config{
 		Store: st, Redis: rdb, Provider: provider, KeyPrefix: n.Prefix, WorkerID: "demo-worker",
 		Collector:          sessions.CollectorConfig{Guard: sessions.NewGuard(destinations)},
+		Browsers:           browsers,
 		MaxSessionRestarts: o.MaxSessionRestarts,
 		Retry: handlers.RetryConfig{MaxAttempts: o.MaxAttempts, Policies: map[tasks.Category]handlers.Policy{
 			tasks.CategorySessionLost: fast, tasks.CategoryExitUnavailable: fast, tasks.CategoryThrottled: fast,
@@ -235,6 +266,13 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	defer reg.Close()
 	if err := reg.Register(catalog.Kind, catalog.Workflow(site.URL), catalog.Parse); err != nil {
 		return err
+	}
+	topics := []string{catalog.Kind}
+	if o.Rendered > 0 {
+		if err := reg.Register(catalogjs.Kind, catalogjs.Workflow(site.URL), catalogjs.Parse); err != nil {
+			return err
+		}
+		topics = append(topics, catalogjs.Kind)
 	}
 	var crashedBatch atomic.Int64 // events in the batch the dispatcher crashed after publishing
 	svc, err := service.New(service.Config{
@@ -324,33 +362,44 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		return svc.Shutdown(sctx)
 	}
 	defer func() { err = errors.Join(err, shutdown()) }()
-	cons, err := outbox.NewConsumer(rdb, &outbox.ConsumerConfig{
-		Prefix: n.Prefix, Topic: catalog.Kind, Group: consumerGroup, Block: 100 * time.Millisecond, Logger: discard,
-	})
-	if err != nil {
-		return err
+	// One consumer per kind's stream, the same group and side effect.
+	var streams []string
+	var consumers []*outbox.Consumer
+	for _, topic := range topics {
+		cons, err := outbox.NewConsumer(rdb, &outbox.ConsumerConfig{
+			Prefix: n.Prefix, Topic: topic, Group: consumerGroup, Block: 100 * time.Millisecond, Logger: discard,
+		})
+		if err != nil {
+			return err
+		}
+		consumers = append(consumers, cons)
+		streams = append(streams, outbox.StreamKey(n.Prefix, topic))
 	}
 	cctx, stopConsumer := context.WithCancel(runCtx)
-	consumed := make(chan error, 1)
-	go func() { consumed <- cons.RunTx(cctx, pool, priceAlert) }()
+	consumed := make(chan error, len(consumers))
+	for _, cons := range consumers {
+		go func() { consumed <- cons.RunTx(cctx, pool, priceAlert) }()
+	}
 	stopCons := func() error {
 		if stopConsumer == nil {
 			return nil
 		}
 		stopConsumer()
 		stopConsumer = nil
-		if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("consumer: %w", err)
+		var errs []error
+		for range consumers {
+			if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {
+				errs = append(errs, fmt.Errorf("consumer: %w", err))
+			}
 		}
-		return nil
+		return errors.Join(errs...)
 	}
 	defer func() { err = errors.Join(err, stopCons()) }()
 
 	fmt.Fprintf(out, "\nworker %s: %d jobs, concurrency 10; consumer group %q writes price alerts (inbox mode)\n",
 		"http://"+svc.HTTPAddr(), total, consumerGroup)
-	stream := outbox.StreamKey(n.Prefix, catalog.Kind)
 	var schemaWindow string // the window ticked after the schema change
-	if err := waitSettled(runCtx, pool, rdb, stream, o.Progress, out, began); err != nil {
+	if err := waitSettled(runCtx, pool, rdb, streams, o.Progress, out, began); err != nil {
 		return err
 	}
 	// Phase 2: the shop renames its price field, and an hourly template's tick sends a
@@ -364,10 +413,39 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		}
 		fmt.Fprintf(out, "\nthe shop renames its price field \"price\" to \"amount\"; tick of %s (window %s): %d created\n",
 			sched.schemaTemplate, rep.Window, rep.Outcomes[tasks.Created.String()])
-		if err := waitSettled(runCtx, pool, rdb, stream, o.Progress, out, began); err != nil {
+		if err := waitSettled(runCtx, pool, rdb, streams, o.Progress, out, began); err != nil {
 			return err
 		}
 		schemaWindow = rep.Window
+	}
+	// Phase 3: product pages that need JavaScript (the price arrives by XHR), rendered in
+	// Chromium on each unit's sticky session. The proxy drops the device under the first
+	// page's price XHR: that unit's staging is quarantined and it replays from its first
+	// step on a new session; every job still ends with one result, all from one session.
+	var rendered []tasks.Spec
+	if o.Rendered > 0 {
+		site.SetSchemaChange(false)
+		for i := 1; i <= o.Rendered; i++ {
+			rendered = append(rendered, tasks.Spec{Kind: catalogjs.Kind, SourceID: fmt.Sprintf("sku-%d", i),
+				Country: o.Countries[0], Window: sched.window, ParserVersion: 1})
+		}
+		proxy.DropNext("/api/price/")
+		res, err := enq.EnqueueMany(runCtx, rendered)
+		if err != nil {
+			return err
+		}
+		created := 0
+		for _, r := range res {
+			if r.Outcome == tasks.Created {
+				created++
+			}
+		}
+		fmt.Fprintf(out, "\nthe shop reverts its rename; its JavaScript product pages (price by XHR): %d %s jobs created, rendered in Chromium\n"+
+			"  on their sticky sessions; the proxy drops the device under the first page's price XHR\n",
+			created, catalogjs.Kind)
+		if err := waitSettled(runCtx, pool, rdb, streams, o.Progress, out, began); err != nil {
+			return err
+		}
 	}
 	elapsed := time.Since(began)
 	if err := stopCons(); err != nil {
@@ -379,8 +457,12 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		}
 	}
 
-	sum, err := collect(runCtx, pool, rdb, reg, proxy, n, o, stream, schemaWindow)
+	sum, err := collect(runCtx, pool, rdb, reg, proxy, n, o, streams, schemaWindow)
 	if err != nil {
+		return err
+	}
+	sum.BrowserNote = browserNote
+	if err := sum.collectRendered(runCtx, pool, site, rendered); err != nil {
 		return err
 	}
 	sum.DuplicateEnqueues = dupEnqueues

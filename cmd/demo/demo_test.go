@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
@@ -33,6 +34,7 @@ func TestDemo(t *testing.T) {
 		o.Redis = envflag.RedisConfig{Addr: testutil.RedisAddr()}
 		o.Products = 8
 		o.Countries = []string{"US"}
+		o.Rendered = 2
 		o.UnavailableJobs = 2
 		// 8 jobs make ~40 sticky requests: at 0.2 a disconnect is all but certain (1 − 0.8^40),
 		// and with 6 sessions per attempt and 3 attempts no job of a served country fails.
@@ -59,6 +61,7 @@ func TestDemo(t *testing.T) {
 			{"no proxy peers in JP", `(\d+) jobs, \d+ attempts \((\d+) failed exit_unavailable\): failed (\d+)`},
 			{"shop schema change", `(\d+) jobs: failed/validation (\d+), not retried; (\d+) stagings quarantined as validation failures, 0 results written`},
 			{"dispatcher crash after XADD", `its batch \((\d+) events?\) was published again; the consumer skipped (\d+) replays?`},
+			{"device drop mid-render", `(\d+) jobs rendered in Chromium: complete (\d+); (\d+) of them hold the price the shop's script shows; (\d+) stagings? quarantined \(session_lost\)`},
 		} {
 			m := regexp.MustCompile(`(?m)^  ok\s+` + regexp.QuoteMeta(f.name) + `\s+` + f.evidence).FindStringSubmatch(text)
 			require.NotNil(t, m, "fault line %q missing or not ok", f.name)
@@ -68,10 +71,11 @@ func TestDemo(t *testing.T) {
 				assert.GreaterOrEqual(t, k, 1, "fault %q: %s", f.name, m[0])
 			}
 		}
-		assert.Regexp(t, `(?m)^  jobs by state\s+complete 8 · failed 4 \(of 12\)$`, text)
-		assert.Regexp(t, `(?m)^  outbox replays deduplicated\s+[1-9]\d* \(8 events, \d+ stream entries, 8 took effect\)$`, text)
+		assert.Regexp(t, `(?m)^  jobs by state\s+complete 10 · failed 4 \(of 14\)$`, text)
+		assert.Regexp(t, `(?m)^  ok\s+device drop mid-render\s+2 jobs rendered in Chromium: complete 2; 2 of them`, text)
+		assert.Regexp(t, `(?m)^  outbox replays deduplicated\s+[1-9]\d* \(10 events, \d+ stream entries, 10 took effect\)$`, text)
 		assert.Regexp(t, `(?m)^  duplicates rejected\s+15 enqueues`, text) // 10 on the second tick, 5 by hand
-		assert.Regexp(t, `(?m)^\[\s*\d+\.\ds\] jobs 12/12 done`, text)
+		assert.Regexp(t, `(?m)^\[\s*\d+\.\ds\] jobs 14/14 done`, text)
 		assert.Regexp(t, `(?m)^  proxy cost\s+0\.\d{6} USD per completed job · 0\.\d{6} USD in all \(8\.40 USD/GB\) · top waste: \S+ 0\.\d{6} USD \(\d+ % of the cost\)$`, text)
 		assert.Equal(t, 6, len(regexp.MustCompile(`(?m)^  ok\s+(every complete|every outbox|every event|no result|no outbox) `).FindAllString(text, -1)), "six invariants shown as ok")
 		assert.NotContains(t, text, "FAIL")
@@ -233,4 +237,23 @@ func databaseExists(t *testing.T, name string) bool {
 	var n int
 	require.NoError(t, adminConn(t).QueryRow(context.Background(), `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&n))
 	return n == 1
+}
+
+// TestRenderPhaseWithoutChromium: on a machine without Chromium the browser pool says so
+// (sessions.ErrNoChromium), and the summary shows the JavaScript phase as skipped, which
+// does not fail the run; a phase that ran but did not show its fault does.
+func TestRenderPhaseWithoutChromium(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv("IDEMSCRAPE_CHROMIUM", "")
+	_, err := sessions.NewBrowserPool(sessions.BrowserConfig{})
+	require.ErrorIs(t, err, sessions.ErrNoChromium)
+
+	s := &summary{BrowserNote: "no Chromium on this machine"}
+	var out bytes.Buffer
+	s.render(&out, defaultOptions())
+	assert.Regexp(t, `(?m)^  skip\s+device drop mid-render\s+skipped: no Chromium on this machine$`, out.String())
+	assert.NotContains(t, fmt.Sprint(s.verdict()), "device drop mid-render", "a skipped phase is not a failure")
+
+	s = &summary{RenderedJobs: map[string]int64{"complete": 2}, RenderedRight: 2}
+	require.ErrorContains(t, s.verdict(), "fault not demonstrated: device drop mid-render")
 }

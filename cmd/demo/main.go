@@ -9,6 +9,10 @@
 //     cap, as the retry policy says;
 //   - the outbox dispatcher crashes once between XADD and mark-sent (its batch is published
 //     twice; the consumer recognises the replays).
+//   - a product page that needs JavaScript (its price arrives by XHR) is rendered in
+//     Chromium on the unit's sticky session, and the device drops under the price XHR
+//     (the unit is quarantined and replayed from its first step on a new session). make
+//     demo installs Debian's chromium; without one the phase is skipped and says so.
 //
 // It runs the worker entry point (package service: asynq server with the runner, the outbox
 // dispatcher, /monitoring and /jobs), one scheduler tick per template (and the same tick
@@ -55,6 +59,7 @@ func main() {
 	var rf envflag.Redis
 	rf.Define(&envflag.Set{FS: flag.CommandLine, Prefix: "IDEMSCRAPE_"})
 	flag.IntVar(&o.Products, "products", o.Products, "catalog size: one job per product and served country")
+	flag.IntVar(&o.Rendered, "rendered", o.Rendered, "JavaScript product pages rendered in Chromium in the last phase (0 skips it)")
 	flag.Float64Var(&o.Disconnect, "disconnect", o.Disconnect, "probability that the fake proxy's device drops a request")
 	flag.StringVar(&o.Price, "proxy-price", o.Price, `the fake proxy's price, "<amount> <CUR>/GB" ("" for none): each attempt's cost`)
 	flag.BoolVar(&o.UI, "ui", envBool(envUI), "keep the HTTP server (asynqmon, job pages) up after the summary until Ctrl-C (or set "+envUI+"=1)")

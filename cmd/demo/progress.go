@@ -32,7 +32,7 @@ type progress struct {
 	Entries               int64 // stream entries ever appended (every published copy)
 }
 
-func readProgress(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, stream string) (progress, error) {
+func readProgress(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, streams []string) (progress, error) {
 	var p progress
 	err := pool.QueryRow(ctx, `
 SELECT count(*) FILTER (WHERE state IN ('complete', 'failed')), count(*), count(*) FILTER (WHERE state = 'complete'),
@@ -44,8 +44,14 @@ FROM jobs`).Scan(&p.Done, &p.Total, &p.Complete, &p.Attempts, &p.Bytes, &p.Unsen
 	if err != nil {
 		return p, err
 	}
-	p.Entries, err = streamEntries(ctx, rdb, stream)
-	return p, err
+	for _, stream := range streams {
+		n, err := streamEntries(ctx, rdb, stream)
+		if err != nil {
+			return p, err
+		}
+		p.Entries += n
+	}
+	return p, nil
 }
 
 // streamEntries returns how many entries were ever appended to stream (XINFO STREAM
@@ -75,13 +81,13 @@ func (p progress) state() string {
 }
 
 // waitSettled polls the run's state until it settled, showing progress as mode says.
-func waitSettled(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, stream string, mode progressMode, out io.Writer, began time.Time) error {
+func waitSettled(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, streams []string, mode progressMode, out io.Writer, began time.Time) error {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var last string
 	var lastPrint time.Time
 	for {
-		p, err := readProgress(ctx, pool, rdb, stream)
+		p, err := readProgress(ctx, pool, rdb, streams)
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("the run did not settle: %w", ctx.Err())
