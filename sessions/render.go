@@ -17,6 +17,8 @@ import (
 	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/inspector"
 	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
 
@@ -54,7 +56,9 @@ type Rendered struct {
 	Bytes    int64      // bytes the render moved through the proxy (also in Bound.Bytes)
 	Requests int        // requests the page made that were let through
 	// Refused counts the page's requests the destination guard refused (loopback,
-	// private, metadata addresses, ports outside the policy): none reached the proxy.
+	// private, metadata addresses, ports outside the policy), and the WebSockets,
+	// WebTransport sessions and service workers it tried to open (a render allows none):
+	// none reached the proxy.
 	Refused int
 	// Skipped counts the requests for blocked resource types (images, media, fonts).
 	Skipped int
@@ -313,6 +317,10 @@ func (r *render) listen(ev any) {
 		}
 		q.url, q.typ = ev.Request.URL, ev.Type
 		r.reqBytes += int64(len(ev.Request.Method)+len(ev.Request.URL)+16) + requestHeaderBytes(ev.Request.Headers)
+	case *runtime.EventBindingCalled:
+		if ev.Name == refusedBinding { // a WebSocket, WebTransport or service worker refused
+			r.rendered.Refused++
+		}
 	case *network.EventResponseReceived:
 		if ev.Response != nil && r.b.Session.exitHeader != "" {
 			// The exit-integrity check of colly's path, on every response of the page: a
@@ -382,6 +390,30 @@ func (r *render) listen(ev any) {
 	}
 }
 
+// refusedBinding is the function noSocketsNoWorkers calls for each refusal.
+const refusedBinding = "__idemscrapeRefused"
+
+// noSocketsNoWorkers runs before a page's own scripts, in every frame: opening a WebSocket
+// or a WebTransport session throws and registering a service worker fails, as in a
+// browser whose policy forbids them; each refusal is reported to the render.
+const noSocketsNoWorkers = `(() => {
+  const report = globalThis["` + refusedBinding + `"] || (() => {});
+  delete globalThis["` + refusedBinding + `"];
+  const refuse = (what) => function () {
+    report(what);
+    throw new DOMException(what + " is off in this browser", "SecurityError");
+  };
+  for (const name of ["WebSocket", "WebTransport"]) {
+    if (name in globalThis) {
+      Object.defineProperty(globalThis, name, {value: refuse(name), writable: false, configurable: false});
+    }
+  }
+  if ("ServiceWorkerContainer" in globalThis) {
+    Object.defineProperty(ServiceWorkerContainer.prototype, "register", {writable: false, configurable: false,
+      value: function () { report("ServiceWorker"); return Promise.reject(new DOMException("service workers are off in this browser", "SecurityError")); }});
+  }
+})();`
+
 // run drives one render in a new browser context of br.
 func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	r.stop, r.changed = make(chan struct{}), make(chan struct{}, 1)
@@ -418,6 +450,20 @@ func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	go func() { defer wg.Done(); r.authenticate(tctx, t, auths) }()
 
 	if _, err := cdp.Call(tctx, t, network.Enable, network.EnableParams{}); err != nil {
+		return nil, err
+	}
+	// CDP's Fetch domain intercepts neither WebSocket handshakes nor a service worker's
+	// requests, so the guard could not see them: a render allows neither. Before any of a
+	// page's scripts, in every frame, opening a WebSocket (or WebTransport) and registering
+	// a service worker fail, and the page's requests bypass service workers. A refusal is
+	// reported through a binding and counted (Rendered.Refused).
+	if _, err := cdp.Call(tctx, t, runtime.AddBinding, runtime.AddBindingParams{Name: refusedBinding}); err != nil {
+		return nil, err
+	}
+	if _, err := cdp.Call(tctx, t, network.SetBypassServiceWorker, network.SetBypassServiceWorkerParams{Bypass: true}); err != nil {
+		return nil, err
+	}
+	if _, err := cdp.Call(tctx, t, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: noSocketsNoWorkers}); err != nil {
 		return nil, err
 	}
 	if _, err := cdp.Call(tctx, t, fetch.Enable, fetch.EnableParams{

@@ -174,6 +174,40 @@ func TestRenderGuard(t *testing.T) {
 	assert.GreaterOrEqual(t, seen[0].Requests, 2, "the page and its redirecting request went through")
 }
 
+// TestRenderGuardSocketsAndWorkers: CDP's Fetch domain sees neither WebSocket handshakes
+// nor a service worker's requests, so a render allows neither: a page that opens
+// WebSockets (to another port and to its own origin) and registers a service worker
+// reaches none of them; the WebSockets are counted as refused.
+func TestRenderGuardSocketsAndWorkers(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 28}, testutil.FakeSiteConfig{Seed: 28})
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
+	probe := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 29}) // any hit on it is a failure
+	_, sitePort, _ := strings.Cut(strings.TrimPrefix(e.site.URL, "http://"), ":")
+	port, err := strconv.Atoi(sitePort)
+	require.NoError(t, err)
+	cfg := e.runCfg()
+	cfg.Collector.Browsers = pool
+	cfg.Collector.IgnoreRobotsTxt = true
+	cfg.Collector.Guard = sessions.NewGuard(&tasks.DestinationPolicy{
+		Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Ports: []uint16{uint16(port)}})
+	var seen []*sessions.Rendered
+	unit := &sessions.Unit{Name: "probe", Steps: []sessions.Step{{Name: "render", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+		r, err := sc.Render(e.site.URL+"/js/probe?ws=1&probe="+strings.TrimPrefix(probe.URL, "http://"), sessions.RenderOptions{WaitFor: "#done"})
+		if err != nil {
+			return err
+		}
+		seen = append(seen, r)
+		return nil
+	}}}}
+	_, err = unit.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Len(t, seen, 1)
+	assert.Zero(t, probe.TotalHits(), "nothing reached the other port")
+	assert.Zero(t, e.site.Hits("/ws"), "no WebSocket handshake reached the site")
+	assert.Zero(t, e.site.Hits("/sw.js"), "no service worker was fetched")
+	assert.Equal(t, 6, seen[0].Refused, "3 fetches, 2 WebSockets, 1 service worker refused")
+}
+
 // TestRenderBytesCounted: a render's bytes are within 5 % of what the proxy moved for the
 // session, and count toward the attempt; a byte budget below the page's size stops the
 // render with budget_exceeded, without replay.

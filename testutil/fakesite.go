@@ -353,6 +353,10 @@ func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
 		s.serveJSProduct(w, r, exit, strings.TrimPrefix(path, "/js/product/"))
 	case path == "/js/probe":
 		s.serveJSProbe(w, r, exit)
+	case path == "/sw.js":
+		// A service worker that would see every request of its pages.
+		w.Header().Set("Content-Type", "text/javascript")
+		_, _ = io.WriteString(w, "self.addEventListener(\"fetch\", e => e.respondWith(fetch(e.request)));\n")
 	case path == "/redirect-private":
 		http.Redirect(w, r, "http://10.1.2.3/", http.StatusFound)
 	case strings.HasPrefix(path, "/img/"):
@@ -471,16 +475,36 @@ fetch("/api/price/%s?token=%s").then(r => r.json()).then(j => {
 
 // serveJSProbe is a page whose script reaches for forbidden places: the address in its
 // query's "probe" parameter (host:port), the cloud metadata address, and /redirect-private
-// (a redirect to a private address). It then shows #done.
+// (a redirect to a private address); with "ws=1" also WebSockets to the probe address and
+// to its own origin's /ws, and a service worker (/sw.js) registered. It then shows #done.
 func (s *FakeSite) serveJSProbe(w http.ResponseWriter, r *http.Request, exit string) {
-	probe := r.URL.Query().Get("probe")
+	probe := html.EscapeString(r.URL.Query().Get("probe"))
+	ws := "false"
+	if r.URL.Query().Get("ws") == "1" {
+		ws = "true"
+	}
 	s.writeHTML(w, http.StatusOK, exit, fmt.Sprintf(`<p id="done" hidden>done</p>
 <script>
 const urls = ["http://%s/", "http://169.254.169.254/latest/meta-data/", "/redirect-private"];
-Promise.allSettled(urls.map(u => fetch(u, {mode: "no-cors"}))).then(() => {
+const waits = urls.map(u => fetch(u, {mode: "no-cors"}));
+if (%s) {
+  for (const u of ["ws://%s/ws", "ws://" + location.host + "/ws"]) {
+    waits.push(new Promise(done => {
+      try {
+        const sock = new WebSocket(u);
+        sock.onopen = () => { sock.send("hello"); done(); };
+        sock.onerror = sock.onclose = done;
+      } catch (e) { done(); }
+    }));
+  }
+  if (navigator.serviceWorker) {
+    waits.push(navigator.serviceWorker.register("/sw.js").catch(() => {}));
+  }
+}
+Promise.allSettled(waits).then(() => {
   document.getElementById("done").hidden = false;
 });
-</script>`, html.EscapeString(probe)))
+</script>`, probe, ws, probe))
 }
 
 func (s *FakeSite) servePrice(w http.ResponseWriter, r *http.Request, exit, sku string, schemaChange bool) {
