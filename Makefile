@@ -3,8 +3,10 @@ SHELL     := /bin/bash
 GO        ?= go
 PKGS      ?= ./...
 BENCHTIME ?= 2s
+GOLANGCI_VERSION := v2.15.0
+GOLANGCI  := $(shell $(GO) env GOPATH)/bin/golangci-lint
 
-.PHONY: soak test-deps test check vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
+.PHONY: soak test-deps test check lint lint-deps vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
 
 ## test: services (and the test browser) up, vet, then every test with the race detector
 ## against real Redis and PostgreSQL; per-package times at the end, slowest first.
@@ -19,12 +21,21 @@ test: test-deps vet
 vet:
 	$(GO) vet $(PKGS)
 
-## check: gofmt (fails on unformatted files), go vet, go mod tidy drift.
-check: vet
+## check: gofmt (fails on unformatted files), go vet, golangci-lint, go mod tidy drift.
+check: vet lint
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@cp go.mod /tmp/idemscrape.go.mod.$$$$ && cp go.sum /tmp/idemscrape.go.sum.$$$$ && $(GO) mod tidy && \
 	  if ! cmp -s go.mod /tmp/idemscrape.go.mod.$$$$ || ! cmp -s go.sum /tmp/idemscrape.go.sum.$$$$; then \
 	    echo "go mod tidy changed go.mod/go.sum: commit the result"; exit 1; fi
+
+## lint: golangci-lint with the committed .golangci.yml (each disabled check says why).
+lint: lint-deps
+	$(GOLANGCI) run --timeout 10m $(PKGS)
+
+## lint-deps: golangci-lint $(GOLANGCI_VERSION) in GOPATH/bin, installed when missing or another version.
+lint-deps:
+	@$(GOLANGCI) version 2>/dev/null | grep -q "version $(patsubst v%,%,$(GOLANGCI_VERSION)) " || \
+	  { echo "installing golangci-lint $(GOLANGCI_VERSION)"; $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION); }
 
 ## demo: start the services (and install Debian's chromium for the JavaScript phase) if
 ## needed, then run the demo: a fake shop and a fake residential proxy with faults, the

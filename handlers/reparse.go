@@ -674,7 +674,7 @@ func (rp *reparser) commitBatch(ctx context.Context, items []*reparseItem) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						rp.putBack(ctx, &j, string(tasks.CategoryInternal), "recording the job failed: "+err.Error())
+						_ = rp.putBack(ctx, &j, string(tasks.CategoryInternal), "recording the job failed: "+err.Error()) // logged there
 					}()
 				}
 			}
@@ -767,7 +767,7 @@ func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) 
 		if err != nil {
 			it.o.result, it.o.errText = "error", fmt.Sprintf("%s: %v", key, err)
 			// One statement; if its reply was lost after it took effect, the job is pending.
-			rp.putBack(ctx, j, j.category, "re-queue failed: "+err.Error())
+			_ = rp.putBack(ctx, j, j.category, "re-queue failed: "+err.Error()) // logged there
 			return false
 		}
 	}

@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -119,7 +120,7 @@ func (rt *router) get(ctx context.Context, dest, country string, now time.Time) 
 	for i, s := range rt.byTier {
 		marks[i] = pipe.Get(rctx, rt.keys.RouteNoPeers(s.prov.Name(), country))
 	}
-	if _, err := pipe.Exec(rctx); err != nil && err != redis.Nil {
+	if _, err := pipe.Exec(rctx); err != nil && !errors.Is(err, redis.Nil) {
 		return &route{}
 	}
 	r := &route{noPeers: map[string]bool{}, read: now}

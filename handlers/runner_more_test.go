@@ -102,7 +102,7 @@ func TestBandwidthBudgetStops(t *testing.T) {
 	// Each throttled attempt moves some hundred bytes; the job fails once all its
 	// attempts together pass 2,000 bytes, though the throttle itself is retryable.
 	var err error
-	attempts := 0
+	var attempts int
 	for attempts = 1; attempts <= 20; attempts++ {
 		r.site.Throttle(1, time.Second)
 		err = reg.ProcessTask(ctx, task)
@@ -158,7 +158,7 @@ func TestPanicRecorded(t *testing.T) {
 	reg := r.registryKind(t, catalog.Workflow(r.site.URL),
 		func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
 			var m map[string]int
-			m["boom"]++ // nil map: panics
+			m["boom"]++ //nolint:staticcheck // nil map: the parser panics on purpose
 			return handlers.Observation{}, nil
 		})
 	err := reg.ProcessTask(ctx, task)

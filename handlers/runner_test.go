@@ -31,7 +31,6 @@ type rig struct {
 	proxy *testutil.FakeProxy
 	site  *testutil.FakeSite
 	prov  *sessions.Provider
-	now   time.Time
 }
 
 type rigOpts struct {
@@ -133,7 +132,6 @@ func TestExactlyOneResultUnderDuplicateDelivery(t *testing.T) {
 	r := newRig(t, rigOpts{site: testutil.FakeSiteConfig{StrictExit: true}})
 	runners := make([]*handlers.Registry, 4)
 	for i := range runners {
-		i := i
 		runners[i] = r.registry(t, func(c *handlers.Config) { c.WorkerID = fmt.Sprintf("runner-%d", i) })
 	}
 	key, task := r.job(t, "sku-9")

@@ -154,7 +154,7 @@ templates:
 func TestTick(t *testing.T) {
 	b := setup(t)
 	dir := t.TempDir()
-	f, err := scheduler.ParseFile([]byte(`
+	_, err := scheduler.ParseFile([]byte(`
 templates:
   - name: from-file
     cron: "0 * * * *"
@@ -172,7 +172,7 @@ kinds:
 		require.NoError(t, writeFile(dir+"/skus.txt", strings.Join(lines, "\n")))
 	}
 	writeSources("sku-1")
-	f, err = scheduler.ParseFile([]byte(`
+	f, err := scheduler.ParseFile([]byte(`
 templates:
   - name: from-file
     cron: "0 * * * *"

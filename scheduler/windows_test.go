@@ -57,7 +57,7 @@ func TestFailedTickRetried(t *testing.T) {
 	// A clock 300 ms before 06:00 (real time goes on under it), so the loop's first tick
 	// comes due at once.
 	due := time.Date(2026, 4, 23, 6, 0, 0, 0, time.UTC)
-	offset := due.Add(-300 * time.Millisecond).Sub(time.Now())
+	offset := time.Until(due.Add(-300 * time.Millisecond))
 	now := func() time.Time { return time.Now().Add(offset) }
 	signal := make(chan scheduler.TickReport)
 	s, err := scheduler.New(scheduler.Config{File: f, Client: b.client, Redis: b.ns.Client, Store: st,

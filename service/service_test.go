@@ -243,7 +243,7 @@ func TestAsynqmonMounted(t *testing.T) {
 		b := setup(t, setupOpts{writable: true, auth: auth})
 		id := b.probeTask(t)
 		del := func(headers map[string]string) int {
-			req, err := http.NewRequest("DELETE", b.base+"/monitoring/api/queues/"+b.queue+"/scheduled_tasks/"+id, nil)
+			req, err := http.NewRequest(http.MethodDelete, b.base+"/monitoring/api/queues/"+b.queue+"/scheduled_tasks/"+id, nil)
 			require.NoError(t, err)
 			req.SetBasicAuth(auth.User, auth.Password)
 			for k, v := range headers {
@@ -589,7 +589,7 @@ func TestReadyz(t *testing.T) {
 		h := b.svc.Handler()
 		require.NoError(t, b.svc.Shutdown(context.Background()))
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
 		assert.Contains(t, rec.Body.String(), "asynq: failing")
 	})

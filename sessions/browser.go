@@ -111,8 +111,7 @@ func NewBrowserPool(cfg BrowserConfig) (*BrowserPool, error) {
 	if _, err := os.Stat(cfg.ExecPath); err != nil {
 		return nil, fmt.Errorf("sessions: browser pool: %w", err)
 	}
-	switch {
-	case cfg.MaxBrowsers < 0 || cfg.RendersPerBrowser < 0 || cfg.RenderTimeout < 0 || cfg.JSHeapMB < 0:
+	if cfg.MaxBrowsers < 0 || cfg.RendersPerBrowser < 0 || cfg.RenderTimeout < 0 || cfg.JSHeapMB < 0 {
 		return nil, errors.New("sessions: browser pool: MaxBrowsers, RendersPerBrowser, RenderTimeout and JSHeapMB must not be negative")
 	}
 	if cfg.MaxBrowsers == 0 {

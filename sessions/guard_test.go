@@ -89,6 +89,6 @@ func TestClassifyNetworkFailures(t *testing.T) {
 	}
 	// A plain-HTTP 402 is the provider's only with its error header; a shop's own (a
 	// paywall) is the destination's answer.
-	require.True(t, isProxyRefusal(&http.Response{StatusCode: 402, Header: http.Header{"X-Brd-Err-Code": {"balance_exhausted"}}}))
-	require.False(t, isProxyRefusal(&http.Response{StatusCode: 402, Header: http.Header{}}))
+	require.True(t, isProxyRefusal(&http.Response{StatusCode: http.StatusPaymentRequired, Header: http.Header{"X-Brd-Err-Code": {"balance_exhausted"}}}))
+	require.False(t, isProxyRefusal(&http.Response{StatusCode: http.StatusPaymentRequired, Header: http.Header{}}))
 }

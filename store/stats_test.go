@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -181,7 +182,9 @@ func TestStatsSixMeasures(t *testing.T) {
 	}()
 	t.Cleanup(func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("consumer: %v", err)
+		}
 	})
 	var handled, dedup int
 	waitReports := func(wantHandled, wantDedup int) {

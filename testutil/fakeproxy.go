@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -215,7 +216,7 @@ func (c FakeProxyConfig) validate() error {
 		return fmt.Errorf("unknown Format %q", c.Format)
 	}
 	if c.User == "" || c.Password == "" {
-		return fmt.Errorf("User and Password are required")
+		return errors.New("testutil: FakeProxyConfig: User and Password are required")
 	}
 	if c.DisconnectProb < 0 || c.DisconnectProb > 1 || math.IsNaN(c.DisconnectProb) {
 		return fmt.Errorf("DisconnectProb %v is outside [0, 1]", c.DisconnectProb)

@@ -62,7 +62,7 @@ func TestRecoverFatal(t *testing.T) {
 			t.Fatalf("another panic was not passed on: %v", r)
 		}
 	}()
-	func() (err error) {
+	_ = func() (err error) {
 		defer RecoverFatal(&err)
 		panic("other")
 	}()

@@ -190,7 +190,7 @@ func (h *harness) build(ctx context.Context) error {
 		cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/"+name)...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build ./cmd/%s: %v: %s", name, err, out)
+			return fmt.Errorf("go build ./cmd/%s: %w: %s", name, err, out)
 		}
 	}
 	return nil
@@ -687,10 +687,9 @@ reconciler:
 	if err != nil {
 		return nil, err
 	}
-	env := h.workerEnv("")
 	cmd := exec.Command(filepath.Join(h.bins, "scheduler"), "-config", path, "-no-scheduler", "-http", addr,
 		"-allow-loopback", "-id", "chaos-reconciler", "-log-format", "json")
-	cmd.Env = append(env, "IDEMSCRAPE_PG="+h.withApp("chaos-reconciler"))
+	cmd.Env = append(h.workerEnv(""), "IDEMSCRAPE_PG="+h.withApp("chaos-reconciler"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()

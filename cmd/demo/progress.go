@@ -77,7 +77,7 @@ func (p progress) settled() bool {
 
 func (p progress) state() string {
 	return fmt.Sprintf("jobs %d/%d done · %s · %s through the proxy · events: %d took effect, %s skipped",
-		p.Done, p.Total, plural(int64(p.Attempts), "attempt"), humanBytes(p.Bytes), p.Inbox, plural(p.Replays, "replay"))
+		p.Done, p.Total, plural(p.Attempts, "attempt"), humanBytes(p.Bytes), p.Inbox, plural(p.Replays, "replay"))
 }
 
 // waitSettled polls the run's state until it settled, showing progress as mode says.

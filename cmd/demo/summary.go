@@ -342,7 +342,7 @@ func (s *summary) faults() []fault {
 			states = append(states, fmt.Sprintf("%s %d", st, s.UnavailableJobs[st]))
 			n += s.UnavailableJobs[st]
 		}
-		evidence := fmt.Sprintf("%s, %s (%d failed exit_unavailable): %s", plural(n, "job"), plural(int64(s.UnavailableTries), "attempt"), s.UnavailableExits, strings.Join(states, ", "))
+		evidence := fmt.Sprintf("%s, %s (%d failed exit_unavailable): %s", plural(n, "job"), plural(s.UnavailableTries, "attempt"), s.UnavailableExits, strings.Join(states, ", "))
 		if len(s.UnavailableCats) > 0 {
 			evidence += " (last category " + strings.Join(s.UnavailableCats, ", ") + ": the attempt cap)"
 		}

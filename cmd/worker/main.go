@@ -465,7 +465,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		NoDispatcher:       c.noDispatcher,
 		Dispatcher:         c.dispatcherConfig(fp.afterPublish()),
 		HTTPAddr:           c.httpAddr,
-		MonitoringReadOnly: c.readOnly,
+		MonitoringReadOnly: c.readOnly, //nolint:staticcheck // the deprecated -read-only flag keeps working
 		MonitoringWritable: c.writable,
 		HTTPInsecure:       c.httpInsecure,
 		BasicAuth:          auth,

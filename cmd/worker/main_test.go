@@ -134,7 +134,7 @@ func startWorker(t *testing.T, bin string, args []string, env []string) *worker 
 	t.Cleanup(func() {
 		if w.cmd.ProcessState == nil {
 			_ = w.cmd.Process.Kill() // our own child, by pid
-			<-w.done
+			t.Logf("worker killed at cleanup: %v", <-w.done)
 		}
 		if t.Failed() {
 			t.Logf("worker stderr:\n%s", w.log())

@@ -57,7 +57,7 @@ func binary(tb testing.TB, name string) string {
 	out := filepath.Join(binsDir, name)
 	cmd := exec.Command("go", "build", "-o", out, "github.com/idemscrape/idemscrape/cmd/"+name)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		buildErr[name] = fmt.Errorf("%v: %s", err, b)
+		buildErr[name] = fmt.Errorf("%w: %s", err, b)
 		tb.Fatalf("go build ./cmd/%s: %v", name, buildErr[name])
 	}
 	built[name] = out

@@ -374,7 +374,7 @@ func urlError(name, v string, parse func(string) error) error {
 	if err == nil {
 		err = errors.New("does not parse")
 	}
-	return fmt.Errorf("%s: not a valid Redis URL (%s): %v", name, want, err)
+	return fmt.Errorf("%s: not a valid Redis URL (%s): %w", name, want, err)
 }
 
 // checkURLOptions refuses query options (go-redis's parsers accept timeouts, pool sizes,
@@ -384,7 +384,7 @@ func checkURLOptions(v, name string, cluster bool) error {
 	red, _ := redactUserinfo(v)
 	u, err := url.Parse(red)
 	if err != nil {
-		return nil // the parser's own error says why
+		return nil //nolint:nilerr // the parser's own error, returned by the caller, says why
 	}
 	for k := range u.Query() {
 		if cluster && k == "addr" {

@@ -8,6 +8,7 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -218,7 +219,12 @@ func TestSoak(t *testing.T) {
 			return err
 		})
 	}()
-	t.Cleanup(func() { cstop(); <-consDone })
+	t.Cleanup(func() {
+		cstop()
+		if err := <-consDone; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("consumer: %v", err)
+		}
+	})
 
 	// The scheduler and the reconciler, on the simulated clock.
 	ids := make([]string, s.JobsPerDay)

@@ -189,7 +189,7 @@ func decodeSized(encoding string, data []byte, size int) ([]byte, error) {
 			switch n, err := zr.Read(make([]byte, 1)); {
 			case n != 0:
 				return nil, fmt.Errorf("inputs: gzip blob longer than its recorded %d bytes", size)
-			case err != io.EOF:
+			case !errors.Is(err, io.EOF):
 				return nil, fmt.Errorf("inputs: gzip blob of %d bytes: %w", size, err)
 			}
 			return out, nil
