@@ -73,7 +73,7 @@ FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./tasks -run '^$$' -fuzz FuzzNormalize -fuzztime $(FUZZTIME)
 
-## test-deps: services, and Debian's chromium for the browser test when it is missing.
+## test-deps: services, Debian's chromium (browser tests) and promtool (alert rule tests) when missing.
 test-deps:
 	./.ci/run --test-deps
 
