@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/lua"
@@ -28,22 +29,29 @@ const benchConcurrency = 20
 // fetching one 8 KB page of the fake site through the fake proxy, in one run:
 //   - Runner: the full runner (lease claim, fenced attempt start, keeper, sticky session,
 //     unit, parse, one-statement commit of job + result + outbox + attempt, release);
+//   - RunnerTraced: Runner with an OpenTelemetry SDK provider that records every span
+//     (attempt, lease, start, session, step, fetch, parse, commit, release) and exports
+//     none: what tracing costs over Runner, whose provider is the default no-op;
 //   - BareAsynq: a plain asynq handler doing the same fetch through the same proxy and one
 //     INSERT of the result — no lease, no fencing, no attempt evidence, no outbox.
 func BenchmarkEndToEnd(b *testing.B) {
-	for _, mode := range []string{"Runner", "RunnerGroupCommit", "RunnerRobots", "RunnerPolite", "BareAsynq"} {
+	for _, mode := range []string{"Runner", "RunnerTraced", "RunnerGroupCommit", "RunnerRobots", "RunnerPolite", "BareAsynq"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newBenchRig(b)
 			page := r.site.URL + "/big"
 			var handler asynq.Handler
 			switch mode {
-			case "Runner", "RunnerGroupCommit", "RunnerRobots", "RunnerPolite":
+			case "Runner", "RunnerTraced", "RunnerGroupCommit", "RunnerRobots", "RunnerPolite":
 				cfg := handlers.Config{
-					Store: r.st, NoGroupCommit: mode == "Runner", Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+					Store: r.st, NoGroupCommit: mode == "Runner" || mode == "RunnerTraced", Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 					Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), IgnoreRobotsTxt: true},
 					Logger:    discardLogger(),
 				}
 				switch mode {
+				case "RunnerTraced":
+					tp := sdktrace.NewTracerProvider() // samples everything, exports nothing
+					defer func() { _ = tp.Shutdown(context.Background()) }()
+					cfg.TracerProvider = tp
 				case "RunnerRobots": // robots.txt through the shared cache (the default)
 					cfg.Collector.IgnoreRobotsTxt = false
 				case "RunnerPolite": // and a generous fleet-wide limit on the host: one EVALSHA per request

@@ -3,10 +3,12 @@ package handlers
 import (
 	"context"
 	"log/slog"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // jobHandler is a slog.Handler that adds a job's attributes (key, kind, attempt, token,
-// endpoint) to the records it handles, formatting them only when a record is logged.
+// endpoint; trace_id and span_id when the record's context carries a span) to the records it handles, formatting them only when a record is logged.
 // Logger.With on the configured handler formats (and, for the built-in handlers, copies)
 // its attributes at once, on every delivery, whether or not anything is logged: two With
 // calls were ~18 of the runner's own allocations per attempt. The output is the same as
@@ -55,6 +57,10 @@ func (h *jobHandler) Handle(ctx context.Context, r slog.Record) error {
 	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
 	out.AddAttrs(h.attrs[:h.n]...)
 	out.AddAttrs(h.extra...)
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		// The line's trace and span: the attempt's, or the step's it was logged from.
+		out.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	}
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(a)
 		return true

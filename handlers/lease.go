@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"errors"
+	"go.opentelemetry.io/otel/attribute"
 	"time"
 
 	"github.com/idemscrape/idemscrape/lua"
@@ -46,13 +47,20 @@ type acquired struct {
 // lease; store.ErrJobComplete / ErrJobFailed / ErrJobNotFound from JobStart. On error no
 // lease is held.
 func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParams) (acquired, error) {
-	lease, err := leases.Take(ctx, p.Key, p.Owner, p.TTL)
+	lctx, span := startSpan(ctx, "lease")
+	lease, err := leases.Take(lctx, p.Key, p.Owner, p.TTL)
+	endSpan(span, err)
 	if err != nil {
 		return acquired{}, err
 	}
 	start := p.Start
 	start.Key, start.Token, start.Owner = p.Key, 0, p.Owner
-	att, err := st.JobStart(ctx, start)
+	sctx, span := startSpan(ctx, "start")
+	att, err := st.JobStart(sctx, start)
+	if err == nil {
+		span.SetAttributes(attribute.Int64("idemscrape.fence", att.Fence), attribute.Int("idemscrape.attempt", att.AttemptNo))
+	}
+	endSpan(span, err)
 	if err != nil {
 		// Give the lease back so the next delivery need not wait for it to expire. A
 		// failure here only delays that delivery; the error that matters is err. A job

@@ -15,6 +15,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/parse"
@@ -158,6 +160,11 @@ type Config struct {
 	WorkerID string
 	// Registerer receives the metrics. Defaults to a new private registry (see Gatherer).
 	Registerer prometheus.Registerer
+	// TracerProvider receives a span per delivery ("idemscrape.attempt") with children for
+	// the lease, the start, each session, step, fetch and render, the parse, the commit and
+	// the release (trace.go). Defaults to OpenTelemetry's global provider, a no-op unless
+	// the program installed one (cmd/worker does from the OTEL_* environment).
+	TracerProvider trace.TracerProvider
 	// Logger. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Now is the clock for delays and budgets. Defaults to time.Now.
@@ -216,6 +223,7 @@ type Registry struct {
 	hostLimits *lua.HostLimits
 	paused     pausedHosts
 	gatherer   prometheus.Gatherer
+	tracer     trace.Tracer
 	log        *slog.Logger
 	inputs     *inputs.Store // saved inputs (WithSavedInputs)
 
@@ -360,6 +368,11 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		keys, _ := lua.NewKeys(cfg.KeyPrefix) // checked by NewLeases
 		r.router = newRouter(cfg.Routing, keys, cfg.Redis, r.providers)
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	r.tracer = tp.Tracer(tasks.TracerName)
 	if cfg.Registerer == nil {
 		reg := prometheus.NewRegistry()
 		cfg.Registerer, r.gatherer = reg, reg

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
@@ -55,6 +57,14 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	if err != nil {
 		return r.undecodable(ctx, k, err)
 	}
+	ctx, span := r.startAttemptSpan(ctx, k, job)
+	err = r.process(ctx, k, job)
+	endAttemptSpan(span, err)
+	return err
+}
+
+// process is ProcessTask for a decoded job, steps 0 to 6.
+func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) error {
 	log := jobLogger(r.log, slog.String("job", job.Key), slog.String("kind", k.name))
 
 	// 0. The provider: with several, the cheapest tier the job's destination has not
@@ -104,6 +114,8 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	}
 	log = jobLogger(log, slog.Int("attempt", acq.Attempt.AttemptNo), slog.Int64("token", acq.Lease.Token),
 		slog.String("endpoint", slot.prov.Gateway()))
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int("idemscrape.attempt", acq.Attempt.AttemptNo),
+		attribute.Int64("idemscrape.fence", acq.Lease.Token), attribute.String("idemscrape.provider", slot.prov.Name()))
 
 	// 2. Keep the lease while we work.
 	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
@@ -126,25 +138,32 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	var commitErr error
 	committed := false
 	if w.err == nil && jobCtx.Err() == nil {
-		commitErr = r.commit(jobCtx, k, job, acq, w)
+		cctx, span := startSpan(jobCtx, "commit")
+		commitErr = r.commit(cctx, k, job, acq, w)
+		endSpan(span, commitErr)
 		committed = commitErr == nil
 	}
 
 	// 6. Release.
 	lost := keeper.Stop()
+	rctx, rspan := startSpan(ctx, "release")
 	r.lengths.Observe(k.name, time.Since(begun))
 	if committed {
 		// A committed job never runs again and PostgreSQL holds its fence: its lease goes
 		// (0 bytes of Redis per completed job) with one DEL, without holding up the
 		// delivery's acknowledgement (see releaseDone).
-		r.releaseDone(ctx, acq.Lease, log)
-	} else if err := r.release(ctx, acq.Lease, false); err != nil {
+		r.releaseDone(rctx, acq.Lease, log)
+	} else if err := r.release(rctx, acq.Lease, false); err != nil {
 		if lost == nil && (errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner)) {
 			lost = err // expired between the keeper's last renewal and now: a loss, not a release failure
 		} else if lost == nil {
 			log.WarnContext(ctx, "lease release failed", "err", err)
 		}
 	}
+	rspan.End()
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("idemscrape.bytes", w.unit.Bytes),
+		attribute.Int64("idemscrape.cost_micros", w.cost.Micros), attribute.String("idemscrape.session", w.session()),
+		attribute.Int("idemscrape.session_restarts", w.unit.Restarts))
 	if w.unit.Resent > 0 {
 		r.metrics.resent.WithLabelValues(k.name).Add(float64(w.unit.Resent))
 	}
@@ -160,6 +179,7 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 
 	switch {
 	case committed:
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String("idemscrape.outcome", "complete"))
 		if w.obs.Schema != nil {
 			r.recordSchema(ctx, k, job.Spec.ParserVersion, *w.obs.Schema, log)
 		}
@@ -544,7 +564,14 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		return w
 	}
 	var perr *sessions.FetchError
-	if w.obs, perr = r.runParser(ctx, k, parser, job, w.unit.Staged); perr != nil {
+	pctx, pspan := startSpan(ctx, "parse", attribute.Int("idemscrape.parser_version", job.Spec.ParserVersion))
+	w.obs, perr = r.runParser(pctx, k, parser, job, w.unit.Staged)
+	if perr != nil {
+		endSpan(pspan, perr)
+	} else {
+		pspan.End()
+	}
+	if perr != nil {
 		w.err = perr
 		if perr.Category == tasks.CategoryValidation {
 			r.quarantineParse(ctx, job, acq, &w, log)
@@ -808,6 +835,8 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		return &retryError{delay: delay, counted: true, err: fmt.Errorf("record failed attempt: %w (after %w)", err, fe)}
 	}
 	r.metrics.attempts.WithLabelValues(k.name, outcome, string(d.Category)).Inc()
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("idemscrape.outcome", outcome),
+		attribute.String("idemscrape.category", string(d.Category)), attribute.Bool("idemscrape.retry", d.Retry))
 	log.WarnContext(ctx, "attempt failed", "category", string(d.Category), "retry", d.Retry,
 		"delay", d.Delay, "session", w.session(), "err", errText)
 	if !d.Retry {

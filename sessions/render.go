@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/attribute"
 	"iter"
 	"net/http"
 	"net/url"
@@ -86,7 +87,7 @@ func (sc *StepContext) Render(rawURL string, o RenderOptions) (*Rendered, error)
 }
 
 // Render is StepContext.Render.
-func (b *Bound) Render(rawURL string, o RenderOptions) (*Rendered, error) {
+func (b *Bound) Render(rawURL string, o RenderOptions) (_ *Rendered, rerr error) {
 	pool := b.cfg.Browsers
 	if pool == nil {
 		return nil, &FetchError{Category: tasks.CategoryInternal, Err: ErrNoBrowsers}
@@ -124,6 +125,20 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (*Rendered, error) {
 	}
 	defer release()
 	r := &render{b: b, o: o, pool: pool, page: rawURL, rendered: &Rendered{}, ids: map[network.RequestID]*renderReq{}}
+	_, span := startSpan(b.spanContext(), "render", attribute.String("url.full", spanURL(rawURL)),
+		attribute.String("idemscrape.session", b.Session.ID))
+	defer func() {
+		span.SetAttributes(attribute.Int64("idemscrape.bytes", r.bytesTotal()), attribute.Int("idemscrape.render.requests", r.rendered.Requests),
+			attribute.Int("idemscrape.render.refused", r.rendered.Refused))
+		if r.rendered.Status != 0 {
+			span.SetAttributes(attribute.Int("http.response.status_code", r.rendered.Status))
+		}
+		var fe *FetchError
+		if rerr != nil && !errors.As(rerr, &fe) {
+			fe = &FetchError{Category: tasks.CategoryInternal, Err: rerr}
+		}
+		endSpan(span, fe)
+	}()
 	res, err := r.run(rctx, br)
 	b.bytes.Add(r.bytesTotal())
 	if res != nil {

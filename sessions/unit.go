@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/attribute"
 	"io"
 	"log/slog"
 	"maps"
@@ -246,7 +247,11 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 			// What earlier sessions of this run moved counts against the same budget.
 			runCfg.budgetSet, runCfg.budget, runCfg.budgetNote = true, cfg.MaxBytes-res.Bytes, cfg.BudgetNote
 		}
-		staged, failure, unsafeRan := u.runOnce(ctx, sess, &runCfg, now, &res)
+		sctx, span := startSpan(ctx, "session", attribute.String("idemscrape.session", sess.ID), attribute.String("idemscrape.unit", u.Name))
+		bytesBefore := res.Bytes
+		staged, failure, unsafeRan := u.runOnce(sctx, sess, &runCfg, now, &res)
+		span.SetAttributes(attribute.Int64("idemscrape.bytes", res.Bytes-bytesBefore), attribute.String("idemscrape.exit", res.Exit))
+		endSpan(span, failure)
 		if failure == nil {
 			if u.Validate != nil {
 				if err := u.Validate(staged); err != nil {
@@ -326,7 +331,18 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		// An unsafe step counts as run from the moment it starts: a failure inside it may
 		// already have had its effect.
 		unsafeRan = unsafeRan || !step.Safe
-		if err := runStep(ctx, step, sc); err != nil {
+		stepCtx, span := startSpan(ctx, "step "+step.Name, attribute.String("idemscrape.step", step.Name),
+			attribute.String("idemscrape.session", sess.ID), attribute.Bool("idemscrape.step.safe", step.Safe))
+		bound.stepCtx = stepCtx
+		before := bound.Bytes()
+		err := runStep(stepCtx, step, sc)
+		span.SetAttributes(attribute.Int64("idemscrape.bytes", bound.Bytes()-before)) // statuses are on its fetches
+		if err != nil {
+			endSpan(span, classify(err, bound.served.Load()))
+		} else {
+			span.End()
+		}
+		if err != nil {
 			fe := classify(err, bound.served.Load())
 			if cf := contextFailure(ctx); cf != nil && fe.Status == 0 && transportCategory(fe.Category) {
 				// The attempt's context ended while the step ran: whatever the transport

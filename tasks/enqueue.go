@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Outcome tells what Enqueue did for one spec.
@@ -80,9 +81,14 @@ type Result struct {
 // {"key":…,"spec":{"Kind":…}} form, and PayloadV2 — so a fleet upgrades workers first,
 // then enqueuers; EnqueuerConfig.PayloadVersion = PayloadV1 keeps writing the old format
 // while workers of a release that can not read V2 still run.
+//
+// TraceParent, when set, is the W3C traceparent of the enqueue's span: every attempt of
+// the job continues that trace. It is optional and not part of the job's identity (the
+// key); workers that do not know it ignore it.
 type Payload struct {
-	Key  string `json:"key"`
-	Spec Spec   `json:"spec"`
+	Key         string `json:"key"`
+	Spec        Spec   `json:"spec"`
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // Payload format versions.
@@ -107,6 +113,7 @@ type payloadV2 struct {
 	ParserVersion int               `json:"parser_version"`
 	Scope         string            `json:"scope,omitempty"`
 	Meta          map[string]string `json:"meta,omitempty"`
+	TraceParent   string            `json:"traceparent,omitempty"`
 }
 
 // EncodePayload writes p in format version (PayloadV1 or PayloadV2).
@@ -117,7 +124,8 @@ func EncodePayload(p Payload, version int) ([]byte, error) {
 	case PayloadV2:
 		s := p.Spec
 		return json.Marshal(payloadV2{V: PayloadV2, Key: p.Key, Kind: s.Kind, URL: s.URL, SourceID: s.SourceID,
-			Country: s.Country, Window: s.Window, ParserVersion: s.ParserVersion, Scope: s.Scope, Meta: s.Meta})
+			Country: s.Country, Window: s.Window, ParserVersion: s.ParserVersion, Scope: s.Scope, Meta: s.Meta,
+			TraceParent: p.TraceParent})
 	}
 	return nil, fmt.Errorf("tasks: payload version %d unknown (want %d or %d)", version, PayloadV1, PayloadV2)
 }
@@ -137,7 +145,7 @@ func DecodePayload(b []byte, n *Normalizer) (Payload, error) {
 	var w payloadWire
 	if err := json.Unmarshal(b, &w); err == nil && w.V != nil && *w.V == PayloadV2 {
 		p := Payload{Key: w.Key, Spec: Spec{Kind: w.Kind, URL: w.URL, SourceID: w.SourceID, Country: w.Country,
-			Window: w.Window, ParserVersion: w.ParserVersion, Scope: w.Scope, Meta: w.Meta}}
+			Window: w.Window, ParserVersion: w.ParserVersion, Scope: w.Scope, Meta: w.Meta}, TraceParent: w.TraceParent}
 		if key, ok := n.keyOfCanonical(p.Spec); ok && key == p.Key {
 			return p, nil
 		}
@@ -171,7 +179,7 @@ func decodePayloadFull(b []byte, n *Normalizer) (Payload, error) {
 			return Payload{}, fmt.Errorf("tasks: decode payload v2: %w", err)
 		}
 		p = Payload{Key: w.Key, Spec: Spec{Kind: w.Kind, URL: w.URL, SourceID: w.SourceID, Country: w.Country,
-			Window: w.Window, ParserVersion: w.ParserVersion, Scope: w.Scope, Meta: w.Meta}}
+			Window: w.Window, ParserVersion: w.ParserVersion, Scope: w.Scope, Meta: w.Meta}, TraceParent: w.TraceParent}
 	default:
 		return Payload{}, fmt.Errorf("tasks: decode payload: format version %d is not one this worker reads (%d, %d)", *head.V, PayloadV1, PayloadV2)
 	}
@@ -227,6 +235,11 @@ type EnqueuerConfig struct {
 	// binary idemscrape ships sets it. Defaults to nil: an archived task can then not be
 	// detected and is reported as AlreadyQueued.
 	Inspector *asynq.Inspector
+	// TracerProvider receives a span per task enqueued ("idemscrape.enqueue"), whose
+	// context the task carries (Payload.TraceParent) so that every attempt of the job
+	// continues its trace. Defaults to OpenTelemetry's global provider: a no-op, and no
+	// trace context written, unless the program installed one.
+	TracerProvider trace.TracerProvider
 	// Redis is the server (or cluster) asynq's client writes to. Optional: with it,
 	// EnqueueMany reads the asynq task of every job that already existed and is runnable in
 	// one pipelined round trip, and enqueues only those asynq holds no live task for — a
@@ -320,6 +333,7 @@ func (c *EnqueuerConfig) Validate() error {
 // enqueues the task then, reported as Requeued. Nothing is lost and nothing runs twice to
 // effect.
 type Enqueuer struct {
+	tracer trace.Tracer
 	client *asynq.Client
 	rec    JobRecorder
 	cfg    EnqueuerConfig
@@ -345,7 +359,7 @@ func NewEnqueuer(client *asynq.Client, rec JobRecorder, cfg *EnqueuerConfig) (*E
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Enqueuer{client: client, rec: rec, cfg: c}
+	e := &Enqueuer{client: client, rec: rec, cfg: c, tracer: tracerOf(c.TracerProvider)}
 	if c.Inspector != nil {
 		e.insp = c.Inspector
 	}
@@ -524,7 +538,7 @@ func (e *Enqueuer) enqueueTasks(ctx context.Context, records []JobRecord, record
 	done := make([]taskDone, len(records))
 	errs := make([]error, len(records))
 	one := func(i int) bool {
-		res, err := e.enqueueTask(ctx, records[i], recorded[i].NextAttemptAt)
+		res, err := e.enqueueTask(ctx, records[i], recorded[i].NextAttemptAt, len(records) > 1)
 		if err != nil {
 			errs[i] = err
 			return false
@@ -636,8 +650,10 @@ func (e *Enqueuer) queueOf(kind string) string {
 // the future (a destination's Retry-After, a backoff) is scheduled for then, not run at
 // once. On a task-id conflict it inspects the task (when it has an Inspector): archived
 // ⇒ deleted and enqueued again; gone ⇒ enqueued again; live ⇒ taskQueued.
-func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *time.Time) (taskResult, error) {
-	payload, err := EncodePayload(Payload{Key: rec.Key, Spec: rec.Spec}, e.cfg.PayloadVersion)
+func (e *Enqueuer) enqueueTask(ctx context.Context, rec JobRecord, notBefore *time.Time, batch bool) (res taskResult, err error) {
+	ctx, span := e.startEnqueueSpan(ctx, rec, batch)
+	defer func() { endEnqueueSpan(span, res, err) }()
+	payload, err := EncodePayload(Payload{Key: rec.Key, Spec: rec.Spec, TraceParent: TraceParent(ctx)}, e.cfg.PayloadVersion)
 	if err != nil {
 		return taskQueued, err
 	}

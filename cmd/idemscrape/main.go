@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/internal/telemetry"
 	"github.com/idemscrape/idemscrape/store/ops"
 )
 
@@ -70,7 +71,17 @@ func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// Traces, when the OTEL_* environment asks for them: an enqueue's span is the root of
+	// its jobs' traces (internal/telemetry).
+	flushTraces, _, err := telemetry.Setup(ctx, "idemscrape-cli")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemscrape:", err)
+		os.Exit(2)
+	}
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = flushTraces(fctx)
+	cancel()
 	stop()
 	os.Exit(code)
 }

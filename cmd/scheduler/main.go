@@ -37,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/internal/telemetry"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/outbox"
@@ -136,6 +137,17 @@ func (b badSetting) Error() string { return b.err.Error() }
 func (b badSetting) Unwrap() error { return b.err }
 
 func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) error {
+	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
+	flushTraces, tracing, err := telemetry.Setup(ctx, "idemscrape-scheduler")
+	if err != nil {
+		return badSetting{err}
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = flushTraces(fctx) // spans not exported by then are lost: shutdown is not held up
+	}()
+	log.Info("tracing", "on", tracing)
 	pcfg, err := envflag.PGConfig(c.pg, "-pg ($IDEMSCRAPE_PG)", "IDEMSCRAPE_")
 	if err != nil {
 		return badSetting{err}

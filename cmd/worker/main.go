@@ -67,6 +67,7 @@ import (
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/internal/telemetry"
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
@@ -369,6 +370,16 @@ func (b badSetting) Error() string { return b.err.Error() }
 func (b badSetting) Unwrap() error { return b.err }
 
 func run(ctx context.Context, c config, log *slog.Logger) error {
+	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
+	flushTraces, tracing, err := telemetry.Setup(ctx, "idemscrape-worker")
+	if err != nil {
+		return badSetting{err}
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = flushTraces(fctx) // spans not exported by then are lost: shutdown is not held up
+	}()
 	providers, err := sessions.ProvidersFromEnv()
 	if err != nil {
 		return badSetting{err}
@@ -483,7 +494,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	for _, p := range providers {
 		proxies = append(proxies, p.Name()+" "+p.Gateway()+" ("+string(p.Tier())+", "+p.Price().String()+")")
 	}
-	log.Info("worker starting", "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies,
+	log.Info("worker starting", "tracing", tracing, "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies,
 		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c), "window_budget", windowBudgetText(c))
 	return svc.Run(ctx)
 }

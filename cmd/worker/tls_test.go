@@ -80,7 +80,9 @@ func TestRedisACLAndTLS(t *testing.T) {
 
 	client := asynq.NewClient(rc.AsynqConnOpt())
 	t.Cleanup(func() { _ = client.Close() })
-	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: queue, Redis: rc.NewClient()})
+	enqRedis := rc.NewClient()
+	t.Cleanup(func() { _ = enqRedis.Close() })
+	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: queue, Redis: enqRedis})
 	require.NoError(t, err)
 	var keys []string
 	for i := 1; i <= 3; i++ {
