@@ -477,24 +477,76 @@ var specFields = map[string]string{
 	"Window": "window", "ParserVersion": "parser_version", "Scope": "scope",
 }
 
+// validate checks t, fills in its defaults and compiles its schedule, in three steps: the
+// zone and cron expression (compileSchedule), the other fields, and the specs its inline
+// sources and countries make (validateSpecs). Errors are *ConfigError without a Section
+// (File.Validate names the template).
 func (t *Template) validate(n *tasks.Normalizer, dir string) error {
-	fail := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	if err := t.compileSchedule(); err != nil {
+		return err
 	}
-	// Zone and cron.
+	if !t.Window.Valid() {
+		return templateFail("window", "%q is not a window rule, want one of %v", string(t.Window), WindowRules)
+	}
+	if err := (tasks.Spec{Kind: t.Kind}).Validate(); isKindError(err) {
+		var fe *tasks.FieldError
+		errors.As(err, &fe)
+		return templateFail("kind", "%s", fe.Reason)
+	}
+	switch t.CatchUp {
+	case "":
+		t.CatchUp = DefaultCatchUp
+	case CatchUpLast, CatchUpNone:
+	default:
+		return templateFail("catchup", "%q, want %q or %q", t.CatchUp, CatchUpLast, CatchUpNone)
+	}
+	if t.ParserVersion < 1 {
+		return templateFail("parser_version", "%d, want >= 1", t.ParserVersion)
+	}
+	if t.RetryUntil < 0 {
+		return templateFail("retry_until", "%v, want a positive duration (or none: until the next tick)", t.RetryUntil)
+	}
+	if len(t.Countries) == 0 {
+		return templateFail("countries", "at least one country is required")
+	}
+	if len(t.Sources.URLs) == 0 && len(t.Sources.IDs) == 0 && t.Sources.File == "" {
+		return templateFail("sources", "at least one of urls, ids or file is required")
+	}
+	if t.Sources.File != "" {
+		t.filePath = t.Sources.File
+		if !filepath.IsAbs(t.filePath) && dir != "" {
+			t.filePath = filepath.Join(dir, t.filePath)
+		}
+		if _, err := readSourceFile(t.filePath); err != nil {
+			return templateFail("sources.file", "%v", err)
+		}
+	}
+	return t.validateSpecs(n)
+}
+
+// templateFail is a *ConfigError on one field of a template (Section filled in by
+// File.Validate).
+func templateFail(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// compileSchedule resolves the template's zone (Timezone, or the expression's CRON_TZ= /
+// TZ= prefix; both given must agree; UTC by default), parses the cron expression in it
+// and sets t.sched, t.loc and t.Timezone.
+func (t *Template) compileSchedule() error {
 	spec := strings.TrimSpace(t.Cron)
 	if spec == "" {
-		return fail("cron", "required")
+		return templateFail("cron", "required")
 	}
 	zone := t.Timezone
 	if strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=") {
 		_, rest, _ := strings.Cut(spec, "=")
 		tz, expr, ok := strings.Cut(rest, " ")
 		if !ok || strings.TrimSpace(expr) == "" {
-			return fail("cron", "CRON_TZ=<zone> must be followed by an expression")
+			return templateFail("cron", "CRON_TZ=<zone> must be followed by an expression")
 		}
 		if zone != "" && zone != tz {
-			return fail("timezone", "%q disagrees with the cron expression's CRON_TZ=%s", zone, tz)
+			return templateFail("timezone", "%q disagrees with the cron expression's CRON_TZ=%s", zone, tz)
 		}
 		zone, spec = tz, strings.TrimSpace(expr)
 	}
@@ -503,64 +555,32 @@ func (t *Template) validate(n *tasks.Normalizer, dir string) error {
 	}
 	loc, err := time.LoadLocation(zone)
 	if err != nil || zone == "Local" {
-		return fail("timezone", "unknown time zone %q (want an IANA name such as Europe/Berlin)", zone)
+		return templateFail("timezone", "unknown time zone %q (want an IANA name such as Europe/Berlin)", zone)
 	}
 	if strings.HasPrefix(spec, "@every") {
-		return fail("cron", "@every is not allowed: windows need ticks on the wall clock (use a cron expression)")
+		return templateFail("cron", "@every is not allowed: windows need ticks on the wall clock (use a cron expression)")
 	}
 	sched, err := cronParser.Parse(spec)
 	if err != nil {
-		return fail("cron", "%v", err)
+		return templateFail("cron", "%v", err)
 	}
 	ss, ok := sched.(*cron.SpecSchedule)
 	if !ok {
-		return fail("cron", "unsupported schedule %T", sched)
+		return templateFail("cron", "unsupported schedule %T", sched)
 	}
 	ss.Location = loc
 	if ss.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
-		return fail("cron", "the expression never fires")
+		return templateFail("cron", "the expression never fires")
 	}
 	t.sched, t.loc, t.Timezone = ss, loc, zone
+	return nil
+}
 
-	if !t.Window.Valid() {
-		return fail("window", "%q is not a window rule, want one of %v", string(t.Window), WindowRules)
-	}
-	if err := (tasks.Spec{Kind: t.Kind}).Validate(); isKindError(err) {
-		var fe *tasks.FieldError
-		errors.As(err, &fe)
-		return fail("kind", "%s", fe.Reason)
-	}
-	switch t.CatchUp {
-	case "":
-		t.CatchUp = DefaultCatchUp
-	case CatchUpLast, CatchUpNone:
-	default:
-		return fail("catchup", "%q, want %q or %q", t.CatchUp, CatchUpLast, CatchUpNone)
-	}
-	if t.ParserVersion < 1 {
-		return fail("parser_version", "%d, want >= 1", t.ParserVersion)
-	}
-	if t.RetryUntil < 0 {
-		return fail("retry_until", "%v, want a positive duration (or none: until the next tick)", t.RetryUntil)
-	}
-	if len(t.Countries) == 0 {
-		return fail("countries", "at least one country is required")
-	}
-	if len(t.Sources.URLs) == 0 && len(t.Sources.IDs) == 0 && t.Sources.File == "" {
-		return fail("sources", "at least one of urls, ids or file is required")
-	}
-	if t.Sources.File != "" {
-		t.filePath = t.Sources.File
-		if !filepath.IsAbs(t.filePath) && dir != "" {
-			t.filePath = filepath.Join(dir, t.filePath)
-		}
-		if _, err := readSourceFile(t.filePath); err != nil {
-			return fail("sources.file", "%v", err)
-		}
-	}
-	// Every inline source and country must make a valid spec; the window is checked with
-	// a sample tick.
-	win, _ := t.Window.Window(time.Date(2026, 4, 23, 14, 0, 0, 0, time.UTC), loc)
+// validateSpecs checks that every inline source and country makes a valid spec with n;
+// the window is checked with a sample tick. The source file's lines are not: a bad line is
+// skipped and counted at the tick (TickReport.Invalid).
+func (t *Template) validateSpecs(n *tasks.Normalizer) error {
+	win, _ := t.Window.Window(time.Date(2026, 4, 23, 14, 0, 0, 0, time.UTC), t.loc)
 	probe := tasks.Spec{Kind: t.Kind, SourceID: "probe", Window: win, ParserVersion: t.ParserVersion, Scope: t.Scope}
 	for i, c := range t.Countries {
 		p := probe

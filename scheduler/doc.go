@@ -28,8 +28,9 @@
 // is older than the kind's longest lease and whose lease nobody holds are moved back to
 // retryable under a lease the reconciler claims itself (fenced: a live worker holding its
 // lease is never touched, a stale one is fenced out); pending and retryable jobs whose
-// asynq task is missing or archived are enqueued again; outbox lag is reported and old
-// outbox and inbox rows are pruned. See Reconciler for the guarantees.
+// asynq task is missing or archived are enqueued again; outbox lag is reported; sent outbox
+// rows, inbox rows, saved inputs, terminal jobs, quarantine and schedule windows past their
+// retention are pruned in bounded batches. See Reconciler for the guarantees.
 //
 // Queues: a kind's asynq queue is kinds.<kind>.queue in the configuration, defaulting to
 // the kind's name (File.QueueFor), the same default as cmd/worker.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -48,7 +50,6 @@ func TestReconcilerAfterRedisFlush(t *testing.T) {
 
 	// Running: a worker process takes them and is SIGKILLed in the middle of the step (first,
 	// so that the queue holds only these two while it runs).
-	killedFence := map[string]int64{}
 	var killed []string
 	for i := 8; i <= 9; i++ {
 		res, err := enq.Enqueue(ctx, spec(fmt.Sprintf("sku-%d", i)))
@@ -56,33 +57,7 @@ func TestReconcilerAfterRedisFlush(t *testing.T) {
 		all = append(all, res.Key)
 		killed = append(killed, res.Key)
 	}
-	bin := buildBinary(t, "github.com/idemscrape/idemscrape/scheduler/internal/testworker", "testworker")
-	cmd := exec.Command(bin, "-pg", dsnOf(pool), "-redis", rs.Addr, "-queue", catalog.Kind)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = testWriter{t}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	stepped := map[string]bool{}
-	sc := bufio.NewScanner(stdout)
-	for len(stepped) < len(killed) && sc.Scan() {
-		if key, ok := strings.CutPrefix(sc.Text(), "STEP "); ok {
-			stepped[key] = true
-		}
-	}
-	require.Len(t, stepped, len(killed), "the fixture worker never reached the step: %v", sc.Err())
-	for _, key := range killed {
-		require.True(t, stepped[key], key)
-	}
-	require.NoError(t, cmd.Process.Signal(syscallKill))
-	_ = cmd.Wait()
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
-	for _, key := range killed {
-		job, err := st.JobGet(ctx, key)
-		require.NoError(t, err)
-		require.Equal(t, tasks.StateRunning, job.State, "killed mid-job")
-		killedFence[key] = job.Fence
-	}
+	killedFence := killWorkerMidJob(t, st, pool, rs.Addr, killed)
 
 	// Pending: enqueued, task in Redis.
 	for i := 1; i <= 4; i++ {
@@ -119,38 +94,7 @@ func TestReconcilerAfterRedisFlush(t *testing.T) {
 	assert.EqualValues(t, len(all), rep.Actions[scheduler.ActionRequeued], "%v", rep.Actions)
 
 	// A worker completes everything.
-	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: "pw-flush"})
-	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{})
-	prov, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", "pw-flush", 0)
-	require.NoError(t, err)
-	reg, err := handlers.NewRegistry(handlers.Config{Store: st, Redis: rdb, Provider: prov,
-		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
-		Logger:    quietLogger()})
-	require.NoError(t, err)
-	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(site.URL), catalog.Parse))
-	done := make(chan string, len(all)*2)
-	srv := asynq.NewServer(connOpt, reg.ServerConfig(asynq.Config{Queues: map[string]int{catalog.Kind: 1}, Concurrency: 4,
-		LogLevel: asynq.ErrorLevel}))
-	require.NoError(t, srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-		err := reg.ProcessTask(ctx, task)
-		if err == nil {
-			p, _ := tasks.DecodePayload(task.Payload(), nil)
-			done <- p.Key
-		}
-		return err
-	})))
-	completed := map[string]int{}
-	timeout := time.After(2 * time.Minute) // a guard against a hang, not a timing assert
-	for len(completed) < len(all) {
-		select {
-		case key := <-done:
-			completed[key]++
-		case <-timeout:
-			t.Fatalf("completed %d of %d jobs: %v", len(completed), len(all), completed)
-		}
-	}
-	srv.Shutdown()
-	reg.Close()
+	completeAll(t, st, rdb, connOpt, all)
 
 	for _, key := range all {
 		t.Run(key, func(t *testing.T) {
@@ -174,6 +118,81 @@ func TestReconcilerAfterRedisFlush(t *testing.T) {
 			}
 		})
 	}
+}
+
+// killWorkerMidJob runs the fixture worker (internal/testworker) on the catalog queue of
+// the Redis at redisAddr until it has reached the step of every job of keys, the only
+// jobs in the queue, then SIGKILLs it. The jobs stay running; it returns their fences.
+func killWorkerMidJob(t *testing.T, st *store.PG, pool *pgxpool.Pool, redisAddr string, keys []string) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	bin := buildBinary(t, "github.com/idemscrape/idemscrape/internal/testworker", "testworker")
+	cmd := exec.Command(bin, "-pg", dsnOf(pool), "-redis", redisAddr, "-queue", catalog.Kind)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = testWriter{t}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	stepped := map[string]bool{}
+	sc := bufio.NewScanner(stdout)
+	for len(stepped) < len(keys) && sc.Scan() {
+		if key, ok := strings.CutPrefix(sc.Text(), "STEP "); ok {
+			stepped[key] = true
+		}
+	}
+	require.Len(t, stepped, len(keys), "the fixture worker never reached the step: %v", sc.Err())
+	for _, key := range keys {
+		require.True(t, stepped[key], key)
+	}
+	require.NoError(t, cmd.Process.Signal(syscallKill))
+	_ = cmd.Wait()
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	fences := map[string]int64{}
+	for _, key := range keys {
+		job, err := st.JobGet(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, tasks.StateRunning, job.State, "killed mid-job")
+		fences[key] = job.Fence
+	}
+	return fences
+}
+
+// completeAll runs a worker (catalog's workflow, through a fake proxy, on a fake site) on
+// the catalog queue until every job of keys has completed.
+func completeAll(t *testing.T, st *store.PG, rdb *redis.Client, connOpt asynq.RedisClientOpt, keys []string) {
+	t.Helper()
+	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: "pw-flush"})
+	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{})
+	prov, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", "pw-flush", 0)
+	require.NoError(t, err)
+	reg, err := handlers.NewRegistry(handlers.Config{Store: st, Redis: rdb, Provider: prov,
+		Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
+		Logger:    quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(site.URL), catalog.Parse))
+	done := make(chan string, len(keys)*2)
+	srv := asynq.NewServer(connOpt, reg.ServerConfig(asynq.Config{Queues: map[string]int{catalog.Kind: 1}, Concurrency: 4,
+		LogLevel: asynq.ErrorLevel}))
+	require.NoError(t, srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		err := reg.ProcessTask(ctx, task)
+		if err == nil {
+			p, _ := tasks.DecodePayload(task.Payload(), nil)
+			done <- p.Key
+		}
+		return err
+	})))
+	completed := map[string]int{}
+	timeout := time.After(2 * time.Minute) // a guard against a hang, not a timing assert
+	for len(completed) < len(keys) {
+		select {
+		case key := <-done:
+			completed[key]++
+		case <-timeout:
+			t.Fatalf("completed %d of %d jobs: %v", len(completed), len(keys), completed)
+		}
+	}
+	srv.Shutdown()
+	reg.Close()
 }
 
 func countOf(t *testing.T, st *store.PG, q string, args ...any) int {

@@ -129,61 +129,7 @@ reconciler: {disabled: true}
 
 	// Collect ticks until each process has ticked at least 3 windows that the other one
 	// ticked too (both contend for the same windows).
-	type tick struct {
-		proc     int
-		window   string
-		outcomes map[string]int
-	}
-	var ticks []tick
-	byWindow := map[string]map[int]bool{}
-	common := func() int {
-		n := 0
-		for _, ps := range byWindow {
-			if len(ps) == 2 {
-				n++
-			}
-		}
-		return n
-	}
-	timeout := time.After(90 * time.Second) // a guard against a hung test, not a timing assert
-	merged := make(chan tick)
-	stopReaders := make(chan struct{})
-	for i, p := range procs {
-		go func() {
-			for {
-				select {
-				case l := <-p.lines:
-					if l.Msg == "tick" {
-						select {
-						case merged <- tick{proc: i, window: l.Window, outcomes: l.Outcomes}:
-						case <-stopReaders:
-							return
-						}
-					}
-				case <-p.done:
-					return
-				case <-stopReaders:
-					return
-				}
-			}
-		}()
-	}
-	for common() < 3 {
-		select {
-		case tk := <-merged:
-			ticks = append(ticks, tk)
-			if byWindow[tk.window] == nil {
-				byWindow[tk.window] = map[int]bool{}
-			}
-			byWindow[tk.window][tk.proc] = true
-		case <-procs[0].done:
-			t.Fatalf("scheduler 0 exited: %v", procs[0].err)
-		case <-procs[1].done:
-			t.Fatalf("scheduler 1 exited: %v", procs[1].err)
-		case <-timeout:
-			t.Fatalf("fewer than 3 windows ticked by both schedulers; ticks: %+v", ticks)
-		}
-	}
+	ticks, byWindow, stopReaders := collectCommonTicks(t, procs, 3)
 
 	t.Run("MetricsAndHealthz", func(t *testing.T) {
 		addr := <-procs[0].addr
@@ -214,7 +160,7 @@ reconciler: {disabled: true}
 			t.Fatalf("scheduler %d did not exit after SIGTERM", i)
 		}
 	}
-	close(stopReaders)
+	stopReaders()
 
 	windows := b.windows(t)
 	created := map[string]int{}
@@ -231,6 +177,78 @@ reconciler: {disabled: true}
 	for _, n := range windows {
 		assert.LessOrEqual(t, n, sources*countries)
 	}
+	assertTasksOnce(t, b, byWindow)
+}
+
+// procTick is one "tick" log line of the scheduler process procs[proc].
+type procTick struct {
+	proc     int
+	window   string
+	outcomes map[string]int
+}
+
+// collectCommonTicks reads the tick lines of both processes until at least n windows were
+// ticked by both, and returns every tick read, the processes that ticked each window, and
+// a function that stops the readers (once the processes are done).
+func collectCommonTicks(t *testing.T, procs []*proc, n int) ([]procTick, map[string]map[int]bool, func()) {
+	t.Helper()
+	var ticks []procTick
+	byWindow := map[string]map[int]bool{}
+	common := func() int {
+		c := 0
+		for _, ps := range byWindow {
+			if len(ps) == 2 {
+				c++
+			}
+		}
+		return c
+	}
+	timeout := time.After(90 * time.Second) // a guard against a hung test, not a timing assert
+	merged := make(chan procTick)
+	stopReaders := make(chan struct{})
+	for i, p := range procs {
+		go func() {
+			for {
+				select {
+				case l := <-p.lines:
+					if l.Msg == "tick" {
+						select {
+						case merged <- procTick{proc: i, window: l.Window, outcomes: l.Outcomes}:
+						case <-stopReaders:
+							return
+						}
+					}
+				case <-p.done:
+					return
+				case <-stopReaders:
+					return
+				}
+			}
+		}()
+	}
+	for common() < n {
+		select {
+		case tk := <-merged:
+			ticks = append(ticks, tk)
+			if byWindow[tk.window] == nil {
+				byWindow[tk.window] = map[int]bool{}
+			}
+			byWindow[tk.window][tk.proc] = true
+		case <-procs[0].done:
+			t.Fatalf("scheduler 0 exited: %v", procs[0].err)
+		case <-procs[1].done:
+			t.Fatalf("scheduler 1 exited: %v", procs[1].err)
+		case <-timeout:
+			t.Fatalf("fewer than %d windows ticked by both schedulers; ticks: %+v", n, ticks)
+		}
+	}
+	return ticks, byWindow, func() { close(stopReaders) }
+}
+
+// assertTasksOnce checks that every job of a window some scheduler finished ticking
+// (byWindow) has its task, and that no task is duplicated.
+func assertTasksOnce(t *testing.T, b *bundle, byWindow map[string]map[int]bool) {
+	t.Helper()
 	// Every job of a window some scheduler finished ticking has its task. (A tick cut by
 	// SIGTERM may leave rows whose task the next start's catch-up or the reconciler adds.)
 	rows, err := b.st.Pool().Query(context.Background(), `SELECT key, "window" FROM jobs`)

@@ -49,8 +49,9 @@ const (
 	DefaultMaxPruneBatches = 100
 	// rescuePagesInFlight is how many pages of stranded running jobs are rescued at once.
 	rescuePagesInFlight = 4
-	// dueSlack widens DueBefore so jobs rescued moments ago (next_attempt_at = the
-	// database's now) are re-enqueued in the same sweep despite clock skew.
+	// dueSlack widens the re-enqueue pass's due bound (DueBefore) past this process's
+	// clock, so a job whose next_attempt_at is the database's now() (rescued or failed
+	// moments ago) counts as due despite clock skew between the two.
 	dueSlack = 5 * time.Second
 )
 
@@ -63,9 +64,12 @@ const (
 	ActionLeaseHeld      = "reconciler_lease_held"        // an old attempt whose worker still holds the lease: left alone
 	ActionRequeued       = "reconciler_requeued"          // runnable job without an asynq task: enqueued again
 	ActionArchivedRepair = "reconciler_archived_repaired" // runnable job whose task asynq archived: deleted and enqueued again
-	ActionAlreadyQueued  = "reconciler_already_queued"    // raced with a live enqueue: nothing to do
-	ActionOutboxPruned   = "reconciler_outbox_pruned"     // sent outbox rows deleted
-	ActionInboxPruned    = "reconciler_inbox_pruned"      // inbox rows deleted
+	// ActionAlreadyQueued: the enqueue found the job's task there after all (a live
+	// enqueue raced; an archived task when there is no Inspector), or found the job
+	// terminal by then: nothing to do.
+	ActionAlreadyQueued = "reconciler_already_queued"
+	ActionOutboxPruned  = "reconciler_outbox_pruned" // sent outbox rows deleted
+	ActionInboxPruned   = "reconciler_inbox_pruned"  // inbox rows deleted
 	// ActionSavedInputsPruned counts saved inputs (with their responses) deleted after
 	// reconciler.saved_input_retention, ActionInputBlobsPruned the stored bodies deleted
 	// because nothing referenced or used them for as long.
@@ -93,8 +97,8 @@ type ReconcilerConfig struct {
 	// part is skipped.
 	Inputs InputsPruner
 	// Retention deletes terminal jobs, quarantine and windows past their retention
-	// (File.Reconciler.JobRetention, QuarantineRetention; see retention.go). Defaults to the
-	// Store when it is a *store.PG; otherwise that part is skipped.
+	// (File.Reconciler.JobRetention, QuarantineRetention; see reconciler_retention.go).
+	// Defaults to the Store when it is a *store.PG; otherwise that part is skipped.
 	Retention RetentionPruner
 	// Redis holds the leases and asynq's tasks (the same server as Client). Required.
 	Redis redis.UniversalClient
@@ -205,7 +209,7 @@ type SweepReport struct {
 	FullRequeue bool
 	// Time spent in each part of the sweep, from its start. The rescue and the re-enqueue
 	// pass run at once: RescueTime and RequeueTime overlap; OutboxTime is what follows (outbox
-	// lag and pruning, saved-input pruning).
+	// lag and pruning, saved-input pruning, retention).
 	RescueTime, RequeueTime, OutboxTime time.Duration
 	Err                                 error
 }
@@ -213,22 +217,25 @@ type SweepReport struct {
 // Reconciler repairs what a lost Redis or a dead worker leaves behind, from PostgreSQL,
 // in keyset-paged sweeps; any number of reconcilers may sweep at once:
 //
-//   - (rescue.go) a running job whose attempt is older than its kind's longest lease: the reconciler
-//     claims the job's lease itself (floor = the job's fence). If a worker holds it, the
-//     job is left alone — a live worker is never robbed. Otherwise it holds a token above
-//     the fence and moves the job to retryable with store.JobsRescue (one statement per
-//     page), fenced per job on the fence it listed and raising it to its token, so a stale worker's commit is refused and a
-//     second reconciler's rescue is refused; then it releases the lease;
-//   - (requeue.go) a due pending or retryable job (rescued ones included) whose asynq task is missing or
+//   - (reconciler_rescue.go) a running job whose attempt is older than its kind's longest
+//     lease: the reconciler claims the job's lease itself (floor = the job's fence). If a
+//     worker holds it, the job is left alone — a live worker is never robbed. Otherwise it
+//     holds a token above the fence and moves the job to retryable with store.JobsRescue
+//     (one statement per page), fenced per job on the fence it listed and raising it to its
+//     token, so a stale worker's commit is refused and a second reconciler's rescue is
+//     refused; then it releases the lease and enqueues the rescued jobs;
+//   - (reconciler_requeue.go) a due pending or retryable job whose asynq task is missing or
 //     archived: its task is enqueued again, in the queue recorded with the job (TaskID = key
 //     deduplicates a race with a live enqueue; the Inspector deletes an archived task first);
-//   - (maintenance.go) unsent outbox rows older than the threshold are reported (metric, log); sent outbox
-//     rows, inbox rows and saved inputs (with the bodies nothing references any more)
-//     older than their retention are deleted in bounded batches;
-//   - (retention.go) terminal jobs with all their rows, quarantine and schedule windows past
-//     their retention are deleted in bounded batches.
+//   - (reconciler_outbox.go) unsent outbox rows older than the threshold are reported
+//     (metric, log); sent outbox rows and inbox rows older than their retention are
+//     deleted in bounded batches;
+//   - (reconciler_retention.go) saved inputs (with the bodies nothing references any
+//     more), terminal jobs with all their rows, quarantine and schedule windows past their
+//     retention are deleted in bounded batches.
 //
-// This file holds the configuration and the sweep that runs them.
+// This file holds the configuration and the sweep that runs them; reconciler_metrics.go
+// its Prometheus metrics.
 //
 // Every action is counted in Prometheus metrics and in store.CountersAdd.
 type Reconciler struct {
@@ -271,8 +278,8 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 // was given.
 func (r *Reconciler) Gatherer() prometheus.Gatherer { return r.gath }
 
-// Start runs a sweep at once and then every File.Reconciler.Interval ± 10 %. Calling
-// Start on a started Reconciler does nothing.
+// Start runs a sweep at once and then another File.Reconciler.Interval ± 10 % after each
+// one ends. Calling Start on a started Reconciler does nothing.
 func (r *Reconciler) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -318,9 +325,10 @@ func (r *Reconciler) Stop() {
 }
 
 // Sweep runs one sweep synchronously: stranded running jobs (rescued and enqueued again)
-// and, at the same time, runnable jobs without a task; then outbox lag and pruning. It
-// stops at the first error (reported in SweepReport.Err and counted; the rescue and the
-// re-enqueue pass both finish first), keeping the counts of what it did before.
+// and, at the same time, runnable jobs without a task; then outbox lag and pruning,
+// saved-input pruning and retention. It stops at the first error (reported in
+// SweepReport.Err and counted; the rescue and the re-enqueue pass both finish first),
+// keeping the counts of what it did before.
 func (r *Reconciler) Sweep(ctx context.Context) SweepReport {
 	rep := SweepReport{Actions: map[string]int64{}}
 	begun := time.Now()

@@ -24,12 +24,12 @@ const (
 	// reconciler page.
 	DefaultQueryTimeout = 30 * time.Second
 	// DefaultRetryMin and DefaultRetryMax bound the backoff between tries of a failed tick
-	// (doubling, full jitter).
+	// (doubling, jittered over the upper half of each step: see backoff).
 	DefaultRetryMin = time.Second
 	DefaultRetryMax = time.Minute
 )
 
-// Config wires a Scheduler (and a Reconciler) to its services.
+// Config wires a Scheduler to its services. (A Reconciler has its own ReconcilerConfig.)
 type Config struct {
 	// File is the validated configuration (LoadFile / ParseFile). Required.
 	File *File
@@ -129,9 +129,11 @@ type TickReport struct {
 	Window   string
 	CatchUp  bool // the start-up catch-up of a missed window
 	Try      int  // 1 for a window's first tick, 2… for its retries after a failure
-	GaveUp   bool // the tick failed and the window's retry deadline has passed: a gap
+	GaveUp   bool // the tick failed and a retry would come after the window's deadline: a gap
 	Specs    int  // sources × countries
-	Invalid  int  // sources (from the file) that make no valid spec; logged and skipped
+	// Invalid counts the specs (source × country) that are not valid: a bad line of the
+	// source file, a URL the destination policy refuses. They are logged and skipped.
+	Invalid int
 	// Outcomes counts specs per tasks.Outcome name; "already_queued" includes specs skipped
 	// because their task already exists.
 	Outcomes map[string]int

@@ -23,13 +23,14 @@ type WindowRecorder interface {
 
 var _ WindowRecorder = (*store.PG)(nil)
 
-// maxGapScan bounds the scheduled instants one template's gap search walks (the latest
-// ones): a secondly template has 86,400 a day.
+// maxGapScan bounds the scheduled instants one template's gap search checks (it walks
+// them all and keeps the latest maxGapScan; a secondly template has 86,400 a day). A fill
+// walks at most ten times as many.
 const maxGapScan = 100_000
 
 // runWindow ticks the window of the scheduled instant at, and while the tick fails tries
-// it again with backoff until it succeeds or the window's retry deadline (deadline) has
-// passed: then the window is a gap, counted and logged once.
+// it again with backoff until it succeeds or the next try would come after the window's
+// retry deadline (deadline): then the window is a gap, counted and logged once.
 func (s *Scheduler) runWindow(ctx context.Context, t *Template, at time.Time, catchUp bool) {
 	until := s.deadline(t, at)
 	for try := 1; ; try++ {
@@ -163,13 +164,14 @@ func (s *Scheduler) refreshGaps(ctx context.Context) {
 }
 
 // ErrNoSuchWindow: the template has no scheduled instant whose window is the one asked
-// for, between its first recorded window (or a year back) and now.
+// for, between its first recorded window or a year back (whichever is earlier) and now.
 var ErrNoSuchWindow = errors.New("scheduler: no such window")
 
 // Fill ticks the template's window now, whatever its state: jobs that exist are found,
 // not enqueued again, so a fill of an enqueued window, or two fills (or a fill and a
 // scheduler) at once, produce each job once. The window must have been due: its instant is
-// searched from the template's first recorded window (or a year back) up to now.
+// searched from the template's first recorded window or a year back (whichever is
+// earlier) up to now.
 func (s *Scheduler) Fill(ctx context.Context, template, window string) (TickReport, error) {
 	t := s.template(template)
 	if t == nil {

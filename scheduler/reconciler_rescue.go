@@ -26,6 +26,11 @@ func (r *Reconciler) minMaxLease() time.Duration {
 	return d
 }
 
+// rescueRunning is the rescue of one sweep: it lists running jobs whose attempt started
+// before the shortest longest-lease, in key-ordered pages of BatchSize, keeps those older
+// than their own kind's lease and rescues them (rescuePage) in batches of at most
+// store.MaxRescueBatch, rescuePagesInFlight at once. It returns the first error, once the
+// batches in flight have ended.
 func (r *Reconciler) rescueRunning(ctx context.Context, rep *SweepReport) error {
 	now := r.cfg.Now()
 	limit := r.cfg.File.Reconciler.BatchSize
@@ -96,41 +101,15 @@ func (r *Reconciler) rescueRunning(ctx context.Context, rep *SweepReport) error 
 }
 
 // rescuePage moves the stranded running jobs of one page back to retryable: it claims
-// their leases in one pipelined round trip (lua.Leases.ClaimMany; a job whose lease a
-// worker holds is left alone), rescues every claimed job in one fenced store.JobsRescue
-// statement, then releases the leases in one more round trip (ReleaseMany), whatever the
-// statement did: they only guarded the transition. A claim error stops the sweep after the
-// claimed jobs are rescued and released.
+// their leases in one pipelined round trip (claimStranded; a job whose lease a worker
+// holds is left alone), rescues every claimed job in one fenced store.JobsRescue
+// statement, then releases the leases in one more round trip (releaseClaimed), whatever
+// the statement did: they only guarded the transition. Last it enqueues the rescued jobs.
+// A claim error stops the sweep after the claimed jobs are rescued and released.
 func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, rep *SweepReport, mu *sync.Mutex) error {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	reqs := make([]lua.ClaimRequest, len(jobs))
-	for i, job := range jobs {
-		// A nonce per claim: two reconcilers configured with the same ID must not
-		// re-claim each other's lease as its owner.
-		reqs[i] = lua.ClaimRequest{Key: job.Key, Owner: "reconciler/" + r.cfg.ID + "/" + nonce(),
-			TTL: r.cfg.RescueLease, Floor: job.Fence}
-	}
-	leases, claimErrs := r.leases.ClaimMany(pctx, reqs)
-	var (
-		held     []claimed
-		claimErr error
-	)
-	mu.Lock()
-	rep.RedisTrips++
-	for i, err := range claimErrs {
-		switch {
-		case errors.Is(err, lua.ErrLeaseHeld):
-			rep.Actions[ActionLeaseHeld]++
-		case err != nil:
-			if claimErr == nil {
-				claimErr = fmt.Errorf("scheduler: reconciler claim %q: %w", jobs[i].Key, err)
-			}
-		default:
-			held = append(held, claimed{jobs[i], leases[i]})
-		}
-	}
-	mu.Unlock()
+	held, claimErr := r.claimStranded(pctx, jobs, rep, mu)
 	if len(held) == 0 {
 		return claimErr
 	}
@@ -144,19 +123,7 @@ func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, re
 	rep.Statements++
 	mu.Unlock()
 
-	// Released whatever happened, on a context the sweep's cancellation does not end. The
-	// token counters stay: the rescued jobs run again.
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
-	defer rcancel()
-	toRelease := make([]lua.Lease, len(held))
-	for i, c := range held {
-		toRelease[i] = c.lease
-	}
-	for i, rerr := range r.leases.ReleaseMany(rctx, toRelease) {
-		if rerr != nil && !errors.Is(rerr, lua.ErrLeaseLost) && !errors.Is(rerr, lua.ErrNotOwner) {
-			r.cfg.Logger.WarnContext(ctx, "reconciler lease release failed", "job", held[i].job.Key, "err", rerr)
-		}
-	}
+	r.releaseClaimed(ctx, held)
 	mu.Lock()
 	rep.RedisTrips++
 	if err != nil {
@@ -194,6 +161,60 @@ func (r *Reconciler) rescuePage(ctx context.Context, jobs []store.RunningJob, re
 		return claimErr
 	}
 	return firstErr
+}
+
+// claimStranded claims the leases of jobs in one pipelined round trip
+// (lua.Leases.ClaimMany), each above its job's fence, and returns the jobs it holds. A
+// job whose lease a worker holds is counted (ActionLeaseHeld) and left alone; the first
+// other claim error is returned with the jobs claimed before and after it. It counts in
+// rep under mu.
+func (r *Reconciler) claimStranded(ctx context.Context, jobs []store.RunningJob, rep *SweepReport, mu *sync.Mutex) ([]claimed, error) {
+	reqs := make([]lua.ClaimRequest, len(jobs))
+	for i, job := range jobs {
+		// A nonce per claim: two reconcilers configured with the same ID must not
+		// re-claim each other's lease as its owner.
+		reqs[i] = lua.ClaimRequest{Key: job.Key, Owner: "reconciler/" + r.cfg.ID + "/" + nonce(),
+			TTL: r.cfg.RescueLease, Floor: job.Fence}
+	}
+	leases, claimErrs := r.leases.ClaimMany(ctx, reqs)
+	var (
+		held     []claimed
+		claimErr error
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	rep.RedisTrips++
+	for i, err := range claimErrs {
+		switch {
+		case errors.Is(err, lua.ErrLeaseHeld):
+			rep.Actions[ActionLeaseHeld]++
+		case err != nil:
+			if claimErr == nil {
+				claimErr = fmt.Errorf("scheduler: reconciler claim %q: %w", jobs[i].Key, err)
+			}
+		default:
+			held = append(held, claimed{jobs[i], leases[i]})
+		}
+	}
+	return held, claimErr
+}
+
+// releaseClaimed releases the leases of held in one pipelined round trip
+// (lua.Leases.ReleaseMany), on a context the sweep's cancellation does not end; a failure
+// is logged (a lease already lost or taken over is not one). The token counters stay: the
+// rescued jobs run again.
+func (r *Reconciler) releaseClaimed(ctx context.Context, held []claimed) {
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
+	defer rcancel()
+	toRelease := make([]lua.Lease, len(held))
+	for i, c := range held {
+		toRelease[i] = c.lease
+	}
+	for i, rerr := range r.leases.ReleaseMany(rctx, toRelease) {
+		if rerr != nil && !errors.Is(rerr, lua.ErrLeaseLost) && !errors.Is(rerr, lua.ErrNotOwner) {
+			r.cfg.Logger.WarnContext(ctx, "reconciler lease release failed", "job", held[i].job.Key, "err", rerr)
+		}
+	}
 }
 
 // claimed is a stranded job whose lease the reconciler holds.

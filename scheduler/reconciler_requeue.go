@@ -194,7 +194,8 @@ func (r *Reconciler) queueOf(kind, recorded string) string {
 }
 
 // requeuePage checks the asynq task of every job of the page in one pipelined round trip
-// and enqueues again those without a live task, one EnqueueMany per queue.
+// and enqueues again those whose task is missing or archived, by queue (enqueueSpecs:
+// EnqueueMany on chunks, Concurrency at once).
 func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *SweepReport) error {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()

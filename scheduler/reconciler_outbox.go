@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemscrape/idemscrape/store/inputs"
+	"github.com/idemscrape/idemscrape/store/outbox"
 )
 
-// The reconciler's outbox and saved-input upkeep: outbox lag reported, sent outbox rows
-// and old inbox rows pruned, saved inputs pruned.
+// The reconciler's outbox upkeep: outbox lag reported, sent outbox rows and old inbox rows
+// pruned. (The reconciler does not relay the outbox: a dispatcher does.)
 
 // OutboxMaintainer reports outbox lag and prunes old outbox and inbox rows (Maintainer).
 type OutboxMaintainer interface {
@@ -21,14 +21,13 @@ type OutboxMaintainer interface {
 	PruneInbox(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
 }
 
-// InputsPruner deletes saved inputs older than a retention, one bounded batch per call
-// (*inputs.Store).
-type InputsPruner interface {
-	Prune(ctx context.Context, p inputs.PruneParams) (inputs.PruneResult, error)
-}
+// outbox.Maintainer (store/outbox's Lag, PruneSent and InboxPrune on one pool) is the
+// OutboxMaintainer on PostgreSQL.
+var _ OutboxMaintainer = (*outbox.Maintainer)(nil)
 
-var _ InputsPruner = (*inputs.Store)(nil)
-
+// outbox reports the unsent outbox rows older than OutboxLagThreshold (SweepReport,
+// metrics, a warning) and deletes, in bounded batches (pruneBatches), sent outbox rows
+// older than OutboxRetention and inbox rows older than InboxRetention.
 func (r *Reconciler) outbox(ctx context.Context, rep *SweepReport) error {
 	rc := r.cfg.File.Reconciler
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
@@ -59,28 +58,6 @@ func (r *Reconciler) outbox(ctx context.Context, rep *SweepReport) error {
 	} {
 		if err := r.pruneBatches(ctx, rep, p.action, p.prune, p.age); err != nil {
 			return err
-		}
-	}
-	return nil
-}
-
-// pruneInputs deletes saved inputs and unreferenced bodies older than the retention, in
-// batches of PruneBatch, at most DefaultMaxPruneBatches calls per sweep (the next sweep goes
-// on).
-func (r *Reconciler) pruneInputs(ctx context.Context, rep *SweepReport) error {
-	rc := r.cfg.File.Reconciler
-	for range DefaultMaxPruneBatches {
-		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-		res, err := r.cfg.Inputs.Prune(qctx, inputs.PruneParams{Retention: rc.SavedInputRetention, Limit: rc.PruneBatch})
-		cancel()
-		rep.Statements += 2
-		rep.Actions[ActionSavedInputsPruned] += res.Inputs
-		rep.Actions[ActionInputBlobsPruned] += res.Blobs
-		if err != nil {
-			return fmt.Errorf("scheduler: reconciler prune saved inputs: %w", err)
-		}
-		if res.Done(rc.PruneBatch) {
-			return nil
 		}
 	}
 	return nil
