@@ -57,7 +57,7 @@ func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParam
 	start.Key, start.Token, start.Owner = p.Key, 0, p.Owner
 	sctx, span := startSpan(ctx, "start")
 	att, err := st.JobStart(sctx, start)
-	if err == nil {
+	if err == nil && span.IsRecording() {
 		span.SetAttributes(attribute.Int64("idemscrape.fence", att.Fence), attribute.Int("idemscrape.attempt", att.AttemptNo))
 	}
 	endSpan(span, err)

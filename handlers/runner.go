@@ -15,7 +15,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
@@ -114,8 +113,10 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	}
 	log = jobLogger(log, slog.Int("attempt", acq.Attempt.AttemptNo), slog.Int64("token", acq.Lease.Token),
 		slog.String("endpoint", slot.prov.Gateway()))
-	trace.SpanFromContext(ctx).SetAttributes(attribute.Int("idemscrape.attempt", acq.Attempt.AttemptNo),
-		attribute.Int64("idemscrape.fence", acq.Lease.Token), attribute.String("idemscrape.provider", slot.prov.Name()))
+	if span := attemptSpan(ctx); span != nil {
+		span.SetAttributes(attribute.Int("idemscrape.attempt", acq.Attempt.AttemptNo),
+			attribute.Int64("idemscrape.fence", acq.Lease.Token), attribute.String("idemscrape.provider", slot.prov.Name()))
+	}
 
 	// 2. Keep the lease while we work.
 	keeper, err := r.leases.Keep(ctx, acq.Lease, r.cfg.KeepOptions)
@@ -161,9 +162,11 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 		}
 	}
 	rspan.End()
-	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("idemscrape.bytes", w.unit.Bytes),
-		attribute.Int64("idemscrape.cost_micros", w.cost.Micros), attribute.String("idemscrape.session", w.session()),
-		attribute.Int("idemscrape.session_restarts", w.unit.Restarts))
+	if span := attemptSpan(ctx); span != nil {
+		span.SetAttributes(attribute.Int64("idemscrape.bytes", w.unit.Bytes),
+			attribute.Int64("idemscrape.cost_micros", w.cost.Micros), attribute.String("idemscrape.session", w.session()),
+			attribute.Int("idemscrape.session_restarts", w.unit.Restarts))
+	}
 	if w.unit.Resent > 0 {
 		r.metrics.resent.WithLabelValues(k.name).Add(float64(w.unit.Resent))
 	}
@@ -179,7 +182,9 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 
 	switch {
 	case committed:
-		trace.SpanFromContext(ctx).SetAttributes(attribute.String("idemscrape.outcome", "complete"))
+		if span := attemptSpan(ctx); span != nil {
+			span.SetAttributes(attribute.String("idemscrape.outcome", "complete"))
+		}
 		if w.obs.Schema != nil {
 			r.recordSchema(ctx, k, job.Spec.ParserVersion, *w.obs.Schema, log)
 		}
@@ -564,12 +569,15 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		return w
 	}
 	var perr *sessions.FetchError
-	pctx, pspan := startSpan(ctx, "parse", attribute.Int("idemscrape.parser_version", job.Spec.ParserVersion))
+	pctx, pspan := startSpan(ctx, "parse")
 	w.obs, perr = r.runParser(pctx, k, parser, job, w.unit.Staged)
-	if perr != nil {
-		endSpan(pspan, perr)
-	} else {
-		pspan.End()
+	if pspan.IsRecording() {
+		pspan.SetAttributes(attribute.Int("idemscrape.parser_version", job.Spec.ParserVersion))
+		if perr != nil {
+			endSpan(pspan, perr)
+		} else {
+			pspan.End()
+		}
 	}
 	if perr != nil {
 		w.err = perr
@@ -835,8 +843,10 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 		return &retryError{delay: delay, counted: true, err: fmt.Errorf("record failed attempt: %w (after %w)", err, fe)}
 	}
 	r.metrics.attempts.WithLabelValues(k.name, outcome, string(d.Category)).Inc()
-	trace.SpanFromContext(ctx).SetAttributes(attribute.String("idemscrape.outcome", outcome),
-		attribute.String("idemscrape.category", string(d.Category)), attribute.Bool("idemscrape.retry", d.Retry))
+	if span := attemptSpan(ctx); span != nil {
+		span.SetAttributes(attribute.String("idemscrape.outcome", outcome),
+			attribute.String("idemscrape.category", string(d.Category)), attribute.Bool("idemscrape.retry", d.Retry))
+	}
 	log.WarnContext(ctx, "attempt failed", "category", string(d.Category), "retry", d.Retry,
 		"delay", d.Delay, "session", w.session(), "err", errText)
 	if !d.Retry {

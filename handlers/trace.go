@@ -21,25 +21,34 @@ import (
 // query or a staged value. With OpenTelemetry's default (no-op) provider every span is a
 // no-op: tracing is free until a program installs a provider.
 
-// startAttemptSpan starts the delivery's span.
+// startAttemptSpan starts the delivery's span. Its attributes are built only when the span
+// records: off, a delivery pays one no-op Start and no allocation of attributes.
 func (r *Registry) startAttemptSpan(ctx context.Context, k *kind, job tasks.Payload) (context.Context, trace.Span) {
 	ctx = tasks.WithTraceParent(ctx, job.TraceParent)
-	attrs := []attribute.KeyValue{
-		attribute.String("idemscrape.job.key", job.Key),
-		attribute.String("idemscrape.kind", k.name),
-		attribute.String("idemscrape.country", job.Spec.Country),
-		attribute.String("idemscrape.worker", r.cfg.WorkerID),
+	ctx, span := r.tracer.Start(ctx, "idemscrape.attempt", consumerSpan)
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.String("idemscrape.job.key", job.Key),
+			attribute.String("idemscrape.kind", k.name),
+			attribute.String("idemscrape.country", job.Spec.Country),
+			attribute.String("idemscrape.worker", r.cfg.WorkerID),
+		)
+		if n, ok := asynq.GetRetryCount(ctx); ok {
+			span.SetAttributes(attribute.Int("messaging.delivery.retry_count", n))
+		}
 	}
-	if n, ok := asynq.GetRetryCount(ctx); ok {
-		attrs = append(attrs, attribute.Int("messaging.delivery.retry_count", n))
-	}
-	return r.tracer.Start(ctx, "idemscrape.attempt", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return ctx, span
 }
+
+var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // endAttemptSpan records how the delivery ended. A failure (retried or final) is the
 // span's error; a delivery handed back without an attempt (lease busy, incident, window
 // deferred) is not.
 func endAttemptSpan(span trace.Span, err error) {
+	if !span.IsRecording() {
+		return
+	}
 	var re *retryError
 	switch {
 	case err == nil:
@@ -51,19 +60,31 @@ func endAttemptSpan(span trace.Span, err error) {
 	span.End()
 }
 
-// tracerOf is the tracer of ctx's span's provider: the attempt's, so that children need no
-// configuration of their own.
-func tracerOf(ctx context.Context) trace.Tracer {
-	return trace.SpanFromContext(ctx).TracerProvider().Tracer(tasks.TracerName)
+// startSpan starts a child of ctx's span when that span records. Otherwise (tracing off)
+// it returns ctx and its span as they are: nothing is allocated, and End, SetAttributes
+// and SetStatus on the returned span do nothing. Callers build attributes only when the
+// span records.
+func startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return ctx, parent
+	}
+	return parent.TracerProvider().Tracer(tasks.TracerName).Start(ctx, name)
 }
 
-// startSpan starts a child of ctx's span.
-func startSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	return tracerOf(ctx).Start(ctx, name, trace.WithAttributes(attrs...))
+// attemptSpan is the delivery's span when it records, nil otherwise.
+func attemptSpan(ctx context.Context) trace.Span {
+	if s := trace.SpanFromContext(ctx); s.IsRecording() {
+		return s
+	}
+	return nil
 }
 
 // endSpan ends span, with err as its error when not nil.
 func endSpan(span trace.Span, err error) {
+	if !span.IsRecording() {
+		return
+	}
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}

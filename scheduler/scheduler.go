@@ -96,7 +96,10 @@ func (c *Config) Validate() error {
 		c.Windows = w
 	}
 	if c.RetryMin == 0 {
-		c.RetryMin = min(DefaultRetryMin, max(c.RetryMax, time.Millisecond))
+		c.RetryMin = DefaultRetryMin
+		if c.RetryMax > 0 {
+			c.RetryMin = min(DefaultRetryMin, c.RetryMax) // a RetryMax below the default bounds it
+		}
 	}
 	if c.RetryMax == 0 {
 		c.RetryMax = max(DefaultRetryMax, c.RetryMin)

@@ -227,3 +227,23 @@ kinds:
 		assert.True(t, b.ns.AsynqTaskExists(t, key), fmt.Sprintf("task %s", key))
 	})
 }
+
+// TestRetryBoundsDefaults: unset, the backoff between tries of a failed tick is bounded
+// by DefaultRetryMin and DefaultRetryMax (it once became 1 ms with neither set, as
+// cmd/scheduler runs); a RetryMax below the default minimum bounds the minimum too.
+func TestRetryBoundsDefaults(t *testing.T) {
+	b := setup(t)
+	f := b.file(t, "templates: []")
+	for _, c := range []struct{ min, max, wantMin, wantMax time.Duration }{
+		{0, 0, scheduler.DefaultRetryMin, scheduler.DefaultRetryMax},
+		{0, 200 * time.Millisecond, 200 * time.Millisecond, 200 * time.Millisecond},
+		{0, 5 * time.Minute, scheduler.DefaultRetryMin, 5 * time.Minute},
+		{3 * time.Minute, 0, 3 * time.Minute, 3 * time.Minute},
+		{10 * time.Millisecond, 50 * time.Millisecond, 10 * time.Millisecond, 50 * time.Millisecond},
+	} {
+		cfg := scheduler.Config{File: f, Client: b.client, Redis: b.ns.Client, Store: b.st, RetryMin: c.min, RetryMax: c.max}
+		require.NoError(t, cfg.Validate())
+		assert.Equal(t, c.wantMin, cfg.RetryMin, "RetryMin %v RetryMax %v", c.min, c.max)
+		assert.Equal(t, c.wantMax, cfg.RetryMax, "RetryMin %v RetryMax %v", c.min, c.max)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"go.opentelemetry.io/otel/attribute"
 	"io"
 	"net"
 	"net/http"
@@ -192,23 +191,9 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 // A GET or HEAD answered 429 or 503 with a short Retry-After (CollectorConfig.ThrottleWaitMax)
 // is sent again on the same session once it has passed (ThrottleRetries times at most).
 func (b *Bound) Fetch(method, rawURL string, body io.Reader, hdr http.Header) (resp *colly.Response, err error) {
-	_, span := startSpan(b.spanContext(), "fetch", attribute.String("http.request.method", method),
-		attribute.String("url.full", spanURL(rawURL)), attribute.String("idemscrape.session", b.Session.ID))
-	before, resentBefore := b.bytes.Load(), b.resent.Load()
-	defer func() {
-		span.SetAttributes(attribute.Int64("idemscrape.bytes", b.bytes.Load()-before))
-		if n := b.resent.Load() - resentBefore; n > 0 {
-			span.SetAttributes(attribute.Int64("idemscrape.resent", n))
-		}
-		if resp != nil {
-			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
-		}
-		var fe *FetchError
-		if err != nil && !errors.As(err, &fe) {
-			fe = &FetchError{Category: tasks.CategoryInternal, Err: err}
-		}
-		endSpan(span, fe)
-	}()
+	if _, span := startSpan(b.spanContext(), "fetch"); span.IsRecording() {
+		defer b.endFetchSpan(span, method, rawURL, b.bytes.Load(), b.resent.Load(), &resp, &err)
+	}
 	for try := 0; ; try++ {
 		resp, err := b.fetchOnce(method, rawURL, body, hdr)
 		var fe *FetchError

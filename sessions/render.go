@@ -125,10 +125,13 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (_ *Rendered, rerr error)
 	}
 	defer release()
 	r := &render{b: b, o: o, pool: pool, page: rawURL, rendered: &Rendered{}, ids: map[network.RequestID]*renderReq{}}
-	_, span := startSpan(b.spanContext(), "render", attribute.String("url.full", spanURL(rawURL)),
-		attribute.String("idemscrape.session", b.Session.ID))
+	_, span := startSpan(b.spanContext(), "render")
 	defer func() {
-		span.SetAttributes(attribute.Int64("idemscrape.bytes", r.bytesTotal()), attribute.Int("idemscrape.render.requests", r.rendered.Requests),
+		if !span.IsRecording() {
+			return
+		}
+		span.SetAttributes(attribute.String("url.full", spanURL(rawURL)), attribute.String("idemscrape.session", b.Session.ID),
+			attribute.Int64("idemscrape.bytes", r.bytesTotal()), attribute.Int("idemscrape.render.requests", r.rendered.Requests),
 			attribute.Int("idemscrape.render.refused", r.rendered.Refused))
 		if r.rendered.Status != 0 {
 			span.SetAttributes(attribute.Int("http.response.status_code", r.rendered.Status))

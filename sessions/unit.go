@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"log/slog"
 	"maps"
@@ -247,11 +248,14 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 			// What earlier sessions of this run moved counts against the same budget.
 			runCfg.budgetSet, runCfg.budget, runCfg.budgetNote = true, cfg.MaxBytes-res.Bytes, cfg.BudgetNote
 		}
-		sctx, span := startSpan(ctx, "session", attribute.String("idemscrape.session", sess.ID), attribute.String("idemscrape.unit", u.Name))
+		sctx, span := startSpan(ctx, "session")
 		bytesBefore := res.Bytes
 		staged, failure, unsafeRan := u.runOnce(sctx, sess, &runCfg, now, &res)
-		span.SetAttributes(attribute.Int64("idemscrape.bytes", res.Bytes-bytesBefore), attribute.String("idemscrape.exit", res.Exit))
-		endSpan(span, failure)
+		if span.IsRecording() {
+			span.SetAttributes(attribute.String("idemscrape.session", sess.ID), attribute.String("idemscrape.unit", u.Name),
+				attribute.Int64("idemscrape.bytes", res.Bytes-bytesBefore), attribute.String("idemscrape.exit", res.Exit))
+			endSpan(span, failure)
+		}
 		if failure == nil {
 			if u.Validate != nil {
 				if err := u.Validate(staged); err != nil {
@@ -331,16 +335,22 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		// An unsafe step counts as run from the moment it starts: a failure inside it may
 		// already have had its effect.
 		unsafeRan = unsafeRan || !step.Safe
-		stepCtx, span := startSpan(ctx, "step "+step.Name, attribute.String("idemscrape.step", step.Name),
-			attribute.String("idemscrape.session", sess.ID), attribute.Bool("idemscrape.step.safe", step.Safe))
+		stepCtx, span := ctx, trace.SpanFromContext(ctx)
+		if span.IsRecording() {
+			stepCtx, span = startSpan(ctx, "step "+step.Name)
+		}
 		bound.stepCtx = stepCtx
 		before := bound.Bytes()
 		err := runStep(stepCtx, step, sc)
-		span.SetAttributes(attribute.Int64("idemscrape.bytes", bound.Bytes()-before)) // statuses are on its fetches
-		if err != nil {
-			endSpan(span, classify(err, bound.served.Load()))
-		} else {
-			span.End()
+		if span.IsRecording() && stepCtx != ctx {
+			span.SetAttributes(attribute.String("idemscrape.step", step.Name), attribute.String("idemscrape.session", sess.ID),
+				attribute.Bool("idemscrape.step.safe", step.Safe),
+				attribute.Int64("idemscrape.bytes", bound.Bytes()-before)) // statuses are on its fetches
+			if err != nil {
+				endSpan(span, classify(err, bound.served.Load()))
+			} else {
+				span.End()
+			}
 		}
 		if err != nil {
 			fe := classify(err, bound.served.Load())

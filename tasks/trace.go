@@ -50,22 +50,33 @@ func tracerOf(tp trace.TracerProvider) trace.Tracer {
 // trace (a scheduler tick's thousands of jobs would otherwise share one), linked to the
 // caller's span; a single enqueue continues the caller's trace.
 func (e *Enqueuer) startEnqueueSpan(ctx context.Context, rec JobRecord, batch bool) (context.Context, trace.Span) {
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
-		attribute.String("idemscrape.job.key", rec.Key),
-		attribute.String("idemscrape.kind", rec.Spec.Kind),
-		attribute.String("messaging.destination.name", rec.Queue),
-	)}
+	var span trace.Span
 	if batch {
-		opts = append(opts, trace.WithNewRoot())
+		opts := []trace.SpanStartOption{producerSpan, trace.WithNewRoot()}
 		if parent := trace.SpanContextFromContext(ctx); parent.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: parent}))
 		}
+		ctx, span = e.tracer.Start(ctx, "idemscrape.enqueue", opts...)
+	} else {
+		ctx, span = e.tracer.Start(ctx, "idemscrape.enqueue", producerSpan)
 	}
-	return e.tracer.Start(ctx, "idemscrape.enqueue", opts...)
+	if span.IsRecording() { // attributes are built only when they are kept
+		span.SetAttributes(
+			attribute.String("idemscrape.job.key", rec.Key),
+			attribute.String("idemscrape.kind", rec.Spec.Kind),
+			attribute.String("messaging.destination.name", rec.Queue),
+		)
+	}
+	return ctx, span
 }
+
+var producerSpan = trace.WithSpanKind(trace.SpanKindProducer)
 
 // endEnqueueSpan records the enqueue's outcome and ends the span.
 func endEnqueueSpan(span trace.Span, res taskResult, err error) {
+	if !span.IsRecording() {
+		return
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
