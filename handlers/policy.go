@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/idemscrape/idemscrape/internal/retry"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/tasks"
 )
@@ -167,11 +168,7 @@ func (c RetryConfig) decide(in failureInput, rnd func() float64) decision {
 
 // backoff is exponential backoff with full jitter: uniform in [0, min(Max, Base·2^(n-1))].
 func backoff(p Policy, attemptNo int, rnd func() float64) time.Duration {
-	ceiling := p.Base
-	for i := 1; i < attemptNo && ceiling < p.Max; i++ {
-		ceiling *= 2 // stops at Max long before overflowing
-	}
-	return time.Duration(rnd() * float64(min(ceiling, p.Max)))
+	return retry.Full(p.Base, p.Max, attemptNo, rnd)
 }
 
 func defaultRand() float64 { return rand.Float64() }

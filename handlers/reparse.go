@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemscrape/idemscrape/internal/retry"
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
@@ -160,8 +161,8 @@ type ReparseConfig struct {
 	// By names who reparses, on the attempts (worker "reparse/<By>") and on the job notes of
 	// failed jobs it re-queues. Defaults to $USER, else "reparse".
 	By string
-	// Concurrency is how many jobs are committed at once. Defaults to
-	// DefaultReparseConcurrency.
+	// Concurrency is how many jobs are parsed at once, and then how many are written
+	// (re-queued, started, committed) at once. Defaults to DefaultReparseConcurrency.
 	Concurrency int
 	// BatchSize is how many saved inputs one read fetches. Defaults to DefaultReparseBatch.
 	BatchSize int
@@ -581,7 +582,7 @@ func (rp *reparser) commitBatch(ctx context.Context, items []*reparseItem) {
 		}
 		claim = append(claim, it)
 	}
-	owner := "reparse/" + rp.cfg.By + "/" + nonce()
+	owner := "reparse/" + rp.cfg.By + "/" + retry.Nonce(6)
 	reqs := make([]lua.ClaimRequest, len(claim))
 	for i, it := range claim {
 		reqs[i] = lua.ClaimRequest{Key: it.o.key, Owner: owner, TTL: reparseLease, Floor: states[it.o.key].Fence}
@@ -687,10 +688,15 @@ func (rp *reparser) commitBatch(ctx context.Context, items []*reparseItem) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var links []inputs.LinkParams
+	// Concurrency bounds the jobs being written at once, as it bounds the parses: a batch
+	// of 500 must not put 500 starts and commits on the database (and the group committer's
+	// queue) at the same time under leases nobody renews.
+	slots := make(chan struct{}, rp.cfg.Concurrency)
 	for _, j := range run {
 		wg.Add(1)
+		slots <- struct{}{}
 		go func() {
-			defer wg.Done()
+			defer func() { <-slots; wg.Done() }()
 			if rp.finishJob(ctx, &j, owner) {
 				mu.Lock()
 				links = append(links, inputs.LinkParams{Key: j.it.o.key, Fence: j.lease.Token, ParserVersion: j.it.job.Spec.ParserVersion,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -235,4 +236,42 @@ func TestReparseVersionNotRegistered(t *testing.T) {
 	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Version: 2})
 	require.NoError(t, err)
 	assert.Equal(t, len(keys), sum.Committed, sum.String())
+}
+
+// TestReparseCommitsBounded: ReparseConfig.Concurrency bounds the jobs being written at
+// once, not only the parses: with 2, no more than 2 commits are ever in flight, though the
+// batch holds 10 jobs. Each commit waits in the hook until a third one joins it, or 100 ms:
+// an unbounded writer has a third there at once; a bounded one never does (the timer only
+// keeps the bounded run moving; the outcome does not depend on it).
+func TestReparseCommitsBounded(t *testing.T) {
+	ctx := context.Background()
+	_, _, cfg := reparseFixture(t, 10)
+	cfg.Concurrency = 2
+	var mu sync.Mutex
+	inflight, most := 0, 0
+	over := make(chan struct{})
+	var once sync.Once
+	handlers.SetReparseCommitHook(&cfg, func(string) error {
+		mu.Lock()
+		inflight++
+		most = max(most, inflight)
+		if inflight > cfg.Concurrency {
+			once.Do(func() { close(over) })
+		}
+		mu.Unlock()
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-over:
+		case <-t.C:
+		}
+		t.Stop()
+		mu.Lock()
+		inflight--
+		mu.Unlock()
+		return nil
+	})
+	sum, err := handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: inputs.Selection{Kind: shopKind, ParserVersion: 1}})
+	require.NoError(t, err)
+	assert.Equal(t, 10, sum.Committed, sum.String())
+	assert.LessOrEqual(t, most, 2, "commits in flight at once")
 }

@@ -892,12 +892,6 @@ func fingerprint(staged map[string]json.RawMessage) string {
 	return string(hex.AppendEncode(out, sum[:]))
 }
 
-func nonce() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // owner is a lease owner of this worker: WorkerID/nonce, built in one allocation.
 func (r *Registry) owner() string {
 	var n [6]byte

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/idemscrape/idemscrape/internal/retry"
 )
 
 // Keeper defaults.
@@ -151,7 +152,7 @@ func (k *Keeper) run(l *Leases, lease Lease, o KeepOptions) {
 	// that is the claim's send time (work between the claim and Keep counts).
 	now := o.Clock.Now
 	deadline := now().Add(lease.TTL)
-	next := jittered(o.Interval, o.Jitter)
+	next := retry.Jitter(o.Interval, o.Jitter)
 	if !lease.Claimed.IsZero() {
 		deadline = lease.Claimed.Add(lease.TTL)
 		// The schedule counts from the claim too: a slow start must not push the first
@@ -182,7 +183,7 @@ func (k *Keeper) run(l *Leases, lease Lease, o KeepOptions) {
 		switch {
 		case err == nil:
 			deadline = sent.Add(lease.TTL)
-			next = jittered(o.Interval, o.Jitter)
+			next = retry.Jitter(o.Interval, o.Jitter)
 		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrNotOwner):
 			k.cancel(err)
 			return
@@ -196,12 +197,4 @@ func (k *Keeper) run(l *Leases, lease Lease, o KeepOptions) {
 		}
 		timer.Reset(next)
 	}
-}
-
-func jittered(d time.Duration, jitter float64) time.Duration {
-	if jitter == 0 {
-		return d
-	}
-	f := 1 + jitter*(2*rand.Float64()-1)
-	return time.Duration(float64(d) * f)
 }

@@ -2,12 +2,9 @@ package scheduler
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -17,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemscrape/idemscrape/internal/retry"
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
@@ -303,7 +301,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 					return
 				}
 			}
-			if !sleepCtx(ctx, jitter(r.cfg.File.Reconciler.Interval)) {
+			if !retry.Sleep(ctx, retry.Jitter(r.cfg.File.Reconciler.Interval, 0.1)) {
 				return
 			}
 		}
@@ -405,28 +403,4 @@ func nonZero(m map[string]int64) map[string]int64 {
 		}
 	}
 	return out
-}
-
-// nonce returns 8 random hex digits.
-func nonce() string {
-	var b [4]byte
-	_, _ = crand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// jitter returns d ± 10 %.
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
-}
-
-// sleepCtx sleeps for d; false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemscrape/idemscrape/internal/retry"
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -173,7 +174,7 @@ func (r *Reconciler) claimStranded(ctx context.Context, jobs []store.RunningJob,
 	for i, job := range jobs {
 		// A nonce per claim: two reconcilers configured with the same ID must not
 		// re-claim each other's lease as its owner.
-		reqs[i] = lua.ClaimRequest{Key: job.Key, Owner: "reconciler/" + r.cfg.ID + "/" + nonce(),
+		reqs[i] = lua.ClaimRequest{Key: job.Key, Owner: "reconciler/" + r.cfg.ID + "/" + retry.Nonce(4),
 			TTL: r.cfg.RescueLease, Floor: job.Fence}
 	}
 	leases, claimErrs := r.leases.ClaimMany(ctx, reqs)

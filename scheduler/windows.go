@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
+	"github.com/idemscrape/idemscrape/internal/retry"
 	"github.com/idemscrape/idemscrape/store"
 )
 
@@ -80,12 +80,7 @@ func (s *Scheduler) deadline(t *Template, at time.Time) time.Time {
 // backoff is the wait before try+1: doubling from RetryMin, at most RetryMax, full
 // jitter over its upper half (never less than half, so retries do not bunch up at zero).
 func (s *Scheduler) backoff(try int) time.Duration {
-	d := s.cfg.RetryMin
-	for i := 1; i < try && d < s.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	d = min(d, s.cfg.RetryMax)
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	return retry.Equal(s.cfg.RetryMin, s.cfg.RetryMax, try)
 }
 
 // Gap is a due window that was never enqueued and is no longer being retried.

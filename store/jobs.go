@@ -388,20 +388,7 @@ func (s *PG) refusal(ctx context.Context, op, key string, token int64, found boo
 	case errors.Is(err, pgx.ErrNoRows):
 		found, state, fence = false, "", 0
 	}
-	te := &TransitionError{Op: op, Key: key, State: tasks.JobState(state), Fence: fence, Token: token}
-	switch {
-	case !found:
-		te.Err = ErrJobNotFound
-	case te.State == tasks.StateComplete:
-		te.Err = ErrJobComplete
-	case te.State == tasks.StateFailed:
-		te.Err = ErrJobFailed
-	case stale(te.State, fence):
-		te.Err = ErrStaleFence
-	default:
-		te.Err = ErrInvalidTransition
-	}
-	return te
+	return classifyRefusal(op, key, token, found, state, fence, stale)
 }
 
 // startStale: a start is refused for its token when the fence is not below it.

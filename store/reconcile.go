@@ -374,8 +374,8 @@ LEFT JOIN lk ON lk.key = i.key`, keys, expect, tokens, msgs, CategoryLeaseExpire
 	return errs, nil
 }
 
-// classifyRefusal is the refusal classifier of PG.refusal on a row already read under its
-// lock (no second read): which sentinel a refused transition wraps.
+// classifyRefusal tells which sentinel a refused transition wraps, from the row as read
+// (under its lock by the rescue; again, after the statement, by PG.refusal).
 func classifyRefusal(op, key string, token int64, found bool, state string, fence int64,
 	stale func(state tasks.JobState, fence int64) bool) *TransitionError {
 	te := &TransitionError{Op: op, Key: key, State: tasks.JobState(state), Fence: fence, Token: token}

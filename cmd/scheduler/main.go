@@ -31,13 +31,12 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/idemscrape/idemscrape/internal/boot"
 	"github.com/idemscrape/idemscrape/internal/envflag"
-	"github.com/idemscrape/idemscrape/internal/telemetry"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/outbox"
@@ -118,9 +117,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, c, file, log); err != nil {
-		var bad badSetting
+		var bad *boot.SettingError
 		if errors.As(err, &bad) {
-			log.Error("bad setting", "err", bad.err)
+			log.Error("bad setting", "err", bad.Err)
 			os.Exit(2)
 		}
 		log.Error("scheduler failed", "err", err)
@@ -129,43 +128,19 @@ func main() {
 	log.Info("scheduler stopped")
 }
 
-// badSetting is an error of the environment's settings found once the flags parsed (the
-// PostgreSQL URL and password): exit status 2, like a bad flag.
-type badSetting struct{ err error }
-
-func (b badSetting) Error() string { return b.err.Error() }
-func (b badSetting) Unwrap() error { return b.err }
-
 func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) error {
 	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
-	flushTraces, tracing, err := telemetry.Setup(ctx, "idemscrape-scheduler")
-	if err != nil {
-		return badSetting{err}
-	}
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = flushTraces(fctx) // spans not exported by then are lost: shutdown is not held up
-	}()
-	log.Info("tracing", "on", tracing)
-	pcfg, err := envflag.PGConfig(c.pg, "-pg ($IDEMSCRAPE_PG)", "IDEMSCRAPE_")
-	if err != nil {
-		return badSetting{err}
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	defer pool.Close()
-	mctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	applied, err := store.Migrate(mctx, pool, nil)
-	cancel()
+	flushTraces, tracing, err := boot.Tracing(ctx, "idemscrape-scheduler")
 	if err != nil {
 		return err
 	}
-	if len(applied) > 0 {
-		log.Info("applied migrations", "versions", applied)
+	defer flushTraces()
+	log.Info("tracing", "on", tracing)
+	pool, err := boot.OpenPG(ctx, c.pg, log)
+	if err != nil {
+		return err
 	}
+	defer pool.Close()
 	rdb := c.redisCfg.NewClient()
 	defer rdb.Close()
 	connOpt := c.redisCfg.AsynqConnOpt()

@@ -62,12 +62,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/internal/boot"
 	"github.com/idemscrape/idemscrape/internal/envflag"
-	"github.com/idemscrape/idemscrape/internal/telemetry"
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
@@ -351,9 +349,9 @@ func main() {
 		stop()
 	}()
 	if err := run(ctx, c, log); err != nil {
-		var bad badSetting
+		var bad *boot.SettingError
 		if errors.As(err, &bad) {
-			log.Error("bad setting", "err", bad.err)
+			log.Error("bad setting", "err", bad.Err)
 			os.Exit(2)
 		}
 		log.Error("worker failed", "err", err)
@@ -361,70 +359,45 @@ func main() {
 	}
 }
 
-// badSetting is an error of the environment's settings found once the flags parsed (the
-// proxy account, secrets, the PostgreSQL URL, chaos settings): exit status 2, like a bad
-// flag.
-type badSetting struct{ err error }
-
-func (b badSetting) Error() string { return b.err.Error() }
-func (b badSetting) Unwrap() error { return b.err }
-
 func run(ctx context.Context, c config, log *slog.Logger) error {
 	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
-	flushTraces, tracing, err := telemetry.Setup(ctx, "idemscrape-worker")
+	flushTraces, tracing, err := boot.Tracing(ctx, "idemscrape-worker")
 	if err != nil {
-		return badSetting{err}
+		return err
 	}
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = flushTraces(fctx) // spans not exported by then are lost: shutdown is not held up
-	}()
+	defer flushTraces()
 	providers, err := sessions.ProvidersFromEnv()
 	if err != nil {
-		return badSetting{err}
+		return &boot.SettingError{Err: err}
 	}
 	fp, err := parseFailpoints(os.Getenv(EnvFailpoints))
 	if err != nil {
-		return badSetting{err}
+		return &boot.SettingError{Err: err}
 	}
 	policies, err := retryPolicies(os.Getenv(EnvChaosRetryScale))
 	if err != nil {
-		return badSetting{err}
+		return &boot.SettingError{Err: err}
 	}
 	kindOpts, err := c.kindOptions(providers, policies)
 	if err != nil {
-		return badSetting{err}
+		return &boot.SettingError{Err: err}
 	}
 	if len(fp) > 0 || policies != nil {
 		log.Warn("chaos settings on: for chaos runs only", "failpoints", os.Getenv(EnvFailpoints), "retry_scale", os.Getenv(EnvChaosRetryScale))
 	}
 	auth, err := service.BasicAuthFromEnv()
 	if err != nil {
-		return badSetting{err}
+		return &boot.SettingError{Err: err}
 	}
 	if err := service.CheckExposure(c.httpAddr, auth, c.httpInsecure); err != nil {
-		return badSetting{err}
+		return &boot.SettingError{Err: err}
 	}
 
-	pcfg, err := envflag.PGConfig(c.pg, "-pg ($IDEMSCRAPE_PG)", "IDEMSCRAPE_")
-	if err != nil {
-		return badSetting{err}
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	defer pool.Close()
-	mctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	applied, err := store.Migrate(mctx, pool, nil)
-	cancel()
+	pool, err := boot.OpenPG(ctx, c.pg, log)
 	if err != nil {
 		return err
 	}
-	if len(applied) > 0 {
-		log.Info("applied migrations", "versions", applied)
-	}
+	defer pool.Close()
 	rdb := c.redisCfg.NewClient()
 	defer rdb.Close()
 
@@ -454,7 +427,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	defer reg.Close()
 	kinds := []string{catalog.Kind}
 	if err := reg.Register(catalog.Kind, fp.workflow(catalog.Workflow(c.catalogBase)), catalog.Parse, kindOpts...); err != nil {
-		return badSetting{err}
+		return &boot.SettingError{Err: err}
 	}
 
 	queues, _ := parseQueues(c.queues)

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/internal/retry"
 )
 
 // Consumer defaults.
@@ -292,7 +294,7 @@ func (c *Consumer) run(ctx context.Context, process processFunc) error {
 		}
 		failures++
 		c.log.ErrorContext(ctx, "outbox: create consumer group failed", "failures", failures, "err", err)
-		if !sleepCtx(ctx, backoff(failures, c.cfg.RetryBackoff, c.cfg.RetryBackoffMax)) {
+		if !retry.Sleep(ctx, retry.Equal(c.cfg.RetryBackoff, c.cfg.RetryBackoffMax, failures)) {
 			return nil
 		}
 	}
@@ -338,9 +340,9 @@ func (c *Consumer) run(ctx context.Context, process processFunc) error {
 					continue
 				}
 			}
-			wait := backoff(failures, c.cfg.RetryBackoff, c.cfg.RetryBackoffMax)
+			wait := retry.Equal(c.cfg.RetryBackoff, c.cfg.RetryBackoffMax, failures)
 			c.log.ErrorContext(ctx, "outbox: XREADGROUP failed", "failures", failures, "retry_in", wait, "err", err)
-			sleepCtx(ctx, wait)
+			retry.Sleep(ctx, wait)
 			continue
 		}
 		failures = 0

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/internal/retry"
 )
 
 // Dispatcher defaults.
@@ -541,7 +543,7 @@ func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow, caps []strin
 			return published, nil, fmt.Errorf("outbox: dispatch: publish %d of %d rows failed after %d attempts: %w",
 				len(failed), len(rows), attempt, err)
 		}
-		if !sleepCtx(ctx, backoff(attempt, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)) {
+		if !retry.Sleep(ctx, retry.Equal(d.cfg.RetryBackoff, d.cfg.RetryBackoffMax, attempt)) {
 			return published, nil, fmt.Errorf("outbox: dispatch: publish: %w (last error: %v)", context.Cause(ctx), err)
 		}
 		todo = failed
@@ -751,9 +753,9 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		}
 		if err != nil {
 			failures++
-			wait := backoff(failures, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)
+			wait := retry.Equal(d.cfg.RetryBackoff, d.cfg.RetryBackoffMax, failures)
 			d.log.ErrorContext(ctx, "outbox: dispatch batch failed", "failures", failures, "retry_in", wait, "err", err)
-			if !sleepCtx(ctx, wait) {
+			if !retry.Sleep(ctx, wait) {
 				return
 			}
 			continue
@@ -775,7 +777,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		t := time.NewTimer(jittered(d.cfg.PollInterval, DefaultPollJitter))
+		t := time.NewTimer(retry.Jitter(d.cfg.PollInterval, DefaultPollJitter))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -835,9 +837,9 @@ func (d *Dispatcher) listen(ctx context.Context, conn *pgx.Conn) {
 					return
 				}
 				failures++
-				wait := backoff(failures, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)
+				wait := retry.Equal(d.cfg.RetryBackoff, d.cfg.RetryBackoffMax, failures)
 				d.log.WarnContext(ctx, "outbox: LISTEN reconnect failed", "failures", failures, "retry_in", wait, "err", err)
-				if !sleepCtx(ctx, wait) {
+				if !retry.Sleep(ctx, wait) {
 					return
 				}
 				continue

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -141,20 +140,6 @@ func decodeEvent(id string, values map[string]any) (Event, error) {
 	return ev, nil
 }
 
-// backoff returns the delay before retry number attempt (1-based): exponential from base,
-// capped at max, with "equal jitter" (half fixed, half random), so a fleet spreads out but
-// never spins.
-func backoff(attempt int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	half := d / 2
-	return half + time.Duration(rand.Int64N(int64(half)+1))
-}
-
-// jittered varies d by up to ± frac.
 // backoffDefaults fills unset retry backoff settings: the first delay defaults to
 // DefaultRetryBackoff (never above a given max), the max to DefaultRetryBackoffMax (never
 // below the first delay).
@@ -169,25 +154,6 @@ func backoffDefaults(first, maxDelay time.Duration) (time.Duration, time.Duratio
 		maxDelay = max(DefaultRetryBackoffMax, first)
 	}
 	return first, maxDelay
-}
-
-func jittered(d time.Duration, frac float64) time.Duration {
-	return time.Duration(float64(d) * (1 + frac*(2*rand.Float64()-1)))
-}
-
-// sleepCtx waits for d or until ctx is done; it reports whether the full d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func randUint32() uint32 { return rand.Uint32() }

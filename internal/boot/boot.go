@@ -1,0 +1,67 @@
+// Package boot is what the worker and the scheduler binaries do the same way before they
+// start: traces from the OTEL_* environment, and PostgreSQL opened and migrated. One copy,
+// so that the two start (and refuse a bad setting) alike.
+package boot
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/internal/telemetry"
+	"github.com/idemscrape/idemscrape/store"
+)
+
+// SettingError is a bad setting of the environment or the flags (the binaries exit 2, as
+// for a bad flag), as opposed to a service that failed.
+type SettingError struct{ Err error }
+
+func (e *SettingError) Error() string { return e.Err.Error() }
+func (e *SettingError) Unwrap() error { return e.Err }
+
+// MigrateTimeout bounds the migrations at start.
+const MigrateTimeout = 5 * time.Minute
+
+// Tracing installs tracing as the environment asks (internal/telemetry) for service and
+// returns the function that flushes it at exit (within 5 s: spans not exported by then are
+// lost, shutdown is not held up) and whether it is on.
+func Tracing(ctx context.Context, service string) (flush func(), on bool, err error) {
+	shutdown, on, err := telemetry.Setup(ctx, service)
+	if err != nil {
+		return func() {}, false, &SettingError{err}
+	}
+	return func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = shutdown(fctx)
+	}, on, nil
+}
+
+// OpenPG opens the PostgreSQL pool of the -pg flag's value (or $IDEMSCRAPE_PG and the
+// password file variables, envflag.PGConfig) and applies the pending migrations, logging
+// which. The caller closes the pool.
+func OpenPG(ctx context.Context, value string, log *slog.Logger) (*pgxpool.Pool, error) {
+	pcfg, err := envflag.PGConfig(value, "-pg ($IDEMSCRAPE_PG)", "IDEMSCRAPE_")
+	if err != nil {
+		return nil, &SettingError{err}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	mctx, cancel := context.WithTimeout(ctx, MigrateTimeout)
+	applied, err := store.Migrate(mctx, pool, nil)
+	cancel()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if len(applied) > 0 {
+		log.Info("applied migrations", "versions", applied)
+	}
+	return pool, nil
+}
