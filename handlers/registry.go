@@ -102,8 +102,9 @@ type Config struct {
 	Store *store.PG
 	// Committer runs the fenced commits. Defaults to a store.GroupCommitter owned by the
 	// registry (closed by Close), which batches concurrent handlers' commits — and their
-	// attempt starts — into one statement per 2 ms window; it measured 1.47× the
-	// throughput of one statement per job. Set NoGroupCommit for one statement per job.
+	// attempt starts — into one statement per kind: whatever queued while the previous
+	// statement ran (it never waits for company). Set NoGroupCommit for one statement per
+	// job.
 	Committer Committer
 	// NoGroupCommit makes the default Committer Store itself. Defaults to false.
 	NoGroupCommit bool
