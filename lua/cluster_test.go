@@ -44,6 +44,9 @@ func newScriptCalls(t *testing.T) *scriptCalls {
 		require.NoError(t, err)
 		sum := sha1.Sum(b)
 		sc.bySHA[hex.EncodeToString(sum[:])] = f
+		// A script that uses the stream id functions is sent with them in front.
+		sum = sha1.Sum([]byte(lua.StreamIDFuncs + string(b)))
+		sc.bySHA[hex.EncodeToString(sum[:])] = f
 	}
 	return sc
 }

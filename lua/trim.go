@@ -13,7 +13,7 @@ var (
 	//go:embed trim.lua
 	trimSrc string
 
-	trimScript = redis.NewScript(trimSrc)
+	trimScript = redis.NewScript(StreamIDFuncs + trimSrc)
 )
 
 // TrimStream trims the stream at key stream (an outbox stream, e.g. outbox.StreamKey) with

@@ -10,13 +10,15 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemscrape/idemscrape/lua"
 )
 
 var (
 	//go:embed cap.lua
 	capSrc string
 
-	capScript = redis.NewScript(capSrc)
+	capScript = redis.NewScript(lua.StreamIDFuncs + capSrc)
 )
 
 // defaultCapStep is the most entries one run of cap.lua removes, so that no single call
