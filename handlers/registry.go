@@ -45,9 +45,9 @@ type Observation struct {
 	// parser version (parse.Drift) before committing: a surprising change is a
 	// *parse.DriftError, category validation, and the staging is quarantined. A parser
 	// that fails validation should still return its Schema with the error, so that the
-	// attempt's error names the drift. Committed parses' fingerprints are recorded (in
-	// this registry's memory, the last 32 distinct per version; see
-	// WithRecordedFingerprints).
+	// attempt's error names the drift. A committed parse's fingerprint that widens the
+	// history is kept (the last 32 per version; see WithRecordedFingerprints) and written
+	// to schema_fingerprints, from which every worker of the fleet loads the history.
 	Schema *parse.Fingerprint
 }
 

@@ -33,8 +33,9 @@ func (k Keys) Tag(jobKey string) string {
 	return "{" + jobKey + "}"
 }
 
-// Lease is the lease of a job. // STRING "<token>:<owner>"; PX = lease end (a HASH owner,
-// token before; claim.lua says how both meet during a rolling deploy)
+// Lease is the lease of a job: STRING "<owner>" (a runner's Take) or "<token>:<owner>" (a
+// Claim: the reconciler's rescue, reparse); PX = lease end. claim.lua says how the forms
+// meet during a rolling deploy.
 func (k Keys) Lease(jobKey string) string { return k.jobKey(jobKey, ":lease") }
 
 // Fence is the last fencing token issued for a job. // STRING integer; PX = counter end

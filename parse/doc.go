@@ -54,7 +54,7 @@
 // Currencies. An upper-case ISO 4217 code ("EUR", "CHF") means itself. Symbols that name
 // one currency: € EUR, £ GBP, ₹ INR, ₩ KRW, ₽ and руб RUB, ₴ UAH, ₺ TRY, ₪ ILS, ฿ THB,
 // ₫ VND, ₱ PHP, ₦ NGN, ₸ KZT, ₾ GEL, zł PLN, Kč CZK, Ft HUF, lei RON, лв BGN, R$ BRL,
-// US$ USD, C$ and CA$ CAD, A$ and AU$ AUD, NZ$ NZD, HK$ HKD, S$ SGD, MX$ and Mex$ MXN,
+// US$ and U$S USD, C$ and CA$ CAD, A$ and AU$ AUD, NZ$ NZD, HK$ HKD, S$ SGD, MX$ and Mex$ MXN,
 // NT$ TWD, Fr. and SFr. CHF, 円 JPY, 元 and RMB CNY, RM MYR, Rp IDR, R ZAR. Ambiguous
 // symbols: "$" (USD, ARS, AUD, CAD, CLP, COP, HKD, MXN, NZD, SGD, TWD, UYU), "¥" and
 // "￥" (JPY, CNY), "kr" and "kr." (SEK, NOK, DKK, ISK), "Rs" and "Rs." (INR, PKR, LKR,

@@ -5,9 +5,9 @@
 //   - the outbox dispatcher (store/outbox), unless turned off;
 //   - one HTTP server: /metrics (the registry's and the dispatcher's metrics, Go runtime,
 //     process), /healthz (the process is up), /readyz (Redis and PostgreSQL answer, the
-//     asynq server runs, the registry is not paused), asynqmon at /monitoring (optionally
-//     read-only), and the job pages /jobs and /jobs/{key} — the last two behind optional
-//     HTTP basic auth.
+//     asynq server runs, the registry is not paused), asynqmon at /monitoring (read-only
+//     unless MonitoringWritable), the job pages /jobs and /jobs/{key} and /windows — all
+//     but /metrics, /healthz and /readyz behind optional HTTP basic auth.
 //
 // Shutdown stops taking work, lets in-flight jobs finish for Config.ShutdownTimeout, then
 // asynq puts the tasks of the jobs still running back to pending and cancels their

@@ -165,7 +165,7 @@ func (p *Provider) WithGateway(gateway string) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	np.exitHeader, np.price = p.exitHeader, p.price
+	np.exitHeader, np.price, np.tier = p.exitHeader, p.price, p.tier
 	return np, nil
 }
 
@@ -218,7 +218,7 @@ const MaxEnvProviders = 9
 // ProvidersFromEnv builds the worker's providers in failover order: the first from the
 // Env* variables, then one per suffix _2, _3, … (IDEMSCRAPE_PROXY_PROVIDER_2,
 // IDEMSCRAPE_PROXY_USER_2, IDEMSCRAPE_PROXY_PASSWORD_2 or its _FILE, _ZONE_2, _GATEWAY_2,
-// _PRICE_2, _PRICE_COUNTRIES_2, _NAME_2) for as long as IDEMSCRAPE_PROXY_PROVIDER_<n> is
+// _PRICE_2, _PRICE_COUNTRIES_2, _TIER_2, _NAME_2) for as long as IDEMSCRAPE_PROXY_PROVIDER_<n> is
 // set. Names must differ (IDEMSCRAPE_PROXY_NAME_<n> renames one). Errors name the
 // variable, never its value.
 func ProvidersFromEnv() ([]*Provider, error) {

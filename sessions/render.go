@@ -34,8 +34,8 @@ type RenderOptions struct {
 	// Capture lists substrings of the URLs of XHR/fetch responses whose bodies the render
 	// returns (Rendered.Captured), e.g. "/api/price/".
 	Capture []string
-	// AllowResources lists resource types to load although the pool blocks them by
-	// default (BrowserConfig.BlockResources: "Image", "Media", "Font").
+	// AllowResources lists resource types to load although the pool blocks them ("Image",
+	// "Media", "Font", unless BrowserConfig.LoadResources allows them for every render).
 	AllowResources []string
 	// Timeout bounds the render. Defaults to the pool's BrowserConfig.RenderTimeout.
 	Timeout time.Duration

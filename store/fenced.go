@@ -48,6 +48,10 @@ type rowOutcome[Res any] struct {
 // over 3,000 queued jobs: 5,990 index entries read). No SQL comments in these statements:
 // pg_stat_activity shows only their first 1 KB, and tests find them there by text.
 //
+// The commit's dup CTE counts the duplicate result writes it rejected (committed jobs whose
+// observation key existed) in the commit itself, so idemscrape stats reads them from
+// PostgreSQL.
+//
 // commitSQL notifies dispatchers only when asked (the notify CTE): PostgreSQL serialises the
 // commits of every transaction that notified (a database-wide lock held from before the
 // commit record until after its WAL flush), which capped fenced commits at a few hundred
@@ -95,8 +99,6 @@ WITH input AS (
 		session_id = COALESCE(NULLIF(EXCLUDED.session_id, ''), a.session_id),
 		proxy_endpoint = COALESCE(NULLIF(EXCLUDED.proxy_endpoint, ''), a.proxy_endpoint)
 ), dup AS (
-	-- Duplicate result writes rejected (committed jobs whose observation key existed) are
-	-- counted in the commit itself, so idemscrape stats reads them from PostgreSQL.
 	INSERT INTO maintenance_counters (name, n, updated_at)
 	SELECT $16, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
 	HAVING count(*) > 0

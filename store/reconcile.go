@@ -208,7 +208,7 @@ type JobRescueParams struct {
 // still running under p.ExpectFence and p.Token is higher: the job's fence is raised to
 // p.Token (so the stale worker holding p.ExpectFence is refused from then on, its commit
 // included), next_attempt_at is now and last_category is lease_expired; the attempt
-// started with p.ExpectFence, if still running, becomes retryable (category
+// started with p.ExpectFence, if still running, is written as lost (category
 // lease_expired, finished now, p.Error) and awaits its worker's bytes (AttemptSupersede).
 // jobs.attempts is not raised: a rescue is not an attempt.
 //
@@ -269,7 +269,7 @@ const MaxRescueBatch = MaxListLimit
 // moved from running to retryable exactly as JobRescue would (only if it is still running
 // under its ExpectFence and its Token is higher; fence raised to Token, next_attempt_at
 // now, last_category lease_expired; the attempt started with ExpectFence, if still
-// running, becomes retryable with its Error and evidence_due), and each row is fenced on
+// running, is written as lost with its Error and evidence_due), and each row is fenced on
 // its own: a refused row writes nothing and does not hold back the others.
 //
 // It returns one error per element of ps, in order: nil when rescued, a *TransitionError
@@ -279,7 +279,8 @@ const MaxRescueBatch = MaxListLimit
 // a whole: then nothing was written.
 //
 // The jobs rows are locked first, in key order, before any attempts row (as JobRescue,
-// Commit and JobFinish lock the jobs row first), so two batches can not deadlock with each
+// Commit and the finishes — JobComplete, JobMarkRetryable, JobFail — lock the jobs row
+// first), so two batches can not deadlock with each
 // other; a refused row's state and fence are read under that lock, so the classification
 // is what a live worker's commit left, not the statement's snapshot. A batch races a
 // worker's commit exactly like JobRescue: one of them wins per job.

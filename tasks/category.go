@@ -11,8 +11,9 @@ type Category string
 // the runner.
 const (
 	// CategoryProxyAuth: the proxy refused the credentials or username format (407), or
-	// the account (402 Payment Required: no balance left).
-	// Configuration error: terminal, never a retry storm.
+	// the account (402 Payment Required: no balance left). An account incident, not the
+	// job's failure: retried, uncounted; the provider's breaker keeps work off it until a
+	// probe authenticates (handlers/incident.go).
 	CategoryProxyAuth Category = "proxy_auth"
 	// CategoryExitUnavailable: the provider has no exit for the requested country or
 	// session (502/522/525 from the proxy, provider error headers).

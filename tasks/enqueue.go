@@ -224,8 +224,8 @@ type EnqueuerConfig struct {
 	// Normalizer derives keys (URL canonicalisation, tracking parameters). Every process
 	// that enqueues the same kinds must use the same one. Defaults to DefaultNormalizer.
 	Normalizer *Normalizer
-	// MaxRetry is asynq's retry cap per task. Defaults to DefaultMaxRetry (unlimited: the
-	// runner decides).
+	// MaxRetry is asynq's retry cap per task. Defaults to DefaultMaxRetry (1000: a
+	// backstop; the runner's attempt, time and bandwidth budgets decide long before).
 	MaxRetry int
 	// Timeout is asynq's per-delivery timeout. Defaults to DefaultTimeout.
 	Timeout time.Duration

@@ -11,7 +11,8 @@ import (
 //	retryable → running, running → retryable (lease expired), running → running (takeover
 //	with a higher fencing token after the holder's lease expired)
 //
-// complete is terminal; failed needs review or a new job.
+// complete is terminal; failed → pending only by an operator's requeue (idemscrape requeue,
+// ops.JobRequeue) or a reparse that re-queues it.
 type JobState string
 
 // The job states.

@@ -10,8 +10,9 @@ import (
 // ProcessTB is a testing.TB for commands (cmd/chaos, cmd/benchcompare) that run the fakes
 // and throwaway servers of this package outside `go test`. Logs go to stderr; Cleanup
 // functions run, last registered first, when Close is called; Fatal* (and Skip*, which a
-// command can not honour) panic with a FatalError that the command recovers after Close,
-// so that every throwaway server is still stopped and the command exits non-zero.
+// command can not honour) panic with a FatalError that the command recovers (RecoverFatal,
+// deferred after Close, so it runs first); Close then runs the cleanups, so that every
+// throwaway server is still stopped and the command exits non-zero.
 //
 // testing.TB has an unexported method, so the interface must be embedded; it is left nil,
 // and every method this package's helpers call is implemented below (a new call in
@@ -105,7 +106,8 @@ func (t *ProcessTB) Skipped() bool                    { return false }
 
 // RecoverFatal, deferred by a command after NewProcessTB, turns a ProcessTB failure
 // (the FatalError panic of Fatal or Skip) into *err, "setup: <message>"; any other panic
-// goes on. Defer it after Close, so that the cleanups run first:
+// goes on. Defer it after Close: deferred calls run last first, so it recovers the panic,
+// then Close runs the cleanups:
 //
 //	defer tb.Close()
 //	defer testutil.RecoverFatal(&err)

@@ -9,6 +9,7 @@
 //	idemscrape audit [-json] ...        check the invariants; exit 1 naming each broken one
 //	idemscrape requeue [-by WHO] KEY    a failed job back to pending with a fresh retry budget
 //	idemscrape reparse [-dry-run] ...   run a parser version over saved inputs, no network
+//	idemscrape windows [-gaps|-fill T W] the scheduler's collection windows: gaps, refills
 //
 // Every command takes -h. Connections: IDEMSCRAPE_PG (libpq URL, default
 // postgres://postgres@127.0.0.1:5432/postgres) and IDEMSCRAPE_REDIS (host:port, default

@@ -31,10 +31,14 @@
 //
 // Each failpoint fires with its probability every time it is reached; a firing point
 // writes one line "FAILPOINT name=<point> pid=<pid> key=<job key>|outbox_ids=[…]" to
-// stderr and SIGKILLs the process itself (no deferred cleanup, no lease release, no ack):
+// stderr and SIGKILLs the process itself (no deferred cleanup, no lease release, no ack;
+// before_commit stops it instead):
 //
 //	after_fetch   after every step of the catalog unit fetched and staged, before
 //	              validation and the commit (an extra last safe step of the unit)
+//	before_commit SIGSTOPs the process just before the fenced commit is sent (once per
+//	              process; cmd/chaos continues it after the job was taken over, and the
+//	              fence must refuse the commit); a second line reports its outcome
 //	after_commit  after the fenced commit returned success, before the lease release and
 //	              asynq's acknowledgement (a wrapper around the group committer)
 //	after_xadd    in the outbox dispatcher, after a batch's XADDs and before the rows are
@@ -403,7 +407,6 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 
 	collector := sessions.CollectorConfig{RequestTimeout: c.requestTimeout, IgnoreRobotsTxt: c.ignoreRobots}
 	if c.allowLoopback {
-		// TODO(destination policy): switch to tasks.DestinationPolicy when it lands.
 		collector.Guard = sessions.LoopbackGuard()
 		log.Warn("loopback destinations allowed (-allow-loopback): for demos and tests only")
 	}

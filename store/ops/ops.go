@@ -1,6 +1,7 @@
 // Package ops holds the operator's queries and transitions on the system of record: what
 // `idemscrape status`, `audit` and `requeue` and the worker's job page read and do. Every
-// query is read-only except JobRequeue; none of them is on a job's hot path.
+// query is read-only except JobRequeue and JobBudgetExempt (which the runner calls after
+// an attempt a proxy incident or a wait, not the job, ended); none is on a job's hot path.
 //
 // The package sits next to store (it reads the same tables and returns store's row types)
 // and imports nothing above it: the event key of a job's outbox event is given by the

@@ -14,12 +14,13 @@ import (
 )
 
 // NotifyChannel is the PostgreSQL LISTEN/NOTIFY channel dispatchers listen on. A committer
-// that inserts an outbox row must also notify this channel in the same transaction
-// (NOTIFY idemscrape_outbox, or pg_notify with this name); the payload is ignored and may
-// be empty. PostgreSQL delivers the notification only when the transaction commits, so a
-// dispatcher never wakes for a row it cannot see yet. Without it the row is still
-// dispatched, one PollInterval later. It is the channel store.Commit notifies
-// (store.OutboxNotifyChannel).
+// that inserts an outbox row should notify this channel once its transaction committed —
+// in the same transaction or in a later one (NOTIFY idemscrape_outbox, or pg_notify with
+// this name); the payload is ignored and may be empty. A notification sent in the same
+// transaction is delivered only when it commits, so a dispatcher never wakes for a row it
+// cannot see yet. Without it the row is still dispatched, one PollInterval later. It is the
+// channel store.Commit notifies, in its own asynchronously committed transaction after the
+// commit (store.OutboxNotifyChannel).
 const NotifyChannel = "idemscrape_outbox"
 
 // DefaultPrefix is the key prefix of streams and ledger keys unless a config sets one.
@@ -40,8 +41,9 @@ const (
 func StreamKey(prefix, topic string) string { return prefix + "stream:" + TopicTag(topic) }
 
 // EpochKey returns the STRING that marks a stream's history as intact:
-// <prefix>epoch:{<topic>}, in the stream's slot. A dispatcher creates it (SET NX) and
-// publishes to the stream only while it exists; finding it gone means Redis lost the
+// <prefix>epoch:{<topic>}, in the stream's slot. A dispatcher creates it (SET, under the
+// settlement lock) and publishes to the stream only while it exists; finding it gone means
+// Redis lost the
 // stream's data, and the dispatcher publishes again what may have been lost (see the
 // package doc, Redis data loss).
 func EpochKey(prefix, topic string) string { return prefix + "epoch:" + TopicTag(topic) }
