@@ -55,7 +55,7 @@ func endAttemptSpan(span trace.Span, err error) {
 	case errors.As(err, &re) && !re.counted:
 		span.SetAttributes(attribute.String("idemscrape.outcome", "handed_back"), attribute.String("idemscrape.retry_in", re.delay.String()))
 	default:
-		span.SetStatus(codes.Error, err.Error())
+		span.SetStatus(codes.Error, tasks.RedactURLs(err.Error()))
 	}
 	span.End()
 }
@@ -86,7 +86,7 @@ func endSpan(span trace.Span, err error) {
 		return
 	}
 	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
+		span.SetStatus(codes.Error, tasks.RedactURLs(err.Error()))
 	}
 	span.End()
 }

@@ -412,8 +412,11 @@ func (r *render) listen(ev any) {
 const refusedBinding = "__idemscrapeRefused"
 
 // noSocketsNoWorkers runs before a page's own scripts, in every frame: opening a WebSocket
-// or a WebTransport session throws and registering a service worker fails, as in a
-// browser whose policy forbids them; each refusal is reported to the render.
+// (WebSocket, WebSocketStream) or a WebTransport session throws, starting a web worker
+// (Worker, SharedWorker) throws, and registering a service worker fails, as in a browser
+// whose policy forbids them; each refusal is reported to the render. Workers are refused
+// because this script can not run inside them (CDP's addScriptToEvaluateOnNewDocument
+// reaches documents only), so a worker could open a WebSocket past it.
 const noSocketsNoWorkers = `(() => {
   const report = globalThis["` + refusedBinding + `"] || (() => {});
   delete globalThis["` + refusedBinding + `"];
@@ -421,7 +424,7 @@ const noSocketsNoWorkers = `(() => {
     report(what);
     throw new DOMException(what + " is off in this browser", "SecurityError");
   };
-  for (const name of ["WebSocket", "WebTransport"]) {
+  for (const name of ["WebSocket", "WebSocketStream", "WebTransport", "Worker", "SharedWorker"]) {
     if (name in globalThis) {
       Object.defineProperty(globalThis, name, {value: refuse(name), writable: false, configurable: false});
     }
@@ -472,9 +475,10 @@ func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	}
 	// CDP's Fetch domain intercepts neither WebSocket handshakes nor a service worker's
 	// requests, so the guard could not see them: a render allows neither. Before any of a
-	// page's scripts, in every frame, opening a WebSocket (or WebTransport) and registering
-	// a service worker fail, and the page's requests bypass service workers. A refusal is
-	// reported through a binding and counted (Rendered.Refused).
+	// page's scripts, in every frame, opening a WebSocket (or WebSocketStream, WebTransport),
+	// starting a web worker and registering a service worker fail, and the page's requests
+	// bypass service workers. A refusal is reported through a binding and counted
+	// (Rendered.Refused).
 	if _, err := cdp.Call(tctx, t, runtime.AddBinding, runtime.AddBindingParams{Name: refusedBinding}); err != nil {
 		return nil, err
 	}

@@ -176,8 +176,9 @@ func TestRenderGuard(t *testing.T) {
 
 // TestRenderGuardSocketsAndWorkers: CDP's Fetch domain sees neither WebSocket handshakes
 // nor a service worker's requests, so a render allows neither: a page that opens
-// WebSockets (to another port and to its own origin) and registers a service worker
-// reaches none of them; the WebSockets are counted as refused.
+// WebSockets (to another port and to its own origin), a WebSocketStream, a worker that
+// would open a WebSocket, and registers a service worker reaches none of them; each is
+// counted as refused.
 func TestRenderGuardSocketsAndWorkers(t *testing.T) {
 	e := setup(t, testutil.FakeProxyConfig{Seed: 28}, testutil.FakeSiteConfig{Seed: 28})
 	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
@@ -205,7 +206,7 @@ func TestRenderGuardSocketsAndWorkers(t *testing.T) {
 	assert.Zero(t, probe.TotalHits(), "nothing reached the other port")
 	assert.Zero(t, e.site.Hits("/ws"), "no WebSocket handshake reached the site")
 	assert.Zero(t, e.site.Hits("/sw.js"), "no service worker was fetched")
-	assert.Equal(t, 6, seen[0].Refused, "3 fetches, 2 WebSockets, 1 service worker refused")
+	assert.Equal(t, 8, seen[0].Refused, "3 fetches, 2 WebSockets, a WebSocketStream, a service worker, a worker refused")
 }
 
 // TestRenderBytesCounted: a render's bytes are within 5 % of what the proxy moved for the

@@ -3,7 +3,6 @@ package sessions
 import (
 	"context"
 	"errors"
-	"net/url"
 
 	"github.com/gocolly/colly/v2"
 
@@ -42,20 +41,13 @@ func endSpan(span trace.Span, fe *FetchError) {
 		if fe.Status != 0 {
 			span.SetAttributes(attribute.Int("http.response.status_code", fe.Status))
 		}
-		span.SetStatus(codes.Error, fe.Error())
+		span.SetStatus(codes.Error, tasks.RedactURLs(fe.Error()))
 	}
 	span.End()
 }
 
 // spanURL is rawURL without userinfo, query and fragment.
-func spanURL(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(unparsable)"
-	}
-	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
-	return u.String()
-}
+func spanURL(rawURL string) string { return tasks.RedactURL(rawURL) }
 
 // spanContext is the context a request's span is a child of: the running step's.
 func (b *Bound) spanContext() context.Context {

@@ -2,6 +2,8 @@ package tasks
 
 import (
 	"context"
+	"net/url"
+	"regexp"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -78,10 +80,29 @@ func endEnqueueSpan(span trace.Span, res taskResult, err error) {
 		return
 	}
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		span.SetStatus(codes.Error, RedactURLs(err.Error()))
 	} else {
 		span.SetAttributes(attribute.String("idemscrape.enqueue.result", [...]string{"already_queued", "enqueued", "repaired"}[res]))
 	}
 	span.End()
+}
+
+// RedactURL is rawURL without userinfo, query and fragment: what a span or a trace may
+// show of a URL (a query may carry a token, userinfo a password).
+func RedactURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	return u.String()
+}
+
+// urlPattern finds the URLs in an error's text (a *url.Error quotes its request's URL).
+var urlPattern = regexp.MustCompile(`(?i)\b(?:https?|wss?)://[^\s"'<>]+`)
+
+// RedactURLs returns s with every URL in it reduced as RedactURL does: what a span's
+// status may say of an error whose text holds the URL of the request that failed.
+func RedactURLs(s string) string {
+	return urlPattern.ReplaceAllStringFunc(s, RedactURL)
 }

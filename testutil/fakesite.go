@@ -353,6 +353,11 @@ func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
 		s.serveJSProduct(w, r, exit, strings.TrimPrefix(path, "/js/product/"))
 	case path == "/js/probe":
 		s.serveJSProbe(w, r, exit)
+	case path == "/js/ws-worker.js":
+		// A worker that opens a WebSocket to the probe address, then reports.
+		w.Header().Set("Content-Type", "text/javascript")
+		fmt.Fprintf(w, `try { const s = new WebSocket("ws://%s/ws"); s.onopen = s.onerror = () => postMessage("done"); } catch (e) { postMessage("done"); }`+"\n",
+			strings.ReplaceAll(r.URL.Query().Get("probe"), `"`, ""))
 	case path == "/sw.js":
 		// A service worker that would see every request of its pages.
 		w.Header().Set("Content-Type", "text/javascript")
@@ -500,11 +505,21 @@ if (%s) {
   if (navigator.serviceWorker) {
     waits.push(navigator.serviceWorker.register("/sw.js").catch(() => {}));
   }
+  if (typeof WebSocketStream === "function") {
+    try { const st = new WebSocketStream("ws://%s/ws"); waits.push(st.opened.catch(() => {})); } catch (e) {}
+  }
+  // A worker could open a WebSocket where no page script reaches.
+  waits.push(new Promise(done => {
+    try {
+      const w = new Worker("/js/ws-worker.js?probe=%s");
+      w.onmessage = w.onerror = done;
+    } catch (e) { done(); }
+  }));
 }
 Promise.allSettled(waits).then(() => {
   document.getElementById("done").hidden = false;
 });
-</script>`, probe, ws, probe))
+</script>`, probe, ws, probe, probe, probe))
 }
 
 func (s *FakeSite) servePrice(w http.ResponseWriter, r *http.Request, exit, sku string, schemaChange bool) {

@@ -76,8 +76,8 @@ func main() {
 	// its jobs' traces (internal/telemetry).
 	flushTraces, _, err := telemetry.Setup(ctx, "idemscrape-cli")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "idemscrape:", err)
-		os.Exit(2)
+		// Traces never stop a command: say why there are none and go on.
+		fmt.Fprintln(os.Stderr, "idemscrape: tracing off:", err)
 	}
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -130,10 +130,7 @@ func main() {
 
 func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) error {
 	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
-	flushTraces, tracing, err := boot.Tracing(ctx, "idemscrape-scheduler")
-	if err != nil {
-		return err
-	}
+	flushTraces, tracing := boot.Tracing(ctx, "idemscrape-scheduler", log)
 	defer flushTraces()
 	log.Info("tracing", "on", tracing)
 	pool, err := boot.OpenPG(ctx, c.pg, log)

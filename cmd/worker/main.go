@@ -365,10 +365,7 @@ func main() {
 
 func run(ctx context.Context, c config, log *slog.Logger) error {
 	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
-	flushTraces, tracing, err := boot.Tracing(ctx, "idemscrape-worker")
-	if err != nil {
-		return err
-	}
+	flushTraces, tracing := boot.Tracing(ctx, "idemscrape-worker", log)
 	defer flushTraces()
 	providers, err := sessions.ProvidersFromEnv()
 	if err != nil {

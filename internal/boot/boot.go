@@ -28,17 +28,21 @@ const MigrateTimeout = 5 * time.Minute
 
 // Tracing installs tracing as the environment asks (internal/telemetry) for service and
 // returns the function that flushes it at exit (within 5 s: spans not exported by then are
-// lost, shutdown is not held up) and whether it is on.
-func Tracing(ctx context.Context, service string) (flush func(), on bool, err error) {
+// lost, shutdown is not held up) and whether it is on. A tracing setting this build can
+// not honour (OTEL_EXPORTER_OTLP_PROTOCOL=grpc, another exporter) is logged as a warning
+// and tracing stays off: traces are never a reason for a worker not to work (an
+// environment set fleet-wide for other services must not stop it).
+func Tracing(ctx context.Context, service string, log *slog.Logger) (flush func(), on bool) {
 	shutdown, on, err := telemetry.Setup(ctx, service)
 	if err != nil {
-		return func() {}, false, &SettingError{err}
+		log.Warn("tracing off: the OTEL_* environment asks for what this build can not do", "err", err)
+		return func() {}, false
 	}
 	return func() {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = shutdown(fctx)
-	}, on, nil
+	}, on
 }
 
 // OpenPG opens the PostgreSQL pool of the -pg flag's value (or $IDEMSCRAPE_PG and the

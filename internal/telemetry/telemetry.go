@@ -8,8 +8,8 @@
 //
 // Tracing is off unless an OTLP endpoint is set or OTEL_TRACES_EXPORTER=otlp; it stays off
 // with OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED=true. Spans are exported over
-// OTLP/HTTP (protobuf); OTEL_EXPORTER_OTLP_PROTOCOL=grpc is refused with an error that
-// says so. Off, the global provider stays OpenTelemetry's no-op one: no span is recorded
+// OTLP/HTTP (protobuf); OTEL_EXPORTER_OTLP_PROTOCOL=grpc or another exporter is an error
+// that says so, which the binaries log as a warning before going on without traces. Off, the global provider stays OpenTelemetry's no-op one: no span is recorded
 // and no trace context is written into task payloads.
 package telemetry
 
