@@ -325,6 +325,17 @@ func isValidation(err error) bool {
 	return errors.As(err, &ve) || errors.As(err, &de)
 }
 
+// ParserFailure is the failure the runner records for a parser's error err: category
+// validation for a validation failure or a schema drift, else the error's own category
+// when it has one (a *sessions.FetchError, tasks.Fail), timeout for a context deadline,
+// parse_error for any other. For a tool that runs parsers itself (package reparse).
+func ParserFailure(err error) *sessions.FetchError {
+	if isValidation(err) {
+		return &sessions.FetchError{Category: tasks.CategoryValidation, Err: err}
+	}
+	return asFetchError(err, tasks.CategoryParseError)
+}
+
 // runParser runs the job's parser version over staged and applies the schema check: a
 // surprising Observation.Schema is a *parse.DriftError (joined with the parser's own
 // error, if any), judged against the fingerprints committed before (this worker's and,

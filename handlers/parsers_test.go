@@ -20,6 +20,7 @@ import (
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/parse"
+	"github.com/idemscrape/idemscrape/reparse"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store/ops"
@@ -447,10 +448,10 @@ func TestReparseNoNetwork(t *testing.T) {
 	events := func() int { return testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox`) }
 	require.Equal(t, 4, results())
 	require.Equal(t, 4, events())
-	cfg := handlers.ReparseConfig{Store: r.st, Redis: r.ns.Client, KeyPrefix: r.ns.Prefix, By: "reparse-test", BatchSize: 2,
+	cfg := reparse.Config{Store: r.st, Redis: r.ns.Client, KeyPrefix: r.ns.Prefix, By: "reparse-test", BatchSize: 2,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
-	var progress []handlers.ReparseSummary
-	cfg.Progress = func(s handlers.ReparseSummary) { progress = append(progress, s) }
+	var progress []reparse.Summary
+	cfg.Progress = func(s reparse.Summary) { progress = append(progress, s) }
 
 	// 1. The same version, fixed (it reads the renamed field): the failed jobs complete under
 	// their own keys. A job a worker holds is left alone.
@@ -460,7 +461,7 @@ func TestReparseNoNetwork(t *testing.T) {
 	require.NoError(t, err)
 	busy, err := leases.Claim(ctx, failedKeys[1], "live-worker", time.Minute, 0)
 	require.NoError(t, err)
-	sum, err := handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: sel})
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{Selection: sel})
 	require.NoError(t, err)
 	assert.Equal(t, 2, sum.Selected)
 	assert.Equal(t, 1, sum.Committed, sum.String())
@@ -473,7 +474,7 @@ func TestReparseNoNetwork(t *testing.T) {
 	require.NoError(t, leases.Release(ctx, busy))
 
 	// (The completed job left the selection: complete jobs have no failure category.)
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: sel})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{Selection: sel})
 	require.NoError(t, err)
 	assert.Equal(t, 1, sum.Selected, sum.String())
 	assert.Equal(t, 1, sum.Committed, sum.String())
@@ -501,7 +502,7 @@ func TestReparseNoNetwork(t *testing.T) {
 	var diff bytes.Buffer
 	dry := cfg
 	dry.Redis, dry.Diff = nil, &diff
-	sum, err = handlers.Reparse(ctx, dry, handlers.ReparseOptions{Selection: v1, Version: 2, DryRun: true})
+	sum, err = reparse.Run(ctx, dry, reparse.Options{Selection: v1, Version: 2, DryRun: true})
 	require.NoError(t, err)
 	assert.Equal(t, 6, sum.Changed, sum.String())
 	assert.Zero(t, sum.Committed)
@@ -510,7 +511,7 @@ func TestReparseNoNetwork(t *testing.T) {
 	assert.Equal(t, 6, results())
 
 	// ...then commits six new jobs under version 2's keys, one event each.
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: v1, Version: 2})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{Selection: v1, Version: 2})
 	require.NoError(t, err)
 	assert.Equal(t, 6, sum.Committed, sum.String())
 	assert.Zero(t, sum.Errors, sum.Errs)
@@ -523,8 +524,8 @@ func TestReparseNoNetwork(t *testing.T) {
 		"the new jobs' attempts link the same inputs, for the next reparse")
 
 	// 3. Again: nothing is added.
-	for _, o := range []handlers.ReparseOptions{{Selection: v1, Version: 2}, {Selection: sel}} {
-		sum, err = handlers.Reparse(ctx, cfg, o)
+	for _, o := range []reparse.Options{{Selection: v1, Version: 2}, {Selection: sel}} {
+		sum, err = reparse.Run(ctx, cfg, o)
 		require.NoError(t, err)
 		assert.Zero(t, sum.Committed, sum.String())
 		assert.Equal(t, sum.Selected, sum.AlreadyDone, sum.String())
@@ -542,6 +543,6 @@ func TestDiffRecords(t *testing.T) {
   price.amount: "1.00" → "1.50"
   price.minor: 100 → 150
 - tags[1]: "b"
-`, handlers.DiffRecords(old, cur))
-	assert.Empty(t, handlers.DiffRecords(old, old))
+`, reparse.DiffRecords(old, cur))
+	assert.Empty(t, reparse.DiffRecords(old, old))
 }

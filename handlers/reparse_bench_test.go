@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/parse"
+	"github.com/idemscrape/idemscrape/reparse"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -200,10 +201,10 @@ func BenchmarkReparse(b *testing.B) {
 		var n int
 		for b.Loop() {
 			t0 := time.Now()
-			parseAll(r, handlers.DefaultReparseConcurrency)
+			parseAll(r, reparse.DefaultConcurrency)
 			t1 := time.Now()
-			sum, err := handlers.Reparse(ctx, handlers.ReparseConfig{Store: r.st, Parsers: parsers, Logger: discardLogger()},
-				handlers.ReparseOptions{Selection: inputs.Selection{Kind: "bench", ParserVersion: 1}, DryRun: true})
+			sum, err := reparse.Run(ctx, reparse.Config{Store: r.st, Parsers: parsers, Logger: discardLogger()},
+				reparse.Options{Selection: inputs.Selection{Kind: "bench", ParserVersion: 1}, DryRun: true})
 			if err != nil || sum.Reparsed != benchInputs {
 				b.Fatalf("%v: %s", err, sum)
 			}
@@ -214,13 +215,13 @@ func BenchmarkReparse(b *testing.B) {
 		b.ReportMetric(tBare.Seconds()/tDry.Seconds(), "ratio")
 	})
 	b.Run("BareLoop", func(b *testing.B) { bare(b, 1) })
-	b.Run("BareLoopParallel", func(b *testing.B) { bare(b, handlers.DefaultReparseConcurrency) })
+	b.Run("BareLoopParallel", func(b *testing.B) { bare(b, reparse.DefaultConcurrency) })
 	b.Run("DryRun", func(b *testing.B) {
 		var records int
 		start := time.Now()
 		for b.Loop() {
-			sum, err := handlers.Reparse(ctx, handlers.ReparseConfig{Store: r.st, Parsers: parsers, Logger: discardLogger()},
-				handlers.ReparseOptions{Selection: inputs.Selection{Kind: "bench", ParserVersion: 1}, DryRun: true})
+			sum, err := reparse.Run(ctx, reparse.Config{Store: r.st, Parsers: parsers, Logger: discardLogger()},
+				reparse.Options{Selection: inputs.Selection{Kind: "bench", ParserVersion: 1}, DryRun: true})
 			if err != nil || sum.Reparsed != benchInputs {
 				b.Fatalf("%v: %s", err, sum)
 			}
@@ -233,9 +234,12 @@ func BenchmarkReparse(b *testing.B) {
 		start := time.Now()
 		for b.Loop() {
 			version := int(benchVersion.Add(1)) // a new version each time: new jobs to commit
-			sum, err := handlers.Reparse(ctx, handlers.ReparseConfig{Store: r.st, Redis: r.ns.Client, KeyPrefix: r.ns.Prefix,
-				Parsers: parsers, By: "bench", Logger: discardLogger()},
-				handlers.ReparseOptions{Selection: inputs.Selection{Kind: "bench", ParserVersion: 1}, Version: version})
+			// Registered explicitly: a parser for every version reparses each job's own
+			// version only (reparse.CheckVersion).
+			committing := new(handlers.Parsers).Add("bench", version, "", benchParse)
+			sum, err := reparse.Run(ctx, reparse.Config{Store: r.st, Redis: r.ns.Client, KeyPrefix: r.ns.Prefix,
+				Parsers: committing, By: "bench", Logger: discardLogger()},
+				reparse.Options{Selection: inputs.Selection{Kind: "bench", ParserVersion: 1}, Version: version})
 			if err != nil || sum.Committed != benchInputs {
 				b.Fatalf("%v: %s %v", err, sum, sum.Errs)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/reparse"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -23,7 +24,7 @@ import (
 // the price field) and keep their inputs, then stops the site and the proxy: whatever a
 // reparse does next, no request can reach them. It returns the failed jobs' keys and a
 // reparse configuration whose parsers are the fixed v1 (and v2, with a label).
-func reparseFixture(t *testing.T, n int) (*rig, []string, handlers.ReparseConfig) {
+func reparseFixture(t *testing.T, n int) (*rig, []string, reparse.Config) {
 	t.Helper()
 	ctx := context.Background()
 	r := newRig(t, rigOpts{})
@@ -39,7 +40,7 @@ func reparseFixture(t *testing.T, n int) (*rig, []string, handlers.ReparseConfig
 	}
 	r.site.Close()
 	r.proxy.Close()
-	cfg := handlers.ReparseConfig{Store: r.st, Redis: r.ns.Client, KeyPrefix: r.ns.Prefix, By: "reparse-test",
+	cfg := reparse.Config{Store: r.st, Redis: r.ns.Client, KeyPrefix: r.ns.Prefix, By: "reparse-test",
 		Logger:  slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 		Parsers: new(handlers.Parsers).Add(shopKind, 1, "", shopParser(true, false)).Add(shopKind, 2, "", shopParser(true, true))}
 	return r, keys, cfg
@@ -59,7 +60,7 @@ func TestReparseCommitFailurePutsBack(t *testing.T) {
 	r, keys, cfg := reparseFixture(t, 3)
 	injected := errors.New("injected commit failure")
 	var failKey string
-	handlers.SetReparseCommitHook(&cfg, func(key string) error {
+	reparse.SetCommitHook(&cfg, func(key string) error {
 		if key == failKey {
 			return injected
 		}
@@ -69,7 +70,7 @@ func TestReparseCommitFailurePutsBack(t *testing.T) {
 	// The same version: the failed job is re-queued, started, and its commit fails.
 	failKey = keys[0]
 	v1 := inputs.Selection{Kind: shopKind, ParserVersion: 1}
-	sum, err := handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: v1})
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{Selection: v1})
 	require.NoError(t, err)
 	assert.Equal(t, 2, sum.Committed, sum.String())
 	assert.Equal(t, 1, sum.Errors, sum.String())
@@ -94,7 +95,7 @@ func TestReparseCommitFailurePutsBack(t *testing.T) {
 	v2Key, err := spec.Key()
 	require.NoError(t, err)
 	failKey = v2Key
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: v1, Version: 2})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{Selection: v1, Version: 2})
 	require.NoError(t, err)
 	assert.Equal(t, 1, sum.Errors, sum.String())
 	job, err = r.st.JobGet(ctx, v2Key)
@@ -105,10 +106,10 @@ func TestReparseCommitFailurePutsBack(t *testing.T) {
 
 	// Without the failure, a second reparse completes both.
 	failKey = ""
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: v1})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{Selection: v1})
 	require.NoError(t, err)
 	assert.Equal(t, 1, sum.Committed, sum.String())
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: v1, Version: 2})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{Selection: v1, Version: 2})
 	require.NoError(t, err)
 	assert.Equal(t, 1, sum.Committed, sum.String())
 	assert.Zero(t, sum.Errors, sum.Errs)
@@ -130,18 +131,18 @@ func TestReparseInterrupted(t *testing.T) {
 		var once sync.Once
 		c := cfg
 		c.BatchSize = 4 // keys[0..3]: the first batch
-		handlers.SetReparseCommitHook(&c, func(string) error {
+		reparse.SetCommitHook(&c, func(string) error {
 			once.Do(func() { close(entered) })
 			<-proceed // every commit of the batch waits until the context is cancelled
 			return nil
 		})
 		type out struct {
-			sum handlers.ReparseSummary
+			sum reparse.Summary
 			err error
 		}
 		done := make(chan out, 1)
 		go func() {
-			sum, err := handlers.Reparse(cctx, c, handlers.ReparseOptions{Selection: v1})
+			sum, err := reparse.Run(cctx, c, reparse.Options{Selection: v1})
 			done <- out{sum, err}
 		}()
 		<-entered // a job is re-queued and started, its commit under way
@@ -168,7 +169,7 @@ func TestReparseInterrupted(t *testing.T) {
 		// Cancelled before the batch is read: nothing at all is written.
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err := handlers.Reparse(cctx, cfg, handlers.ReparseOptions{Selection: v1})
+		_, err := reparse.Run(cctx, cfg, reparse.Options{Selection: v1})
 		require.ErrorIs(t, err, context.Canceled)
 		assert.Zero(t, runnable(t, r))
 		assert.Equal(t, 2, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM jobs WHERE state = 'failed'`))
@@ -190,12 +191,12 @@ func TestReparseDuplicateResults(t *testing.T) {
 	}
 	cfg.Parsers = new(handlers.Parsers).Add(shopKind, 1, "", byProduct(shopParser(true, false))).Add(shopKind, 2, "", byProduct(shopParser(true, true)))
 	v1 := inputs.Selection{Kind: shopKind, ParserVersion: 1}
-	sum, err := handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: v1})
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{Selection: v1})
 	require.NoError(t, err)
 	assert.Equal(t, len(keys), sum.Committed, sum.String())
 	assert.Zero(t, sum.DuplicateResults)
 
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: v1, Version: 2})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{Selection: v1, Version: 2})
 	require.NoError(t, err)
 	assert.Zero(t, sum.Committed, sum.String())
 	assert.Equal(t, len(keys), sum.DuplicateResults, sum.String())
@@ -214,15 +215,15 @@ func TestReparseVersionNotRegistered(t *testing.T) {
 	jobs := func() int { return testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM jobs`) }
 
 	// Up front, when the selection names the kind.
-	_, err := handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: inputs.Selection{Kind: shopKind}, Version: 7})
-	var ve *handlers.ReparseVersionError
+	_, err := reparse.Run(ctx, cfg, reparse.Options{Selection: inputs.Selection{Kind: shopKind}, Version: 7})
+	var ve *reparse.VersionError
 	require.ErrorAs(t, err, &ve)
 	assert.Equal(t, 7, ve.Version)
 	assert.Equal(t, []int{2}, ve.Registered)
 	assert.Contains(t, err.Error(), `kind "shop" has no parser registered for version 7 (registered versions: 2)`)
 
 	// Job by job otherwise: each is an error, nothing written.
-	sum, err := handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Version: 7})
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{Version: 7})
 	require.NoError(t, err)
 	assert.Equal(t, len(keys), sum.Errors, sum.String())
 	assert.Contains(t, sum.Errs[0], "no parser registered for version 7")
@@ -230,15 +231,15 @@ func TestReparseVersionNotRegistered(t *testing.T) {
 	assert.Zero(t, runnable(t, r))
 
 	// The any-version parser still reparses each job's own version; a registered version runs.
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, len(keys), sum.Committed, sum.String())
-	sum, err = handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Version: 2})
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{Version: 2})
 	require.NoError(t, err)
 	assert.Equal(t, len(keys), sum.Committed, sum.String())
 }
 
-// TestReparseCommitsBounded: ReparseConfig.Concurrency bounds the jobs being written at
+// TestReparseCommitsBounded: reparse.Config.Concurrency bounds the jobs being written at
 // once, not only the parses: with 2, no more than 2 commits are ever in flight, though the
 // batch holds 10 jobs. Each commit waits in the hook until a third one joins it, or 100 ms:
 // an unbounded writer has a third there at once; a bounded one never does (the timer only
@@ -251,7 +252,7 @@ func TestReparseCommitsBounded(t *testing.T) {
 	inflight, most := 0, 0
 	over := make(chan struct{})
 	var once sync.Once
-	handlers.SetReparseCommitHook(&cfg, func(string) error {
+	reparse.SetCommitHook(&cfg, func(string) error {
 		mu.Lock()
 		inflight++
 		most = max(most, inflight)
@@ -270,7 +271,7 @@ func TestReparseCommitsBounded(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	sum, err := handlers.Reparse(ctx, cfg, handlers.ReparseOptions{Selection: inputs.Selection{Kind: shopKind, ParserVersion: 1}})
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{Selection: inputs.Selection{Kind: shopKind, ParserVersion: 1}})
 	require.NoError(t, err)
 	assert.Equal(t, 10, sum.Committed, sum.String())
 	assert.LessOrEqual(t, most, 2, "commits in flight at once")

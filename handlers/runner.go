@@ -657,6 +657,15 @@ func eventPayload(event any, def defaultEvent) ([]byte, error) {
 	return b, nil
 }
 
+// EventPayload is the outbox event payload of job's observation obs, whose record encodes
+// to data: obs.Event encoded, or when the parser set none the default event (data, job_key,
+// kind, observation_key, parser_version). It is the runner's encoding, byte for byte, for
+// a tool that commits observations through the fenced commit itself (package reparse).
+func EventPayload(job tasks.Payload, obs Observation, data json.RawMessage) ([]byte, error) {
+	return eventPayload(obs.Event, defaultEvent{JobKey: job.Key, ObservationKey: obs.ObservationKey,
+		Kind: job.Spec.Kind, ParserVersion: job.Spec.ParserVersion, Data: data})
+}
+
 // EventKey is the outbox event key of a job's observation: stable across attempts, so a
 // consumer recognises a re-published event.
 func EventKey(jobKey string) string { return "observed:" + jobKey }

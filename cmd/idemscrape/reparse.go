@@ -11,14 +11,15 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/reparse"
 	"github.com/idemscrape/idemscrape/store"
 )
 
 // builtinParsers are the parsers this binary has: the example kind of cmd/worker. A team's
-// own binary passes its Registry to handlers.Reparse instead (see docs/PARSERS.md).
+// own binary passes its Registry to reparse.Run instead (see docs/PARSERS.md).
 // cmd/worker registers catalog.Parse without WithParserVersion (one parser for every
 // version), so here too it serves each job's own version and no version explicitly: a
-// -to-version other than the selected jobs' own is refused (handlers.CheckReparseVersion)
+// -to-version other than the selected jobs' own is refused (reparse.CheckVersion)
 // rather than writing jobs of a version no parser was written for.
 func builtinParsers() *handlers.Parsers {
 	return new(handlers.Parsers).Add(catalog.Kind, 0, "", catalog.Parse)
@@ -33,9 +34,9 @@ var reparseCmd = command{
 		"new key for another version), holding each job's lease so it never races a worker. A second reparse adds\n" +
 		"nothing. -to-version N other than the jobs' own needs a parser registered for N, else it is refused before\n" +
 		"anything is written. This binary knows the built-in kind \"catalog\" (its parser reparses each job's own\n" +
-		"version only); a team's own binary calls handlers.Reparse.",
+		"version only); a team's own binary calls reparse.Run.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
-		var rf handlers.ReparseFlags
+		var rf reparse.Flags
 		rf.Register(fs)
 		by := fs.String("by", os.Getenv("USER"), "who reparses (recorded on attempts and on the notes of re-queued jobs)")
 		prefix := fs.String("key-prefix", env("IDEMSCRAPE_KEY_PREFIX", handlers.DefaultKeyPrefix), "prefix of the lease keys in Redis (the workers')")
@@ -51,11 +52,11 @@ var reparseCmd = command{
 				// Before anything is read or written: a typo must not create jobs, results and
 				// events of a version nobody wrote a parser for.
 				kind := cmp.Or(opts.Selection.Kind, catalog.Kind) // the only kind this binary has
-				if err := handlers.CheckReparseVersion(parsers, kind, opts.Version); err != nil {
+				if err := reparse.CheckVersion(parsers, kind, opts.Version); err != nil {
 					return usageError{"-to-version: " + err.Error()}
 				}
 			}
-			cfg := handlers.ReparseConfig{Store: store.New(c.pool), KeyPrefix: *prefix, Parsers: parsers, By: *by}
+			cfg := reparse.Config{Store: store.New(c.pool), KeyPrefix: *prefix, Parsers: parsers, By: *by}
 			if opts.DryRun {
 				cfg.Diff = c.stdout
 			} else {
@@ -68,10 +69,10 @@ var reparseCmd = command{
 				cfg.Redis = rdb
 			}
 			if !*quiet {
-				cfg.Progress = func(s handlers.ReparseSummary) { fmt.Fprintf(c.stderr, "reparse: %s\n", s) }
+				cfg.Progress = func(s reparse.Summary) { fmt.Fprintf(c.stderr, "reparse: %s\n", s) }
 			}
-			sum, err := handlers.Reparse(ctx, cfg, opts)
-			var ve *handlers.ReparseVersionError
+			sum, err := reparse.Run(ctx, cfg, opts)
+			var ve *reparse.VersionError
 			if errors.As(err, &ve) {
 				return usageError{"-to-version: " + err.Error()}
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/reparse"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -75,7 +76,7 @@ func TestReparseCLI(t *testing.T) {
 
 	r = run(t, "reparse", "-kind", catalog.Kind, "-state", "failed", "-json")
 	require.Equal(t, 0, r.code, r.stderr)
-	var sum handlers.ReparseSummary
+	var sum reparse.Summary
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &sum), r.stdout)
 	assert.Equal(t, 1, sum.Committed)
 	assert.Contains(t, r.stderr, "reparse: selected 1", "progress on stderr")

@@ -1,4 +1,4 @@
-package handlers
+package reparse
 
 import (
 	"flag"
@@ -9,18 +9,18 @@ import (
 	"github.com/idemscrape/idemscrape/store/inputs"
 )
 
-// ReparseFlags are the command-line flags of a reparse, shared by `idemscrape reparse`
-// and a team's own binary (which has its own parsers):
+// Flags are the command-line flags of a reparse, shared by `idemscrape reparse` and a
+// team's own binary (which has its own parsers):
 //
 //	fs := flag.NewFlagSet("reparse", flag.ExitOnError)
-//	var rf handlers.ReparseFlags
+//	var rf reparse.Flags
 //	rf.Register(fs)
 //	_ = fs.Parse(os.Args[2:])
 //	opts, err := rf.Options(time.Now())
 //	// handle err
-//	sum, err := handlers.Reparse(ctx, handlers.ReparseConfig{Store: st, Redis: rdb,
+//	sum, err := reparse.Run(ctx, reparse.Config{Store: st, Redis: rdb,
 //		KeyPrefix: prefix, Parsers: reg, Diff: os.Stdout}, opts)
-type ReparseFlags struct {
+type Flags struct {
 	Kind          string
 	ParserVersion int
 	Window        string
@@ -33,7 +33,7 @@ type ReparseFlags struct {
 }
 
 // Register defines the flags on fs.
-func (f *ReparseFlags) Register(fs *flag.FlagSet) {
+func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Kind, "kind", "", "select jobs of this kind")
 	fs.IntVar(&f.ParserVersion, "parser-version", 0, "select jobs of this parser version (0: any)")
 	fs.StringVar(&f.Window, "window", "", "select jobs of this collection window")
@@ -46,11 +46,11 @@ func (f *ReparseFlags) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.DryRun, "dry-run", false, "parse and print a field-level diff of old vs new records; write nothing")
 }
 
-// Options turns the flags into ReparseOptions; durations in -since/-until count back from
+// Options turns the flags into Options; durations in -since/-until count back from
 // now. A reparse that selects nothing at all (no filter) is allowed: it means every saved
 // input.
-func (f *ReparseFlags) Options(now time.Time) (ReparseOptions, error) {
-	o := ReparseOptions{Version: f.ToVersion, DryRun: f.DryRun, Selection: inputs.Selection{
+func (f *Flags) Options(now time.Time) (Options, error) {
+	o := Options{Version: f.ToVersion, DryRun: f.DryRun, Selection: inputs.Selection{
 		Kind: f.Kind, ParserVersion: f.ParserVersion, Window: f.Window, Category: f.Category,
 		States: splitList(f.States), Keys: splitList(f.Keys)}}
 	var err error

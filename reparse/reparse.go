@@ -1,7 +1,7 @@
-package handlers
+package reparse
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,14 +11,13 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/internal/retry"
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
@@ -28,111 +27,10 @@ import (
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
-// ParserSource gives reparse the parsers and topics of the kinds it may meet. *Registry
-// is one (a team's own binary passes the registry its worker builds); Parsers is one
-// built by hand, for a tool that has no proxy configuration.
-type ParserSource interface {
-	// Parser returns kind's parser for parser version v.
-	Parser(kind string, v int) (ParserFunc, bool)
-	// Topic returns the outbox topic of kind's events ("" means the kind's name).
-	Topic(kind string) string
-}
-
-var (
-	_ ParserSource = (*Registry)(nil)
-	_ ParserSource = (*Parsers)(nil)
-)
-
-// Parsers is a ParserSource built by hand. The zero value is empty; Add fills it.
-type Parsers struct {
-	byKind map[string]map[int]ParserFunc // version 0: every version
-	topics map[string]string
-}
-
-// Add registers parser as kind's version v; v = 0 makes it serve every version that has
-// no parser of its own. topic is the kind's outbox topic ("" = the kind's name).
-func (p *Parsers) Add(kind string, v int, topic string, parser ParserFunc) *Parsers {
-	if p.byKind == nil {
-		p.byKind, p.topics = map[string]map[int]ParserFunc{}, map[string]string{}
-	}
-	if p.byKind[kind] == nil {
-		p.byKind[kind] = map[int]ParserFunc{}
-	}
-	p.byKind[kind][v] = parser
-	if topic != "" {
-		p.topics[kind] = topic
-	}
-	return p
-}
-
-// Parser implements ParserSource.
-func (p *Parsers) Parser(kind string, v int) (ParserFunc, bool) {
-	m := p.byKind[kind]
-	if f, ok := m[v]; ok {
-		return f, true
-	}
-	f, ok := m[0]
-	return f, ok
-}
-
-// Topic implements ParserSource.
-func (p *Parsers) Topic(kind string) string { return p.topics[kind] }
-
-// ParserVersions returns the versions registered for kind explicitly (not 0), sorted.
-func (p *Parsers) ParserVersions(kind string) []int {
-	var out []int
-	for v := range p.byKind[kind] {
-		if v != 0 {
-			out = append(out, v)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// ReparseVersionError: a reparse to a parser version other than a job's own found no
-// parser registered for that version explicitly (a parser that serves every version runs
-// each job's own version only: "-to-version 7" is more likely a typo than a wish to write
-// version 7 jobs with it). Nothing is written for such a job.
-type ReparseVersionError struct {
-	Kind       string
-	Version    int
-	Registered []int // the kind's explicitly registered versions
-}
-
-func (e *ReparseVersionError) Error() string {
-	have := "none: its parser only reparses each job's own version"
-	if len(e.Registered) > 0 {
-		have = strings.Trim(fmt.Sprint(e.Registered), "[]")
-	}
-	return fmt.Sprintf("handlers: reparse: kind %q has no parser registered for version %d (registered versions: %s)", e.Kind, e.Version, have)
-}
-
-// CheckReparseVersion reports whether src may reparse kind's jobs as parser version v when
-// v is not their own version: src must have a parser registered for v explicitly. A source
-// that does not list its versions (no ParserVersions(kind) []int method, as Registry and
-// Parsers have) is taken at its word (Parser(kind, v)). It returns a *ReparseVersionError
-// otherwise. Reparse applies it to every job it would commit under another version, and up
-// front when the selection names the kind.
-func CheckReparseVersion(src ParserSource, kind string, v int) error {
-	lister, ok := src.(interface{ ParserVersions(kind string) []int })
-	if !ok {
-		if _, ok := src.Parser(kind, v); ok {
-			return nil
-		}
-		return &ReparseVersionError{Kind: kind, Version: v}
-	}
-	vs := lister.ParserVersions(kind)
-	if slices.Contains(vs, v) {
-		return nil
-	}
-	return &ReparseVersionError{Kind: kind, Version: v, Registered: vs}
-}
-
-// Reparse defaults.
+// Defaults of Config.
 const (
-	DefaultReparseBatch       = 500
-	DefaultReparseConcurrency = 8
+	DefaultBatch       = 500
+	DefaultConcurrency = 8
 	// reparseLease is the lease a reparse holds on a job while it commits it: no network is
 	// involved, so a short lease is ample; the fence protects the commit regardless.
 	reparseLease = 30 * time.Second
@@ -142,16 +40,24 @@ const (
 	// (made runnable, not committed). It is shorter than reparseLease, so the put-back of a
 	// job whose commit failed normally happens while the lease still keeps workers off it.
 	reparseWriteTimeout = 15 * time.Second
+	// detachedTimeout bounds the clean-up steps (lease releases, put-backs, links) that run
+	// on a context detached from the caller's cancellation: the runner's value.
+	detachedTimeout = 15 * time.Second
 )
 
-// ReparseConfig configures Reparse.
-type ReparseConfig struct {
+// detached returns a context that survives ctx's cancellation but not a hung connection.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), detachedTimeout)
+}
+
+// Config configures Run.
+type Config struct {
 	// Store is the system of record. Required.
 	Store *store.PG
 	// Redis holds the leases. Required unless DryRun: reparse claims a job's lease before
 	// it touches the job, exactly as a worker does, so it never races one.
 	Redis redis.UniversalClient
-	// KeyPrefix of the lease keys: the workers'. Defaults to DefaultKeyPrefix.
+	// KeyPrefix of the lease keys: the workers'. Defaults to handlers.DefaultKeyPrefix.
 	KeyPrefix string
 	// Parsers are the parsers to run. Required.
 	Parsers ParserSource
@@ -162,24 +68,30 @@ type ReparseConfig struct {
 	// failed jobs it re-queues. Defaults to $USER, else "reparse".
 	By string
 	// Concurrency is how many jobs are parsed at once, and then how many are written
-	// (re-queued, started, committed) at once. Defaults to DefaultReparseConcurrency.
+	// (re-queued, started, committed) at once. Defaults to DefaultConcurrency.
 	Concurrency int
-	// BatchSize is how many saved inputs one read fetches. Defaults to DefaultReparseBatch.
+	// BatchSize is how many saved inputs one read fetches. Defaults to DefaultBatch.
 	BatchSize int
 	// Diff receives the field-level diff of every changed record (DryRun), or nothing when
 	// nil.
 	Diff io.Writer
 	// Progress is called after each batch with the totals so far. Optional.
-	Progress func(ReparseSummary)
+	Progress func(Summary)
 	// Logger. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// commitHook, when set (tests only, see export_test.go), runs before each commit.
+	// commitHook, when set (tests only, see SetCommitHook), runs before each commit.
 	commitHook func(key string) error
 }
 
-// ReparseOptions choose what to reparse and how.
-type ReparseOptions struct {
+// SetCommitHook is a test hook: it makes Run with cfg call hook before each commit, with
+// the target job's key; an error hook returns is the commit's (a failure injected after
+// the job was re-queued or recorded and started), and a hook that blocks holds the commit.
+// Production code has no use for it.
+func SetCommitHook(cfg *Config, hook func(key string) error) { cfg.commitHook = hook }
+
+// Options choose what to reparse and how.
+type Options struct {
 	// Selection chooses the jobs (by kind, parser version, window, time range of the
 	// saved input, last failure category, state, keys); each job's latest saved input with
 	// staged data is parsed.
@@ -193,8 +105,8 @@ type ReparseOptions struct {
 	DryRun bool
 }
 
-// ReparseSummary counts what a reparse did.
-type ReparseSummary struct {
+// Summary counts what a reparse did.
+type Summary struct {
 	Selected  int `json:"selected"`  // saved inputs read
 	Reparsed  int `json:"reparsed"`  // parsed without error
 	Changed   int `json:"changed"`   // records that differ from the job's current one (or that it has none)
@@ -219,9 +131,9 @@ type ReparseSummary struct {
 }
 
 // String is a one-line summary.
-func (s ReparseSummary) String() string {
+func (s Summary) String() string {
 	var fails []string
-	for _, c := range slices.Sorted(mapsKeys(s.StillFailing)) {
+	for _, c := range slices.Sorted(maps.Keys(s.StillFailing)) {
 		fails = append(fails, fmt.Sprintf("%s %d", c, s.StillFailing[c]))
 	}
 	failing := "0"
@@ -232,20 +144,10 @@ func (s ReparseSummary) String() string {
 		s.Selected, s.Reparsed, s.Changed, s.Unchanged, s.Committed, s.AlreadyDone, s.Busy, s.DuplicateResults, failing, s.Errors)
 }
 
-func mapsKeys(m map[string]int) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-// Reparse runs a parser version over saved inputs with no network: the staged data a
-// job's attempt kept (WithSavedInputs) is parsed again, compared field by field with the
-// job's current record, and — unless DryRun — committed through the same fenced commit and
-// outbox as a fresh run. Before it touches a job it claims the job's lease (floor: the
+// Run runs a parser version over saved inputs with no network: the staged data a job's
+// attempt kept (handlers.WithSavedInputs) is parsed again, compared field by field with
+// the job's current record, and — unless DryRun — committed through the same fenced commit
+// and outbox as a fresh run. Before it touches a job it claims the job's lease (floor: the
 // job's fence) like a worker: a job a worker holds is left alone (Busy), and a worker that
 // comes later finds the lease busy, then the job complete. A failed job of the same
 // version is re-queued first (ops.JobRequeue: a note records who, and "reparse"), then
@@ -253,48 +155,48 @@ func mapsKeys(m map[string]int) func(func(string) bool) {
 // and committed the same way. A parse that fails writes nothing. The commit is idempotent:
 // a second reparse finds the jobs complete and adds nothing.
 //
-// Reparse never leaves a job runnable that it made runnable: once a batch starts writing,
+// Run never leaves a job runnable that it made runnable: once a batch starts writing,
 // each job's re-queue or record, start and commit run to their end whatever happens to ctx
 // (each step bounded by a timeout), so a cancelled reparse stops between batches and
 // returns ctx's error; a job whose commit fails after it was re-queued is put back to
 // failed with its original category, and a new version's job it recorded is failed as
 // internal, each with an attempt whose error says the reparse failed and why (a worker
 // would otherwise fetch it again over the proxy). Another version than a job's own needs a
-// parser registered for that version explicitly (CheckReparseVersion), unless DryRun. A
+// parser registered for that version explicitly (CheckVersion), unless DryRun. A
 // commit whose result row is refused as a duplicate (the observation key has one: a
 // parser whose ObservationKey ignores the version) is counted in DuplicateResults.
-func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (ReparseSummary, error) {
-	sum := ReparseSummary{StillFailing: map[string]int{}}
+func Run(ctx context.Context, cfg Config, opts Options) (Summary, error) {
+	sum := Summary{StillFailing: map[string]int{}}
 	if cfg.Store == nil || cfg.Parsers == nil {
-		return sum, errors.New("handlers: Reparse: Store and Parsers are required")
+		return sum, errors.New("reparse: Store and Parsers are required")
 	}
 	if !opts.DryRun && cfg.Redis == nil {
-		return sum, errors.New("handlers: Reparse: Redis is required unless DryRun (leases keep reparse from racing workers)")
+		return sum, errors.New("reparse: Redis is required unless DryRun (leases keep reparse from racing workers)")
 	}
 	if opts.Version < 0 {
-		return sum, fmt.Errorf("handlers: Reparse: Version %d must be >= 0", opts.Version)
+		return sum, fmt.Errorf("reparse: Version %d must be >= 0", opts.Version)
 	}
 	if !opts.DryRun && opts.Version > 0 && opts.Selection.Kind != "" && opts.Selection.ParserVersion != opts.Version {
 		// Refused before anything is read or written (jobs of version opts.Version itself
 		// would pass the per-job check; the others would all be refused).
-		if err := CheckReparseVersion(cfg.Parsers, opts.Selection.Kind, opts.Version); err != nil {
+		if err := CheckVersion(cfg.Parsers, opts.Selection.Kind, opts.Version); err != nil {
 			return sum, err
 		}
 	}
 	if cfg.KeyPrefix == "" {
-		cfg.KeyPrefix = DefaultKeyPrefix
+		cfg.KeyPrefix = handlers.DefaultKeyPrefix
 	}
 	if cfg.Normalizer == nil {
 		cfg.Normalizer = tasks.DefaultNormalizer
 	}
 	if cfg.By == "" {
-		cfg.By = cmpOrStr(os.Getenv("USER"), "reparse")
+		cfg.By = cmp.Or(os.Getenv("USER"), "reparse")
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = DefaultReparseConcurrency
+		cfg.Concurrency = DefaultConcurrency
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = DefaultReparseBatch
+		cfg.BatchSize = DefaultBatch
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -367,16 +269,9 @@ func Reparse(ctx context.Context, cfg ReparseConfig, opts ReparseOptions) (Repar
 	return sum, ctx.Err()
 }
 
-func cmpOrStr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
 type reparser struct {
-	cfg    ReparseConfig
-	opts   ReparseOptions
+	cfg    Config
+	opts   Options
 	in     *inputs.Store
 	ops    *ops.Store
 	leases *lua.Leases
@@ -398,7 +293,7 @@ type reparseOutcome struct {
 	errText string
 }
 
-func (s *ReparseSummary) add(o reparseOutcome) {
+func (s *Summary) add(o reparseOutcome) {
 	s.Selected++
 	switch {
 	case o.failCat != "":
@@ -434,7 +329,7 @@ type reparseItem struct {
 	in   inputs.Input
 	o    reparseOutcome
 	job  tasks.Payload // the target job (its key: o.key)
-	obs  Observation
+	obs  handlers.Observation
 	data json.RawMessage
 }
 
@@ -449,11 +344,11 @@ func (rp *reparser) parse(in inputs.Input) *reparseItem {
 	}
 	parser, ok := rp.cfg.Parsers.Parser(in.Kind, o.version)
 	if !ok {
-		o.failCat = string(CategoryParserVersion)
+		o.failCat = string(handlers.CategoryParserVersion)
 		return it
 	}
 	if !rp.opts.DryRun && o.version != in.ParserVersion {
-		if err := CheckReparseVersion(rp.cfg.Parsers, in.Kind, o.version); err != nil {
+		if err := CheckVersion(rp.cfg.Parsers, in.Kind, o.version); err != nil {
 			o.result, o.errText = "error", fmt.Sprintf("%s: %v", in.JobKey, err)
 			return it
 		}
@@ -505,7 +400,7 @@ func (rp *reparser) parse(in inputs.Input) *reparseItem {
 
 // parseObservation runs parser over staged and encodes the record, as the runner does
 // (without the drift history: reparse judges records, not page schemas).
-func parseObservation(parser ParserFunc, job tasks.Payload, staged map[string]json.RawMessage) (obs Observation, data json.RawMessage, fe *sessions.FetchError) {
+func parseObservation(parser handlers.ParserFunc, job tasks.Payload, staged map[string]json.RawMessage) (obs handlers.Observation, data json.RawMessage, fe *sessions.FetchError) {
 	defer func() {
 		if rec := recover(); rec != nil {
 			fe = &sessions.FetchError{Category: tasks.CategoryPanic, Err: fmt.Errorf("panic: %v", rec)}
@@ -513,10 +408,7 @@ func parseObservation(parser ParserFunc, job tasks.Payload, staged map[string]js
 	}()
 	obs, err := parser(job, staged)
 	if err != nil {
-		if isValidation(err) {
-			return obs, nil, &sessions.FetchError{Category: tasks.CategoryValidation, Err: err}
-		}
-		return obs, nil, asFetchError(err, tasks.CategoryParseError)
+		return obs, nil, handlers.ParserFailure(err)
 	}
 	if obs.ObservationKey == "" {
 		obs.ObservationKey = job.Key
@@ -767,7 +659,7 @@ func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) 
 				j.category = job.LastCategory
 			}
 		}
-		j.category = cmpOrStr(j.category, string(tasks.CategoryInternal))
+		j.category = cmp.Or(j.category, string(tasks.CategoryInternal))
 		_, err := rp.ops.JobRequeue(wctx, ops.RequeueParams{Key: key, By: rp.cfg.By,
 			Note: fmt.Sprintf("reparse: parser v%d over the saved input of %s (fence %d)", it.job.Spec.ParserVersion, it.in.JobKey, it.in.SavedFence)})
 		if err != nil {
@@ -852,15 +744,14 @@ func (rp *reparser) startAndCommit(ctx context.Context, j *reparseJob, owner str
 	if err != nil {
 		return false, false, err
 	}
-	topic := cmpOrStr(rp.cfg.Parsers.Topic(it.job.Spec.Kind), it.job.Spec.Kind)
-	payload, err := eventPayload(it.obs.Event, defaultEvent{JobKey: key, ObservationKey: it.obs.ObservationKey,
-		Kind: it.job.Spec.Kind, ParserVersion: it.job.Spec.ParserVersion, Data: it.data})
+	topic := cmp.Or(rp.cfg.Parsers.Topic(it.job.Spec.Kind), it.job.Spec.Kind)
+	payload, err := handlers.EventPayload(it.job, it.obs, it.data)
 	if err != nil {
 		return true, false, err
 	}
 	p := store.CommitParams{
 		Key: key, Token: j.lease.Token, ObservationKey: it.obs.ObservationKey, ParserVersion: it.job.Spec.ParserVersion,
-		Data: it.data, Fingerprint: it.in.Fingerprint, EventKey: EventKey(key), Topic: topic, EventPayload: payload,
+		Data: it.data, Fingerprint: it.in.Fingerprint, EventKey: handlers.EventKey(key), Topic: topic, EventPayload: payload,
 	}
 	var res store.CommitResult
 	if rp.commitHook != nil {
@@ -905,102 +796,4 @@ func (rp *reparser) putBack(ctx context.Context, j *reparseJob, category, why st
 	}
 	rp.cfg.Logger.Error("reparse: job left runnable: not put back to failed", "job", key, "category", category, "err", err)
 	return err
-}
-
-// DiffRecords returns the field-level difference of two JSON records, one line per field
-// ("  path: old → new", "+ path: new", "- path: old"), paths sorted; "" when they are
-// equal. Objects are compared by key, arrays by index; a nil record is an empty one.
-func DiffRecords(old, cur json.RawMessage) string {
-	a, b := flatRecord(old), flatRecord(cur)
-	paths := make([]string, 0, len(a)+len(b))
-	for p := range a {
-		paths = append(paths, p)
-	}
-	for p := range b {
-		if _, ok := a[p]; !ok {
-			paths = append(paths, p)
-		}
-	}
-	sort.Strings(paths)
-	var out bytes.Buffer
-	for _, p := range paths {
-		x, inA := a[p]
-		y, inB := b[p]
-		switch {
-		case inA && inB && x != y:
-			fmt.Fprintf(&out, "  %s: %s → %s\n", p, x, y)
-		case inA && !inB:
-			fmt.Fprintf(&out, "- %s: %s\n", p, x)
-		case !inA && inB:
-			fmt.Fprintf(&out, "+ %s: %s\n", p, y)
-		}
-	}
-	return out.String()
-}
-
-// sameRecords reports whether DiffRecords(old, cur) is "".
-func sameRecords(old, cur json.RawMessage) bool {
-	return maps.Equal(flatRecord(old), flatRecord(cur))
-}
-
-// flatRecord is a record's leaves by path (see flatten).
-func flatRecord(b json.RawMessage) map[string]string {
-	out := map[string]string{}
-	flatten("", decodeAny(b), out)
-	return out
-}
-
-func decodeAny(b json.RawMessage) any {
-	if len(b) == 0 {
-		return nil
-	}
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
-		return string(b)
-	}
-	return v
-}
-
-// flatten writes every leaf of v under its path ("name", "offers[0].price"); an empty
-// object or array is a leaf ("{}", "[]").
-func flatten(path string, v any, out map[string]string) {
-	switch x := v.(type) {
-	case map[string]any:
-		if len(x) == 0 && path != "" {
-			out[path] = "{}"
-		}
-		for k, val := range x {
-			p := k
-			if path != "" {
-				p = path + "." + k
-			}
-			flatten(p, val, out)
-		}
-	case []any:
-		if len(x) == 0 {
-			out[path] = "[]"
-		}
-		for i, val := range x {
-			flatten(path+"["+strconv.Itoa(i)+"]", val, out)
-		}
-	case nil:
-		if path != "" {
-			out[path] = "null"
-		}
-	default:
-		if path == "" {
-			path = "."
-		}
-		switch x := x.(type) {
-		case json.Number: // as json.Marshal writes it
-			out[path] = string(x)
-		case bool:
-			out[path] = strconv.FormatBool(x)
-		default:
-			b, _ := json.Marshal(x)
-			out[path] = string(b)
-		}
-	}
 }
