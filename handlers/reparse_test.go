@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/reparse"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -275,4 +276,32 @@ func TestReparseCommitsBounded(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 10, sum.Committed, sum.String())
 	assert.LessOrEqual(t, most, 2, "commits in flight at once")
+}
+
+// TestReparseLeaseLostWhileWaiting: a job whose lease expired while it waited for a write
+// slot (here: deleted while the first job commits, with Concurrency 1) is not written: it
+// is reported busy and stays failed, never runnable.
+func TestReparseLeaseLostWhileWaiting(t *testing.T) {
+	ctx := context.Background()
+	r, keys, cfg := reparseFixture(t, 3)
+	cfg.Concurrency = 1
+	lk, err := lua.NewKeys(cfg.KeyPrefix)
+	require.NoError(t, err)
+	var once sync.Once
+	reparse.SetCommitHook(&cfg, func(key string) error {
+		once.Do(func() {
+			for _, k := range keys {
+				if k != key {
+					require.NoError(t, r.ns.Client.Del(ctx, lk.Lease(k)).Err())
+				}
+			}
+		})
+		return nil
+	})
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{Selection: inputs.Selection{Kind: shopKind, ParserVersion: 1}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, sum.Committed, sum.String())
+	assert.Equal(t, 2, sum.Busy, sum.String())
+	assert.Zero(t, runnable(t, r))
+	assert.Equal(t, 2, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM jobs WHERE state = 'failed'`))
 }

@@ -57,6 +57,13 @@ func (r *Registry) ProcessTask(ctx context.Context, task *asynq.Task) error {
 		return r.undecodable(ctx, k, err)
 	}
 	ctx, span := r.startAttemptSpan(ctx, k, job)
+	defer func() {
+		if rec := recover(); rec != nil {
+			// asynq recovers a handler's panic; the span still ends, as the failure it is.
+			endAttemptSpan(span, fmt.Errorf("panic: %v", rec))
+			panic(rec)
+		}
+	}()
 	err = r.process(ctx, k, job)
 	endAttemptSpan(span, err)
 	return err
@@ -361,12 +368,14 @@ func (r *Registry) releaseDone(ctx context.Context, lease lua.Lease, log *slog.L
 	r.releases.Add(1)
 	done := make(chan struct{})
 	r.releasing.Store(lease.Key, done)
-	r.toRelease = append(r.toRelease, pendingRelease{lease: lease, done: done, log: log})
+	r.toRelease = append(r.toRelease, pendingRelease{lease: lease, done: done, log: log, ctx: context.WithoutCancel(ctx)})
 	start := !r.flushing
 	r.flushing = true
 	r.relMu.Unlock()
 	if start {
-		go r.flushReleases(context.WithoutCancel(ctx))
+		// The flusher serves every job's releases while it runs: it carries no job's
+		// context (values, span); each line it logs uses its own job's.
+		go r.flushReleases(context.Background())
 	}
 }
 
@@ -375,6 +384,7 @@ type pendingRelease struct {
 	lease lua.Lease
 	done  chan struct{}
 	log   *slog.Logger
+	ctx   context.Context // the job's, without its cancellation: for its log line
 }
 
 // flushReleases sends the queued releases, a pipeline per batch, until the queue is empty.
@@ -398,7 +408,7 @@ func (r *Registry) flushReleases(ctx context.Context) {
 		cancel()
 		for i, p := range batch {
 			if errs[i] != nil {
-				p.log.WarnContext(ctx, "lease release failed", "err", errs[i])
+				p.log.WarnContext(p.ctx, "lease release failed", "err", errs[i])
 			}
 			r.releasing.CompareAndDelete(p.lease.Key, p.done)
 			close(p.done)
@@ -569,16 +579,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		return w
 	}
 	var perr *sessions.FetchError
-	pctx, pspan := startSpan(ctx, "parse")
-	w.obs, perr = r.runParser(pctx, k, parser, job, w.unit.Staged)
-	if pspan.IsRecording() {
-		pspan.SetAttributes(attribute.Int("idemscrape.parser_version", job.Spec.ParserVersion))
-		if perr != nil {
-			endSpan(pspan, perr)
-		} else {
-			pspan.End()
-		}
-	}
+	w.obs, perr = r.parseTraced(ctx, k, parser, job, w.unit.Staged)
 	if perr != nil {
 		w.err = perr
 		if perr.Category == tasks.CategoryValidation {

@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 
 	"github.com/hibiken/asynq"
@@ -9,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -89,4 +91,30 @@ func endSpan(span trace.Span, err error) {
 		span.SetStatus(codes.Error, tasks.RedactURLs(err.Error()))
 	}
 	span.End()
+}
+
+// parseTraced is runParser under a "parse" span, which ends even when the parser panics
+// (work's recover then records the panic).
+func (r *Registry) parseTraced(ctx context.Context, k *kind, parser ParserFunc, job tasks.Payload,
+	staged map[string]json.RawMessage) (obs Observation, perr *sessions.FetchError) {
+	ctx, span := startSpan(ctx, "parse")
+	if !span.IsRecording() {
+		return r.runParser(ctx, k, parser, job, staged)
+	}
+	span.SetAttributes(attribute.Int("idemscrape.parser_version", job.Spec.ParserVersion))
+	panicked := true
+	defer func() {
+		switch {
+		case panicked:
+			span.SetStatus(codes.Error, "the parser panicked")
+			span.End()
+		case perr != nil:
+			endSpan(span, perr)
+		default:
+			span.End()
+		}
+	}()
+	obs, perr = r.runParser(ctx, k, parser, job, staged)
+	panicked = false
+	return obs, perr
 }

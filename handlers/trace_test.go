@@ -3,6 +3,7 @@ package handlers_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strings"
 	"sync"
@@ -207,4 +208,28 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestTraceOfPanickingParser: a parser that panics still ends its parse span (with the
+// error) and its attempt's span.
+func TestTraceOfPanickingParser(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	_, task := r.job(t, "sku-7")
+	reg := r.registry(t, func(c *handlers.Config) { c.TracerProvider = tp })
+	require.NoError(t, reg.Register("catalog.panics", catalog.Workflow(r.site.URL),
+		func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) { panic("the parser's bug") }))
+	task = asynq.NewTask("catalog.panics", task.Payload())
+	require.True(t, decisionOf(reg.ProcessTask(ctx, task)).Retry)
+	names := map[string]tracetest.SpanStub{}
+	for _, s := range exp.GetSpans() {
+		names[s.Name] = s
+	}
+	require.Contains(t, names, "parse", "the parse span ended")
+	assert.Equal(t, codes.Error, names["parse"].Status.Code)
+	require.Contains(t, names, "idemscrape.attempt")
+	assert.Equal(t, "panic", attr(names["idemscrape.attempt"], "idemscrape.category"))
 }

@@ -560,13 +560,15 @@ func (rp *reparser) commitBatch(ctx context.Context, items []*reparseItem) {
 			// effect; the recorded jobs are put back to failed either way (a job that is not
 			// there is left alone).
 			var wg sync.WaitGroup
+			slots := make(chan struct{}, rp.cfg.Concurrency)
 			for _, j := range run {
 				fail(j.it, err)
 				giveBack = append(giveBack, j.lease) // released once the put-backs are done
 				if j.recorded {
 					wg.Add(1)
+					slots <- struct{}{}
 					go func() {
-						defer wg.Done()
+						defer func() { <-slots; wg.Done() }()
 						_ = rp.putBack(ctx, &j, string(tasks.CategoryInternal), "recording the job failed: "+err.Error()) // logged there
 					}()
 				}
@@ -582,7 +584,8 @@ func (rp *reparser) commitBatch(ctx context.Context, items []*reparseItem) {
 	var links []inputs.LinkParams
 	// Concurrency bounds the jobs being written at once, as it bounds the parses: a batch
 	// of 500 must not put 500 starts and commits on the database (and the group committer's
-	// queue) at the same time under leases nobody renews.
+	// queue) at the same time. A job waiting for its slot keeps its lease only for what is
+	// left of reparseLease: finishJob renews it before the first write.
 	slots := make(chan struct{}, rp.cfg.Concurrency)
 	for _, j := range run {
 		wg.Add(1)
@@ -651,6 +654,22 @@ func (rp *reparser) finishJob(ctx context.Context, j *reparseJob, owner string) 
 			rp.cfg.Logger.Warn("reparse: lease release failed", "job", key, "err", err)
 		}
 	}()
+	// The lease was claimed with the whole batch; the job may have waited for its write slot
+	// since. Renewed before the first write, so the writes run under a whole reparseLease;
+	// a lease already lost (a worker took the job) means nothing is written: busy.
+	if err := rp.leases.Renew(wctx, j.lease, reparseLease); err != nil {
+		if errors.Is(err, lua.ErrLeaseLost) || errors.Is(err, lua.ErrNotOwner) {
+			it.o.result = "busy"
+		} else {
+			it.o.result, it.o.errText = "error", fmt.Sprintf("%s: renew the lease: %v", key, err)
+		}
+		if j.recorded {
+			// This reparse recorded the job (runnable): it goes back to failed, unless a
+			// worker already took it (the put-back is fenced).
+			_ = rp.putBack(ctx, j, string(tasks.CategoryInternal), "lease lost before the writes: "+err.Error()) // logged there
+		}
+		return false
+	}
 	if j.requeue {
 		j.category = it.in.LastCategory
 		if it.in.JobKey != key || j.category == "" {
