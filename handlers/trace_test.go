@@ -221,7 +221,9 @@ func TestTraceOfPanickingParser(t *testing.T) {
 	_, task := r.job(t, "sku-7")
 	reg := r.registry(t, func(c *handlers.Config) { c.TracerProvider = tp })
 	require.NoError(t, reg.Register("catalog.panics", catalog.Workflow(r.site.URL),
-		func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) { panic("the parser's bug") }))
+		func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
+			panic("the parser's bug")
+		}))
 	task = asynq.NewTask("catalog.panics", task.Payload())
 	require.True(t, decisionOf(reg.ProcessTask(ctx, task)).Retry)
 	names := map[string]tracetest.SpanStub{}
