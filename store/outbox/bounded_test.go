@@ -403,6 +403,8 @@ func TestStreamCap(t *testing.T) {
 		require.Equal(t, 50, drain(t, d))
 		require.Equal(t, 50, xlen(t, b.rdb, stream), "no cap")
 		require.Zero(t, ptu.ToFloat64(d.Metrics().Capped.WithLabelValues("t")))
+		require.Equal(t, 50, int(ptu.ToFloat64(d.Metrics().Length.WithLabelValues("t"))), "the length gauge after the trims")
+		require.Zero(t, ptu.CollectAndCount(d.Metrics().MaxLength), "no cap, no cap gauge")
 	})
 
 	t.Run("ColdScriptCache", func(t *testing.T) {
@@ -418,6 +420,8 @@ func TestStreamCap(t *testing.T) {
 			require.Equal(t, 10, xlen(t, b.rdb, stream), "after batch %d: capped although the pipelined EVALSHA met NOSCRIPT", i+1)
 		}
 		require.Equal(t, 20, capLost(d, "t", "dead"))
+		require.Equal(t, 10, int(ptu.ToFloat64(d.Metrics().Length.WithLabelValues("t"))), "the length gauge: at the cap")
+		require.Equal(t, 10, int(ptu.ToFloat64(d.Metrics().MaxLength.WithLabelValues("t"))))
 	})
 
 	t.Run("CatchesUpInSteps", func(t *testing.T) {

@@ -671,6 +671,33 @@ func (d *Dispatcher) trim(ctx context.Context, due, capAgain []string) {
 	for _, topic := range capAgain {
 		d.capStream(ctx, topic)
 	}
+	d.measureLengths(ctx, due)
+}
+
+// measureLengths reads the trimmed streams' lengths (one pipelined XLEN per trim round)
+// into idemscrape_outbox_stream_length, beside their cap: the alert on a stream nearing
+// its cap reads both.
+func (d *Dispatcher) measureLengths(ctx context.Context, topics []string) {
+	if len(topics) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
+	defer cancel()
+	cmds := make([]*redis.IntCmd, len(topics))
+	_, _ = d.rdb.Pipelined(rctx, func(p redis.Pipeliner) error {
+		for i, topic := range topics {
+			cmds[i] = p.XLen(rctx, StreamKey(d.cfg.Prefix, topic))
+		}
+		return nil
+	})
+	for i, topic := range topics {
+		if n, err := cmds[i].Result(); err == nil {
+			d.metrics.Length.WithLabelValues(topic).Set(float64(n))
+		}
+		if d.cfg.MaxLen > 0 {
+			d.metrics.MaxLength.WithLabelValues(topic).Set(float64(d.cfg.MaxLen))
+		}
+	}
 }
 
 // Start runs the dispatcher in the background until Stop is called or ctx is done: it

@@ -37,6 +37,13 @@ type DispatcherMetrics struct {
 	// the group will never handle. An entry that was pending also surfaces in the group's
 	// consumers as idemscrape_outbox_lost_total{group} when they reclaim it.
 	CapLost *prometheus.CounterVec
+	// Length is, per topic, the stream's length (XLEN) read after each trim of it
+	// (TrimConsumed, every TrimInterval): how far it is from MaxLen, and whether a
+	// consumer group holds the pending-safe trim back.
+	Length *prometheus.GaugeVec
+	// MaxLength is, per topic, the length cap the dispatcher holds the stream at
+	// (DispatcherConfig.MaxLen; absent without a cap).
+	MaxLength *prometheus.GaugeVec
 }
 
 // ConsumerMetrics are the collectors a Consumer updates, labelled by consumer group.
@@ -86,6 +93,14 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 			Name: "idemscrape_outbox_stream_cap_lost_total",
 			Help: "Stream entries the length cap removed before the consumer group acknowledged them: events the group never handles.",
 		}, []string{"topic", "group"}),
+		Length: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemscrape_outbox_stream_length",
+			Help: "Entries in the topic's stream (XLEN), read after each trim.",
+		}, []string{"topic"}),
+		MaxLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemscrape_outbox_stream_max_length",
+			Help: "The length cap the dispatcher holds the topic's stream at (MaxLen).",
+		}, []string{"topic"}),
 	}
 	var err error
 	if m.Published, err = register(reg, m.Published); err != nil {
@@ -107,6 +122,12 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 		return nil, err
 	}
 	if m.CapLost, err = register(reg, m.CapLost); err != nil {
+		return nil, err
+	}
+	if m.Length, err = register(reg, m.Length); err != nil {
+		return nil, err
+	}
+	if m.MaxLength, err = register(reg, m.MaxLength); err != nil {
 		return nil, err
 	}
 	return m, nil
