@@ -12,9 +12,11 @@
 package testutil
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"sync"
 	"testing"
 )
 
@@ -54,4 +56,32 @@ func RandomID(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// SyncBuffer is a bytes.Buffer that several goroutines may write while a test reads it: a
+// log sink for components that log from their own goroutines.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Reset empties the buffer.
+func (s *SyncBuffer) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b.Reset()
 }

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,35 +18,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/store/outbox"
+	"github.com/idemscrape/idemscrape/testutil"
 )
 
-// syncBuffer is a log sink the dispatcher's goroutine writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // capturingLogs makes b's components log (info and up) into the returned buffer.
-func (b *bundle) capturingLogs() *syncBuffer {
-	buf := &syncBuffer{}
+func (b *bundle) capturingLogs() *testutil.SyncBuffer {
+	buf := &testutil.SyncBuffer{}
 	b.log = slog.New(slog.NewTextHandler(buf, nil))
 	return buf
 }
 
 // lossLines returns the log lines about events the length cap took from groups.
-func lossLines(buf *syncBuffer) []string {
+func lossLines(buf *testutil.SyncBuffer) []string {
 	var out []string
 	for _, l := range strings.Split(buf.String(), "\n") {
 		if strings.Contains(l, "LOST events: the stream length cap") {
