@@ -550,18 +550,40 @@ func (b *batcher[Req, Res]) alone(r *groupReq[Req, Res]) {
 // request whose outcome it knows; it returns the requests to try again (nothing of them
 // was written).
 func (b *batcher[Req, Res]) try(parent context.Context, reqs []*groupReq[Req, Res]) (again []*groupReq[Req, Res]) {
-	in := make([]Req, len(reqs))
-	keys := make([]string, len(reqs))
+	in, keys := b.startTry(reqs)
+	ctx, cancel := context.WithTimeout(parent, b.cfg.TryTimeout)
+	defer cancel()
+	out, err := b.send(ctx, in, keys)
+	if err != nil {
+		if !maybeWritten(err) {
+			return b.unwritten(reqs, err)
+		}
+		// Sent, and maybe committed: the rows tell.
+		var ok bool
+		if out, ok = b.resolveSent(reqs, in, err); !ok {
+			return nil
+		}
+	}
+	b.rereadRefused(reqs, in, out)
+	return b.answer(reqs, out)
+}
+
+// startTry is try's first step: the requests' inputs and keys, each request's try
+// counted, and the statement counted in the batcher's statistics.
+func (b *batcher[Req, Res]) startTry(reqs []*groupReq[Req, Res]) (in []Req, keys []string) {
+	in = make([]Req, len(reqs))
+	keys = make([]string, len(reqs))
 	for i, r := range reqs {
 		in[i], keys[i] = r.req, r.key
 		r.tries++
 	}
 	b.batches.Add(1)
 	b.rows.Add(int64(len(reqs)))
-	ctx, cancel := context.WithTimeout(parent, b.cfg.TryTimeout)
-	defer cancel()
-	var out []rowOutcome[Res]
-	var err error
+	return in, keys
+}
+
+// send is the step that runs the statement, between the test hooks before and after.
+func (b *batcher[Req, Res]) send(ctx context.Context, in []Req, keys []string) (out []rowOutcome[Res], err error) {
 	if h := b.hooks; h != nil && h.before != nil {
 		err = h.before(keys)
 	}
@@ -575,40 +597,53 @@ func (b *batcher[Req, Res]) try(parent context.Context, reqs []*groupReq[Req, Re
 			}
 		}
 	}
-	if err != nil {
-		if !maybeWritten(err) {
-			// Nothing of the statement was written: never sent, or refused by the server
-			// (the transaction rolled back). Each request is tried on its own, so one bad
-			// row can not fail the others; a lone request gets a server's error as is.
-			var pgErr *pgconn.PgError
-			for _, r := range reqs {
-				if len(reqs) == 1 && errors.As(err, &pgErr) {
-					r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: %w", b.ops.op, r.key, err)}
-					continue
-				}
-				if len(reqs) > 1 {
-					r.tries-- // a batch that failed as a whole does not count against each job
-				}
-				r.busy, r.last = false, err
-				again = append(again, r)
-			}
-			return again
+	return out, err
+}
+
+// unwritten is the step for a statement of which nothing was written (err): it answers a
+// lone request refused by the server and returns the others to try again.
+func (b *batcher[Req, Res]) unwritten(reqs []*groupReq[Req, Res], err error) (again []*groupReq[Req, Res]) {
+	// Nothing of the statement was written: never sent, or refused by the server
+	// (the transaction rolled back). Each request is tried on its own, so one bad
+	// row can not fail the others; a lone request gets a server's error as is.
+	var pgErr *pgconn.PgError
+	for _, r := range reqs {
+		if len(reqs) == 1 && errors.As(err, &pgErr) {
+			r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: %w", b.ops.op, r.key, err)}
+			continue
 		}
-		// Sent, and maybe committed: the rows tell.
-		b.resolved.Add(1)
-		rctx, rcancel := context.WithTimeout(context.Background(), b.cfg.TryTimeout)
-		defer rcancel()
-		var rerr error
-		if out, rerr = b.ops.resolve(rctx, in); rerr != nil {
-			for _, r := range reqs {
-				r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: %w: %w (re-read: %w)", b.ops.op, r.key, ErrOutcomeUnknown, err, rerr)}
-			}
-			return nil
+		if len(reqs) > 1 {
+			r.tries-- // a batch that failed as a whole does not count against each job
 		}
-		for _, r := range reqs {
-			r.last, r.maybe = err, true
-		}
+		r.busy, r.last = false, err
+		again = append(again, r)
 	}
+	return again
+}
+
+// resolveSent is the step for a statement that failed (err) after it was sent: it re-reads
+// the rows for the outcomes. When they can not be read it answers every request with
+// ErrOutcomeUnknown and returns false.
+func (b *batcher[Req, Res]) resolveSent(reqs []*groupReq[Req, Res], in []Req, err error) ([]rowOutcome[Res], bool) {
+	b.resolved.Add(1)
+	rctx, rcancel := context.WithTimeout(context.Background(), b.cfg.TryTimeout)
+	defer rcancel()
+	out, rerr := b.ops.resolve(rctx, in)
+	if rerr != nil {
+		for _, r := range reqs {
+			r.reply <- rowOutcome[Res]{err: fmt.Errorf("store: %s %q: %w: %w (re-read: %w)", b.ops.op, r.key, ErrOutcomeUnknown, err, rerr)}
+		}
+		return nil, false
+	}
+	for _, r := range reqs {
+		r.last, r.maybe = err, true
+	}
+	return out, true
+}
+
+// rereadRefused is the step that re-reads the rows of the refused requests whose earlier
+// statement may have taken effect, and takes the rows' answer where they have one.
+func (b *batcher[Req, Res]) rereadRefused(reqs []*groupReq[Req, Res], in []Req, out []rowOutcome[Res]) {
 	// A request whose earlier statement may have taken effect (a lost reply, a timeout
 	// while the server still ran it) and that is refused now may have been refused by its
 	// own earlier statement: the rows tell.
@@ -618,22 +653,28 @@ func (b *batcher[Req, Res]) try(parent context.Context, reqs []*groupReq[Req, Re
 			again1 = append(again1, i)
 		}
 	}
-	if len(again1) > 0 {
-		in1 := make([]Req, len(again1))
+	if len(again1) == 0 {
+		return
+	}
+	in1 := make([]Req, len(again1))
+	for j, i := range again1 {
+		in1[j] = in[i]
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), b.cfg.TryTimeout)
+	defer rcancel()
+	b.resolved.Add(1)
+	if out1, rerr := b.ops.resolve(rctx, in1); rerr == nil {
 		for j, i := range again1 {
-			in1[j] = in[i]
-		}
-		rctx, rcancel := context.WithTimeout(context.Background(), b.cfg.TryTimeout)
-		defer rcancel()
-		b.resolved.Add(1)
-		if out1, rerr := b.ops.resolve(rctx, in1); rerr == nil {
-			for j, i := range again1 {
-				if out1[j].err == nil && !out1[j].busy {
-					out[i] = out1[j]
-				}
+			if out1[j].err == nil && !out1[j].busy {
+				out[i] = out1[j]
 			}
 		}
 	}
+}
+
+// answer is try's last step: it answers every request with its outcome, except those
+// whose row was locked, which it returns to try again.
+func (b *batcher[Req, Res]) answer(reqs []*groupReq[Req, Res], out []rowOutcome[Res]) (again []*groupReq[Req, Res]) {
 	for i, r := range reqs {
 		if out[i].busy {
 			b.busy.Add(1)

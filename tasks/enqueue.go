@@ -389,6 +389,35 @@ func (e *Enqueuer) Enqueue(ctx context.Context, spec Spec) (Result, error) {
 // is in place is recognised (AlreadyQueued, AlreadyComplete, AlreadyFailed), a recorded
 // job without its task is enqueued (Requeued).
 func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, error) {
+	records, err := e.validateSpecs(specs)
+	if err != nil {
+		return nil, err
+	}
+	results := make([]Result, len(records))
+	for i, rec := range records {
+		results[i].Key = rec.Key
+	}
+	recorded, err := e.recordJobs(ctx, records, results)
+	if err != nil {
+		return nil, err
+	}
+	live, err := e.liveTasks(ctx, records, recorded)
+	if err != nil {
+		return nil, &BatchError{Recorded: true, Results: results, Err: err}
+	}
+	first, todo := planEnqueues(records, recorded, live, results)
+	enqueued, errs := e.enqueueTasks(ctx, records, recorded, todo)
+	firstErr := enqueueOutcomes(records, recorded, todo, enqueued, errs, results)
+	markDuplicates(records, first, results)
+	if firstErr != nil {
+		return nil, &BatchError{Recorded: true, Results: results, Err: firstErr}
+	}
+	return results, nil
+}
+
+// validateSpecs is EnqueueMany's first step: it normalizes every spec, computes its key and
+// checks its URL against the destination policy; the error names the first bad spec.
+func (e *Enqueuer) validateSpecs(specs []Spec) ([]JobRecord, error) {
 	records := make([]JobRecord, len(specs))
 	for i, s := range specs {
 		norm, err := e.cfg.Normalizer.Normalize(s)
@@ -406,10 +435,13 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 		}
 		records[i] = JobRecord{Key: key, Spec: norm, Queue: e.queueOf(norm.Kind)}
 	}
-	results := make([]Result, len(records))
-	for i, rec := range records {
-		results[i].Key = rec.Key
-	}
+	return records, nil
+}
+
+// recordJobs is the step that records the jobs rows in one statement; it points records at
+// the queues the rows name and sets results' states, and the outcomes the rows settle.
+// Its error is a *BatchError.
+func (e *Enqueuer) recordJobs(ctx context.Context, records []JobRecord, results []Result) ([]JobRecordResult, error) {
 	recorded, err := e.rec.JobsRecord(ctx, records)
 	if err != nil {
 		return nil, &BatchError{Results: results, Err: err}
@@ -434,12 +466,15 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 			results[i].Outcome = AlreadyFailed
 		}
 	}
-	live, err := e.liveTasks(ctx, records, recorded)
-	if err != nil {
-		return nil, &BatchError{Recorded: true, Results: results, Err: err}
-	}
-	first := make(map[string]int, len(records)) // the index that enqueues each key
-	var todo []int                              // the records whose task is enqueued
+	return recorded, nil
+}
+
+// planEnqueues is the step that decides which records get a task enqueued (todo, in
+// order): not complete or failed, the first occurrence of their key, and not already
+// live in asynq (live, the fast path read; such a record is AlreadyQueued). first is the
+// index that enqueues each key.
+func planEnqueues(records []JobRecord, recorded []JobRecordResult, live []bool, results []Result) (first map[string]int, todo []int) {
+	first = make(map[string]int, len(records))
 	for i, rec := range records {
 		r := recorded[i]
 		switch {
@@ -462,7 +497,12 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 		}
 		todo = append(todo, i)
 	}
-	enqueued, errs := e.enqueueTasks(ctx, records, recorded, todo)
+	return first, todo
+}
+
+// enqueueOutcomes is the step that sets the outcomes of the records enqueueTasks tried
+// (todo) and returns the error of the first one that failed.
+func enqueueOutcomes(records []JobRecord, recorded []JobRecordResult, todo []int, enqueued []taskDone, errs []error, results []Result) error {
 	var firstErr error
 	for _, i := range todo { // in the order of specs: the error reported is the first spec's
 		if errs[i] != nil {
@@ -485,15 +525,17 @@ func (e *Enqueuer) EnqueueMany(ctx context.Context, specs []Spec) ([]Result, err
 			results[i].Outcome = AlreadyQueued
 		}
 	}
+	return firstErr
+}
+
+// markDuplicates is the step that reports a key given twice as AlreadyQueued once its first
+// occurrence's task is in place.
+func markDuplicates(records []JobRecord, first map[string]int, results []Result) {
 	for i, rec := range records {
 		if j, ok := first[rec.Key]; ok && j != i && results[i].Outcome == 0 && results[j].Outcome != 0 {
 			results[i].Outcome = AlreadyQueued // its key's task is in place
 		}
 	}
-	if firstErr != nil {
-		return nil, &BatchError{Recorded: true, Results: results, Err: firstErr}
-	}
-	return results, nil
 }
 
 // BatchError is the error of an EnqueueMany that failed after its specs were validated

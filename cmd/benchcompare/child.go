@@ -74,13 +74,7 @@ const benchQueue = "bench"
 func runChild(ctx context.Context, s runSpec) (runResult, error) {
 	profileTo = s.Profile
 	pgrt := &pgCounter{}
-	pcfg, err := pgxpool.ParseConfig(s.DSN)
-	if err != nil {
-		return runResult{}, err
-	}
-	pcfg.MaxConns = int32(s.Conc + 10)
-	pcfg.ConnConfig.Tracer = pgrt
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, err := openChildPool(ctx, s, pgrt)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -104,48 +98,15 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 	case "b7":
 		return runB7(ctx, s, rdb, rrt, pgrt)
 	}
-	client := asynq.NewClientFromRedisClient(rdb)
-	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: benchQueue, Redis: rdb})
-	if err != nil {
+	c := &childRun{s: s, pool: pool, rdb: rdb, rrt: rrt, pgrt: pgrt}
+	if err := c.newEnqueuer(st); err != nil {
 		return runResult{}, err
 	}
-	specs := make([]tasks.Spec, s.N)
-	for i := range specs {
-		specs[i] = tasks.Spec{Kind: "page", SourceID: fmt.Sprintf("p-%d", i), Country: "US", Window: "2026-04-23", ParserVersion: 1}
-	}
-	enqueueAll := func() error {
-		for rest := specs; len(rest) > 0; {
-			batch := rest[:min(500, len(rest))]
-			rest = rest[len(batch):]
-			if _, err := enq.EnqueueMany(ctx, batch); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-
 	if s.Mode == "b5" {
-		if s.Side == "ours" { // duplicate: the same specs again
-			if err := enqueueAll(); err != nil {
-				return runResult{}, err
-			}
-		}
-		m := startMeasure(ctx, rdb, rrt, pgrt)
-		if err := enqueueAll(); err != nil {
-			return runResult{}, err
-		}
-		res := m.stop(ctx, s.N)
-		var pending int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&pending); err != nil {
-			return runResult{}, err
-		}
-		if pending != s.N {
-			return runResult{}, fmt.Errorf("b5: %d jobs recorded, want %d", pending, s.N)
-		}
-		return res, nil
+		return c.runB5(ctx)
 	}
 
-	if err := enqueueAll(); err != nil {
+	if err := c.enqueueAll(ctx); err != nil {
 		return runResult{}, err
 	}
 	var h asynq.Handler
@@ -156,35 +117,125 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		}
 		defer reg.Close()
 		h = reg
-	} else {
-		// The peer's robots.txt handling does not follow -robots: b1 and direct use colly's
-		// default (ignored), b1robots honours it per job.
-		pc := peerConfig{pool: pool, page: s.Page, proxyAddr: s.ProxyAddr, proxyUser: s.ProxyUser, proxyPass: s.ProxyPass, conc: s.Conc}
-		switch s.Mode {
-		case "b1":
-			h = newPeerSession(pc, false)
-		case "b1robots":
-			h = newPeerSession(pc, true)
-		case "direct":
-			h = newPeerDirect(pc)
-		case "proto":
-			h = newPeerNoFetch(pc)
-		default:
-			return runResult{}, fmt.Errorf("mode %q: unknown", s.Mode)
+	} else if h, err = newPeer(s, pool); err != nil {
+		return runResult{}, err
+	}
+	res, err := c.serve(ctx, h)
+	if err != nil {
+		return runResult{}, err
+	}
+	if err := c.checkStored(ctx); err != nil {
+		return runResult{}, err
+	}
+	return res, nil
+}
+
+// openChildPool is runChild's first step: the PostgreSQL pool of the run, its round trips
+// counted by pgrt.
+func openChildPool(ctx context.Context, s runSpec, pgrt *pgCounter) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(s.DSN)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = int32(s.Conc + 10)
+	pcfg.ConnConfig.Tracer = pgrt
+	return pgxpool.NewWithConfig(ctx, pcfg)
+}
+
+// childRun is one run of the enqueue-and-process modes (b1, b1robots, direct, proto, b5):
+// its clients, counters and specs.
+type childRun struct {
+	s     runSpec
+	pool  *pgxpool.Pool
+	rdb   *redis.Client
+	rrt   *redisCounter
+	pgrt  *pgCounter
+	enq   *tasks.Enqueuer
+	specs []tasks.Spec
+}
+
+// newEnqueuer is the step that sets up the enqueuer and the run's N specs.
+func (c *childRun) newEnqueuer(st *store.PG) error {
+	client := asynq.NewClientFromRedisClient(c.rdb)
+	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: benchQueue, Redis: c.rdb})
+	if err != nil {
+		return err
+	}
+	c.enq = enq
+	c.specs = make([]tasks.Spec, c.s.N)
+	for i := range c.specs {
+		c.specs[i] = tasks.Spec{Kind: "page", SourceID: fmt.Sprintf("p-%d", i), Country: "US", Window: "2026-04-23", ParserVersion: 1}
+	}
+	return nil
+}
+
+// enqueueAll enqueues the run's specs, 500 at a time.
+func (c *childRun) enqueueAll(ctx context.Context) error {
+	for rest := c.specs; len(rest) > 0; {
+		batch := rest[:min(500, len(rest))]
+		rest = rest[len(batch):]
+		if _, err := c.enq.EnqueueMany(ctx, batch); err != nil {
+			return err
 		}
 	}
+	return nil
+}
 
+// runB5 is the b5 mode: it measures enqueueing the specs (ours: again, duplicates) and
+// checks that N jobs were recorded.
+func (c *childRun) runB5(ctx context.Context) (runResult, error) {
+	if c.s.Side == "ours" { // duplicate: the same specs again
+		if err := c.enqueueAll(ctx); err != nil {
+			return runResult{}, err
+		}
+	}
+	m := startMeasure(ctx, c.rdb, c.rrt, c.pgrt)
+	if err := c.enqueueAll(ctx); err != nil {
+		return runResult{}, err
+	}
+	res := m.stop(ctx, c.s.N)
+	var pending int
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&pending); err != nil {
+		return runResult{}, err
+	}
+	if pending != c.s.N {
+		return runResult{}, fmt.Errorf("b5: %d jobs recorded, want %d", pending, c.s.N)
+	}
+	return res, nil
+}
+
+// newPeer is the step that builds the peer's handler for s.Mode.
+func newPeer(s runSpec, pool *pgxpool.Pool) (asynq.Handler, error) {
+	// The peer's robots.txt handling does not follow -robots: b1 and direct use colly's
+	// default (ignored), b1robots honours it per job.
+	pc := peerConfig{pool: pool, page: s.Page, proxyAddr: s.ProxyAddr, proxyUser: s.ProxyUser, proxyPass: s.ProxyPass, conc: s.Conc}
+	switch s.Mode {
+	case "b1":
+		return newPeerSession(pc, false), nil
+	case "b1robots":
+		return newPeerSession(pc, true), nil
+	case "direct":
+		return newPeerDirect(pc), nil
+	case "proto":
+		return newPeerNoFetch(pc), nil
+	}
+	return nil, fmt.Errorf("mode %q: unknown", s.Mode)
+}
+
+// serve is the measured step: an asynq server runs h until N jobs succeeded (at most 10
+// minutes), and the clock stops at the N-th success.
+func (c *childRun) serve(ctx context.Context, h asynq.Handler) (runResult, error) {
 	var done atomic.Int64
 	finished := make(chan struct{})
 	var lastErr atomic.Value
-	srv := asynq.NewServerFromRedisClient(rdb, (&handlers.Registry{}).ServerConfig(asynq.Config{
-		Queues: map[string]int{benchQueue: 1}, Concurrency: s.Conc, LogLevel: asynq.FatalLevel,
+	srv := asynq.NewServerFromRedisClient(c.rdb, (&handlers.Registry{}).ServerConfig(asynq.Config{
+		Queues: map[string]int{benchQueue: 1}, Concurrency: c.s.Conc, LogLevel: asynq.FatalLevel,
 	}))
 	mux := asynq.NewServeMux()
 	mux.HandleFunc("page", func(ctx context.Context, t *asynq.Task) error {
 		err := h.ProcessTask(ctx, t)
 		if err == nil {
-			if done.Add(1) == int64(s.N) {
+			if done.Add(1) == int64(c.s.N) {
 				close(finished)
 			}
 		} else {
@@ -192,7 +243,7 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		}
 		return err
 	})
-	m := startMeasure(ctx, rdb, rrt, pgrt)
+	m := startMeasure(ctx, c.rdb, c.rrt, c.pgrt)
 	if err := srv.Start(mux); err != nil {
 		return runResult{}, err
 	}
@@ -200,7 +251,7 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 	case <-finished:
 	case <-time.After(10 * time.Minute):
 		srv.Shutdown()
-		return runResult{}, fmt.Errorf("only %d of %d jobs done (last error: %v)", done.Load(), s.N, lastErr.Load())
+		return runResult{}, fmt.Errorf("only %d of %d jobs done (last error: %v)", done.Load(), c.s.N, lastErr.Load())
 	case <-ctx.Done():
 		srv.Shutdown()
 		return runResult{}, ctx.Err()
@@ -211,21 +262,25 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		// commands count (the clock stopped at the N-th success, for both sides).
 		closer.Close()
 	}
-	res := m.stopAt(ctx, s.N, end)
+	res := m.stopAt(ctx, c.s.N, end)
 	srv.Shutdown()
+	return res, nil
+}
 
+// checkStored is the last step: it checks that every job's result was stored.
+func (c *childRun) checkStored(ctx context.Context) error {
 	q := `SELECT count(*) FROM results`
-	if s.Side == "ours" {
+	if c.s.Side == "ours" {
 		q = `SELECT count(*) FROM jobs WHERE state = 'complete'`
 	}
 	var n int
-	if err := pool.QueryRow(ctx, q).Scan(&n); err != nil {
-		return runResult{}, err
+	if err := c.pool.QueryRow(ctx, q).Scan(&n); err != nil {
+		return err
 	}
-	if n != s.N {
-		return runResult{}, fmt.Errorf("%s/%s: %d of %d jobs stored", s.Mode, s.Side, n, s.N)
+	if n != c.s.N {
+		return fmt.Errorf("%s/%s: %d of %d jobs stored", c.s.Mode, c.s.Side, n, c.s.N)
 	}
-	return res, nil
+	return nil
 }
 
 // newOurs builds the idemscrape runner on its public API, as a user would.

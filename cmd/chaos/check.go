@@ -145,210 +145,288 @@ func (h *harness) keys(ctx context.Context, query string, args ...any) ([]string
 // check builds the report from PostgreSQL, Redis, the stream, the consumer's side-effect
 // table, the logs and the scraped metrics.
 func (h *harness) check(ctx context.Context) (*Report, error) {
-	rep := &Report{Wall: h.wall, Database: h.dbName, Logs: h.logs}
-	c := h.cfg
-	h.mu.Lock()
-	fp := map[string]int{}
-	for k, v := range h.fpKills {
-		fp[k] = v
-	}
-	fpKeys := map[string][]string{}
-	for k, v := range h.fpKeys {
-		fpKeys[k] = append([]string(nil), v...)
-	}
-	randomKills, execKills := h.randomKills, h.execKills
-	pauses, pausesHeld := h.pauses, h.pausesHeld
-	pausedAtt := append([]pausedAttempt(nil), h.pausedAtt...)
-	var stale []staleCommit
-	for _, sc := range h.stale {
-		stale = append(stale, *sc)
-	}
-	extraJobs := h.extraJobs
-	wipes, lastWipe := h.redisWipes, h.lastWipe
-	pgRounds, pgTerminated, throttled, restarts := h.pgRounds, h.pgTerminated, h.throttled, h.restarts
-	keys := h.enqueued[windowChaos]
-	pending := map[string]int{}
-	for k, v := range h.pendingArms {
-		pending[k] = v
-	}
-	timedOut := h.timedOut
-	h.mu.Unlock()
+	k := &checker{h: h, rep: &Report{Wall: h.wall, Database: h.dbName, Logs: h.logs}, c: h.cfg}
+	k.checkSnapshot = h.snapshot()
+	k.faults(ctx)
+	k.lostJobs(ctx)
+	k.duplicateResults(ctx)
+	k.duplicateEffects(ctx)
+	k.effectsTaken(ctx)
+	k.reexecutions(ctx)
+	k.staleCommits(ctx)
+	k.fences(ctx)
+	k.attemptRows(ctx)
+	k.twoSessions(ctx)
+	k.budget(ctx)
+	k.bytesPerJob(ctx)
+	k.canary(ctx)
+	return k.rep, nil
+}
 
+// checkSnapshot is what the run counted of its faults, copied under the harness's lock.
+type checkSnapshot struct {
+	fp                     map[string]int
+	fpKeys                 map[string][]string
+	randomKills, execKills int
+	pauses, pausesHeld     int
+	pausedAtt              []pausedAttempt
+	stale                  []staleCommit
+	extraJobs              int
+	wipes                  int
+	lastWipe               time.Time
+	pgRounds, pgTerminated int
+	throttled, restarts    int
+	keys                   []string // the chaos window's enqueued keys
+	pending                map[string]int
+	timedOut               bool
+}
+
+// snapshot is check's first step: it copies the run's fault counters under h.mu.
+func (h *harness) snapshot() checkSnapshot {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := checkSnapshot{fp: map[string]int{}, fpKeys: map[string][]string{}}
+	for k, v := range h.fpKills {
+		s.fp[k] = v
+	}
+	for k, v := range h.fpKeys {
+		s.fpKeys[k] = append([]string(nil), v...)
+	}
+	s.randomKills, s.execKills = h.randomKills, h.execKills
+	s.pauses, s.pausesHeld = h.pauses, h.pausesHeld
+	s.pausedAtt = append([]pausedAttempt(nil), h.pausedAtt...)
+	for _, sc := range h.stale {
+		s.stale = append(s.stale, *sc)
+	}
+	s.extraJobs = h.extraJobs
+	s.wipes, s.lastWipe = h.redisWipes, h.lastWipe
+	s.pgRounds, s.pgTerminated, s.throttled, s.restarts = h.pgRounds, h.pgTerminated, h.throttled, h.restarts
+	s.keys = h.enqueued[windowChaos]
+	s.pending = map[string]int{}
+	for k, v := range h.pendingArms {
+		s.pending[k] = v
+	}
+	s.timedOut = h.timedOut
+	return s
+}
+
+// checker builds one Report: each of its methods below adds the rows of one group.
+type checker struct {
+	h   *harness
+	rep *Report
+	c   Config
+	checkSnapshot
+	quarantined int // staging quarantined in the chaos window (the fault table reads it)
+}
+
+// add appends an invariant row.
+func (k *checker) add(r Row) { k.rep.Invariants = append(k.rep.Invariants, r) }
+
+// fail appends the row of an invariant whose check could not run.
+func (k *checker) fail(name string, err error) {
+	k.add(Row{Name: name, Observed: "check failed: " + err.Error(), Result: resultFail})
+}
+
+// incomplete notes a reason why the run did not show everything it set out to.
+func (k *checker) incomplete(why string) { k.rep.Incomplete = append(k.rep.Incomplete, why) }
+
+// onOff is how the fault table shows a switch.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// faults is the step that fills the fault table: what was injected and what was seen.
+func (k *checker) faults(ctx context.Context) {
+	h, c, fp, pending := k.h, k.c, k.fp, k.pending
 	var disconnects int64 = h.proxy.Disconnects()
-	var quarantined, unavailable, throttledAttempts int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM quarantine q JOIN jobs j ON j.key = q.job_key WHERE j."window" = $1`, windowChaos).Scan(&quarantined)
+	var unavailable, throttledAttempts int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM quarantine q JOIN jobs j ON j.key = q.job_key WHERE j."window" = $1`, windowChaos).Scan(&k.quarantined)
 	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 AND a.category = 'throttled'`, windowChaos).Scan(&throttledAttempts)
 	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE "window" = $1 AND country = $2`, windowChaos, unavailableCC).Scan(&unavailable)
-	onOff := func(b bool) string {
-		if b {
-			return "on"
-		}
-		return "off"
-	}
-	rep.Faults = []Row{
-		{Name: "jobs / workers × concurrency", Injected: fmt.Sprintf("%d / %d × %d", c.Jobs, c.Workers, c.Concurrency), Observed: fmt.Sprintf("%d worker restarts", restarts)},
-		{Name: "random SIGKILLs", Injected: fmt.Sprint(c.RandomKills), Observed: fmt.Sprintf("%d sent, %d while attempts ran", randomKills, execKills)},
-		{Name: "failpoint after_fetch (SIGKILL)", Injected: fmt.Sprint(c.AfterFetch), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterFetch], pending[fpAfterFetch], strings.Join(fpKeys[fpAfterFetch], " "))},
-		{Name: "failpoint after_commit (SIGKILL)", Injected: fmt.Sprint(c.AfterCommit), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterCommit], pending[fpAfterCommit], strings.Join(fpKeys[fpAfterCommit], " "))},
+	k.rep.Faults = []Row{
+		{Name: "jobs / workers × concurrency", Injected: fmt.Sprintf("%d / %d × %d", c.Jobs, c.Workers, c.Concurrency), Observed: fmt.Sprintf("%d worker restarts", k.restarts)},
+		{Name: "random SIGKILLs", Injected: fmt.Sprint(c.RandomKills), Observed: fmt.Sprintf("%d sent, %d while attempts ran", k.randomKills, k.execKills)},
+		{Name: "failpoint after_fetch (SIGKILL)", Injected: fmt.Sprint(c.AfterFetch), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterFetch], pending[fpAfterFetch], strings.Join(k.fpKeys[fpAfterFetch], " "))},
+		{Name: "failpoint after_commit (SIGKILL)", Injected: fmt.Sprint(c.AfterCommit), Observed: fmt.Sprintf("%d fired (%d not armed in time) %s", fp[fpAfterCommit], pending[fpAfterCommit], strings.Join(k.fpKeys[fpAfterCommit], " "))},
 		{Name: "failpoint after_xadd (dispatcher SIGKILL)", Injected: fmt.Sprint(c.AfterXadd), Observed: fmt.Sprintf("%d fired (%d not armed in time)", fp[fpAfterXadd], pending[fpAfterXadd])},
-		{Name: "failpoint before_commit (SIGSTOP until taken over)", Injected: fmt.Sprint(c.BeforeCommit), Observed: staleObserved(stale, pending[fpBeforeCommit])},
-		{Name: fmt.Sprintf("SIGSTOP pauses of %v (lease %v)", c.Lease*5/2, c.Lease), Injected: fmt.Sprint(c.Pauses), Observed: fmt.Sprintf("%d done, %d held running attempts", pauses, pausesHeld)},
-		{Name: "redis-server killed, restarted empty", Injected: fmt.Sprint(c.RedisWipes), Observed: fmt.Sprint(wipes)},
-		{Name: "pg_terminate_backend rounds (workers)", Injected: fmt.Sprint(c.PGRounds), Observed: fmt.Sprintf("%d rounds, %d connections terminated", pgRounds, pgTerminated)},
-		{Name: fmt.Sprintf("proxy: %.4g%% disconnects per request", 100*c.DisconnectProb), Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d disconnects, %d staging quarantined", disconnects, quarantined)},
-		{Name: "shop: ~5% 429 Retry-After 1s", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d throttled answers set, %d throttled attempts", throttled, throttledAttempts)},
+		{Name: "failpoint before_commit (SIGSTOP until taken over)", Injected: fmt.Sprint(c.BeforeCommit), Observed: staleObserved(k.stale, pending[fpBeforeCommit])},
+		{Name: fmt.Sprintf("SIGSTOP pauses of %v (lease %v)", c.Lease*5/2, c.Lease), Injected: fmt.Sprint(c.Pauses), Observed: fmt.Sprintf("%d done, %d held running attempts", k.pauses, k.pausesHeld)},
+		{Name: "redis-server killed, restarted empty", Injected: fmt.Sprint(c.RedisWipes), Observed: fmt.Sprint(k.wipes)},
+		{Name: "pg_terminate_backend rounds (workers)", Injected: fmt.Sprint(c.PGRounds), Observed: fmt.Sprintf("%d rounds, %d connections terminated", k.pgRounds, k.pgTerminated)},
+		{Name: fmt.Sprintf("proxy: %.4g%% disconnects per request", 100*c.DisconnectProb), Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d disconnects, %d staging quarantined", disconnects, k.quarantined)},
+		{Name: "shop: ~5% 429 Retry-After 1s", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d throttled answers set, %d throttled attempts", k.throttled, throttledAttempts)},
 		{Name: "proxy: 2% jobs in a country without exits", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d jobs ask for %s", unavailable, unavailableCC)},
 		{Name: "canary proxy password", Injected: onOff(c.Canary), Observed: "not searched"},
 	}
 	if c.Canary {
-		rep.Faults[len(rep.Faults)-1].Observed = "searched in logs, pg_dump, Redis, stream, /metrics"
+		k.rep.Faults[len(k.rep.Faults)-1].Observed = "searched in logs, pg_dump, Redis, stream, /metrics"
 	}
-	if extraJobs > 0 {
-		rep.Faults[0].Observed += fmt.Sprintf("; %d extra jobs so that every targeted failpoint fired", extraJobs)
+	if k.extraJobs > 0 {
+		k.rep.Faults[0].Observed += fmt.Sprintf("; %d extra jobs so that every targeted failpoint fired", k.extraJobs)
 	}
 	for _, name := range []string{fpAfterFetch, fpAfterCommit, fpAfterXadd, fpBeforeCommit} {
 		if pending[name] > 0 {
-			rep.Incomplete = append(rep.Incomplete, fmt.Sprintf("failpoint %s: %d of its injections never fired (no worker reached it before the jobs ran out)", name, pending[name]))
+			k.incomplete(fmt.Sprintf("failpoint %s: %d of its injections never fired (no worker reached it before the jobs ran out)", name, pending[name]))
 		}
 	}
 	if c.BuildTags != "" {
-		rep.Faults = append(rep.Faults, Row{Name: "BROKEN BUILD (build tags)", Injected: c.BuildTags, Observed: "workers built without the guards named"})
+		k.rep.Faults = append(k.rep.Faults, Row{Name: "BROKEN BUILD (build tags)", Injected: c.BuildTags, Observed: "workers built without the guards named"})
 	}
 	if c.Break != "" {
-		rep.Faults = append(rep.Faults, Row{Name: "BROKEN BUILD (worker failpoint)", Injected: c.Break, Observed: fmt.Sprintf("%d fired", fp[strings.SplitN(c.Break, ":", 2)[0]])})
+		k.rep.Faults = append(k.rep.Faults, Row{Name: "BROKEN BUILD (worker failpoint)", Injected: c.Break, Observed: fmt.Sprintf("%d fired", fp[strings.SplitN(c.Break, ":", 2)[0]])})
 	}
+}
 
-	add := func(r Row) { rep.Invariants = append(rep.Invariants, r) }
-	fail := func(name string, err error) {
-		add(Row{Name: name, Observed: "check failed: " + err.Error(), Result: resultFail})
-	}
-
-	// Lost jobs: every enqueued key terminal (failed with a category). A job still open
-	// when the run reached its timeout is not shown lost: the run is INCOMPLETE.
-	{
-		off, n, err := h.keys(ctx, `
+// lostJobs checks that no job was lost: every enqueued key terminal (failed with a
+// category). A job still open when the run reached its timeout is not shown lost: the run
+// is INCOMPLETE.
+func (k *checker) lostJobs(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, `
 SELECT k FROM unnest($1::text[]) AS k LEFT JOIN jobs j ON j.key = k
 WHERE j.key IS NULL OR (j.state = 'failed' AND COALESCE(j.last_category, '') = '')
 	OR (NOT $2 AND j.state NOT IN ('complete', 'failed'))
-ORDER BY k`, keys, timedOut)
-		if err != nil {
-			fail(InvLost, err)
-		} else {
-			var complete, failed int
-			var cats, open string
-			var nOpen int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), count(*) FILTER (WHERE state = 'failed'),
+ORDER BY k`, k.keys, k.timedOut)
+	if err != nil {
+		k.fail(InvLost, err)
+		return
+	}
+	var complete, failed int
+	var cats, open string
+	var nOpen int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), count(*) FILTER (WHERE state = 'failed'),
 	COALESCE(string_agg(DISTINCT last_category, ',') FILTER (WHERE state = 'failed'), ''),
 	count(*) FILTER (WHERE state NOT IN ('complete', 'failed'))
 FROM jobs WHERE "window" = $1`, windowChaos).Scan(&complete, &failed, &cats, &nOpen)
-			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(string_agg(state || ' ' || n, ', ' ORDER BY state), '') FROM (
+	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(string_agg(state || ' ' || n, ', ' ORDER BY state), '') FROM (
 	SELECT state, count(*) AS n FROM jobs WHERE "window" = $1 AND state NOT IN ('complete', 'failed') GROUP BY state) t`, windowChaos).Scan(&open)
-			obs := fmt.Sprintf("%d enqueued: %d complete, %d failed [%s], %d lost", len(keys), complete, failed, cats, n)
-			res := passIf(n == 0)
-			if timedOut {
-				if nOpen > 0 {
-					obs += fmt.Sprintf("; %d still open at the timeout (%s)", nOpen, open)
-					rep.Incomplete = append(rep.Incomplete, fmt.Sprintf("%d jobs still open (%s) when the run reached its %v timeout%s", nOpen, open, c.Timeout, loadAvg()))
-					if n == 0 {
-						res = resultIncomplete
-					}
-				}
+	obs := fmt.Sprintf("%d enqueued: %d complete, %d failed [%s], %d lost", len(k.keys), complete, failed, cats, n)
+	res := passIf(n == 0)
+	if k.timedOut {
+		if nOpen > 0 {
+			obs += fmt.Sprintf("; %d still open at the timeout (%s)", nOpen, open)
+			k.incomplete(fmt.Sprintf("%d jobs still open (%s) when the run reached its %v timeout%s", nOpen, open, k.c.Timeout, loadAvg()))
+			if n == 0 {
+				res = resultIncomplete
 			}
-			add(Row{Name: InvLost, Observed: obs, Result: res, Offenders: off})
 		}
 	}
-	// Duplicate results: exactly one result per complete job, none for others.
-	{
-		off, n, err := h.keys(ctx, `
+	k.add(Row{Name: InvLost, Observed: obs, Result: res, Offenders: off})
+}
+
+// duplicateResults checks for duplicate results: exactly one result per complete job,
+// none for others.
+func (k *checker) duplicateResults(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, `
 SELECT j.key FROM jobs j LEFT JOIN results r ON r.job_key = j.key
 WHERE j."window" = $1
 GROUP BY j.key, j.state
 HAVING count(r.job_key) <> CASE WHEN j.state = 'complete' THEN 1 ELSE 0 END
 ORDER BY j.key`, windowChaos)
-		if err != nil {
-			fail(InvDupResults, err)
-		} else {
-			var results, rejected int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1`, windowChaos).Scan(&results)
-			_ = h.pool.QueryRow(ctx, `SELECT COALESCE((SELECT n FROM maintenance_counters WHERE name = 'duplicate_results'), 0)`).Scan(&rejected)
-			add(Row{Name: InvDupResults, Observed: fmt.Sprintf("%d results, %d jobs off by count, %d duplicate writes rejected; after_commit kills %d", results, n, rejected, fp[fpAfterCommit]),
-				Result: passIf(n == 0), Offenders: off})
-		}
+	if err != nil {
+		k.fail(InvDupResults, err)
+		return
 	}
-	// Duplicate side effects.
-	{
-		off, n, err := h.keys(ctx, `SELECT event_key FROM chaos_side_effects GROUP BY event_key HAVING count(*) > 1 ORDER BY event_key`)
-		if err != nil {
-			fail(InvDupEffects, err)
-		} else {
-			var effects, replays int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM chaos_side_effects s JOIN jobs j ON j.key = s.job_key WHERE j."window" = $1`, windowChaos).Scan(&effects)
-			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(replays), 0) FROM outbox_inbox WHERE consumer_group = $1`, consumerGroup).Scan(&replays)
-			add(Row{Name: InvDupEffects, Observed: fmt.Sprintf("%d side effects, %d events duplicated, %d replays recognised by the inbox", effects, n, replays),
-				Result: passIf(n == 0), Offenders: off})
-			// A replay the inbox recognised is the proof that a dispatcher crash between XADD
-			// and mark-sent republished; wiped Redis data may have taken copies with it.
-			want := fp[fpAfterXadd]
-			ok := replays >= want || wipes > 0 && replays > 0 || want == 0
-			add(Row{Name: InvXaddReplays, Observed: fmt.Sprintf("%d replays, %d after_xadd kills (%d Redis wipes)", replays, want, wipes), Result: passIf(ok)})
-		}
+	var results, rejected int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1`, windowChaos).Scan(&results)
+	_ = h.pool.QueryRow(ctx, `SELECT COALESCE((SELECT n FROM maintenance_counters WHERE name = 'duplicate_results'), 0)`).Scan(&rejected)
+	k.add(Row{Name: InvDupResults, Observed: fmt.Sprintf("%d results, %d jobs off by count, %d duplicate writes rejected; after_commit kills %d", results, n, rejected, k.fp[fpAfterCommit]),
+		Result: passIf(n == 0), Offenders: off})
+}
+
+// duplicateEffects checks for duplicate side effects, and that the inbox recognised the
+// replays the after_xadd kills cause.
+func (k *checker) duplicateEffects(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, `SELECT event_key FROM chaos_side_effects GROUP BY event_key HAVING count(*) > 1 ORDER BY event_key`)
+	if err != nil {
+		k.fail(InvDupEffects, err)
+		return
 	}
-	// Events of complete jobs that never took effect. Those sent to the stream before a
-	// Redis wipe and not consumed by then went with Redis's data: the dispatchers must find
-	// the loss and publish them again (their rows are marked unsent, then sent anew after
-	// the wipe); the ones still marked sent from before the wipe without an effect are on
-	// a row of their own (FAIL, or GAP with -strict-events=false).
-	{
-		const missing = `
+	var effects, replays int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM chaos_side_effects s JOIN jobs j ON j.key = s.job_key WHERE j."window" = $1`, windowChaos).Scan(&effects)
+	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(replays), 0) FROM outbox_inbox WHERE consumer_group = $1`, consumerGroup).Scan(&replays)
+	k.add(Row{Name: InvDupEffects, Observed: fmt.Sprintf("%d side effects, %d events duplicated, %d replays recognised by the inbox", effects, n, replays),
+		Result: passIf(n == 0), Offenders: off})
+	// A replay the inbox recognised is the proof that a dispatcher crash between XADD
+	// and mark-sent republished; wiped Redis data may have taken copies with it.
+	want := k.fp[fpAfterXadd]
+	ok := replays >= want || k.wipes > 0 && replays > 0 || want == 0
+	k.add(Row{Name: InvXaddReplays, Observed: fmt.Sprintf("%d replays, %d after_xadd kills (%d Redis wipes)", replays, want, k.wipes), Result: passIf(ok)})
+}
+
+// missingEffects selects the complete jobs of window $1 whose event never took effect.
+const missingEffects = `
 SELECT j.key FROM jobs j JOIN outbox o ON o.event_key = 'observed:' || j.key
 LEFT JOIN chaos_side_effects s ON s.event_key = o.event_key
 WHERE j."window" = $1 AND j.state = 'complete' AND s.id IS NULL`
-		off, n, err := h.keys(ctx, missing+` AND NOT (o.sent_at IS NOT NULL AND $2::timestamptz IS NOT NULL AND o.sent_at <= $2) ORDER BY j.key`, windowChaos, nullTime(lastWipe))
-		if err != nil {
-			fail(InvEffectsLost, err)
-		} else {
-			var noEvent int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs j LEFT JOIN outbox o ON o.event_key = 'observed:' || j.key
+
+// effectsTaken checks for events of complete jobs that never took effect. Those sent to
+// the stream before a Redis wipe and not consumed by then went with Redis's data: the
+// dispatchers must find the loss and publish them again (their rows are marked unsent,
+// then sent anew after the wipe); the ones still marked sent from before the wipe without
+// an effect are on a row of their own (FAIL, or GAP with -strict-events=false).
+func (k *checker) effectsTaken(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, missingEffects+` AND NOT (o.sent_at IS NOT NULL AND $2::timestamptz IS NOT NULL AND o.sent_at <= $2) ORDER BY j.key`, windowChaos, nullTime(k.lastWipe))
+	if err != nil {
+		k.fail(InvEffectsLost, err)
+	} else {
+		var noEvent int
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs j LEFT JOIN outbox o ON o.event_key = 'observed:' || j.key
 WHERE j."window" = $1 AND j.state = 'complete' AND o.id IS NULL`, windowChaos).Scan(&noEvent)
-			add(Row{Name: InvEffectsLost, Observed: fmt.Sprintf("%d missing (not counting the row below), %d without an outbox row", n, noEvent),
-				Result: passIf(n == 0 && noEvent == 0), Offenders: off})
-		}
-		if !lastWipe.IsZero() {
-			off, n, err := h.keys(ctx, missing+` AND o.sent_at <= $2 ORDER BY j.key`, windowChaos, lastWipe)
-			if err != nil {
-				fail(InvEffectsWiped, err)
-			} else {
-				recoveries, remarked := h.recoveriesFromLogs()
-				// Every dispatch after a wipe finds the epoch marker gone, so a wipe the
-				// dispatchers never noticed means the detection (or the log it is read
-				// from) is broken, even if no event happened to be in the stream.
-				res := passIf(n == 0 && recoveries > 0)
-				if n > 0 && !c.StrictEvents {
-					res = resultGap
-				}
-				add(Row{Name: InvEffectsWiped, Observed: fmt.Sprintf("dispatchers found the loss %d times and marked %d sent rows unsent to publish them again; %d events sent before the wipe never took effect", recoveries, remarked, n),
-					Result: res, Offenders: off})
-			}
-		}
+		k.add(Row{Name: InvEffectsLost, Observed: fmt.Sprintf("%d missing (not counting the row below), %d without an outbox row", n, noEvent),
+			Result: passIf(n == 0 && noEvent == 0), Offenders: off})
 	}
-	// Re-executions.
-	{
-		var reexec int
-		err := h.pool.QueryRow(ctx, `SELECT COALESCE(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 GROUP BY a.job_key) t`, windowChaos).Scan(&reexec)
-		if err != nil {
-			fail(InvReexec, err)
-		} else {
-			kills := execKills + fp[fpAfterFetch]
-			// Every job an after_fetch kill hit must have run again.
-			off, n, _ := h.keys(ctx, `SELECT k FROM unnest($1::text[]) AS k WHERE (SELECT count(*) FROM attempts WHERE job_key = k) < 2`, fpKeys[fpAfterFetch])
-			add(Row{Name: InvReexec, Observed: fmt.Sprintf("%d re-executions (attempts beyond the first), %d kills during attempts; %d after_fetch victims not re-run", reexec, kills, n),
-				Result: passIf(reexec >= kills && n == 0), Offenders: off})
-		}
+	if !k.lastWipe.IsZero() {
+		k.effectsWiped(ctx)
 	}
-	// Stale commits: the result's fence is the job's highest, its attempt is the only
-	// complete one.
-	{
-		off, n, err := h.keys(ctx, `
+}
+
+// effectsWiped checks the events that were in the stream at the last Redis wipe.
+func (k *checker) effectsWiped(ctx context.Context) {
+	off, n, err := k.h.keys(ctx, missingEffects+` AND o.sent_at <= $2 ORDER BY j.key`, windowChaos, k.lastWipe)
+	if err != nil {
+		k.fail(InvEffectsWiped, err)
+		return
+	}
+	recoveries, remarked := k.h.recoveriesFromLogs()
+	// Every dispatch after a wipe finds the epoch marker gone, so a wipe the
+	// dispatchers never noticed means the detection (or the log it is read
+	// from) is broken, even if no event happened to be in the stream.
+	res := passIf(n == 0 && recoveries > 0)
+	if n > 0 && !k.c.StrictEvents {
+		res = resultGap
+	}
+	k.add(Row{Name: InvEffectsWiped, Observed: fmt.Sprintf("dispatchers found the loss %d times and marked %d sent rows unsent to publish them again; %d events sent before the wipe never took effect", recoveries, remarked, n),
+		Result: res, Offenders: off})
+}
+
+// reexecutions checks that the killed attempts ran again.
+func (k *checker) reexecutions(ctx context.Context) {
+	h := k.h
+	var reexec int
+	err := h.pool.QueryRow(ctx, `SELECT COALESCE(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 GROUP BY a.job_key) t`, windowChaos).Scan(&reexec)
+	if err != nil {
+		k.fail(InvReexec, err)
+		return
+	}
+	kills := k.execKills + k.fp[fpAfterFetch]
+	// Every job an after_fetch kill hit must have run again.
+	off, n, _ := h.keys(ctx, `SELECT k FROM unnest($1::text[]) AS k WHERE (SELECT count(*) FROM attempts WHERE job_key = k) < 2`, k.fpKeys[fpAfterFetch])
+	k.add(Row{Name: InvReexec, Observed: fmt.Sprintf("%d re-executions (attempts beyond the first), %d kills during attempts; %d after_fetch victims not re-run", reexec, kills, n),
+		Result: passIf(reexec >= kills && n == 0), Offenders: off})
+}
+
+// staleCommits checks that no stale commit was accepted: the result's fence is the job's
+// highest, its attempt is the only complete one.
+func (k *checker) staleCommits(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, `
 SELECT r.job_key FROM results r JOIN jobs j ON j.key = r.job_key
 WHERE j."window" = $1 AND (
 	r.fence <> (SELECT max(fence) FROM attempts a WHERE a.job_key = r.job_key)
@@ -356,69 +434,74 @@ WHERE j."window" = $1 AND (
 	OR NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = r.job_key AND a.fence = r.fence AND a.outcome = 'complete')
 	OR (SELECT count(*) FROM attempts a WHERE a.job_key = r.job_key AND a.outcome = 'complete') > 1)
 ORDER BY r.job_key`, windowChaos)
-		if err != nil {
-			fail(InvStale, err)
-		} else {
-			var superseded, leaseLost int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome IN ('superseded', 'lost') AND a.category = 'superseded'), count(*) FILTER (WHERE a.category IN ('lease_lost', 'lease_expired'))
+	if err != nil {
+		k.fail(InvStale, err)
+		return
+	}
+	var superseded, leaseLost int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome IN ('superseded', 'lost') AND a.category = 'superseded'), count(*) FILTER (WHERE a.category IN ('lease_lost', 'lease_expired'))
 FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&superseded, &leaseLost)
-			// What became of the attempts that were running when their worker was paused
-			// for 2.5 leases: refused (superseded, lease lost, rescued) unless nobody had
-			// taken the job over by the time they committed.
-			var pk []string
-			var pn []int
-			for _, a := range pausedAtt {
-				pk, pn = append(pk, a.Key), append(pn, a.AttemptNo)
-			}
-			var pRefused, pComplete, pNewer int
-			var how string
-			_ = h.pool.QueryRow(ctx, `
+	// What became of the attempts that were running when their worker was paused
+	// for 2.5 leases: refused (superseded, lease lost, rescued) unless nobody had
+	// taken the job over by the time they committed.
+	var pk []string
+	var pn []int
+	for _, a := range k.pausedAtt {
+		pk, pn = append(pk, a.Key), append(pn, a.AttemptNo)
+	}
+	var pRefused, pComplete, pNewer int
+	var how string
+	_ = h.pool.QueryRow(ctx, `
 SELECT count(*) FILTER (WHERE a.outcome <> 'complete'), count(*) FILTER (WHERE a.outcome = 'complete'),
 	count(*) FILTER (WHERE a.outcome = 'complete' AND EXISTS (SELECT 1 FROM attempts b WHERE b.job_key = a.job_key AND b.fence > a.fence)),
 	COALESCE(string_agg(DISTINCT a.outcome || '/' || COALESCE(a.category, '-'), ',') FILTER (WHERE a.outcome <> 'complete'), '')
 FROM unnest($1::text[], $2::int[]) AS p(k, n) JOIN attempts a ON a.job_key = p.k AND a.attempt_no = p.n`, pk, pn).Scan(&pRefused, &pComplete, &pNewer, &how)
-			sAcc, sRef, sOff, serr := h.staleVerdicts(ctx, stale)
-			if serr != nil {
-				fail(InvStale, serr)
-			} else {
-				add(Row{Name: InvStale, Observed: fmt.Sprintf("%d accepted; stale commits sent after a takeover: %d accepted; paused attempts: %d held, %d ended without committing [%s], %d committed (%d with a newer fence); all: %d superseded, %d lease lost/expired",
-					n+pNewer+sAcc, sAcc, len(pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost),
-					Result: passIf(n == 0 && pNewer == 0 && sAcc == 0), Offenders: union(off, sOff)})
-				// PostgreSQL's fence is the last line of defence: every commit that reached
-				// it after its job was taken over must have been refused.
-				k := sRef + sAcc
-				row := Row{Name: InvStaleRefused, Observed: fmt.Sprintf("%d refused of k = %d stale commits that reached PostgreSQL after a takeover (%d stopped before committing)", sRef, k, len(stale)),
-					Result: passIf(sRef >= k), Offenders: sOff}
-				if c.BeforeCommit > 0 && k == 0 {
-					row.Result = resultIncomplete
-					row.Observed += "; none reached it"
-					rep.Incomplete = append(rep.Incomplete, fmt.Sprintf("no stale commit reached PostgreSQL after a takeover (%d wanted)", c.BeforeCommit))
-				}
-				add(row)
-			}
-		}
+	sAcc, sRef, sOff, serr := h.staleVerdicts(ctx, k.stale)
+	if serr != nil {
+		k.fail(InvStale, serr)
+		return
 	}
-	// Fences.
-	{
-		off, n, err := h.keys(ctx, `
+	k.add(Row{Name: InvStale, Observed: fmt.Sprintf("%d accepted; stale commits sent after a takeover: %d accepted; paused attempts: %d held, %d ended without committing [%s], %d committed (%d with a newer fence); all: %d superseded, %d lease lost/expired",
+		n+pNewer+sAcc, sAcc, len(k.pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost),
+		Result: passIf(n == 0 && pNewer == 0 && sAcc == 0), Offenders: union(off, sOff)})
+	// PostgreSQL's fence is the last line of defence: every commit that reached
+	// it after its job was taken over must have been refused.
+	stale := sRef + sAcc
+	row := Row{Name: InvStaleRefused, Observed: fmt.Sprintf("%d refused of k = %d stale commits that reached PostgreSQL after a takeover (%d stopped before committing)", sRef, stale, len(k.stale)),
+		Result: passIf(sRef >= stale), Offenders: sOff}
+	if k.c.BeforeCommit > 0 && stale == 0 {
+		row.Result = resultIncomplete
+		row.Observed += "; none reached it"
+		k.incomplete(fmt.Sprintf("no stale commit reached PostgreSQL after a takeover (%d wanted)", k.c.BeforeCommit))
+	}
+	k.add(row)
+}
+
+// fences checks that fences strictly increase per job.
+func (k *checker) fences(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, `
 SELECT DISTINCT job_key FROM (
 	SELECT a.job_key, a.fence, lag(a.fence) OVER (PARTITION BY a.job_key ORDER BY a.attempt_no) AS prev
 	FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1) t
 WHERE prev IS NOT NULL AND fence <= prev ORDER BY job_key`, windowChaos)
-		if err != nil {
-			fail(InvFences, err)
-		} else {
-			var attempts int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attempts)
-			add(Row{Name: InvFences, Observed: fmt.Sprintf("%d attempts, %d jobs with a fence that did not increase (%d Redis wipes)", attempts, n, wipes),
-				Result: passIf(n == 0), Offenders: off})
-		}
+	if err != nil {
+		k.fail(InvFences, err)
+		return
 	}
-	// One attempt row per start: an attempt's row is written when it ends, or as 'lost' by
-	// whoever raised the fence past it (the next start, a rescue), so a killed or stopped
-	// worker's attempt has one too (idemscrape audit's terminal_job_has_one_attempt_row_per_start).
-	{
-		off, n, err := h.keys(ctx, `
+	var attempts int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attempts)
+	k.add(Row{Name: InvFences, Observed: fmt.Sprintf("%d attempts, %d jobs with a fence that did not increase (%d Redis wipes)", attempts, n, k.wipes),
+		Result: passIf(n == 0), Offenders: off})
+}
+
+// attemptRows checks one attempt row per start: an attempt's row is written when it ends,
+// or as 'lost' by whoever raised the fence past it (the next start, a rescue), so a killed
+// or stopped worker's attempt has one too (idemscrape audit's
+// terminal_job_has_one_attempt_row_per_start).
+func (k *checker) attemptRows(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, `
 SELECT j.key FROM jobs j
 WHERE j."window" = $1 AND j.state IN ('complete', 'failed') AND NOT (
 	SELECT count(*) = j.attempts AND count(DISTINCT a.attempt_no) = j.attempts
@@ -426,113 +509,140 @@ WHERE j."window" = $1 AND j.state IN ('complete', 'failed') AND NOT (
 		AND NOT bool_or(a.outcome = 'running') IS TRUE
 	FROM attempts a WHERE a.job_key = j.key)
 ORDER BY j.key`, windowChaos)
-		if err != nil {
-			fail(InvAttemptRows, err)
-		} else {
-			var lost, superseded int
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome = 'lost'), count(*) FILTER (WHERE a.outcome = 'superseded')
-FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&lost, &superseded)
-			add(Row{Name: InvAttemptRows, Observed: fmt.Sprintf("%d ended jobs without exactly one row per start; %d rows written as lost by a successor, %d of them reported later as superseded by their worker", n, lost+superseded, superseded),
-				Result: passIf(n == 0), Offenders: off})
-		}
+	if err != nil {
+		k.fail(InvAttemptRows, err)
+		return
 	}
-	// Two sessions: the shop binds its cookie and price token to the exit that created
-	// them (StrictExit), so a record is right only if one session fetched all of it; every
-	// result must equal the shop's truth and come from an attempt with one session id.
-	{
-		rows, err := h.pool.Query(ctx, `
+	var lost, superseded int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome = 'lost'), count(*) FILTER (WHERE a.outcome = 'superseded')
+FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&lost, &superseded)
+	k.add(Row{Name: InvAttemptRows, Observed: fmt.Sprintf("%d ended jobs without exactly one row per start; %d rows written as lost by a successor, %d of them reported later as superseded by their worker", n, lost+superseded, superseded),
+		Result: passIf(n == 0), Offenders: off})
+}
+
+// twoSessions checks that no result came from two sessions: the shop binds its cookie and
+// price token to the exit that created them (StrictExit), so a record is right only if
+// one session fetched all of it; every result must equal the shop's truth and come from an
+// attempt with one session id.
+func (k *checker) twoSessions(ctx context.Context) {
+	h := k.h
+	rows, err := h.pool.Query(ctx, `
 SELECT r.job_key, j.source_id, r.data, COALESCE(a.session_id, '') FROM results r JOIN jobs j ON j.key = r.job_key
 LEFT JOIN attempts a ON a.job_key = r.job_key AND a.fence = r.fence
 WHERE j."window" = $1 ORDER BY r.job_key`, windowChaos)
-		if err != nil {
-			fail(InvTwoSessions, err)
-		} else {
-			var off []string
-			total, bad := 0, 0
-			for rows.Next() {
-				var key, sku, sess string
-				var data []byte
-				if err := rows.Scan(&key, &sku, &data, &sess); err != nil {
-					break
-				}
-				total++
-				var rec struct{ SKU, Name, Price, Currency string }
-				_ = json.Unmarshal(data, &rec)
-				p, ok := h.site.Product(sku)
-				if !ok || rec.Name != p.Name || rec.Price != p.Price || rec.Currency != p.Currency || sess == "" || strings.Contains(sess, ",") {
-					bad++
-					if len(off) < maxOffenders {
-						off = append(off, key)
-					}
-				}
-			}
+	if err != nil {
+		k.fail(InvTwoSessions, err)
+		return
+	}
+	var off []string
+	total, bad := 0, 0
+	for rows.Next() {
+		var key, sku, sess string
+		var data []byte
+		if err := rows.Scan(&key, &sku, &data, &sess); err != nil {
 			rows.Close()
-			add(Row{Name: InvTwoSessions, Observed: fmt.Sprintf("%d of %d results equal the shop's record, one session each; %d staging quarantined after session loss", total-bad, total, quarantined),
-				Result: passIf(bad == 0), Offenders: off})
+			k.fail(InvTwoSessions, err)
+			return
+		}
+		total++
+		var rec struct{ SKU, Name, Price, Currency string }
+		_ = json.Unmarshal(data, &rec) // an unreadable record stays empty: a wrong one
+		p, ok := h.site.Product(sku)
+		if !ok || rec.Name != p.Name || rec.Price != p.Price || rec.Currency != p.Currency || sess == "" || strings.Contains(sess, ",") {
+			bad++
+			if len(off) < maxOffenders {
+				off = append(off, key)
+			}
 		}
 	}
-	// Budget, and the bytes the budget does not see.
-	{
-		off, n, err := h.keys(ctx, `SELECT key FROM jobs WHERE "window" = $1 AND bytes_total - budget_bytes > $2 ORDER BY key`, windowChaos, int64(handlers.DefaultBandwidthBudget))
-		if err != nil {
-			fail(InvBudget, err)
-		} else {
-			var maxBytes, jobBytes, attBytes int64
-			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(max(bytes_total), 0), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`, windowChaos).Scan(&maxBytes, &jobBytes)
-			_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(a.bytes), 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attBytes)
-			add(Row{Name: InvBudget, Observed: fmt.Sprintf("max %d B of %d B; jobs.bytes_total %d B, attempts %d B, proxy %d B", maxBytes, int64(handlers.DefaultBandwidthBudget), jobBytes, attBytes, h.chaosProxy),
-				Result: passIf(n == 0), Offenders: off})
-		}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		// A read cut short must not pass on the rows it saw.
+		k.fail(InvTwoSessions, err)
+		return
 	}
-	// Bytes per completed job against the fault-free baseline: in the fault-mix phase (the
-	// baseline's SKUs with the proxy fault mix alone, compared job by job: the issue's
-	// figure), and in the chaos phase (every fault; killed attempts never report their
-	// bytes, so there jobs.bytes_total undercounts what the proxy carried).
-	if h.baselineJobs > 0 {
-		baseP := float64(h.baseProxy) / float64(h.baselineJobs)
-		if h.mixJobs > 0 {
-			var pairs int
-			var mixBytes, baseBytes, mixAll int64
-			var mixComplete int
-			_ = h.pool.QueryRow(ctx, `
+	k.add(Row{Name: InvTwoSessions, Observed: fmt.Sprintf("%d of %d results equal the shop's record, one session each; %d staging quarantined after session loss", total-bad, total, k.quarantined),
+		Result: passIf(bad == 0), Offenders: off})
+}
+
+// budget checks that no job went over its bandwidth budget, and shows the bytes the
+// budget does not see.
+func (k *checker) budget(ctx context.Context) {
+	h := k.h
+	off, n, err := h.keys(ctx, `SELECT key FROM jobs WHERE "window" = $1 AND bytes_total - budget_bytes > $2 ORDER BY key`, windowChaos, int64(handlers.DefaultBandwidthBudget))
+	if err != nil {
+		k.fail(InvBudget, err)
+		return
+	}
+	var maxBytes, jobBytes, attBytes int64
+	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(max(bytes_total), 0), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`, windowChaos).Scan(&maxBytes, &jobBytes)
+	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(a.bytes), 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attBytes)
+	k.add(Row{Name: InvBudget, Observed: fmt.Sprintf("max %d B of %d B; jobs.bytes_total %d B, attempts %d B, proxy %d B", maxBytes, int64(handlers.DefaultBandwidthBudget), jobBytes, attBytes, h.chaosProxy),
+		Result: passIf(n == 0), Offenders: off})
+}
+
+// bytesPerJob adds the bytes per completed job against the fault-free baseline: in the
+// fault-mix phase (the baseline's SKUs with the proxy fault mix alone, compared job by
+// job: the issue's figure), and in the chaos phase (every fault; killed attempts never
+// report their bytes, so there jobs.bytes_total undercounts what the proxy carried).
+func (k *checker) bytesPerJob(ctx context.Context) {
+	h := k.h
+	if h.baselineJobs <= 0 {
+		return
+	}
+	baseP := float64(h.baseProxy) / float64(h.baselineJobs)
+	if h.mixJobs > 0 {
+		k.faultMixBytes(ctx, baseP)
+	}
+	var complete int
+	var bytes int64
+	_ = h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`, windowChaos).Scan(&complete, &bytes)
+	if complete > 0 {
+		base := float64(h.baseBytes) / float64(h.baselineJobs)
+		got := float64(bytes) / float64(complete)
+		gotP := float64(h.chaosProxy) / float64(complete)
+		k.add(Row{Name: InfoBytesChaos, Observed: fmt.Sprintf("bytes_total %.0f vs %.0f B/job = %.2fx; at the proxy %.0f vs %.0f B/job = %.2fx (kills, pauses, wipe and dropped connections on top of the fault mix)",
+			got, base, got/base, gotP, baseP, gotP/baseP), Result: resultInfo})
+	}
+}
+
+// faultMixBytes adds the fault-mix phase's bytes per job against the baseline's, job by
+// job (baseP: the baseline's proxy bytes per job).
+func (k *checker) faultMixBytes(ctx context.Context, baseP float64) {
+	h := k.h
+	var pairs int
+	var mixBytes, baseBytes, mixAll int64
+	var mixComplete int
+	_ = h.pool.QueryRow(ctx, `
 SELECT count(*), COALESCE(sum(m.bytes_total), 0), COALESCE(sum(b.bytes_total), 0) FROM jobs m
 JOIN jobs b ON b.source_id = m.source_id AND b."window" = $2 AND b.state = 'complete'
 WHERE m."window" = $1 AND m.state = 'complete'`, windowFaultMix, windowBaseline).Scan(&pairs, &mixBytes, &baseBytes)
-			_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`,
-				windowFaultMix).Scan(&mixComplete, &mixAll)
-			if pairs > 0 && baseBytes > 0 && mixComplete > 0 {
-				r := float64(mixBytes) / float64(baseBytes)
-				gotP := float64(h.mixProxy) / float64(mixComplete)
-				verdict := "goal met"
-				if r > bytesRatioTarget {
-					verdict = "over the goal"
-				}
-				add(Row{Name: InfoBytes, Observed: fmt.Sprintf("%d jobs complete in both runs: bytes_total %.0f vs %.0f B/job = %.2fx (%s, goal <= %.2fx); at the proxy %.0f vs %.0f B/job = %.2fx; %d of %d fault-mix jobs complete, their attempts %d B, proxy %d B",
-					pairs, float64(mixBytes)/float64(pairs), float64(baseBytes)/float64(pairs), r, verdict, bytesRatioTarget, gotP, baseP, gotP/baseP, mixComplete, h.mixJobs, mixAll, h.mixProxy),
-					Result: resultInfo})
-			}
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`,
+		windowFaultMix).Scan(&mixComplete, &mixAll)
+	if pairs > 0 && baseBytes > 0 && mixComplete > 0 {
+		r := float64(mixBytes) / float64(baseBytes)
+		gotP := float64(h.mixProxy) / float64(mixComplete)
+		verdict := "goal met"
+		if r > bytesRatioTarget {
+			verdict = "over the goal"
 		}
-		var complete int
-		var bytes int64
-		_ = h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`, windowChaos).Scan(&complete, &bytes)
-		if complete > 0 {
-			base := float64(h.baseBytes) / float64(h.baselineJobs)
-			got := float64(bytes) / float64(complete)
-			gotP := float64(h.chaosProxy) / float64(complete)
-			add(Row{Name: InfoBytesChaos, Observed: fmt.Sprintf("bytes_total %.0f vs %.0f B/job = %.2fx; at the proxy %.0f vs %.0f B/job = %.2fx (kills, pauses, wipe and dropped connections on top of the fault mix)",
-				got, base, got/base, gotP, baseP, gotP/baseP), Result: resultInfo})
-		}
+		k.add(Row{Name: InfoBytes, Observed: fmt.Sprintf("%d jobs complete in both runs: bytes_total %.0f vs %.0f B/job = %.2fx (%s, goal <= %.2fx); at the proxy %.0f vs %.0f B/job = %.2fx; %d of %d fault-mix jobs complete, their attempts %d B, proxy %d B",
+			pairs, float64(mixBytes)/float64(pairs), float64(baseBytes)/float64(pairs), r, verdict, bytesRatioTarget, gotP, baseP, gotP/baseP, mixComplete, h.mixJobs, mixAll, h.mixProxy),
+			Result: resultInfo})
 	}
-	// Canary.
-	if c.Canary {
-		where, err := h.searchCanary(ctx)
-		if err != nil {
-			fail(InvCanary, err)
-		} else {
-			add(Row{Name: InvCanary, Observed: fmt.Sprintf("found in %d places", len(where)), Result: passIf(len(where) == 0), Offenders: where})
-		}
+}
+
+// canary checks, when the run planted one, that the canary password is nowhere.
+func (k *checker) canary(ctx context.Context) {
+	if !k.c.Canary {
+		return
 	}
-	return rep, nil
+	where, err := k.h.searchCanary(ctx)
+	if err != nil {
+		k.fail(InvCanary, err)
+		return
+	}
+	k.add(Row{Name: InvCanary, Observed: fmt.Sprintf("found in %d places", len(where)), Result: passIf(len(where) == 0), Offenders: where})
 }
 
 // recoveriesFromLogs counts, in the worker logs, the dispatchers' recoveries of a stream

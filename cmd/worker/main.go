@@ -66,6 +66,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/internal/boot"
@@ -367,31 +370,9 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
 	flushTraces, tracing := boot.Tracing(ctx, "idemscrape-worker", log)
 	defer flushTraces()
-	providers, err := sessions.ProvidersFromEnv()
+	set, err := readSettings(c, log)
 	if err != nil {
-		return &boot.SettingError{Err: err}
-	}
-	fp, err := parseFailpoints(os.Getenv(EnvFailpoints))
-	if err != nil {
-		return &boot.SettingError{Err: err}
-	}
-	policies, err := retryPolicies(os.Getenv(EnvChaosRetryScale))
-	if err != nil {
-		return &boot.SettingError{Err: err}
-	}
-	kindOpts, err := c.kindOptions(providers, policies)
-	if err != nil {
-		return &boot.SettingError{Err: err}
-	}
-	if len(fp) > 0 || policies != nil {
-		log.Warn("chaos settings on: for chaos runs only", "failpoints", os.Getenv(EnvFailpoints), "retry_scale", os.Getenv(EnvChaosRetryScale))
-	}
-	auth, err := service.BasicAuthFromEnv()
-	if err != nil {
-		return &boot.SettingError{Err: err}
-	}
-	if err := service.CheckExposure(c.httpAddr, auth, c.httpInsecure); err != nil {
-		return &boot.SettingError{Err: err}
+		return err
 	}
 
 	pool, err := boot.OpenPG(ctx, c.pg, log)
@@ -402,18 +383,86 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	rdb := c.redisCfg.NewClient()
 	defer rdb.Close()
 
+	collector := c.collectorConfig(log)
+	var committer handlers.Committer
+	if fc := set.fp.committer(store.New(pool), pool); fc != nil {
+		defer fc.Close() // deferred before reg.Close, so it runs after it
+		committer = fc
+	}
+	reg, err := newRegistry(c, set, collector, committer, pool, rdb, log)
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	kinds := []string{catalog.Kind}
+	if err := reg.Register(catalog.Kind, set.fp.workflow(catalog.Workflow(c.catalogBase)), catalog.Parse, set.kindOpts...); err != nil {
+		return &boot.SettingError{Err: err}
+	}
+
+	queues := queuesOf(c, kinds)
+	svc, err := newService(c, set, queues, reg, pool, rdb, log)
+	if err != nil {
+		return err
+	}
+	logStart(log, c, set, tracing, kinds, queues)
+	return svc.Run(ctx)
+}
+
+// settings are what run reads from the environment before it opens anything: the proxy
+// accounts, the failpoints, the example kind's options and the HTTP basic auth.
+type settings struct {
+	providers []*sessions.Provider
+	fp        failpoints
+	kindOpts  []handlers.KindOption
+	auth      *service.BasicAuth
+}
+
+// readSettings is run's first step: it reads and checks the settings from the environment
+// (a bad one is a *boot.SettingError) and warns when chaos settings are on.
+func readSettings(c config, log *slog.Logger) (settings, error) {
+	var s settings
+	var err error
+	if s.providers, err = sessions.ProvidersFromEnv(); err != nil {
+		return s, &boot.SettingError{Err: err}
+	}
+	if s.fp, err = parseFailpoints(os.Getenv(EnvFailpoints)); err != nil {
+		return s, &boot.SettingError{Err: err}
+	}
+	policies, err := retryPolicies(os.Getenv(EnvChaosRetryScale))
+	if err != nil {
+		return s, &boot.SettingError{Err: err}
+	}
+	if s.kindOpts, err = c.kindOptions(s.providers, policies); err != nil {
+		return s, &boot.SettingError{Err: err}
+	}
+	if len(s.fp) > 0 || policies != nil {
+		log.Warn("chaos settings on: for chaos runs only", "failpoints", os.Getenv(EnvFailpoints), "retry_scale", os.Getenv(EnvChaosRetryScale))
+	}
+	if s.auth, err = service.BasicAuthFromEnv(); err != nil {
+		return s, &boot.SettingError{Err: err}
+	}
+	if err := service.CheckExposure(c.httpAddr, s.auth, c.httpInsecure); err != nil {
+		return s, &boot.SettingError{Err: err}
+	}
+	return s, nil
+}
+
+// collectorConfig is the step that sets up the sessions' collector from the flags,
+// warning when loopback destinations are allowed.
+func (c *config) collectorConfig(log *slog.Logger) sessions.CollectorConfig {
 	collector := sessions.CollectorConfig{RequestTimeout: c.requestTimeout, IgnoreRobotsTxt: c.ignoreRobots}
 	if c.allowLoopback {
 		collector.Guard = sessions.LoopbackGuard()
 		log.Warn("loopback destinations allowed (-allow-loopback): for demos and tests only")
 	}
-	var committer handlers.Committer
-	if fc := fp.committer(store.New(pool), pool); fc != nil {
-		defer fc.Close() // deferred before reg.Close, so it runs after it
-		committer = fc
-	}
-	reg, err := handlers.NewRegistry(handlers.Config{
-		Store: store.New(pool), Redis: rdb, Providers: providers, Committer: committer,
+	return collector
+}
+
+// newRegistry is the step that builds the runner's registry on the opened services.
+func newRegistry(c config, set settings, collector sessions.CollectorConfig, committer handlers.Committer,
+	pool *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) (*handlers.Registry, error) {
+	return handlers.NewRegistry(handlers.Config{
+		Store: store.New(pool), Redis: rdb, Providers: set.providers, Committer: committer,
 		KeyPrefix: c.keyPrefix, WorkerID: c.workerID, Collector: collector,
 		MaxSessionRestarts: c.maxSessionRestart,
 		LeaseLengths: &handlers.LeaseLengthConfig{
@@ -421,15 +470,10 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		},
 		Logger: log,
 	})
-	if err != nil {
-		return err
-	}
-	defer reg.Close()
-	kinds := []string{catalog.Kind}
-	if err := reg.Register(catalog.Kind, fp.workflow(catalog.Workflow(c.catalogBase)), catalog.Parse, kindOpts...); err != nil {
-		return &boot.SettingError{Err: err}
-	}
+}
 
+// queuesOf is the step that picks the asynq queues: -queues, or one per kind, weight 1.
+func queuesOf(c config, kinds []string) map[string]int {
 	queues, _ := parseQueues(c.queues)
 	if queues == nil {
 		queues = map[string]int{}
@@ -437,7 +481,14 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 			queues[k] = 1
 		}
 	}
-	svc, err := service.New(service.Config{
+	return queues
+}
+
+// newService is the step that builds the service (asynq server, dispatcher, HTTP server)
+// around the registry.
+func newService(c config, set settings, queues map[string]int, reg *handlers.Registry,
+	pool *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) (*service.Service, error) {
+	return service.New(service.Config{
 		Registry:           reg,
 		Store:              store.New(pool),
 		Redis:              rdb,
@@ -447,29 +498,29 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		ShutdownTimeout:    c.shutdownTimeout,
 		DrainTimeout:       c.drainTimeout,
 		NoDispatcher:       c.noDispatcher,
-		Dispatcher:         c.dispatcherConfig(fp.afterPublish()),
+		Dispatcher:         c.dispatcherConfig(set.fp.afterPublish()),
 		HTTPAddr:           c.httpAddr,
 		MonitoringReadOnly: c.readOnly, //nolint:staticcheck // the deprecated -read-only flag keeps working
 		MonitoringWritable: c.writable,
 		HTTPInsecure:       c.httpInsecure,
-		BasicAuth:          auth,
+		BasicAuth:          set.auth,
 		Logger:             log,
 	})
-	if err != nil {
-		return err
-	}
+}
+
+// logStart is the step that logs the start-up line: what the worker serves and with what.
+func logStart(log *slog.Logger, c config, set settings, tracing bool, kinds []string, queues map[string]int) {
 	names := make([]string, 0, len(queues))
 	for q := range queues {
 		names = append(names, q)
 	}
 	sort.Strings(names)
 	var proxies []string
-	for _, p := range providers {
+	for _, p := range set.providers {
 		proxies = append(proxies, p.Name()+" "+p.Gateway()+" ("+string(p.Tier())+", "+p.Price().String()+")")
 	}
 	log.Info("worker starting", "tracing", tracing, "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies,
 		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c), "window_budget", windowBudgetText(c))
-	return svc.Run(ctx)
 }
 
 // windowBudgetText is -window-budget as the start-up log line shows it.
