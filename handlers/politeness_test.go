@@ -27,6 +27,7 @@ import (
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
@@ -467,7 +468,7 @@ func TestHostRateLimitFleetWide(t *testing.T) {
 			WorkerID: fmt.Sprintf("worker-%d", i),
 			// A request that takes long on a loaded box is not what this test is about.
 			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: time.Minute},
-			HostLimits: map[string]lua.Limit{
+			HostLimits: map[string]politeness.Limit{
 				siteA.host: {Rate: rate, Burst: burst},
 				siteB.host: {Rate: 10000, Burst: 1000}, // generous: never makes anyone wait here
 			},
@@ -593,7 +594,7 @@ func TestRetryAfterSlowsHost(t *testing.T) {
 			WorkerID: fmt.Sprintf("worker-%d", i),
 			// A request that takes long on a loaded box is not what this test is about.
 			Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1, RequestTimeout: time.Minute},
-			HostLimits: map[string]lua.Limit{site.host: {Rate: rate, Burst: 1}},
+			HostLimits: map[string]politeness.Limit{site.host: {Rate: rate, Burst: 1}},
 		})
 		require.NoError(t, err)
 		t.Cleanup(reg.Close)
@@ -760,7 +761,7 @@ func TestHostWaitRespectsTheJob(t *testing.T) {
 		var err error
 		w.reg, err = handlers.NewRegistry(handlers.Config{Store: w.st, Redis: rdb, Provider: w.prov, KeyPrefix: w.ns.Prefix,
 			Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second, IgnoreRobotsTxt: true},
-			HostLimits:  map[string]lua.Limit{w.site.host: {Rate: 100, Burst: 10}},
+			HostLimits:  map[string]politeness.Limit{w.site.host: {Rate: 100, Burst: 10}},
 			HostWaitMax: waitMax,
 			KeepOptions: &lua.KeepOptions{Interval: 50 * time.Millisecond, OnRenew: onRenew},
 		})
@@ -854,12 +855,12 @@ func TestPolitenessConfig(t *testing.T) {
 		return err
 	}
 	t.Run("BadHostLimit", func(t *testing.T) {
-		err := build(func(c *handlers.Config) { c.HostLimits = map[string]lua.Limit{"shop.example": {Rate: -1}} })
+		err := build(func(c *handlers.Config) { c.HostLimits = map[string]politeness.Limit{"shop.example": {Rate: -1}} })
 		require.ErrorContains(t, err, `Config.HostLimits["shop.example"]`)
 		require.ErrorContains(t, err, "Limit.Rate")
 	})
 	t.Run("BadDefaultHostLimit", func(t *testing.T) {
-		err := build(func(c *handlers.Config) { c.DefaultHostLimit = &lua.Limit{Rate: 1, Burst: -2} })
+		err := build(func(c *handlers.Config) { c.DefaultHostLimit = &politeness.Limit{Rate: 1, Burst: -2} })
 		require.ErrorContains(t, err, "Config.DefaultHostLimit")
 	})
 	t.Run("NegativeHostWaitMax", func(t *testing.T) {
@@ -869,7 +870,7 @@ func TestPolitenessConfig(t *testing.T) {
 		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix, NoGroupCommit: true})
 		require.NoError(t, err)
 		defer reg.Close()
-		err = reg.Register("polite.a", itemWorkflow("http://127.0.0.1:1"), itemParse, handlers.WithHostLimit(lua.Limit{Rate: -3}))
+		err = reg.Register("polite.a", itemWorkflow("http://127.0.0.1:1"), itemParse, handlers.WithHostLimit(politeness.Limit{Rate: -3}))
 		require.ErrorContains(t, err, "WithHostLimit")
 	})
 }
@@ -879,7 +880,7 @@ func TestPolitenessConfig(t *testing.T) {
 func TestHostPauseCapped(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, rigOpts{})
-	reg := r.registry(t, func(c *handlers.Config) { c.DefaultHostLimit = &lua.Limit{Rate: 100, Burst: 10} })
+	reg := r.registry(t, func(c *handlers.Config) { c.DefaultHostLimit = &politeness.Limit{Rate: 100, Burst: 10} })
 	key, task := r.job(t, "sku-13")
 	r.site.Throttle(1, 2*time.Hour)
 	dec := decisionOf(reg.ProcessTask(ctx, task))
@@ -890,7 +891,7 @@ func TestHostPauseCapped(t *testing.T) {
 	require.Len(t, keys, 1, "the host was paused for the fleet")
 	ttl, err := r.ns.Client.PTTL(ctx, keys[0]).Result()
 	require.NoError(t, err)
-	require.LessOrEqual(t, ttl, handlers.MaxHostPause, "but at most MaxHostPause")
+	require.LessOrEqual(t, ttl, politeness.MaxHostPause, "but at most MaxHostPause")
 	job, err := r.st.JobGet(ctx, key)
 	require.NoError(t, err)
 	require.Equal(t, string(tasks.CategoryThrottled), job.LastCategory)
@@ -907,7 +908,7 @@ func TestFleetPauseNotChargedToBudget(t *testing.T) {
 	site := newTimedSite(t)
 	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
 		Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1, RequestTimeout: 5 * time.Second, IgnoreRobotsTxt: true},
-		HostLimits: map[string]lua.Limit{site.host: {Rate: 100, Burst: 10}},
+		HostLimits: map[string]politeness.Limit{site.host: {Rate: 100, Burst: 10}},
 		Rand:       func() float64 { return 0.5 },
 	})
 	require.NoError(t, err)

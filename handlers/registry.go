@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/parse"
+	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
@@ -84,11 +85,11 @@ type kind struct {
 	// replaces the kind.
 	version   int
 	parsers   map[int]ParserFunc
-	saved     inputs.Policy // WithSavedInputs
-	schemas   *schemaSet    // recorded schema fingerprints, shared by the kind's copies
-	hostLimit *lua.Limit    // WithHostLimit
-	limiter   *hostLimiter  // paces the kind's requests
-	window    *WindowBudget // WithWindowBudget
+	saved     inputs.Policy       // WithSavedInputs
+	schemas   *schemaSet          // recorded schema fingerprints, shared by the kind's copies
+	hostLimit *politeness.Limit   // WithHostLimit
+	limiter   *politeness.Limiter // paces the kind's requests
+	window    *WindowBudget       // WithWindowBudget
 }
 
 // Config defaults.
@@ -121,8 +122,8 @@ type Config struct {
 	KeyPrefix string
 	// Collector configures each session's collector (size cap, timeouts, robots, guard).
 	// Unless IgnoreRobotsTxt is set or Robots is given, the registry sets Robots to a
-	// sessions.RobotsCache in Redis under KeyPrefix shared by the fleet; it always sets
-	// Limiter (see HostLimits).
+	// politeness.RobotsCache in Redis under KeyPrefix shared by the fleet; unless Limiter is
+	// given, each kind's requests go through its politeness.Limiter (see HostLimits).
 	Collector sessions.CollectorConfig
 	// Browsers renders the pages of steps that call StepContext.Render (pages that need
 	// JavaScript), on the unit's session. The registry owns it: Close closes it, so no
@@ -131,15 +132,15 @@ type Config struct {
 	Browsers *sessions.BrowserPool
 	// HostLimits are fleet-wide request rates per destination host — the URL's host,
 	// lower case, with its port unless it is the scheme's default ("shop.example",
-	// "127.0.0.1:8080"). They win over a kind's WithHostLimit and DefaultHostLimit.
-	// Defaults to none.
-	HostLimits map[string]lua.Limit
+	// "127.0.0.1:8080": politeness.HostKey). They win over a kind's WithHostLimit and
+	// DefaultHostLimit. Defaults to none. (politeness.LimitsConfig.HostLimits)
+	HostLimits map[string]politeness.Limit
 	// DefaultHostLimit is the rate of every other host, for kinds without WithHostLimit.
 	// Defaults to nil: such hosts are not paced and cost no Redis round trip.
-	DefaultHostLimit *lua.Limit
+	DefaultHostLimit *politeness.Limit
 	// HostWaitMax is the longest a request waits for its host's slot; a slot further away
 	// ends the attempt as throttled with that distance as its Retry-After, so the job frees
-	// its lease instead of holding it idle. Defaults to DefaultHostWaitMax.
+	// its lease instead of holding it idle. Defaults to politeness.DefaultHostWaitMax.
 	HostWaitMax time.Duration
 	// MaxSessionRestarts per attempt. Defaults to sessions.DefaultMaxSessionRestarts.
 	MaxSessionRestarts int
@@ -220,9 +221,8 @@ type Registry struct {
 	providers    []*providerSlot // Config.Providers with their breakers, in order
 	gaugeMu      sync.Mutex      // openProviders
 	metrics      *metrics
-	// politeness: the shared host limits and the hosts this worker paused.
-	hostLimits *lua.HostLimits
-	paused     pausedHosts
+	// politeness: the fleet-wide host limits and the hosts this worker paused.
+	hostLimits *politeness.Limits
 	gatherer   prometheus.Gatherer
 	tracer     trace.Tracer
 	log        *slog.Logger
@@ -309,26 +309,6 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if cfg.Retry, err = cfg.Retry.withDefaults(); err != nil {
 		return nil, err
 	}
-	if cfg.HostWaitMax == 0 {
-		cfg.HostWaitMax = DefaultHostWaitMax
-	}
-	if cfg.HostWaitMax < 0 {
-		return nil, fmt.Errorf("handlers: Config.HostWaitMax %v must be positive", cfg.HostWaitMax)
-	}
-	for host, lim := range cfg.HostLimits {
-		if err := lim.Validate(); err != nil {
-			return nil, fmt.Errorf("handlers: Config.HostLimits[%q]: %w", host, err)
-		}
-	}
-	if cfg.DefaultHostLimit != nil {
-		if err := cfg.DefaultHostLimit.Validate(); err != nil {
-			return nil, fmt.Errorf("handlers: Config.DefaultHostLimit: %w", err)
-		}
-	}
-	hostLimits, err := lua.NewHostLimits(cfg.Redis, cfg.KeyPrefix)
-	if err != nil {
-		return nil, err
-	}
 	leases, err := lua.NewLeases(cfg.Redis, cfg.KeyPrefix)
 	if err != nil {
 		return nil, err
@@ -358,8 +338,11 @@ func NewRegistry(cfg Config) (*Registry, error) {
 			return nil, fmt.Errorf("handlers: Config.KeepOptions against the shortest lease (LeaseLengths.Min %v): %w", lengths.cfg.Min, err)
 		}
 	}
-	r := &Registry{cfg: cfg, leases: leases, windows: windows, lengths: lengths, hostLimits: hostLimits, log: cfg.Logger, kinds: map[string]*kind{},
+	r := &Registry{cfg: cfg, leases: leases, windows: windows, lengths: lengths, log: cfg.Logger, kinds: map[string]*kind{},
 		inputs: inputs.New(cfg.Store.Pool())}
+	if err := r.newLimits(); err != nil {
+		return nil, err
+	}
 	for _, p := range cfg.Providers {
 		s := &providerSlot{prov: p}
 		s.breaker.interval, s.breaker.max = cfg.IncidentProbeInterval, cfg.IncidentProbeMax
@@ -379,25 +362,14 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		cfg.Registerer, r.gatherer = reg, reg
 		r.cfg.Registerer = reg
 	}
-	if r.metrics, err = newMetrics(cfg.Registerer, func() float64 { return float64(r.paused.count(r.cfg.Now())) }); err != nil {
+	if r.metrics, err = newMetrics(cfg.Registerer, func() float64 { return float64(r.hostLimits.Paused(r.cfg.Now())) }); err != nil {
 		return nil, fmt.Errorf("handlers: register metrics: %w", err)
 	}
 	if r.cfg.Browsers != nil {
 		r.cfg.Collector.Browsers = r.cfg.Browsers
 	}
-	if !r.cfg.Collector.IgnoreRobotsTxt && r.cfg.Collector.Robots == nil {
-		robotsBytes := r.metrics.robotsBytes
-		robotsFetches := r.metrics.robotsFetches
-		r.cfg.Collector.Robots, err = sessions.NewRobotsCache(sessions.RobotsConfig{
-			Redis: cfg.Redis, KeyPrefix: cfg.KeyPrefix,
-			OnFetch: func(_ string, status int, bytes int64) {
-				robotsBytes.Add(float64(bytes))
-				robotsFetches.WithLabelValues(statusClass(status)).Inc()
-			},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("handlers: robots.txt cache: %w", err)
-		}
+	if err := r.newRobots(); err != nil {
+		return nil, err
 	}
 	// Last, so that no error above leaves its goroutine behind.
 	if r.cfg.Committer == nil {
@@ -449,7 +421,7 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 	if err := r.checkPrices(k); err != nil {
 		return fmt.Errorf("handlers: kind %q: %w", kindName, err)
 	}
-	k.limiter = r.limiterFor(k)
+	k.limiter = r.hostLimits.Limiter(k.name, k.hostLimit)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.kinds[kindName]; dup {

@@ -45,7 +45,9 @@ func (l Limit) Validate() error {
 
 // HostLimits paces requests per destination host for a whole fleet: a GCRA bucket and a
 // shared pause per host in Redis (hostlimit.lua, hostpause.lua), counted on the Redis
-// server's clock. Both keys of a host share the hash tag {host:<host>}.
+// server's clock. Both keys of a host share the hash tag {host:<host>}. It is the scripts'
+// thin wrapper: politeness.Limits decides which limit a request gets, waits for the slot
+// and shares a Retry-After through it.
 type HostLimits struct {
 	rdb  redis.Scripter
 	keys Keys

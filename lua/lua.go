@@ -2,7 +2,7 @@
 // and their thin Go wrappers: the lease of a job, taken, claimed, renewed and released
 // atomically, and the counter token a Claim issues (the runner's token is PostgreSQL's); and the fleet-wide politeness of a destination
 // host (HostLimits: a GCRA bucket and a shared Retry-After pause per host, on the server's
-// clock); and the trimming of an outbox stream (TrimStream: only entries every consumer
+// clock; Unlock, robots.txt's fetch lock: package politeness drives both); and the trimming of an outbox stream (TrimStream: only entries every consumer
 // group has delivered and acknowledged are removed).
 //
 // Two ways to hold a lease:

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gocolly/colly/v2"
 
+	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -56,15 +57,16 @@ type CollectorConfig struct {
 	TLSConfig *tls.Config
 	// Now is the clock for Retry-After dates. Defaults to time.Now.
 	Now func() time.Time
-	// Robots is the fleet-wide robots.txt cache (NewRobotsCache). When set (and
+	// Robots is the fleet-wide robots.txt cache (politeness.NewRobotsCache). When set (and
 	// IgnoreRobotsTxt is false), colly's own per-collector robots.txt check is off and every
 	// hop — redirects included — is checked against this cache instead, whose fetch goes
 	// through the collector's own session. Defaults to nil: colly's per-collector check,
 	// which fetches robots.txt once per collector (once per session).
-	Robots *RobotsCache
+	Robots *politeness.RobotsCache
 	// Limiter paces every request hop (redirects and robots.txt fetches included) per
-	// destination host, and hears every 429/503 Retry-After. Defaults to nil: no pacing.
-	Limiter HostLimiter
+	// destination host, and hears every 429/503 Retry-After (politeness.Limiter is the
+	// fleet-wide one). Defaults to nil: no pacing.
+	Limiter politeness.HostLimiter
 	// IsolatePlainHTTP gives every session its own connections to the gateway for
 	// plain-HTTP destinations too. By default those are shared by every open collector of
 	// the gateway: a forwarding proxy reads the session from each request's own
@@ -437,32 +439,73 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if b.overBudget() {
 		return nil, b.budgetError()
 	}
-	if b.cfg.Robots != nil && !b.cfg.IgnoreRobotsTxt {
-		if err := b.cfg.Robots.check(ctx, b, req.URL); err != nil {
-			return nil, err
-		}
-	}
-	if b.cfg.Limiter != nil {
-		if err := b.cfg.Limiter.Wait(ctx, hostKey(req.URL)); err != nil {
-			return nil, err
-		}
+	if err := b.polite(ctx, req.URL); err != nil {
+		return nil, err
 	}
 	return b.exchange(req, &b.bytes, true)
 }
 
-// hostKey is the destination host a rate limit applies to: host[:port], lower case, the
-// default port dropped.
-func hostKey(u *url.URL) string {
-	host := strings.ToLower(u.Hostname())
-	port := u.Port()
-	if port == "" || (u.Scheme == "http" && port == "80") || (u.Scheme == "https" && port == "443") {
-		return host
+// polite holds a request to u back as politeness asks: robots.txt first (unless ignored),
+// then the host's slot.
+func (b *Bound) polite(ctx context.Context, u *url.URL) error {
+	if b.cfg.Robots != nil && !b.cfg.IgnoreRobotsTxt {
+		if err := b.cfg.Robots.Check(ctx, robotsVia{b}, u); err != nil {
+			return err
+		}
 	}
-	return net.JoinHostPort(host, port)
+	return b.waitHost(ctx, u)
 }
 
-// origin is the scheme://host[:port] a robots.txt belongs to (RFC 9309).
-func origin(u *url.URL) string { return strings.ToLower(u.Scheme) + "://" + hostKey(u) }
+// waitHost waits for u's host slot (CollectorConfig.Limiter), if there is a limiter.
+func (b *Bound) waitHost(ctx context.Context, u *url.URL) error {
+	if b.cfg.Limiter == nil {
+		return nil
+	}
+	return b.cfg.Limiter.Wait(ctx, politeness.HostKey(u))
+}
+
+// robotsVia is the session a politeness.RobotsCache fetches robots.txt through: the
+// collector whose request needed it.
+type robotsVia struct{ b *Bound }
+
+func (v robotsVia) UserAgent() string      { return v.b.cfg.UserAgent }
+func (v robotsVia) Timeout() time.Duration { return v.b.cfg.RequestTimeout }
+func (v robotsVia) Fail(err error) error   { return classify(err, v.b.served.Load()) }
+
+// Get sends one robots.txt hop as every hop goes — guard, host limit, exit check — with
+// its bytes in moved, not the job's; the body ends at the size cap instead of failing.
+func (v robotsVia) Get(ctx context.Context, target string, moved *atomic.Int64) (*http.Response, error) {
+	b := v.b
+	if err := b.cfg.Guard.Check(ctx, target); err != nil {
+		return nil, v.Fail(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return nil, v.Fail(err)
+	}
+	if err := b.waitHost(ctx, req.URL); err != nil {
+		return nil, v.Fail(err)
+	}
+	req.Header.Set("User-Agent", b.cfg.UserAgent)
+	res, err := b.exchange(req, moved, false)
+	if err != nil {
+		return nil, v.Fail(err)
+	}
+	b.served.Store(true)
+	res.Body = capIsEOF{res.Body}
+	return res, nil
+}
+
+// capIsEOF ends a body at the size cap (ErrBodyTooLarge) as if it were its end.
+type capIsEOF struct{ io.ReadCloser }
+
+func (c capIsEOF) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	if errors.Is(err, ErrBodyTooLarge) {
+		err = io.EOF
+	}
+	return n, err
+}
 
 // exchange sends req through the session's proxy and returns the response with a counted,
 // capped, decompressed body. Bytes go to counter; job says it is the job's traffic (the
@@ -516,7 +559,7 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 	}
 	if b.cfg.Limiter != nil && (res.StatusCode == http.StatusTooManyRequests || res.StatusCode == http.StatusServiceUnavailable) {
 		if d := retryAfter(res.Header.Get("Retry-After"), b.cfg.Now()); d > 0 {
-			b.cfg.Limiter.Pause(req.Context(), hostKey(req.URL), d)
+			b.cfg.Limiter.Pause(req.Context(), politeness.HostKey(req.URL), d)
 		}
 	}
 	var body io.Reader = &countingReader{r: res.Body, bound: b, counter: counter, job: job}

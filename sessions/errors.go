@@ -15,6 +15,7 @@ import (
 
 	"github.com/gocolly/colly/v2"
 
+	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -53,13 +54,17 @@ func (e *FetchError) Error() string {
 func (e *FetchError) Unwrap() error { return e.Err }
 
 // CategoryOf returns the category of err: the FetchError's if there is one, else a
-// tasks.Failure's (tasks.Fail), else
+// politeness.Error's, else a tasks.Failure's (tasks.Fail), else
 // CategoryTimeout for deadlines, CategoryInterrupted for cancellation, else
 // CategoryInternal.
 func CategoryOf(err error) tasks.Category {
 	var fe *FetchError
 	if errors.As(err, &fe) {
 		return fe.Category
+	}
+	var pe *politeness.Error
+	if errors.As(err, &pe) {
+		return pe.Category
 	}
 	if c, ok := tasks.CategoryFrom(err); ok {
 		return c
@@ -136,6 +141,10 @@ func classify(err error, started bool) *FetchError {
 	var fe *FetchError
 	if errors.As(err, &fe) {
 		return fe
+	}
+	var polite *politeness.Error
+	if errors.As(err, &polite) { // robots.txt or the host limit held the request back
+		return &FetchError{Category: polite.Category, Status: polite.Status, RetryAfter: polite.RetryAfter, Err: polite.Err}
 	}
 	if c, ok := tasks.CategoryFrom(err); ok { // a step's own tasks.Fail
 		return &FetchError{Category: c, Err: err}

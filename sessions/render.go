@@ -103,15 +103,8 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (_ *Rendered, rerr error)
 	if b.overBudget() {
 		return nil, classify(b.budgetError(), b.served.Load())
 	}
-	if b.cfg.Robots != nil && !b.cfg.IgnoreRobotsTxt {
-		if err := b.cfg.Robots.check(ctx, b, u); err != nil {
-			return nil, classify(err, b.served.Load())
-		}
-	}
-	if b.cfg.Limiter != nil {
-		if err := b.cfg.Limiter.Wait(ctx, hostKey(u)); err != nil {
-			return nil, classify(err, b.served.Load())
-		}
+	if err := b.polite(ctx, u); err != nil {
+		return nil, classify(err, b.served.Load())
 	}
 	timeout := o.Timeout
 	if timeout <= 0 {

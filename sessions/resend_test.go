@@ -88,7 +88,7 @@ func TestThrottleResend(t *testing.T) {
 	})
 }
 
-// cancelOnPause is a HostLimiter whose Pause (a 429's Retry-After) ends the job's context.
+// cancelOnPause is a politeness.HostLimiter whose Pause (a 429's Retry-After) ends the job's context.
 type cancelOnPause struct{ cancel context.CancelFunc }
 
 func (cancelOnPause) Wait(context.Context, string) error             { return nil }

@@ -9,11 +9,16 @@
 // staging; on session loss the staging is quarantined and the whole unit replays on a new
 // session, so an observation never mixes two sessions.
 //
-// Politeness: with CollectorConfig.Robots (a RobotsCache in Redis) robots.txt is fetched
-// once per host for a whole fleet, through the session that needed it, and checked on every
-// hop; CollectorConfig.Limiter paces every hop per host and hears every Retry-After. With
-// Provider.WithExitHeader a session learns its exit on its first response and a response
-// from another exit ends it as session_lost (the provider re-assigned it silently).
+// Politeness lives in package politeness; a collector applies it on every hop: with
+// CollectorConfig.Robots (a politeness.RobotsCache in Redis) robots.txt is fetched once per
+// host for a whole fleet, through the session that needed it, and checked on every hop;
+// CollectorConfig.Limiter (a politeness.HostLimiter) paces every hop per host and hears
+// every Retry-After. A request politeness refuses ends with a FetchError of the category
+// politeness chose.
+//
+// Exit integrity is sessions' own, not politeness: with Provider.WithExitHeader a session
+// learns its exit on its first response and a response from another exit ends it as
+// session_lost (the provider re-assigned it silently).
 //
 // Credentials: the proxy password reaches the wire only as a Proxy-Authorization header
 // (on CONNECT through ProxyConnectHeader, on plain-HTTP forwarding added per request). It

@@ -1,4 +1,4 @@
-package sessions
+package politeness
 
 import (
 	"context"
@@ -91,9 +91,9 @@ type RobotsConfig struct {
 // token, lives longer than the fetch it guards (RequestTimeout + LockMargin) and is given
 // up by compare-and-delete (lua.Unlock): a worker whose lock did expire never deletes the
 // lock another worker took since. The others poll the entry until it appears or the lock
-// expires. A collector with a RobotsCache checks every hop against it. The fetch
-// goes through the session of the request that needed it (same proxy, same exit), and its
-// bytes are reported to OnFetch instead of the job.
+// expires. A collector with a RobotsCache (sessions.CollectorConfig.Robots) checks every
+// hop against it (Check). The fetch goes through the session of the request that needed it
+// (Via: same proxy, same exit), and its bytes are reported to OnFetch instead of the job.
 //
 // Status handling follows RFC 9309: 2xx is parsed (temoto/robotstxt, as colly does), 4xx
 // allows everything, 5xx disallows everything for ErrorTTL — requests fail with category
@@ -130,7 +130,7 @@ type robotsEntry struct {
 // NewRobotsCache validates cfg and returns the cache.
 func NewRobotsCache(cfg RobotsConfig) (*RobotsCache, error) {
 	if cfg.Redis == nil {
-		return nil, errors.New("sessions: RobotsConfig.Redis is required")
+		return nil, errors.New("politeness: RobotsConfig.Redis is required")
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = "idemscrape:"
@@ -149,17 +149,17 @@ func NewRobotsCache(cfg RobotsConfig) (*RobotsCache, error) {
 			*d.v = d.def
 		}
 		if *d.v < time.Millisecond {
-			return nil, fmt.Errorf("sessions: RobotsConfig.%s %v must be at least 1ms", d.name, *d.v)
+			return nil, fmt.Errorf("politeness: RobotsConfig.%s %v must be at least 1ms", d.name, *d.v)
 		}
 	}
 	if cfg.MinTTL > cfg.TTL {
-		return nil, fmt.Errorf("sessions: RobotsConfig.MinTTL %v must not exceed TTL %v", cfg.MinTTL, cfg.TTL)
+		return nil, fmt.Errorf("politeness: RobotsConfig.MinTTL %v must not exceed TTL %v", cfg.MinTTL, cfg.TTL)
 	}
 	if cfg.LocalEntries == 0 {
 		cfg.LocalEntries = DefaultRobotsLocalEntries
 	}
 	if cfg.LocalEntries < 0 {
-		return nil, fmt.Errorf("sessions: RobotsConfig.LocalEntries %d must be >= 0", cfg.LocalEntries)
+		return nil, fmt.Errorf("politeness: RobotsConfig.LocalEntries %d must be >= 0", cfg.LocalEntries)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -171,18 +171,42 @@ func NewRobotsCache(cfg RobotsConfig) (*RobotsCache, error) {
 	return &RobotsCache{cfg: cfg, keys: keys, local: map[string]robotsLocal{}}, nil
 }
 
-// check returns nil when robots.txt lets b's user agent fetch u, or a *FetchError.
-func (rc *RobotsCache) check(ctx context.Context, b *Bound, u *url.URL) error {
+// Via is the session a robots.txt is fetched through: the one whose request needed it, so
+// that the fetch leaves by the same proxy and exit. sessions implements it for every
+// collector; the cache needs nothing else of sessions.
+type Via interface {
+	// UserAgent is the agent the rules are tested for, and the fetch sends.
+	UserAgent() string
+	// Timeout bounds one robots.txt fetch as a whole: the host limit's waits, every
+	// redirect and the body (the collector's RequestTimeout).
+	Timeout() time.Duration
+	// Get sends one GET of target through the session, as every hop goes: the SSRF guard
+	// and the host limit first, the exit check and Retry-After after. It follows no
+	// redirect, counts the bytes it moves — the response body's as it is read — in moved
+	// instead of the job's, and ends the body (io.EOF) at the collector's size cap instead
+	// of failing. Its error is already classified: the cache returns it as it is.
+	Get(ctx context.Context, target string, moved *atomic.Int64) (*http.Response, error)
+	// Fail classifies a failure of the fetch that Get did not see: a bad redirect, a body
+	// that could not be read.
+	Fail(err error) error
+}
+
+// Check returns nil when robots.txt lets via's user agent fetch u, or the error the
+// request ends with: an *Error of category robots_disallowed (terminal) or
+// destination_error (a robots.txt that answered 5xx or 429: retried later), network (another
+// worker's fetch took too long), internal (Redis); a failure of the fetch itself, as via
+// classified it; or ctx's cause.
+func (rc *RobotsCache) Check(ctx context.Context, via Via, u *url.URL) error {
 	if u.EscapedPath() == "/robots.txt" {
 		return nil
 	}
 	org := origin(u)
-	e, err := rc.entry(ctx, b, org)
+	e, err := rc.entry(ctx, via, org)
 	if err != nil {
 		return err
 	}
 	if robotsUnreachable(e.Status) {
-		return &FetchError{Category: tasks.CategoryDestinationError, Status: e.Status,
+		return &Error{Category: tasks.CategoryDestinationError, Status: e.Status,
 			Err: fmt.Errorf("robots.txt of %s answered %d: every path is disallowed until it can be fetched (RFC 9309); retried later", org, e.Status)}
 	}
 	path := u.EscapedPath()
@@ -193,18 +217,21 @@ func (rc *RobotsCache) check(ctx context.Context, b *Bound, u *url.URL) error {
 	if u.RawQuery != "" {
 		test += "?" + u.RawQuery
 	}
-	if !e.data.TestAgent(test, b.cfg.UserAgent) {
-		return &FetchError{Category: tasks.CategoryRobotsDisallowed,
-			Err: fmt.Errorf("%w: robots.txt of %s disallows %s for user agent %q", colly.ErrRobotsTxtBlocked, org, path, b.cfg.UserAgent)}
+	if !e.data.TestAgent(test, via.UserAgent()) {
+		return &Error{Category: tasks.CategoryRobotsDisallowed,
+			Err: fmt.Errorf("%w: robots.txt of %s disallows %s for user agent %q", colly.ErrRobotsTxtBlocked, org, path, via.UserAgent())}
 	}
 	return nil
 }
 
+// origin is the scheme://host[:port] a robots.txt belongs to (RFC 9309).
+func origin(u *url.URL) string { return strings.ToLower(u.Scheme) + "://" + HostKey(u) }
+
 // robotsPoll is how often a worker waiting for another's fetch looks again.
 const robotsPoll = 50 * time.Millisecond
 
-// entry returns the origin's robots.txt: from memory, from Redis, or fetched through b.
-func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robotsEntry, error) {
+// entry returns the origin's robots.txt: from memory, from Redis, or fetched through via.
+func (rc *RobotsCache) entry(ctx context.Context, via Via, org string) (*robotsEntry, error) {
 	now := rc.cfg.Now()
 	rc.mu.Lock()
 	l, ok := rc.local[org]
@@ -213,7 +240,7 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 		return l.entry, nil
 	}
 	key, lockKey := rc.keys.Robots(org), rc.keys.RobotsLock(org)
-	lockTTL := rc.lockTTL(b)
+	lockTTL := rc.lockTTL(via)
 	deadline := time.Now().Add(lockTTL + robotsPoll)
 	owner := "" // this call's lock value (random, made when first needed): only this call gives the lock up
 	for {
@@ -245,7 +272,7 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 					return e, nil
 				}
 			}
-			e, ferr := rc.fetch(ctx, b, org)
+			e, ferr := rc.fetch(ctx, via, org)
 			if ferr != nil {
 				// Not the host's answer (session lost, proxy refusal, timeout): nothing is
 				// cached, the next worker may try at once.
@@ -263,7 +290,7 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 			return e, nil
 		}
 		if !time.Now().Before(deadline) {
-			return nil, &FetchError{Category: tasks.CategoryNetwork,
+			return nil, &Error{Category: tasks.CategoryNetwork,
 				Err: fmt.Errorf("robots.txt of %s: another worker has been fetching it for more than %v; retried later", org, lockTTL)}
 		}
 		t := time.NewTimer(robotsPoll)
@@ -280,14 +307,11 @@ func (rc *RobotsCache) entry(ctx context.Context, b *Bound, org string) (*robots
 // context is done (else the lock would hold the others back until it expires).
 const robotsUnlockTimeout = 5 * time.Second
 
-// robotsFetchTimeout bounds one robots.txt fetch through b as a whole: the host limit's
-// waits, every redirect and the body.
-func robotsFetchTimeout(b *Bound) time.Duration { return b.cfg.RequestTimeout }
-
-// lockTTL is how long the fetch lock of a fetch through b lives: strictly longer than the
-// fetch (by LockMargin, at least 1ms), so it can not expire while the fetch runs.
-func (rc *RobotsCache) lockTTL(b *Bound) time.Duration {
-	return robotsFetchTimeout(b) + rc.cfg.LockMargin
+// lockTTL is how long the fetch lock of a fetch through via lives: strictly longer than the
+// fetch (via.Timeout, plus LockMargin, at least 1ms), so it can not expire while the fetch
+// runs.
+func (rc *RobotsCache) lockTTL(via Via) time.Duration {
+	return via.Timeout() + rc.cfg.LockMargin
 }
 
 // unlock gives the fetch lock up if it still holds owner (lua.Unlock). A lock that expired,
@@ -303,7 +327,8 @@ func (rc *RobotsCache) redisFailure(ctx context.Context, org string, err error) 
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	return &FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("robots.txt cache of %s: %w", org, scrub(err))}
+	// %v, not %w: the text of Redis's error, not its chain (nothing it wraps travels on).
+	return &Error{Category: tasks.CategoryInternal, Err: fmt.Errorf("robots.txt cache of %s: %v", org, err)}
 }
 
 func (rc *RobotsCache) remember(org string, e *robotsEntry) {
@@ -366,9 +391,9 @@ func robotsUnreachable(status int) bool {
 // maxRobotsRedirects is how many redirects a robots.txt fetch follows (RFC 9309: at least 5).
 const maxRobotsRedirects = 5
 
-// fetch gets org's robots.txt through b's session: every hop passes the guard and the host
-// limit; the bytes go to OnFetch, not to the job.
-func (rc *RobotsCache) fetch(ctx context.Context, b *Bound, org string) (*robotsEntry, error) {
+// fetch gets org's robots.txt through via, the session that needed it: every hop passes
+// the guard and the host limit (Via.Get); the bytes go to OnFetch, not to the job.
+func (rc *RobotsCache) fetch(ctx context.Context, via Via, org string) (*robotsEntry, error) {
 	var moved atomic.Int64
 	status := 0
 	defer func() {
@@ -376,45 +401,31 @@ func (rc *RobotsCache) fetch(ctx context.Context, b *Bound, org string) (*robots
 			rc.cfg.OnFetch(org, status, moved.Load())
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, robotsFetchTimeout(b)) // the lock outlives it: lockTTL
+	ctx, cancel := context.WithTimeout(ctx, via.Timeout()) // the lock outlives it: lockTTL
 	defer cancel()
 	target := org + "/robots.txt"
 	for hop := 0; ; hop++ {
 		u, err := url.Parse(target)
 		if err != nil {
-			return nil, classify(fmt.Errorf("robots.txt of %s: bad redirect: %w", org, err), b.served.Load())
+			return nil, via.Fail(fmt.Errorf("robots.txt of %s: bad redirect: %w", org, err))
 		}
-		if err := b.cfg.Guard.Check(ctx, target); err != nil {
-			return nil, classify(err, b.served.Load())
-		}
-		if b.cfg.Limiter != nil {
-			if err := b.cfg.Limiter.Wait(ctx, hostKey(u)); err != nil {
-				return nil, classify(err, b.served.Load())
-			}
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+		res, err := via.Get(ctx, target, &moved)
 		if err != nil {
-			return nil, classify(err, b.served.Load())
+			return nil, err
 		}
-		req.Header.Set("User-Agent", b.cfg.UserAgent)
-		res, err := b.exchange(req, &moved, false)
-		if err != nil {
-			return nil, classify(err, b.served.Load())
-		}
-		b.served.Store(true)
 		status = res.StatusCode
 		body, rerr := io.ReadAll(io.LimitReader(res.Body, MaxRobotsBytes))
 		res.Body.Close()
 		if loc := res.Header.Get("Location"); status >= 300 && status < 400 && loc != "" && hop < maxRobotsRedirects {
 			next, err := u.Parse(loc)
 			if err != nil {
-				return nil, classify(fmt.Errorf("robots.txt of %s: bad redirect: %w", org, err), true)
+				return nil, via.Fail(fmt.Errorf("robots.txt of %s: bad redirect: %w", org, err))
 			}
 			target = next.String()
 			continue
 		}
-		if rerr != nil && !errors.Is(rerr, ErrBodyTooLarge) {
-			return nil, classify(rerr, true)
+		if rerr != nil {
+			return nil, via.Fail(rerr)
 		}
 		e := &robotsEntry{Status: status, Expires: rc.cfg.Now().Add(rc.ttl(status, res.Header)).UnixMilli()}
 		if status >= 200 && status < 300 {

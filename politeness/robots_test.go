@@ -1,4 +1,4 @@
-package sessions_test
+package politeness_test
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -70,24 +70,40 @@ func (s *robotsSite) set(status int, body string) {
 	s.status, s.body = status, body
 }
 
+// env is a fake residential proxy in front of a fake site, and a provider of sticky
+// sessions on the proxy: the collectors of the tests fetch robots.txt as a worker's do.
+type env struct {
+	site     *testutil.FakeSite
+	provider *sessions.Provider
+}
+
+func newEnv(t *testing.T, site testutil.FakeSiteConfig) *env {
+	t.Helper()
+	const user, pass = "acct", "proxy-pass"
+	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: user, Password: pass})
+	prov, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", user, pass, 0)
+	require.NoError(t, err)
+	return &env{site: testutil.NewFakeSite(t, site), provider: prov}
+}
+
 type robotsRig struct {
 	e       *env
 	ns      *testutil.RedisNS
-	cache   *sessions.RobotsCache
+	cache   *politeness.RobotsCache
 	fetches atomic.Int64
 	bytes   atomic.Int64
 }
 
-func newRobotsRig(t *testing.T, siteCfg testutil.FakeSiteConfig, mutate func(*sessions.RobotsConfig)) *robotsRig {
+func newRobotsRig(t *testing.T, siteCfg testutil.FakeSiteConfig, mutate func(*politeness.RobotsConfig)) *robotsRig {
 	t.Helper()
-	rr := &robotsRig{e: setup(t, testutil.FakeProxyConfig{}, siteCfg), ns: testutil.Redis(t)}
-	cfg := sessions.RobotsConfig{Redis: rr.ns.Client, KeyPrefix: rr.ns.Prefix,
+	rr := &robotsRig{e: newEnv(t, siteCfg), ns: testutil.Redis(t)}
+	cfg := politeness.RobotsConfig{Redis: rr.ns.Client, KeyPrefix: rr.ns.Prefix,
 		OnFetch: func(_ string, _ int, n int64) { rr.fetches.Add(1); rr.bytes.Add(n) }}
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	var err error
-	rr.cache, err = sessions.NewRobotsCache(cfg)
+	rr.cache, err = politeness.NewRobotsCache(cfg)
 	require.NoError(t, err)
 	return rr
 }
@@ -169,7 +185,7 @@ func TestRobotsCache(t *testing.T) {
 				assert.Zero(t, site.Hits("/page"))
 				pttl, err := rr.ns.Client.PTTL(context.Background(), robotsKey(t, rr.ns.Prefix, site.URL)).Result()
 				require.NoError(t, err)
-				assert.LessOrEqual(t, pttl, sessions.DefaultRobotsErrorTTL)
+				assert.LessOrEqual(t, pttl, politeness.DefaultRobotsErrorTTL)
 				assert.Greater(t, pttl, time.Duration(0))
 			})
 		}
@@ -188,10 +204,10 @@ func TestRobotsCache(t *testing.T) {
 			min, max time.Duration
 		}{
 			{"MaxAge", "public, max-age=300", 290 * time.Second, 300 * time.Second},
-			{"BelowMinTTL", "max-age=5", 50 * time.Second, sessions.DefaultRobotsMinTTL},
-			{"NoStore", "no-store", 50 * time.Second, sessions.DefaultRobotsMinTTL},
-			{"AboveTTL", "max-age=999999", 23 * time.Hour, sessions.DefaultRobotsTTL},
-			{"None", "", 23 * time.Hour, sessions.DefaultRobotsTTL},
+			{"BelowMinTTL", "max-age=5", 50 * time.Second, politeness.DefaultRobotsMinTTL},
+			{"NoStore", "no-store", 50 * time.Second, politeness.DefaultRobotsMinTTL},
+			{"AboveTTL", "max-age=999999", 23 * time.Hour, politeness.DefaultRobotsTTL},
+			{"None", "", 23 * time.Hour, politeness.DefaultRobotsTTL},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				rr := newRobotsRig(t, testutil.FakeSiteConfig{}, nil)
@@ -207,7 +223,7 @@ func TestRobotsCache(t *testing.T) {
 	})
 	t.Run("ProcessCopyExpiresWithTheEntry", func(t *testing.T) {
 		clock := testutil.NewClock(time.Now())
-		rr := newRobotsRig(t, testutil.FakeSiteConfig{}, func(c *sessions.RobotsConfig) { c.Now = clock.Now })
+		rr := newRobotsRig(t, testutil.FakeSiteConfig{}, func(c *politeness.RobotsConfig) { c.Now = clock.Now })
 		site := newRobotsSite(t, http.StatusOK, "User-agent: *\nDisallow: /a\n", nil)
 		_, err := rr.get(t, site.URL+"/b")
 		require.NoError(t, err)
@@ -217,7 +233,7 @@ func TestRobotsCache(t *testing.T) {
 		require.NoError(t, rr.ns.Client.Del(context.Background(), robotsKey(t, rr.ns.Prefix, site.URL)).Err())
 		_, err = rr.get(t, site.URL+"/b")
 		require.NoError(t, err, "still the in-memory copy")
-		clock.Advance(sessions.DefaultRobotsLocalTTL)
+		clock.Advance(politeness.DefaultRobotsLocalTTL)
 		_, err = rr.get(t, site.URL+"/b")
 		require.Error(t, err)
 		assert.Equal(t, tasks.CategoryRobotsDisallowed, sessions.CategoryOf(err))
@@ -236,10 +252,10 @@ func TestRobotsCache(t *testing.T) {
 		assert.Zero(t, rr.e.site.RobotsHits())
 	})
 	t.Run("ConfigErrors", func(t *testing.T) {
-		_, err := sessions.NewRobotsCache(sessions.RobotsConfig{})
+		_, err := politeness.NewRobotsCache(politeness.RobotsConfig{})
 		require.ErrorContains(t, err, "RobotsConfig.Redis")
 		ns := testutil.Redis(t)
-		_, err = sessions.NewRobotsCache(sessions.RobotsConfig{Redis: ns.Client, MinTTL: time.Hour, TTL: time.Minute})
+		_, err = politeness.NewRobotsCache(politeness.RobotsConfig{Redis: ns.Client, MinTTL: time.Hour, TTL: time.Minute})
 		require.ErrorContains(t, err, "MinTTL")
 	})
 }
@@ -278,7 +294,7 @@ func (l *recordingLimiter) Pause(_ context.Context, host string, d time.Duration
 func TestLimiterHooks(t *testing.T) {
 	rr := newRobotsRig(t, testutil.FakeSiteConfig{}, nil)
 	host := strings.TrimPrefix(rr.e.site.URL, "http://")
-	newBound := func(t *testing.T, lim sessions.HostLimiter) *sessions.Bound {
+	newBound := func(t *testing.T, lim politeness.HostLimiter) *sessions.Bound {
 		s, err := rr.e.provider.NewSession("US", 0, time.Now())
 		require.NoError(t, err)
 		b, err := sessions.NewCollector(context.Background(), s, &sessions.CollectorConfig{
@@ -307,76 +323,21 @@ func TestLimiterHooks(t *testing.T) {
 		assert.Equal(t, map[string]time.Duration{host: 2 * time.Second}, lim.pauses)
 	})
 	t.Run("RefusalStopsTheRequest", func(t *testing.T) {
-		before := rr.e.site.Hits("/search")
-		refusal := &sessions.FetchError{Category: tasks.CategoryThrottled, RetryAfter: time.Minute, Err: errors.New("too far")}
-		b := newBound(t, &recordingLimiter{refuse: refusal})
-		_, err := b.Get(rr.e.site.URL + "/search?q=sku-1")
-		var fe *sessions.FetchError
-		require.ErrorAs(t, err, &fe)
-		assert.Equal(t, tasks.CategoryThrottled, fe.Category)
-		assert.Equal(t, time.Minute, fe.RetryAfter)
-		assert.Equal(t, before, rr.e.site.Hits("/search"))
-	})
-}
-
-func TestExitIntegrity(t *testing.T) {
-	// The provider silently re-assigns the session's exit after step 1 of the first run
-	// (the fake proxy's lifetime passes on its stub clock); the fake site is not strict, so
-	// nothing else would notice.
-	run := func(t *testing.T, exitHeader string) (sessions.Result, *env) {
-		clock := testutil.NewClock(time.Date(2026, 4, 23, 15, 0, 0, 0, time.UTC))
-		e := setup(t, testutil.FakeProxyConfig{Seed: 11, SessionLifetime: time.Minute, Now: clock.Now}, testutil.FakeSiteConfig{Seed: 11})
-		if exitHeader != "" {
-			var err error
-			e.provider, err = e.provider.WithExitHeader(exitHeader)
-			require.NoError(t, err)
+		// Limits refuses with a politeness.Error; a limiter of the caller's may refuse with a
+		// sessions.FetchError. Either way the request ends as a FetchError of its category.
+		for _, refusal := range []error{
+			&politeness.Error{Category: tasks.CategoryThrottled, RetryAfter: time.Minute, Err: errors.New("too far")},
+			&sessions.FetchError{Category: tasks.CategoryThrottled, RetryAfter: time.Minute, Err: errors.New("too far")},
+		} {
+			before := rr.e.site.Hits("/search")
+			b := newBound(t, &recordingLimiter{refuse: refusal})
+			_, err := b.Get(rr.e.site.URL + "/search?q=sku-1")
+			var fe *sessions.FetchError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, tasks.CategoryThrottled, fe.Category)
+			assert.Equal(t, time.Minute, fe.RetryAfter)
+			assert.EqualError(t, fe.Err, "too far")
+			assert.Equal(t, before, rr.e.site.Hits("/search"))
 		}
-		unit, err := catalog.Unit(e.site.URL, "sku-4")
-		require.NoError(t, err)
-		orig := unit.Steps[0].Run
-		var moved atomic.Bool
-		unit.Steps[0].Run = func(ctx context.Context, sc *sessions.StepContext) error {
-			err := orig(ctx, sc)
-			if moved.CompareAndSwap(false, true) {
-				clock.Advance(2 * time.Minute)
-			}
-			return err
-		}
-		res, err := unit.Run(context.Background(), e.runCfg())
-		require.NoError(t, err)
-		return res, e
-	}
-
-	t.Run("ChangedExitIsSessionLoss", func(t *testing.T) {
-		res, e := run(t, "x-exit")
-		require.Equal(t, 1, res.Restarts)
-		require.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res.RestartReasons)
-		got := exits(t, res.Staged)
-		assert.Equal(t, []string{got[0], got[0], got[0]}, got, "every step from one exit")
-		assert.Equal(t, got[0], res.Exit)
-		assert.True(t, res.ExitVerified)
-		assert.Equal(t, "exit "+got[0]+" (verified)", res.ExitEvidence())
-		require.Len(t, e.quarantined, 1)
-		assert.Equal(t, tasks.CategorySessionLost, e.quarantined[0].Reason)
-		assert.Contains(t, e.quarantined[0].Detail, "exit changed")
-	})
-	t.Run("WithoutExitHeaderNotVerified", func(t *testing.T) {
-		res, _ := run(t, "")
-		assert.Zero(t, res.Restarts, "nothing noticed the change")
-		got := exits(t, res.Staged)
-		assert.NotEqual(t, got[0], got[2], "the halves came from two exits")
-		assert.False(t, res.ExitVerified)
-		assert.Equal(t, "exit not verified (provider has no exit header)", res.ExitEvidence())
-	})
-	t.Run("BadHeaderName", func(t *testing.T) {
-		e := setup(t, testutil.FakeProxyConfig{}, testutil.FakeSiteConfig{})
-		_, err := e.provider.WithExitHeader("bad name:")
-		require.ErrorContains(t, err, "exit header")
-		p, err := e.provider.WithExitHeader("x-exit")
-		require.NoError(t, err)
-		assert.Equal(t, "X-Exit", p.ExitHeader())
-		p2, err := p.WithGateway("127.0.0.1:1")
-		require.NoError(t, err)
-		assert.Equal(t, "X-Exit", p2.ExitHeader(), "WithGateway keeps it")
 	})
 }

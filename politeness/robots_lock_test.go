@@ -1,4 +1,4 @@
-package sessions_test
+package politeness_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -107,7 +108,7 @@ func TestRobotsLock(t *testing.T) {
 	}
 	setupLock := func(t *testing.T) *bundle {
 		t.Helper()
-		b := &bundle{e: setup(t, testutil.FakeProxyConfig{}, testutil.FakeSiteConfig{}), ns: testutil.Redis(t),
+		b := &bundle{e: newEnv(t, testutil.FakeSiteConfig{}), ns: testutil.Redis(t),
 			site: newGatedRobotsSite(t)}
 		keys, err := lua.NewKeys(b.ns.Prefix)
 		require.NoError(t, err)
@@ -115,21 +116,21 @@ func TestRobotsLock(t *testing.T) {
 		return b
 	}
 	// newCache is one worker's cache on its own Redis client (hooks, if given, on it).
-	newCache := func(t *testing.T, b *bundle, margin time.Duration, hooks ...redis.Hook) *sessions.RobotsCache {
+	newCache := func(t *testing.T, b *bundle, margin time.Duration, hooks ...redis.Hook) *politeness.RobotsCache {
 		t.Helper()
 		c := redis.NewClient(&redis.Options{Addr: b.ns.Addr})
 		t.Cleanup(func() { _ = c.Close() })
 		for _, h := range hooks {
 			c.AddHook(h)
 		}
-		rc, err := sessions.NewRobotsCache(sessions.RobotsConfig{Redis: c, KeyPrefix: b.ns.Prefix, LockMargin: margin,
+		rc, err := politeness.NewRobotsCache(politeness.RobotsConfig{Redis: c, KeyPrefix: b.ns.Prefix, LockMargin: margin,
 			OnFetch: func(string, int, int64) { b.fetches.Add(1) }})
 		require.NoError(t, err)
 		return rc
 	}
 	// get requests path on a new session with cache in the background; its error arrives
 	// on the channel. Cancelling ctx cancels the request.
-	get := func(t *testing.T, ctx context.Context, b *bundle, cache *sessions.RobotsCache, path string) <-chan error {
+	get := func(t *testing.T, ctx context.Context, b *bundle, cache *politeness.RobotsCache, path string) <-chan error {
 		t.Helper()
 		s, err := b.e.provider.NewSession("US", 0, time.Now())
 		require.NoError(t, err)
@@ -161,7 +162,7 @@ func TestRobotsLock(t *testing.T) {
 			margin time.Duration // RobotsConfig.LockMargin
 			want   time.Duration // the margin in effect
 		}{
-			{"DefaultMargin", 0, sessions.DefaultRobotsLockMargin},
+			{"DefaultMargin", 0, politeness.DefaultRobotsLockMargin},
 			{"ConfiguredMargin", time.Minute, time.Minute},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
@@ -257,9 +258,9 @@ func TestRobotsLock(t *testing.T) {
 
 	t.Run("ConfigErrors", func(t *testing.T) {
 		ns := testutil.Redis(t)
-		_, err := sessions.NewRobotsCache(sessions.RobotsConfig{Redis: ns.Client, LockMargin: -time.Second})
+		_, err := politeness.NewRobotsCache(politeness.RobotsConfig{Redis: ns.Client, LockMargin: -time.Second})
 		require.ErrorContains(t, err, "LockMargin")
-		_, err = sessions.NewRobotsCache(sessions.RobotsConfig{Redis: ns.Client, LockMargin: time.Microsecond})
+		_, err = politeness.NewRobotsCache(politeness.RobotsConfig{Redis: ns.Client, LockMargin: time.Microsecond})
 		require.ErrorContains(t, err, "LockMargin")
 	})
 }
