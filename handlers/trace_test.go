@@ -1,12 +1,10 @@
 package handlers_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
 )
 
 // TestTraceOfRetriedJob: a job enqueued through the Enqueuer, whose first attempt is
@@ -35,7 +34,7 @@ func TestTraceOfRetriedJob(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	reg := r.registry(t, func(c *handlers.Config) {
 		c.TracerProvider = tp
 		c.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
@@ -190,24 +189,6 @@ func attr(s tracetest.SpanStub, key string) string {
 		}
 	}
 	return ""
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestTraceOfPanickingParser: a parser that panics still ends its parse span (with the

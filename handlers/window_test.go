@@ -1,7 +1,6 @@
 package handlers_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
 )
 
 // TestWindowBudgetDefer: two runners (two workers' registries) work 30 jobs of one window
@@ -37,11 +37,11 @@ func TestWindowBudgetDefer(t *testing.T) {
 	priced, err := r.prov.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: 1_000_000_000})
 	require.NoError(t, err)
 	const budget, deferFor = 20_000, 45 * time.Minute
-	var logs [2]*lockedBuffer
+	var logs [2]*testutil.SyncBuffer
 	var metrics [2]*prometheus.Registry
 	var regs [2]*handlers.Registry
 	for i := range regs {
-		logs[i], metrics[i] = &lockedBuffer{}, prometheus.NewRegistry()
+		logs[i], metrics[i] = &testutil.SyncBuffer{}, prometheus.NewRegistry()
 		regs[i] = r.registry(t, func(c *handlers.Config) {
 			c.WorkerID = fmt.Sprintf("w%d", i)
 			c.Provider = priced
@@ -201,25 +201,7 @@ func TestWindowBudgetConfig(t *testing.T) {
 	assert.Equal(t, before, r.proxy.Requests(), "nothing fetched")
 }
 
-// lockedBuffer is a log sink several goroutines write to.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func jsonLogger(w *lockedBuffer) *slog.Logger { return slog.New(slog.NewJSONHandler(w, nil)) }
+func jsonLogger(w *testutil.SyncBuffer) *slog.Logger { return slog.New(slog.NewJSONHandler(w, nil)) }
 
 // countLines counts the lines holding s.
 func countLines(text, s string) int {
