@@ -140,49 +140,14 @@ func TestRenderCookiesShared(t *testing.T) {
 	assert.Equal(t, tasks.CategoryBlocked, sessions.CategoryOf(err), "403 without the session's cookie")
 }
 
-// TestRenderGuard: the page's script reaches for another port on 127.0.0.1 (a listener of
-// the test), the metadata address and a redirect to a private address; the destination
-// policy allows only the shop's address and port. Each is refused in the browser and
-// counted; the listener saw nothing; the page itself rendered.
-func TestRenderGuard(t *testing.T) {
-	e := setup(t, testutil.FakeProxyConfig{Seed: 23}, testutil.FakeSiteConfig{Seed: 23})
+// renderProbe renders the shop's /js/probe page (query: its options besides probe) with a
+// destination policy that allows only the shop's address and port, and returns what the
+// render saw, the probe listener (any hit on it is a failure) and the shop.
+func renderProbe(t *testing.T, seed int64, query string) (*sessions.Rendered, *testutil.FakeSite, *testutil.FakeSite) {
+	t.Helper()
+	e := setup(t, testutil.FakeProxyConfig{Seed: seed}, testutil.FakeSiteConfig{Seed: seed})
 	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
-	probe := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 24}) // any hit on it is a failure
-	siteHost := strings.TrimPrefix(e.site.URL, "http://")
-	_, sitePort, _ := strings.Cut(siteHost, ":")
-	port, err := strconv.Atoi(sitePort)
-	require.NoError(t, err)
-	cfg := e.runCfg()
-	cfg.Collector.Browsers = pool
-	cfg.Collector.IgnoreRobotsTxt = true
-	cfg.Collector.Guard = sessions.NewGuard(&tasks.DestinationPolicy{
-		Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Ports: []uint16{uint16(port)}})
-	var seen []*sessions.Rendered
-	unit := &sessions.Unit{Name: "probe", Steps: []sessions.Step{{Name: "render", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
-		r, err := sc.Render(e.site.URL+"/js/probe?probe="+strings.TrimPrefix(probe.URL, "http://"), sessions.RenderOptions{WaitFor: "#done"})
-		if err != nil {
-			return err
-		}
-		seen = append(seen, r)
-		return nil
-	}}}}
-	_, err = unit.Run(context.Background(), cfg)
-	require.NoError(t, err)
-	require.Len(t, seen, 1)
-	assert.Equal(t, 3, seen[0].Refused, "the other port, the metadata address, the private redirect target")
-	assert.Zero(t, probe.TotalHits(), "nothing reached the other port")
-	assert.GreaterOrEqual(t, seen[0].Requests, 2, "the page and its redirecting request went through")
-}
-
-// TestRenderGuardSocketsAndWorkers: CDP's Fetch domain sees neither WebSocket handshakes
-// nor a service worker's requests, so a render allows neither: a page that opens
-// WebSockets (to another port and to its own origin), a WebSocketStream, a worker that
-// would open a WebSocket, and registers a service worker reaches none of them; each is
-// counted as refused.
-func TestRenderGuardSocketsAndWorkers(t *testing.T) {
-	e := setup(t, testutil.FakeProxyConfig{Seed: 28}, testutil.FakeSiteConfig{Seed: 28})
-	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
-	probe := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 29}) // any hit on it is a failure
+	probe := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: seed + 1})
 	_, sitePort, _ := strings.Cut(strings.TrimPrefix(e.site.URL, "http://"), ":")
 	port, err := strconv.Atoi(sitePort)
 	require.NoError(t, err)
@@ -193,7 +158,7 @@ func TestRenderGuardSocketsAndWorkers(t *testing.T) {
 		Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, Ports: []uint16{uint16(port)}})
 	var seen []*sessions.Rendered
 	unit := &sessions.Unit{Name: "probe", Steps: []sessions.Step{{Name: "render", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
-		r, err := sc.Render(e.site.URL+"/js/probe?ws=1&probe="+strings.TrimPrefix(probe.URL, "http://"), sessions.RenderOptions{WaitFor: "#done"})
+		r, err := sc.Render(e.site.URL+"/js/probe?"+query+"probe="+strings.TrimPrefix(probe.URL, "http://"), sessions.RenderOptions{WaitFor: "#done"})
 		if err != nil {
 			return err
 		}
@@ -203,10 +168,31 @@ func TestRenderGuardSocketsAndWorkers(t *testing.T) {
 	_, err = unit.Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.Len(t, seen, 1)
+	return seen[0], probe, e.site
+}
+
+// TestRenderGuard: the page's script reaches for another port on 127.0.0.1 (a listener of
+// the test), the metadata address and a redirect to a private address; the destination
+// policy allows only the shop's address and port. Each is refused in the browser and
+// counted; the listener saw nothing; the page itself rendered.
+func TestRenderGuard(t *testing.T) {
+	r, probe, _ := renderProbe(t, 23, "")
+	assert.Equal(t, 3, r.Refused, "the other port, the metadata address, the private redirect target")
 	assert.Zero(t, probe.TotalHits(), "nothing reached the other port")
-	assert.Zero(t, e.site.Hits("/ws"), "no WebSocket handshake reached the site")
-	assert.Zero(t, e.site.Hits("/sw.js"), "no service worker was fetched")
-	assert.Equal(t, 8, seen[0].Refused, "3 fetches, 2 WebSockets, a WebSocketStream, a service worker, a worker refused")
+	assert.GreaterOrEqual(t, r.Requests, 2, "the page and its redirecting request went through")
+}
+
+// TestRenderGuardSocketsAndWorkers: CDP's Fetch domain sees neither WebSocket handshakes
+// nor a service worker's requests, so a render allows neither: a page that opens
+// WebSockets (to another port and to its own origin), a WebSocketStream, a worker that
+// would open a WebSocket, and registers a service worker reaches none of them; each is
+// counted as refused.
+func TestRenderGuardSocketsAndWorkers(t *testing.T) {
+	r, probe, site := renderProbe(t, 28, "ws=1&")
+	assert.Zero(t, probe.TotalHits(), "nothing reached the other port")
+	assert.Zero(t, site.Hits("/ws"), "no WebSocket handshake reached the site")
+	assert.Zero(t, site.Hits("/sw.js"), "no service worker was fetched")
+	assert.Equal(t, 8, r.Refused, "3 fetches, 2 WebSockets, a WebSocketStream, a service worker, a worker refused")
 }
 
 // TestRenderBytesCounted: a render's bytes are within 5 % of what the proxy moved for the
