@@ -48,17 +48,7 @@ func (r *Reconciler) outbox(ctx context.Context, rep *SweepReport) error {
 	} else {
 		r.metrics.outboxOldest.Set(0)
 	}
-	for _, p := range []struct {
-		action string
-		prune  func(context.Context, time.Duration, int) (int64, error)
-		age    time.Duration
-	}{
-		{ActionOutboxPruned, r.cfg.Outbox.PruneSent, rc.OutboxRetention},
-		{ActionInboxPruned, r.cfg.Outbox.PruneInbox, rc.InboxRetention},
-	} {
-		if err := r.pruneBatches(ctx, rep, p.action, p.prune, p.age); err != nil {
-			return err
-		}
-	}
-	return nil
+	return r.prune(ctx, rep,
+		pruneStep{ActionOutboxPruned, r.cfg.Outbox.PruneSent, rc.OutboxRetention},
+		pruneStep{ActionInboxPruned, r.cfg.Outbox.PruneInbox, rc.InboxRetention})
 }

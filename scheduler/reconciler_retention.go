@@ -80,15 +80,22 @@ func (r *Reconciler) pruneInputs(ctx context.Context, rep *SweepReport) error {
 // bytes, and a job's delete then has less to cascade to).
 func (r *Reconciler) pruneRetention(ctx context.Context, rep *SweepReport) error {
 	rc := r.cfg.File.Reconciler
-	for _, p := range []struct {
-		action string
-		prune  func(context.Context, time.Duration, int) (int64, error)
-		age    time.Duration
-	}{
-		{ActionQuarantinePruned, r.cfg.Retention.QuarantinePrune, rc.QuarantineRetention},
-		{ActionJobsPruned, r.cfg.Retention.JobsPruneTerminal, rc.JobRetention},
-		{ActionWindowsPruned, r.cfg.Retention.WindowsPrune, rc.JobRetention},
-	} {
+	return r.prune(ctx, rep,
+		pruneStep{ActionQuarantinePruned, r.cfg.Retention.QuarantinePrune, rc.QuarantineRetention},
+		pruneStep{ActionJobsPruned, r.cfg.Retention.JobsPruneTerminal, rc.JobRetention},
+		pruneStep{ActionWindowsPruned, r.cfg.Retention.WindowsPrune, rc.JobRetention})
+}
+
+// pruneStep is one kind of row a sweep prunes: what it counts under, how, and from what age.
+type pruneStep struct {
+	action string
+	prune  func(context.Context, time.Duration, int) (int64, error)
+	age    time.Duration
+}
+
+// prune runs steps in order (pruneBatches each), stopping at the first error.
+func (r *Reconciler) prune(ctx context.Context, rep *SweepReport, steps ...pruneStep) error {
+	for _, p := range steps {
 		if err := r.pruneBatches(ctx, rep, p.action, p.prune, p.age); err != nil {
 			return err
 		}
