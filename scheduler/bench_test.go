@@ -58,23 +58,28 @@ func benchSweep(b *testing.B, rows, stranded, concurrency int) {
 	b.Cleanup(func() { _ = client.Close() })
 
 	// One statement: every row; stranded ones are spread over the key space (every
-	// rows/stranded-th), the even ones running (with their attempt), the odd ones pending.
+	// rows/stranded-th), the even ones running (their attempt described by the jobs row, as
+	// since migration 00016: no attempts row until it ends), the odd ones pending; the
+	// complete ones have their ended attempt's row.
 	every := rows / stranded
 	_, err := pool.Exec(ctx, `
 WITH j AS (
-	INSERT INTO jobs (key, kind, source_id, country, "window", parser_version, state, fence, attempts, completed_at, created_at)
+	INSERT INTO jobs (key, kind, source_id, country, "window", parser_version, state, fence, attempts, completed_at, created_at,
+		attempt_worker, attempt_started_at)
 	SELECT 'catalog:sku-' || lpad(i::text, 8, '0') || ':US:2026-04-23:v1', 'catalog', 'sku-' || lpad(i::text, 8, '0'), 'US', '2026-04-23', 1,
 		CASE WHEN i % $2 <> 0 THEN 'complete' WHEN (i / $2) % 2 = 0 THEN 'running' ELSE 'pending' END,
 		CASE WHEN i % $2 <> 0 OR (i / $2) % 2 = 0 THEN 1 ELSE 0 END,
 		CASE WHEN i % $2 <> 0 OR (i / $2) % 2 = 0 THEN 1 ELSE 0 END,
 		CASE WHEN i % $2 <> 0 THEN now() END,
-		now() - interval '2 hours'
+		now() - interval '2 hours',
+		CASE WHEN i % $2 = 0 AND (i / $2) % 2 = 0 THEN 'dead-worker' ELSE '' END,
+		CASE WHEN i % $2 = 0 AND (i / $2) % 2 = 0 THEN now() - interval '1 hour' END
 	FROM generate_series(1, $1) AS i
 	RETURNING key, state
 )
 INSERT INTO attempts (job_key, attempt_no, fence, worker, started_at, outcome, finished_at)
-SELECT key, 1, 1, 'dead-worker', now() - interval '1 hour', state, CASE WHEN state = 'complete' THEN now() END
-FROM j WHERE state <> 'pending'`, rows, every)
+SELECT key, 1, 1, 'dead-worker', now() - interval '1 hour', state, now()
+FROM j WHERE state = 'complete'`, rows, every)
 	require.NoError(b, err)
 	_, err = pool.Exec(ctx, `ANALYZE jobs; ANALYZE attempts`)
 	require.NoError(b, err)
@@ -82,9 +87,9 @@ FROM j WHERE state <> 'pending'`, rows, every)
 	// The page queries of store.JobsListRunning / JobsListRunnable (store/reconcile.go),
 	// explained on this table.
 	for name, q := range map[string]string{
-		"JobsListRunning": `EXPLAIN SELECT j.key, j.kind, j.fence, a.attempt_no, a.started_at, a.worker FROM jobs j
-			JOIN attempts a ON a.job_key = j.key AND a.fence = j.fence
-			WHERE j.state = 'running' AND j.key > '' AND a.started_at < now() - interval '35 minutes' ORDER BY j.key LIMIT 1000`,
+		"JobsListRunning": `EXPLAIN SELECT j.key, j.kind, j.fence, j.attempts, COALESCE(j.attempt_started_at, j.updated_at), j.attempt_worker
+			FROM jobs j WHERE j.state = 'running' AND j.key > ''
+			AND COALESCE(j.attempt_started_at, j.updated_at) < now() - interval '35 minutes' ORDER BY j.key LIMIT 1000`,
 		"JobsListRunnable": `EXPLAIN SELECT key FROM jobs WHERE state IN ('pending', 'retryable') AND key > ''
 			AND (next_attempt_at IS NULL OR next_attempt_at <= now()) ORDER BY key LIMIT 1000`,
 	} {
