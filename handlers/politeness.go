@@ -51,7 +51,11 @@ func (r *Registry) newLimits() error {
 		},
 		OnThrottle: func(kind, reason string) { r.metrics.hostThrottled.WithLabelValues(kind, reason).Inc() },
 	})
-	if err != nil {
+	var ce *politeness.ConfigError
+	switch {
+	case errors.As(err, &ce):
+		return fmt.Errorf("handlers: Config.%s: %w", ce.Field, ce.Err) // the field the caller set
+	case err != nil:
 		return fmt.Errorf("handlers: Config: %w", err)
 	}
 	r.hostLimits, r.cfg.HostWaitMax = limits, limits.HostWaitMax()

@@ -856,15 +856,15 @@ func TestPolitenessConfig(t *testing.T) {
 	}
 	t.Run("BadHostLimit", func(t *testing.T) {
 		err := build(func(c *handlers.Config) { c.HostLimits = map[string]politeness.Limit{"shop.example": {Rate: -1}} })
-		require.ErrorContains(t, err, `Config.HostLimits["shop.example"]`)
+		require.ErrorContains(t, err, `handlers: Config.HostLimits["shop.example"]: `)
 		require.ErrorContains(t, err, "Limit.Rate")
 	})
 	t.Run("BadDefaultHostLimit", func(t *testing.T) {
 		err := build(func(c *handlers.Config) { c.DefaultHostLimit = &politeness.Limit{Rate: 1, Burst: -2} })
-		require.ErrorContains(t, err, "Config.DefaultHostLimit")
+		require.ErrorContains(t, err, "handlers: Config.DefaultHostLimit: ")
 	})
 	t.Run("NegativeHostWaitMax", func(t *testing.T) {
-		require.ErrorContains(t, build(func(c *handlers.Config) { c.HostWaitMax = -time.Second }), "Config.HostWaitMax")
+		require.ErrorContains(t, build(func(c *handlers.Config) { c.HostWaitMax = -time.Second }), "handlers: Config.HostWaitMax: -1s must be positive")
 	})
 	t.Run("BadKindLimit", func(t *testing.T) {
 		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix, NoGroupCommit: true})

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -304,4 +306,51 @@ func TestReparseLeaseLostWhileWaiting(t *testing.T) {
 	assert.Equal(t, 2, sum.Busy, sum.String())
 	assert.Zero(t, runnable(t, r))
 	assert.Equal(t, 2, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM jobs WHERE state = 'failed'`))
+}
+
+// TestReparseRenewFails: Redis failing the lease renewal (an error, not a lost lease) is
+// an error for that job, named, and nothing is written: it stays failed, never runnable.
+func TestReparseRenewFails(t *testing.T) {
+	ctx := context.Background()
+	r, _, cfg := reparseFixture(t, 3)
+	cfg.Concurrency = 1
+	var failScripts atomic.Bool
+	rdb := redis.NewClient(&redis.Options{Addr: r.ns.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rdb.AddHook(scriptFailer{&failScripts})
+	cfg.Redis = rdb
+	reparse.SetCommitHook(&cfg, func(string) error {
+		failScripts.Store(true) // from the first commit on, every script call fails
+		return nil
+	})
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{Selection: inputs.Selection{Kind: shopKind, ParserVersion: 1}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, sum.Committed, sum.String())
+	assert.Equal(t, 2, sum.Errors, sum.String())
+	require.Len(t, sum.Errs, 2)
+	for _, e := range sum.Errs {
+		assert.Contains(t, e, "renew the lease")
+	}
+	assert.Zero(t, runnable(t, r))
+	assert.Equal(t, 2, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM jobs WHERE state = 'failed'`))
+}
+
+// scriptFailer fails every EVAL/EVALSHA once *on is set, as a Redis that errors would.
+type scriptFailer struct{ on *atomic.Bool }
+
+func (scriptFailer) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f scriptFailer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if f.on.Load() && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
+			err := errors.New("injected: redis script failed")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (scriptFailer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

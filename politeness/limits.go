@@ -124,16 +124,16 @@ func NewLimits(cfg LimitsConfig) (*Limits, error) {
 		cfg.HostWaitMax = DefaultHostWaitMax
 	}
 	if cfg.HostWaitMax < 0 {
-		return nil, fmt.Errorf("politeness: LimitsConfig.HostWaitMax %v must be positive", cfg.HostWaitMax)
+		return nil, &ConfigError{Field: "HostWaitMax", Err: fmt.Errorf("%v must be positive", cfg.HostWaitMax)}
 	}
 	for host, lim := range cfg.HostLimits {
 		if err := lim.Validate(); err != nil {
-			return nil, fmt.Errorf("politeness: LimitsConfig.HostLimits[%q]: %w", host, err)
+			return nil, &ConfigError{Field: fmt.Sprintf("HostLimits[%q]", host), Err: err}
 		}
 	}
 	if cfg.DefaultHostLimit != nil {
 		if err := cfg.DefaultHostLimit.Validate(); err != nil {
-			return nil, fmt.Errorf("politeness: LimitsConfig.DefaultHostLimit: %w", err)
+			return nil, &ConfigError{Field: "DefaultHostLimit", Err: err}
 		}
 	}
 	if cfg.Logger == nil {
@@ -309,3 +309,16 @@ func (p *pausedHosts) count(now time.Time) int {
 	}
 	return len(p.until)
 }
+
+// ConfigError is a LimitsConfig field NewLimits refuses. Field is the field's name, so a
+// caller that fills LimitsConfig from a configuration of its own (handlers.Config) can name
+// its own field.
+type ConfigError struct {
+	Field string
+	Err   error
+}
+
+func (e *ConfigError) Error() string {
+	return "politeness: LimitsConfig." + e.Field + ": " + e.Err.Error()
+}
+func (e *ConfigError) Unwrap() error { return e.Err }

@@ -410,15 +410,25 @@ func (s *FakeSite) serveSearch(w http.ResponseWriter, r *http.Request, exit stri
 		`<h1>Search: %s</h1><ul class="results">%s</ul>`, html.EscapeString(q), results))
 }
 
-func (s *FakeSite) serveProduct(w http.ResponseWriter, r *http.Request, exit, sku string) {
+// sessionProduct is what a product page needs: the session's sid (403 without one) and the
+// product (404 for an unknown sku); ok false when it answered already.
+func (s *FakeSite) sessionProduct(w http.ResponseWriter, r *http.Request, exit, sku string) (string, FakeProduct, bool) {
 	sid := s.sidOf(r, exit, s.cfg.StrictExit)
 	if sid == "" {
 		s.writeHTML(w, http.StatusForbidden, exit, "<p>forbidden: no session</p>")
-		return
+		return "", FakeProduct{}, false
 	}
 	p, ok := s.products[sku]
 	if !ok {
 		s.writeHTML(w, http.StatusNotFound, exit, "<p>not found</p>")
+		return "", FakeProduct{}, false
+	}
+	return sid, p, true
+}
+
+func (s *FakeSite) serveProduct(w http.ResponseWriter, r *http.Request, exit, sku string) {
+	sid, p, ok := s.sessionProduct(w, r, exit, sku)
+	if !ok {
 		return
 	}
 	s.writeHTMLHead(w, http.StatusOK, exit,
@@ -456,14 +466,8 @@ func FakeSiteImage() []byte {
 // (an XHR) and writes it into #price, then sets the cookie "rendered". Like /product/ it
 // needs the session's sid cookie (from /search); it shows a 256 KiB picture.
 func (s *FakeSite) serveJSProduct(w http.ResponseWriter, r *http.Request, exit, sku string) {
-	sid := s.sidOf(r, exit, s.cfg.StrictExit)
-	if sid == "" {
-		s.writeHTML(w, http.StatusForbidden, exit, "<p>forbidden: no session</p>")
-		return
-	}
-	p, ok := s.products[sku]
+	sid, p, ok := s.sessionProduct(w, r, exit, sku)
 	if !ok {
-		s.writeHTML(w, http.StatusNotFound, exit, "<p>not found</p>")
 		return
 	}
 	s.writeHTML(w, http.StatusOK, exit, fmt.Sprintf(`<h1 class="name">%s</h1><img src="/img/%s.png" alt="">

@@ -121,10 +121,10 @@ const (
 // validate names the first option that cannot make a demo.
 func (o *options) validate() error {
 	switch {
-	case o.Products < max(1, o.UnavailableJobs, o.SchemaChangeJobs, o.Rendered) || o.Products > 5000:
-		return fmt.Errorf("products %d: want %d to 5000", o.Products, max(1, o.UnavailableJobs, o.SchemaChangeJobs, o.Rendered))
-	case o.Rendered < 0:
-		return fmt.Errorf("rendered %d: want 0 or more", o.Rendered)
+	case o.Products < max(1, o.UnavailableJobs, o.SchemaChangeJobs) || o.Products > 5000:
+		return fmt.Errorf("products %d: want %d to 5000", o.Products, max(1, o.UnavailableJobs, o.SchemaChangeJobs))
+	case o.Rendered < 0 || o.Rendered > o.Products:
+		return fmt.Errorf("rendered %d: want 0 to the catalog size (-products %d)", o.Rendered, o.Products)
 	case len(o.Countries) == 0:
 		return errors.New("countries: want at least one")
 	case o.Disconnect < 0 || o.Disconnect >= 1:

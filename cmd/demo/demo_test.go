@@ -257,3 +257,24 @@ func TestRenderPhaseWithoutChromium(t *testing.T) {
 	s = &summary{RenderedJobs: map[string]int64{"complete": 2}, RenderedRight: 2}
 	require.ErrorContains(t, s.verdict(), "fault not demonstrated: device drop mid-render")
 }
+
+// TestOptionsValidate: a bad option names itself and what would be accepted.
+func TestOptionsValidate(t *testing.T) {
+	for _, c := range []struct {
+		set  func(*options)
+		want string
+	}{
+		{func(o *options) { o.Rendered = -1 }, "rendered -1: want 0 to the catalog size (-products 30)"},
+		{func(o *options) { o.Rendered = 31 }, "rendered 31: want 0 to the catalog size (-products 30)"},
+		{func(o *options) { o.Products = 0 }, "products 0: want 3 to 5000"},
+		{func(o *options) { o.Disconnect = 1 }, "disconnect 1: want a probability in [0, 1)"},
+	} {
+		o := defaultOptions()
+		o.Out = &bytes.Buffer{}
+		c.set(&o)
+		assert.EqualError(t, o.validate(), c.want)
+	}
+	o := defaultOptions()
+	o.Out = &bytes.Buffer{}
+	assert.NoError(t, o.validate())
+}
