@@ -160,6 +160,7 @@ func (h *harness) check(ctx context.Context) (*Report, error) {
 	k.budget(ctx)
 	k.bytesPerJob(ctx)
 	k.canary(ctx)
+	k.checkQueriesRead()
 	return k.rep, nil
 }
 
@@ -217,10 +218,50 @@ type checker struct {
 	c   Config
 	checkSnapshot
 	quarantined int // staging quarantined in the chaos window (the fault table reads it)
+	queryErrs   map[string][]error // counts that could not be read, by the row they feed (scan)
 }
 
-// add appends an invariant row.
-func (k *checker) add(r Row) { k.rep.Invariants = append(k.rep.Invariants, r) }
+// add appends an invariant row. A row one of whose counts could not be read (scan) fails,
+// and says which: a count left at zero must never pass an invariant.
+func (k *checker) add(r Row) {
+	for _, err := range k.queryErrs[r.Name] {
+		r.Result = resultFail
+		r.Observed += "; a count failed: " + err.Error()
+	}
+	delete(k.queryErrs, r.Name)
+	k.rep.Invariants = append(k.rep.Invariants, r)
+}
+
+// rowFaultCounts is the row that fails the run when a count of the fault table could not
+// be read.
+const rowFaultCounts = "the fault table's counts"
+
+// scan reads one row of counts for the rows named (invariants, or rowFaultCounts). A query
+// that fails is kept against those rows, and add fails them; counts no row claims fail the
+// run in checkQueriesRead.
+func (k *checker) scan(ctx context.Context, query string, args, dest []any, rows ...string) {
+	if err := k.h.pool.QueryRow(ctx, query, args...).Scan(dest...); err != nil {
+		if k.queryErrs == nil {
+			k.queryErrs = map[string][]error{}
+		}
+		for _, row := range rows {
+			k.queryErrs[row] = append(k.queryErrs[row], err)
+		}
+	}
+}
+
+// checkQueriesRead is check's last step: counts whose query failed and whose row was not
+// added (the fault table's, or a row its step skipped) fail the run too.
+func (k *checker) checkQueriesRead() {
+	names := make([]string, 0, len(k.queryErrs))
+	for name := range k.queryErrs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		k.add(Row{Name: name, Observed: "its counts could not be read"})
+	}
+}
 
 // fail appends the row of an invariant whose check could not run.
 func (k *checker) fail(name string, err error) {
@@ -243,9 +284,9 @@ func (k *checker) faults(ctx context.Context) {
 	h, c, fp, pending := k.h, k.c, k.fp, k.pending
 	var disconnects int64 = h.proxy.Disconnects()
 	var unavailable, throttledAttempts int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM quarantine q JOIN jobs j ON j.key = q.job_key WHERE j."window" = $1`, windowChaos).Scan(&k.quarantined)
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 AND a.category = 'throttled'`, windowChaos).Scan(&throttledAttempts)
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE "window" = $1 AND country = $2`, windowChaos, unavailableCC).Scan(&unavailable)
+	k.scan(ctx, `SELECT count(*) FROM quarantine q JOIN jobs j ON j.key = q.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&k.quarantined}, rowFaultCounts)
+	k.scan(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 AND a.category = 'throttled'`, []any{windowChaos}, []any{&throttledAttempts}, rowFaultCounts)
+	k.scan(ctx, `SELECT count(*) FROM jobs WHERE "window" = $1 AND country = $2`, []any{windowChaos, unavailableCC}, []any{&unavailable}, rowFaultCounts)
 	k.rep.Faults = []Row{
 		{Name: "jobs / workers × concurrency", Injected: fmt.Sprintf("%d / %d × %d", c.Jobs, c.Workers, c.Concurrency), Observed: fmt.Sprintf("%d worker restarts", k.restarts)},
 		{Name: "random SIGKILLs", Injected: fmt.Sprint(c.RandomKills), Observed: fmt.Sprintf("%d sent, %d while attempts ran", k.randomKills, k.execKills)},
@@ -297,12 +338,12 @@ ORDER BY k`, k.keys, k.timedOut)
 	var complete, failed int
 	var cats, open string
 	var nOpen int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), count(*) FILTER (WHERE state = 'failed'),
+	k.scan(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), count(*) FILTER (WHERE state = 'failed'),
 	COALESCE(string_agg(DISTINCT last_category, ',') FILTER (WHERE state = 'failed'), ''),
 	count(*) FILTER (WHERE state NOT IN ('complete', 'failed'))
-FROM jobs WHERE "window" = $1`, windowChaos).Scan(&complete, &failed, &cats, &nOpen)
-	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(string_agg(state || ' ' || n, ', ' ORDER BY state), '') FROM (
-	SELECT state, count(*) AS n FROM jobs WHERE "window" = $1 AND state NOT IN ('complete', 'failed') GROUP BY state) t`, windowChaos).Scan(&open)
+FROM jobs WHERE "window" = $1`, []any{windowChaos}, []any{&complete, &failed, &cats, &nOpen}, InvLost)
+	k.scan(ctx, `SELECT COALESCE(string_agg(state || ' ' || n, ', ' ORDER BY state), '') FROM (
+	SELECT state, count(*) AS n FROM jobs WHERE "window" = $1 AND state NOT IN ('complete', 'failed') GROUP BY state) t`, []any{windowChaos}, []any{&open}, InvLost)
 	obs := fmt.Sprintf("%d enqueued: %d complete, %d failed [%s], %d lost", len(k.keys), complete, failed, cats, n)
 	res := passIf(n == 0)
 	if k.timedOut {
@@ -332,8 +373,8 @@ ORDER BY j.key`, windowChaos)
 		return
 	}
 	var results, rejected int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1`, windowChaos).Scan(&results)
-	_ = h.pool.QueryRow(ctx, `SELECT COALESCE((SELECT n FROM maintenance_counters WHERE name = 'duplicate_results'), 0)`).Scan(&rejected)
+	k.scan(ctx, `SELECT count(*) FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&results}, InvDupResults)
+	k.scan(ctx, `SELECT COALESCE((SELECT n FROM maintenance_counters WHERE name = 'duplicate_results'), 0)`, []any{}, []any{&rejected}, InvDupResults)
 	k.add(Row{Name: InvDupResults, Observed: fmt.Sprintf("%d results, %d jobs off by count, %d duplicate writes rejected; after_commit kills %d", results, n, rejected, k.fp[fpAfterCommit]),
 		Result: passIf(n == 0), Offenders: off})
 }
@@ -348,8 +389,8 @@ func (k *checker) duplicateEffects(ctx context.Context) {
 		return
 	}
 	var effects, replays int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM chaos_side_effects s JOIN jobs j ON j.key = s.job_key WHERE j."window" = $1`, windowChaos).Scan(&effects)
-	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(replays), 0) FROM outbox_inbox WHERE consumer_group = $1`, consumerGroup).Scan(&replays)
+	k.scan(ctx, `SELECT count(*) FROM chaos_side_effects s JOIN jobs j ON j.key = s.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&effects}, InvDupEffects)
+	k.scan(ctx, `SELECT COALESCE(sum(replays), 0) FROM outbox_inbox WHERE consumer_group = $1`, []any{consumerGroup}, []any{&replays}, InvDupEffects, InvXaddReplays)
 	k.add(Row{Name: InvDupEffects, Observed: fmt.Sprintf("%d side effects, %d events duplicated, %d replays recognised by the inbox", effects, n, replays),
 		Result: passIf(n == 0), Offenders: off})
 	// A replay the inbox recognised is the proof that a dispatcher crash between XADD
@@ -377,8 +418,8 @@ func (k *checker) effectsTaken(ctx context.Context) {
 		k.fail(InvEffectsLost, err)
 	} else {
 		var noEvent int
-		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM jobs j LEFT JOIN outbox o ON o.event_key = 'observed:' || j.key
-WHERE j."window" = $1 AND j.state = 'complete' AND o.id IS NULL`, windowChaos).Scan(&noEvent)
+		k.scan(ctx, `SELECT count(*) FROM jobs j LEFT JOIN outbox o ON o.event_key = 'observed:' || j.key
+WHERE j."window" = $1 AND j.state = 'complete' AND o.id IS NULL`, []any{windowChaos}, []any{&noEvent}, InvEffectsLost)
 		k.add(Row{Name: InvEffectsLost, Observed: fmt.Sprintf("%d missing (not counting the row below), %d without an outbox row", n, noEvent),
 			Result: passIf(n == 0 && noEvent == 0), Offenders: off})
 	}
@@ -439,8 +480,8 @@ ORDER BY r.job_key`, windowChaos)
 		return
 	}
 	var superseded, leaseLost int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome IN ('superseded', 'lost') AND a.category = 'superseded'), count(*) FILTER (WHERE a.category IN ('lease_lost', 'lease_expired'))
-FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&superseded, &leaseLost)
+	k.scan(ctx, `SELECT count(*) FILTER (WHERE a.outcome IN ('superseded', 'lost') AND a.category = 'superseded'), count(*) FILTER (WHERE a.category IN ('lease_lost', 'lease_expired'))
+FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&superseded, &leaseLost}, InvStale)
 	// What became of the attempts that were running when their worker was paused
 	// for 2.5 leases: refused (superseded, lease lost, rescued) unless nobody had
 	// taken the job over by the time they committed.
@@ -451,11 +492,11 @@ FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowC
 	}
 	var pRefused, pComplete, pNewer int
 	var how string
-	_ = h.pool.QueryRow(ctx, `
+	k.scan(ctx, `
 SELECT count(*) FILTER (WHERE a.outcome <> 'complete'), count(*) FILTER (WHERE a.outcome = 'complete'),
 	count(*) FILTER (WHERE a.outcome = 'complete' AND EXISTS (SELECT 1 FROM attempts b WHERE b.job_key = a.job_key AND b.fence > a.fence)),
 	COALESCE(string_agg(DISTINCT a.outcome || '/' || COALESCE(a.category, '-'), ',') FILTER (WHERE a.outcome <> 'complete'), '')
-FROM unnest($1::text[], $2::int[]) AS p(k, n) JOIN attempts a ON a.job_key = p.k AND a.attempt_no = p.n`, pk, pn).Scan(&pRefused, &pComplete, &pNewer, &how)
+FROM unnest($1::text[], $2::int[]) AS p(k, n) JOIN attempts a ON a.job_key = p.k AND a.attempt_no = p.n`, []any{pk, pn}, []any{&pRefused, &pComplete, &pNewer, &how}, InvStale)
 	sAcc, sRef, sOff, serr := h.staleVerdicts(ctx, k.stale)
 	if serr != nil {
 		k.fail(InvStale, serr)
@@ -490,7 +531,7 @@ WHERE prev IS NOT NULL AND fence <= prev ORDER BY job_key`, windowChaos)
 		return
 	}
 	var attempts int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attempts)
+	k.scan(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&attempts}, InvFences)
 	k.add(Row{Name: InvFences, Observed: fmt.Sprintf("%d attempts, %d jobs with a fence that did not increase (%d Redis wipes)", attempts, n, k.wipes),
 		Result: passIf(n == 0), Offenders: off})
 }
@@ -514,8 +555,8 @@ ORDER BY j.key`, windowChaos)
 		return
 	}
 	var lost, superseded int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.outcome = 'lost'), count(*) FILTER (WHERE a.outcome = 'superseded')
-FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&lost, &superseded)
+	k.scan(ctx, `SELECT count(*) FILTER (WHERE a.outcome = 'lost'), count(*) FILTER (WHERE a.outcome = 'superseded')
+FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&lost, &superseded}, InvAttemptRows)
 	k.add(Row{Name: InvAttemptRows, Observed: fmt.Sprintf("%d ended jobs without exactly one row per start; %d rows written as lost by a successor, %d of them reported later as superseded by their worker", n, lost+superseded, superseded),
 		Result: passIf(n == 0), Offenders: off})
 }
@@ -575,8 +616,8 @@ func (k *checker) budget(ctx context.Context) {
 		return
 	}
 	var maxBytes, jobBytes, attBytes int64
-	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(max(bytes_total), 0), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`, windowChaos).Scan(&maxBytes, &jobBytes)
-	_ = h.pool.QueryRow(ctx, `SELECT COALESCE(sum(a.bytes), 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, windowChaos).Scan(&attBytes)
+	k.scan(ctx, `SELECT COALESCE(max(bytes_total), 0), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`, []any{windowChaos}, []any{&maxBytes, &jobBytes}, InvBudget)
+	k.scan(ctx, `SELECT COALESCE(sum(a.bytes), 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&attBytes}, InvBudget)
 	k.add(Row{Name: InvBudget, Observed: fmt.Sprintf("max %d B of %d B; jobs.bytes_total %d B, attempts %d B, proxy %d B", maxBytes, int64(handlers.DefaultBandwidthBudget), jobBytes, attBytes, h.chaosProxy),
 		Result: passIf(n == 0), Offenders: off})
 }
@@ -596,7 +637,7 @@ func (k *checker) bytesPerJob(ctx context.Context) {
 	}
 	var complete int
 	var bytes int64
-	_ = h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`, windowChaos).Scan(&complete, &bytes)
+	k.scan(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`, []any{windowChaos}, []any{&complete, &bytes}, InfoBytesChaos)
 	if complete > 0 {
 		base := float64(h.baseBytes) / float64(h.baselineJobs)
 		got := float64(bytes) / float64(complete)
@@ -613,12 +654,11 @@ func (k *checker) faultMixBytes(ctx context.Context, baseP float64) {
 	var pairs int
 	var mixBytes, baseBytes, mixAll int64
 	var mixComplete int
-	_ = h.pool.QueryRow(ctx, `
+	k.scan(ctx, `
 SELECT count(*), COALESCE(sum(m.bytes_total), 0), COALESCE(sum(b.bytes_total), 0) FROM jobs m
 JOIN jobs b ON b.source_id = m.source_id AND b."window" = $2 AND b.state = 'complete'
-WHERE m."window" = $1 AND m.state = 'complete'`, windowFaultMix, windowBaseline).Scan(&pairs, &mixBytes, &baseBytes)
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`,
-		windowFaultMix).Scan(&mixComplete, &mixAll)
+WHERE m."window" = $1 AND m.state = 'complete'`, []any{windowFaultMix, windowBaseline}, []any{&pairs, &mixBytes, &baseBytes}, InfoBytes)
+	k.scan(ctx, `SELECT count(*) FILTER (WHERE state = 'complete'), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`, []any{windowFaultMix}, []any{&mixComplete, &mixAll}, InfoBytes)
 	if pairs > 0 && baseBytes > 0 && mixComplete > 0 {
 		r := float64(mixBytes) / float64(baseBytes)
 		gotP := float64(h.mixProxy) / float64(mixComplete)
