@@ -217,7 +217,7 @@ type checker struct {
 	rep *Report
 	c   Config
 	checkSnapshot
-	quarantined int // staging quarantined in the chaos window (the fault table reads it)
+	quarantined int                // staging quarantined in the chaos window (the fault table reads it)
 	queryErrs   map[string][]error // counts that could not be read, by the row they feed (scan)
 }
 
