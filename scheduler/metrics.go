@@ -19,11 +19,7 @@ type metrics struct {
 // (returned as the Gatherer) when reg is nil. Registering twice on one registry reuses the
 // collectors already there.
 func newMetrics(reg prometheus.Registerer) (*metrics, prometheus.Gatherer, error) {
-	var gath prometheus.Gatherer
-	if reg == nil {
-		r := prometheus.NewRegistry()
-		reg, gath = r, r
-	}
+	reg, gath := registryOrPrivate(reg)
 	m := &metrics{
 		ticks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_scheduler_ticks_total", Help: "Template ticks run, by result (ok, error).",
@@ -53,6 +49,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, prometheus.Gatherer, error
 	m.tickSeconds = register(reg, m.tickSeconds, &err)
 	m.lastTick = register(reg, m.lastTick, &err)
 	return m, gath, err
+}
+
+// registryOrPrivate returns reg and a nil Gatherer, or, when reg is nil, a new private
+// registry as both. newMetrics and newReconcilerMetrics use it.
+func registryOrPrivate(reg prometheus.Registerer) (prometheus.Registerer, prometheus.Gatherer) {
+	if reg != nil {
+		return reg, nil
+	}
+	r := prometheus.NewRegistry()
+	return r, r
 }
 
 // register registers c on reg and returns it, or the equal collector already registered.

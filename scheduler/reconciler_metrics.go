@@ -14,11 +14,7 @@ type reconcilerMetrics struct {
 }
 
 func newReconcilerMetrics(reg prometheus.Registerer) (*reconcilerMetrics, prometheus.Gatherer, error) {
-	var gath prometheus.Gatherer
-	if reg == nil {
-		r := prometheus.NewRegistry()
-		reg, gath = r, r
-	}
+	reg, gath := registryOrPrivate(reg)
 	m := &reconcilerMetrics{
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_reconciler_actions_total", Help: "Reconciler actions (rescued, rescue_refused, lease_held, requeued, archived_repaired, already_queued, outbox_pruned, inbox_pruned, saved_inputs_pruned, input_blobs_pruned, outbox_lag_reports, sweep_errors, key_mismatch).",

@@ -94,38 +94,20 @@ func (r *Reconciler) requeueRunnable(ctx context.Context, rep *SweepReport) erro
 	if !r.requeue.capped {
 		from = store.ActivityCursor{At: from.At.Add(-activitySlack)}
 	}
-	limit := rc.BatchSize
-	read := 0
-	capped := false
-	for {
-		n := min(limit, rc.RequeueChangedPerSweep-read)
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	end, err := r.requeuePages(ctx, rep, rc.RequeueChangedPerSweep, func(pctx context.Context, n int) ([]store.Job, error) {
 		page, next, err := r.cfg.Store.JobsListRunnableActive(pctx, from, due, n)
-		cancel()
-		rep.Statements++
-		rep.RowsRead += int64(len(page))
-		if err != nil {
-			return err
+		if err == nil {
+			from = next
 		}
-		if len(page) > 0 {
-			if err := r.requeuePage(ctx, page, rep); err != nil {
-				return err
-			}
-		}
-		read += len(page)
-		from = next
-		if len(page) < n {
-			break
-		}
-		if read >= rc.RequeueChangedPerSweep {
-			capped = true
-			break
-		}
+		return page, err
+	})
+	if err != nil {
+		return err
 	}
-	if capped {
-		r.requeue.changed, r.requeue.capped = from, true
-	} else {
+	if end {
 		r.requeue.changed, r.requeue.capped = store.ActivityCursor{At: due}, false
+	} else {
+		r.requeue.changed, r.requeue.capped = from, true
 	}
 
 	// A slice of the rest, in key order.
@@ -135,6 +117,31 @@ func (r *Reconciler) requeueRunnable(ctx context.Context, rep *SweepReport) erro
 // requeueScan checks runnable jobs in key order from after, at most max (0: all), and
 // keeps where it stopped ("" when it reached the end).
 func (r *Reconciler) requeueScan(ctx context.Context, rep *SweepReport, due time.Time, after string, max int) error {
+	end, err := r.requeuePages(ctx, rep, max, func(pctx context.Context, n int) ([]store.Job, error) {
+		page, err := r.cfg.Store.JobsListRunnable(pctx, store.JobsListParams{AfterKey: after, Limit: n, DueBefore: due})
+		if err == nil && len(page) > 0 {
+			after = page[len(page)-1].Key
+		}
+		return page, err
+	})
+	if err != nil {
+		return err
+	}
+	if end {
+		r.requeue.scanKey = "" // the end: the next scan starts over
+	} else {
+		r.requeue.scanKey = after
+	}
+	return nil
+}
+
+// requeuePages checks runnable jobs page by page for both passes of requeueRunnable (the
+// changed jobs, the key-order scan): next reads the page after the last one (at most n
+// jobs, under QueryTimeout; it keeps its own cursor), and requeuePage checks each page's
+// tasks. It reads pages of BatchSize until a short page (end) or, with max > 0, until it
+// read max jobs (not end). Every read counts as a statement and its rows in rep.
+func (r *Reconciler) requeuePages(ctx context.Context, rep *SweepReport, max int,
+	next func(ctx context.Context, n int) ([]store.Job, error)) (end bool, err error) {
 	limit := r.cfg.File.Reconciler.BatchSize
 	read := 0
 	for {
@@ -143,27 +150,24 @@ func (r *Reconciler) requeueScan(ctx context.Context, rep *SweepReport, due time
 			n = min(limit, max-read)
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-		page, err := r.cfg.Store.JobsListRunnable(pctx, store.JobsListParams{AfterKey: after, Limit: n, DueBefore: due})
+		page, err := next(pctx, n)
 		cancel()
 		rep.Statements++
 		rep.RowsRead += int64(len(page))
 		if err != nil {
-			return err
+			return false, err
 		}
 		if len(page) > 0 {
 			if err := r.requeuePage(ctx, page, rep); err != nil {
-				return err
+				return false, err
 			}
 		}
 		read += len(page)
 		if len(page) < n {
-			r.requeue.scanKey = "" // the end: the next scan starts over
-			return nil
+			return true, nil
 		}
-		after = page[len(page)-1].Key
 		if max > 0 && read >= max {
-			r.requeue.scanKey = after
-			return nil
+			return false, nil
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -39,6 +41,27 @@ type rowOutcome[Res any] struct {
 	res  Res
 	err  error
 	busy bool
+}
+
+// rowsByKey reads the answer of a fenced statement or of its re-read, one row per job whose
+// first column is the job's key, into a map by key; fields gives the scan destinations of a
+// row, the key first. n sizes the map. commitRows, resolveCommits, startRows and
+// resolveStarts use it.
+func rowsByKey[Row any](rows pgx.Rows, n int, fields func(key *string, r *Row) []any) (map[string]Row, error) {
+	got := make(map[string]Row, n)
+	for rows.Next() {
+		var k string
+		var r Row
+		if err := rows.Scan(fields(&k, &r)...); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		got[k] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return got, nil
 }
 
 // In the commit and start statements, `j.key = ANY($1)` in the jobs UPDATE is redundant
@@ -160,17 +183,10 @@ func (s *PG) commitRows(ctx context.Context, batch []CommitParams, lock lockMode
 		state                              string
 		fence                              int64
 	}
-	got := make(map[string]row, n)
-	for rows.Next() {
-		var k string
-		var r row
-		if err := rows.Scan(&k, &r.done, &r.resIns, &r.evIns, &r.found, &r.locked, &r.state, &r.fence); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		got[k] = r
-	}
-	if err := rows.Err(); err != nil {
+	got, err := rowsByKey(rows, n, func(k *string, r *row) []any {
+		return []any{k, &r.done, &r.resIns, &r.evIns, &r.found, &r.locked, &r.state, &r.fence}
+	})
+	if err != nil {
 		return nil, err
 	}
 	out := make([]rowOutcome[CommitResult], n)
@@ -218,17 +234,10 @@ LEFT JOIN jobs j ON j.key = i.key`, key, token, obs, ev)
 		state                string
 		fence                int64
 	}
-	got := make(map[string]row, n)
-	for rows.Next() {
-		var k string
-		var r row
-		if err := rows.Scan(&k, &r.found, &r.state, &r.fence, &r.resIns, &r.evIns); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		got[k] = r
-	}
-	if err := rows.Err(); err != nil {
+	got, err := rowsByKey(rows, n, func(k *string, r *row) []any {
+		return []any{k, &r.found, &r.state, &r.fence, &r.resIns, &r.evIns}
+	})
+	if err != nil {
 		return nil, err
 	}
 	out := make([]rowOutcome[CommitResult], n)
@@ -336,20 +345,13 @@ func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock loc
 	if err != nil {
 		return nil, err
 	}
-	got := make(map[string]startRow, n)
-	for rows.Next() {
-		var k string
-		var r startRow
+	got, err := rowsByKey(rows, n, func(k *string, r *startRow) []any {
 		// tookOver is read from the locked row, the version the start moved (the same
 		// one whose attempt it wrote as lost), not from the statement's snapshot.
-		if err := rows.Scan(&k, &r.newFence, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
-			&r.found, &r.locked, &r.state, &r.fence, &r.tookOver); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		got[k] = r
-	}
-	if err := rows.Err(); err != nil {
+		return []any{k, &r.newFence, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
+			&r.found, &r.locked, &r.state, &r.fence, &r.tookOver}
+	})
+	if err != nil {
 		return nil, err
 	}
 	out := make([]rowOutcome[StartedAttempt], n)
@@ -397,18 +399,11 @@ LEFT JOIN jobs j ON j.key = i.key`, keys, tokens, owners)
 	if err != nil {
 		return nil, err
 	}
-	got := make(map[string]startRow, n)
-	for rows.Next() {
-		var k string
-		var r startRow
-		if err := rows.Scan(&k, &r.newFence, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
-			&r.found, &r.state, &r.fence, &r.tookOver); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		got[k] = r
-	}
-	if err := rows.Err(); err != nil {
+	got, err := rowsByKey(rows, n, func(k *string, r *startRow) []any {
+		return []any{k, &r.newFence, &r.attemptNo, &r.createdAt, &r.bytes, &r.budgetNo, &r.budgetBytes, &r.budgetSince,
+			&r.found, &r.state, &r.fence, &r.tookOver}
+	})
+	if err != nil {
 		return nil, err
 	}
 	out := make([]rowOutcome[StartedAttempt], n)

@@ -15,51 +15,43 @@ import (
 // quarantine and notes (ON DELETE CASCADE). A pruned key enqueued again is a new job.
 // It returns the jobs deleted.
 func (s *PG) JobsPruneTerminal(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
-	if olderThan <= 0 || limit < 1 {
-		return 0, fmt.Errorf("store: JobsPruneTerminal: olderThan %v and limit %d must be positive", olderThan, limit)
-	}
-	tag, err := s.pool.Exec(ctx, `
+	return s.prune(ctx, "JobsPruneTerminal", `
 WITH doomed AS (
 	SELECT key FROM jobs
 	WHERE state IN ('complete', 'failed') AND updated_at < now() - make_interval(secs => $1)
 	ORDER BY updated_at LIMIT $2
 	FOR UPDATE SKIP LOCKED
 )
-DELETE FROM jobs j USING doomed d WHERE j.key = d.key AND j.state IN ('complete', 'failed')`,
-		olderThan.Seconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("store: JobsPruneTerminal: %w", err)
-	}
-	return tag.RowsAffected(), nil
+DELETE FROM jobs j USING doomed d WHERE j.key = d.key AND j.state IN ('complete', 'failed')`, olderThan, limit)
 }
 
 // QuarantinePrune deletes at most limit quarantine rows (staged data of abandoned
 // sessions, the bulk of the table) created more than olderThan ago, oldest first.
 func (s *PG) QuarantinePrune(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
-	if olderThan <= 0 || limit < 1 {
-		return 0, fmt.Errorf("store: QuarantinePrune: olderThan %v and limit %d must be positive", olderThan, limit)
-	}
-	tag, err := s.pool.Exec(ctx, `
+	return s.prune(ctx, "QuarantinePrune", `
 DELETE FROM quarantine WHERE id IN (
 	SELECT id FROM quarantine WHERE created_at < now() - make_interval(secs => $1)
-	ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("store: QuarantinePrune: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, olderThan, limit)
 }
 
 // WindowsPrune deletes at most limit schedule_windows rows due more than olderThan ago.
 func (s *PG) WindowsPrune(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
-	if olderThan <= 0 || limit < 1 {
-		return 0, fmt.Errorf("store: WindowsPrune: olderThan %v and limit %d must be positive", olderThan, limit)
-	}
-	tag, err := s.pool.Exec(ctx, `
+	return s.prune(ctx, "WindowsPrune", `
 DELETE FROM schedule_windows WHERE (template, "window") IN (
 	SELECT template, "window" FROM schedule_windows WHERE due_at < now() - make_interval(secs => $1)
-	ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), limit)
+	ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, olderThan, limit)
+}
+
+// prune runs one retention statement of JobsPruneTerminal, QuarantinePrune or
+// WindowsPrune: sql deletes at most limit ($2) rows older than olderThan (in seconds, $1).
+// It checks both are positive, names op in its errors and returns the rows deleted.
+func (s *PG) prune(ctx context.Context, op, sql string, olderThan time.Duration, limit int) (int64, error) {
+	if olderThan <= 0 || limit < 1 {
+		return 0, fmt.Errorf("store: %s: olderThan %v and limit %d must be positive", op, olderThan, limit)
+	}
+	tag, err := s.pool.Exec(ctx, sql, olderThan.Seconds(), limit)
 	if err != nil {
-		return 0, fmt.Errorf("store: WindowsPrune: %w", err)
+		return 0, fmt.Errorf("store: %s: %w", op, err)
 	}
 	return tag.RowsAffected(), nil
 }

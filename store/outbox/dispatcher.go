@@ -779,10 +779,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			d.cfg.OnBatch(n, err)
 		}
 		if err != nil {
-			failures++
-			wait := retry.Equal(d.cfg.RetryBackoff, d.cfg.RetryBackoffMax, failures)
-			d.log.ErrorContext(ctx, "outbox: dispatch batch failed", "failures", failures, "retry_in", wait, "err", err)
-			if !retry.Sleep(ctx, wait) {
+			if !d.backOff(ctx, &failures, slog.LevelError, "outbox: dispatch batch failed", err) {
 				return
 			}
 			continue
@@ -814,6 +811,16 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		}
 		t.Stop()
 	}
+}
+
+// backOff counts one more failure in a row of loop's batches or listen's reconnects, logs
+// err at level with the failures so far and the wait before the next try, and sleeps that
+// wait (RetryBackoff to RetryBackoffMax); false: ctx ended meanwhile.
+func (d *Dispatcher) backOff(ctx context.Context, failures *int, level slog.Level, msg string, err error) bool {
+	*failures++
+	wait := retry.Equal(d.cfg.RetryBackoff, d.cfg.RetryBackoffMax, *failures)
+	d.log.Log(ctx, level, msg, "failures", *failures, "retry_in", wait, "err", err)
+	return retry.Sleep(ctx, wait)
 }
 
 // poke wakes the loop; a wake-up that is already pending absorbs this one.
@@ -863,10 +870,7 @@ func (d *Dispatcher) listen(ctx context.Context, conn *pgx.Conn) {
 				if ctx.Err() != nil {
 					return
 				}
-				failures++
-				wait := retry.Equal(d.cfg.RetryBackoff, d.cfg.RetryBackoffMax, failures)
-				d.log.WarnContext(ctx, "outbox: LISTEN reconnect failed", "failures", failures, "retry_in", wait, "err", err)
-				if !retry.Sleep(ctx, wait) {
+				if !d.backOff(ctx, &failures, slog.LevelWarn, "outbox: LISTEN reconnect failed", err) {
 					return
 				}
 				continue

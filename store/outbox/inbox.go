@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,20 +17,11 @@ import (
 // statement walks the index outbox_inbox_seen_at_idx (migration 00002) and is bounded by
 // DefaultQueryTimeout and ctx.
 func InboxPrune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, limit int) (int64, error) {
-	if olderThan <= 0 || limit <= 0 {
-		return 0, fmt.Errorf("outbox: InboxPrune: olderThan (%v) and limit (%d) must be positive", olderThan, limit)
-	}
-	ctx, cancel := context.WithTimeout(ctx, DefaultQueryTimeout)
-	defer cancel()
-	tag, err := pool.Exec(ctx, `
+	return prune(ctx, pool, "InboxPrune", `
 DELETE FROM outbox_inbox WHERE (consumer_group, event_key) IN (
 	SELECT consumer_group, event_key FROM outbox_inbox
 	WHERE seen_at < now() - $1::interval
 	ORDER BY seen_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`, olderThan, limit)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: InboxPrune: %w", err)
-	}
-	return tag.RowsAffected(), nil
 }

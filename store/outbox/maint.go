@@ -58,20 +58,27 @@ WHERE sent_at IS NULL AND created_at < now() - $1::interval`, olderThan).Scan(&r
 // (while it still remembers the key) recognises the replay. Keep olderThan shorter than
 // the consumers' inbox retention and ledger TTL.
 func PruneSent(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, limit int) (int64, error) {
-	if olderThan <= 0 || limit <= 0 {
-		return 0, fmt.Errorf("outbox: PruneSent: olderThan (%v) and limit (%d) must be positive", olderThan, limit)
-	}
-	ctx, cancel := context.WithTimeout(ctx, DefaultQueryTimeout)
-	defer cancel()
-	tag, err := pool.Exec(ctx, `
+	return prune(ctx, pool, "PruneSent", `
 DELETE FROM outbox WHERE id IN (
 	SELECT id FROM outbox
 	WHERE sent_at IS NOT NULL AND sent_at < now() - $1::interval
 	ORDER BY sent_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`, olderThan, limit)
+}
+
+// prune runs one pruning statement of PruneSent or InboxPrune: sql deletes up to limit
+// ($2) rows older than olderThan ($1). It checks both are positive, bounds the statement
+// by DefaultQueryTimeout and ctx, names op in its errors and returns the rows deleted.
+func prune(ctx context.Context, pool *pgxpool.Pool, op, sql string, olderThan time.Duration, limit int) (int64, error) {
+	if olderThan <= 0 || limit <= 0 {
+		return 0, fmt.Errorf("outbox: %s: olderThan (%v) and limit (%d) must be positive", op, olderThan, limit)
+	}
+	ctx, cancel := context.WithTimeout(ctx, DefaultQueryTimeout)
+	defer cancel()
+	tag, err := pool.Exec(ctx, sql, olderThan, limit)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: PruneSent: %w", err)
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
 	}
 	return tag.RowsAffected(), nil
 }
