@@ -514,49 +514,34 @@ type demoScheduler struct {
 // in the country the proxy has no peers in.
 func newScheduler(o options, n names, client *asynq.Client, rdb redis.UniversalClient, st *store.PG, insp *asynq.Inspector,
 	destinations *tasks.DestinationPolicy, logger *slog.Logger) (*demoScheduler, error) {
-	ids := func(k int) string {
-		s := make([]string, k)
-		for i := range s {
-			s[i] = fmt.Sprintf("sku-%d", i+1)
+	// template is one catalog template over the products sku-1 … sku-<products>, without
+	// catch-up.
+	template := func(name, cron, window string, products int, countries string) string {
+		ids := make([]string, products)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("sku-%d", i+1)
 		}
-		return strings.Join(s, ", ")
-	}
-	yaml := fmt.Sprintf(`
-templates:
-  - name: catalog-daily
-    cron: "0 6 * * *"
-    window: daily
+		return fmt.Sprintf(`  - name: %s
+    cron: %q
+    window: %s
     kind: catalog
     sources: {ids: [%s]}
     countries: [%s]
     parser_version: 1
     catchup: none
-`, ids(o.Products), strings.Join(o.Countries, ", "))
+`, name, cron, window, strings.Join(ids, ", "), countries)
+	}
+	yaml := "\ntemplates:\n" + template("catalog-daily", "0 6 * * *", "daily", o.Products, strings.Join(o.Countries, ", "))
 	templates := []string{"catalog-daily"}
 	if o.Unavailable != "" && o.UnavailableJobs > 0 {
-		yaml += fmt.Sprintf(`  - name: catalog-daily-%s
-    cron: "0 6 * * *"
-    window: daily
-    kind: catalog
-    sources: {ids: [%s]}
-    countries: [%s]
-    parser_version: 1
-    catchup: none
-`, strings.ToLower(o.Unavailable), ids(o.UnavailableJobs), o.Unavailable)
-		templates = append(templates, "catalog-daily-"+strings.ToLower(o.Unavailable))
+		name := "catalog-daily-" + strings.ToLower(o.Unavailable)
+		yaml += template(name, "0 6 * * *", "daily", o.UnavailableJobs, o.Unavailable)
+		templates = append(templates, name)
 	}
 	schemaTemplate := ""
 	if o.SchemaChangeJobs > 0 {
 		schemaTemplate = "catalog-hourly"
-		yaml += fmt.Sprintf(`  - name: %s
-    cron: "0 * * * *"
-    window: hourly
-    kind: catalog
-    sources: {ids: [%s]}
-    countries: [%s]
-    parser_version: 1
-    catchup: none
-`, schemaTemplate, ids(o.SchemaChangeJobs), o.Countries[0])
+		yaml += template(schemaTemplate, "0 * * * *", "hourly", o.SchemaChangeJobs, o.Countries[0])
 	}
 	yaml += fmt.Sprintf("kinds:\n  catalog: {queue: %s}\n", n.Queue)
 	file, err := scheduler.ParseFile([]byte(yaml), ".", nil)

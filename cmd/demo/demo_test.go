@@ -157,17 +157,7 @@ func TestDemo(t *testing.T) {
 		for _, k := range append(append([]string{}, own...), foreign...) {
 			require.NoError(t, rdb.Set(ctx, k, "1", time.Hour).Err())
 		}
-		require.NoError(t, rdb.SAdd(ctx, "asynq:queues", n.Queue, other.Queue).Err())
-
-		require.NoError(t, cleanupRedis(ctx, rdb, n))
-		for _, k := range own {
-			assert.Zero(t, rdb.Exists(ctx, k).Val(), "own key %s deleted", k)
-		}
-		for _, k := range foreign {
-			assert.Equal(t, int64(1), rdb.Exists(ctx, k).Val(), "foreign key %s kept", k)
-		}
-		assert.False(t, rdb.SIsMember(ctx, "asynq:queues", n.Queue).Val())
-		assert.True(t, rdb.SIsMember(ctx, "asynq:queues", other.Queue).Val())
+		checkCleanupRedis(ctx, t, rdb, n, other, own, foreign)
 	})
 }
 
@@ -194,6 +184,14 @@ func TestDemoRedisCleanupOnCluster(t *testing.T) {
 		masters[m.Options().Addr] = true
 	}
 	require.Len(t, masters, 3, "the keys are on every master")
+	checkCleanupRedis(ctx, t, rdb, n, other, own, foreign)
+}
+
+// checkCleanupRedis lists n's and other's queues in asynq's set of queues, runs
+// cleanupRedis for n (whose keys own and other's keys foreign are set), and checks that it
+// deleted own and n's queue and kept foreign and other's queue.
+func checkCleanupRedis(ctx context.Context, t *testing.T, rdb redis.UniversalClient, n, other names, own, foreign []string) {
+	t.Helper()
 	require.NoError(t, rdb.SAdd(ctx, "asynq:queues", n.Queue, other.Queue).Err())
 
 	require.NoError(t, cleanupRedis(ctx, rdb, n))

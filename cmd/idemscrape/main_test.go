@@ -46,6 +46,35 @@ func buildCLI(t *testing.T, dir string) string {
 	return bin
 }
 
+// cliFixture builds the binary for a test and gives it its own database and Redis
+// namespace, with the store on that database.
+func cliFixture(t *testing.T) (bin string, pool *pgxpool.Pool, ns *testutil.RedisNS, st *store.PG) {
+	t.Helper()
+	bin = buildCLI(t, t.TempDir())
+	pool = testutil.PG(t)
+	ns = testutil.Redis(t)
+	return bin, pool, ns, store.New(pool)
+}
+
+// queueKind is a job kind whose queue (tasks.QueueFor) is ns's, cleaned up with it.
+func queueKind(t *testing.T, ns *testutil.RedisNS) string {
+	t.Helper()
+	kind := ns.Queue
+	require.Equal(t, ns.Queue, tasks.QueueFor(kind))
+	return kind
+}
+
+// recordFailedJob records the job key of spec and fails its first attempt, run by worker,
+// on parsing (say, a parser bug since fixed).
+func recordFailedJob(ctx context.Context, t *testing.T, st *store.PG, key string, spec tasks.Spec, worker string) {
+	t.Helper()
+	_, err := st.JobsRecord(ctx, []tasks.JobRecord{{Key: key, Spec: spec}})
+	require.NoError(t, err)
+	_, err = st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1, Worker: worker})
+	require.NoError(t, err)
+	require.NoError(t, st.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "parse_error", Error: "bug"}))
+}
+
 type cliRun struct {
 	stdout, stderr string
 	code           int
@@ -116,12 +145,8 @@ func normalise(s, kind string) string {
 // failing on a deliberately broken fixture, and the command-line rules.
 func TestCLI(t *testing.T) {
 	ctx := context.Background()
-	bin := buildCLI(t, t.TempDir())
-	pool := testutil.PG(t)
-	ns := testutil.Redis(t)
-	st := store.New(pool)
-	kind := ns.Queue // tasks.QueueFor(kind) is the namespace's queue, cleaned up with it
-	require.Equal(t, ns.Queue, tasks.QueueFor(kind))
+	bin, pool, ns, st := cliFixture(t)
+	kind := queueKind(t, ns)
 	require.Equal(t, "observed:x", handlers.EventKey("x"), "ops.DefaultEventKeyPrefix follows handlers.EventKey")
 
 	dsn := dsnOf(t, pool)

@@ -11,7 +11,6 @@ import (
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/reparse"
-	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -20,21 +19,14 @@ import (
 // TestReparseCLI: `idemscrape reparse` over a catalog job that failed and kept its input.
 func TestReparseCLI(t *testing.T) {
 	ctx := context.Background()
-	bin := buildCLI(t, t.TempDir())
-	pool := testutil.PG(t)
-	ns := testutil.Redis(t)
-	st := store.New(pool)
+	bin, pool, ns, st := cliFixture(t)
 
 	// A catalog job that failed on parsing (say, a bug since fixed), with its saved input.
 	spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: "sku-7", Country: "US", Window: "2026-04-23", ParserVersion: 1}.Normalize()
 	require.NoError(t, err)
 	key, err := spec.Key()
 	require.NoError(t, err)
-	_, err = st.JobsRecord(ctx, []tasks.JobRecord{{Key: key, Spec: spec}})
-	require.NoError(t, err)
-	_, err = st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1, Worker: "w"})
-	require.NoError(t, err)
-	require.NoError(t, st.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "parse_error", Error: "bug"}))
+	recordFailedJob(ctx, t, st, key, spec, "w")
 	staged := map[string]json.RawMessage{
 		"product": json.RawMessage(`{"Name":"Silent Tent","Currency":"USD","Token":"t","Exit":"127.0.0.1"}`),
 		"price":   json.RawMessage(`{"Price":"19.99","Currency":"USD","Exit":"127.0.0.1"}`),

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -19,12 +18,8 @@ import (
 // failed, no note, no task); a URL job whose key still matches is re-queued and enqueued.
 func TestRequeueKeyCheck(t *testing.T) {
 	ctx := context.Background()
-	bin := buildCLI(t, t.TempDir())
-	pool := testutil.PG(t)
-	ns := testutil.Redis(t)
-	st := store.New(pool)
-	kind := ns.Queue // tasks.QueueFor(kind) is the namespace's queue, cleaned up with it
-	require.Equal(t, ns.Queue, tasks.QueueFor(kind))
+	bin, pool, ns, st := cliFixture(t)
+	kind := queueKind(t, ns)
 
 	run := func(t *testing.T, args ...string) cliRun {
 		t.Helper()
@@ -37,11 +32,7 @@ func TestRequeueKeyCheck(t *testing.T) {
 		require.NoError(t, err)
 		key, err := n.Key(spec)
 		require.NoError(t, err)
-		_, err = st.JobsRecord(ctx, []tasks.JobRecord{{Key: key, Spec: spec}})
-		require.NoError(t, err)
-		_, err = st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1, Worker: "w1"})
-		require.NoError(t, err)
-		require.NoError(t, st.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "parse_error", Error: "bug"}))
+		recordFailedJob(ctx, t, st, key, spec, "w1")
 		return spec, key
 	}
 

@@ -102,9 +102,7 @@ func writeStatus(w io.Writer, st ops.Status) error {
 	fmt.Fprintln(w, "\nattempts")
 	if len(st.Attempts) == 0 {
 		fmt.Fprintln(w, "  none yet")
-	} else {
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  #\tSTART\tDURATION\tWORKER\tSESSION\tENDPOINT\tFENCE\tOUTCOME\tCATEGORY\tSTATUS\tBYTES\tERROR")
+	} else if err := writeTable(w, "  #\tSTART\tDURATION\tWORKER\tSESSION\tENDPOINT\tFENCE\tOUTCOME\tCATEGORY\tSTATUS\tBYTES\tERROR", func(tw io.Writer) {
 		for _, a := range st.Attempts {
 			status := "-"
 			if a.HTTPStatus != 0 {
@@ -114,21 +112,19 @@ func writeStatus(w io.Writer, st ops.Status) error {
 				dash(a.Worker), dash(a.SessionID), dash(a.ProxyEndpoint), a.Fence, a.Outcome, dash(a.Category), status, a.Bytes,
 				dash(oneLine(a.Error)))
 		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 
 	fmt.Fprintln(w, "\nresult")
 	if len(st.Results) == 0 {
 		fmt.Fprintln(w, "  none")
 	} else {
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  OBSERVATION KEY\tPARSER\tFENCE\tFINGERPRINT\tCREATED")
-		for _, r := range st.Results {
-			fmt.Fprintf(tw, "  %s\tv%d\t%d\t%s\t%s\n", r.ObservationKey, r.ParserVersion, r.Fence, dash(r.Fingerprint), fmtTime(r.CreatedAt))
-		}
-		if err := tw.Flush(); err != nil {
+		if err := writeTable(w, "  OBSERVATION KEY\tPARSER\tFENCE\tFINGERPRINT\tCREATED", func(tw io.Writer) {
+			for _, r := range st.Results {
+				fmt.Fprintf(tw, "  %s\tv%d\t%d\t%s\t%s\n", r.ObservationKey, r.ParserVersion, r.Fence, dash(r.Fingerprint), fmtTime(r.CreatedAt))
+			}
+		}); err != nil {
 			return err
 		}
 		for _, r := range st.Results {
@@ -156,18 +152,26 @@ func writeStatus(w io.Writer, st ops.Status) error {
 
 	if len(st.Notes) > 0 {
 		fmt.Fprintln(w, "\nnotes")
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  AT\tACTION\tBY\tFROM\tATTEMPTS BEFORE\tNOTE")
-		for _, n := range st.Notes {
-			from := n.PreviousState
-			if n.PreviousCategory != "" {
-				from += " (" + n.PreviousCategory + ")"
+		return writeTable(w, "  AT\tACTION\tBY\tFROM\tATTEMPTS BEFORE\tNOTE", func(tw io.Writer) {
+			for _, n := range st.Notes {
+				from := n.PreviousState
+				if n.PreviousCategory != "" {
+					from += " (" + n.PreviousCategory + ")"
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", fmtTime(n.CreatedAt), n.Action, n.Actor, from, n.AttemptsBefore, dash(oneLine(n.Note)))
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", fmtTime(n.CreatedAt), n.Action, n.Actor, from, n.AttemptsBefore, dash(oneLine(n.Note)))
-		}
-		return tw.Flush()
+		})
 	}
 	return nil
+}
+
+// writeTable writes one of status's tables to w: the header line, then the lines rows
+// writes, in columns aligned as in the job's table.
+func writeTable(w io.Writer, header string, rows func(tw io.Writer)) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	rows(tw)
+	return tw.Flush()
 }
 
 // oneLine keeps a table row on one line.

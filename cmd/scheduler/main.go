@@ -19,7 +19,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -98,16 +97,10 @@ Flags (each also read from the environment variable shown; the flag wins):
 
 func main() {
 	c, err := parseFlags(os.Args[1:], os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
+	if code, exit := boot.FlagsExit("scheduler", err, os.Stderr); exit {
+		os.Exit(code)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "scheduler:", err)
-		os.Exit(2)
-	}
-	log := c.log.Logger(os.Stderr)
-	slog.SetDefault(log)
-	envflag.RouteRedisLogs(log) // go-redis's own lines, in the same format
+	log := boot.Logger(c.log, os.Stderr)
 	file, err := scheduler.LoadFile(c.configPath)
 	if err != nil {
 		// Nothing has started: a bad configuration never half-runs.
@@ -116,14 +109,8 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, c, file, log); err != nil {
-		var bad *boot.SettingError
-		if errors.As(err, &bad) {
-			log.Error("bad setting", "err", bad.Err)
-			os.Exit(2)
-		}
-		log.Error("scheduler failed", "err", err)
-		os.Exit(1)
+	if code := boot.RunExit("scheduler", run(ctx, c, file, log), log); code != 0 {
+		os.Exit(code)
 	}
 	log.Info("scheduler stopped")
 }

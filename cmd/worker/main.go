@@ -54,7 +54,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -338,16 +337,10 @@ func parseQueues(s string) (map[string]int, error) {
 
 func main() {
 	c, err := parseFlags(os.Args[1:], os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
+	if code, exit := boot.FlagsExit("worker", err, os.Stderr); exit {
+		os.Exit(code)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(2)
-	}
-	log := c.log.Logger(os.Stderr)
-	slog.SetDefault(log)
-	envflag.RouteRedisLogs(log) // go-redis's own lines, in the same format
+	log := boot.Logger(c.log, os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go func() {
@@ -355,14 +348,8 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	if err := run(ctx, c, log); err != nil {
-		var bad *boot.SettingError
-		if errors.As(err, &bad) {
-			log.Error("bad setting", "err", bad.Err)
-			os.Exit(2)
-		}
-		log.Error("worker failed", "err", err)
-		os.Exit(1)
+	if code := boot.RunExit("worker", run(ctx, c, log), log); code != 0 {
+		os.Exit(code)
 	}
 }
 

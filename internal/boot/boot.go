@@ -1,11 +1,15 @@
 // Package boot is what the worker and the scheduler binaries do the same way before they
-// start: traces from the OTEL_* environment, and PostgreSQL opened and migrated. One copy,
-// so that the two start (and refuse a bad setting) alike.
+// start and when they end: the flags' verdict, the logger, traces from the OTEL_*
+// environment, PostgreSQL opened and migrated, and the exit status. One copy, so that the
+// two start (and refuse a bad setting) alike.
 package boot
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -22,6 +26,45 @@ type SettingError struct{ Err error }
 
 func (e *SettingError) Error() string { return e.Err.Error() }
 func (e *SettingError) Unwrap() error { return e.Err }
+
+// FlagsExit is what a binary does with the error of its flags' parse: none (exit false)
+// starts it; -h (flag.ErrHelp, the usage is printed) exits 0; a bad flag or environment
+// value is printed as "<prog>: <err>" on stderr and exits 2.
+func FlagsExit(prog string, err error, stderr io.Writer) (code int, exit bool) {
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		return 0, true
+	}
+	fmt.Fprintln(stderr, prog+":", err)
+	return 2, true
+}
+
+// Logger is the binary's logger from its -log-format and -log-level flags, writing to w. It
+// becomes slog's default, and go-redis's own lines go through it too, in the same format.
+func Logger(l envflag.Log, w io.Writer) *slog.Logger {
+	log := l.Logger(w)
+	slog.SetDefault(log)
+	envflag.RouteRedisLogs(log)
+	return log
+}
+
+// RunExit is the exit status of a binary whose run returned err, logging why it ends: 0
+// for nil; 2 for a *SettingError ("bad setting", as for a bad flag); 1 for any other error
+// ("<prog> failed").
+func RunExit(prog string, err error, log *slog.Logger) int {
+	if err == nil {
+		return 0
+	}
+	var bad *SettingError
+	if errors.As(err, &bad) {
+		log.Error("bad setting", "err", bad.Err)
+		return 2
+	}
+	log.Error(prog+" failed", "err", err)
+	return 1
+}
 
 // MigrateTimeout bounds the migrations at start.
 const MigrateTimeout = 5 * time.Minute

@@ -3,6 +3,9 @@ package boot
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
+	"fmt"
 	"log/slog"
 	"testing"
 
@@ -33,4 +36,52 @@ func TestTracingMisconfiguredIsAWarning(t *testing.T) {
 	flush()
 	assert.False(t, on, "off by default")
 	assert.Empty(t, logs.String())
+}
+
+// TestFlagsExit: -h exits 0 with nothing more printed, a bad flag exits 2 with the error
+// after the binary's name, and no error starts the binary.
+func TestFlagsExit(t *testing.T) {
+	for name, tt := range map[string]struct {
+		err    error
+		code   int
+		exit   bool
+		stderr string
+	}{
+		"None":    {nil, 0, false, ""},
+		"Help":    {flag.ErrHelp, 0, true, ""},
+		"BadFlag": {errors.New("-concurrency 0 must be >= 1"), 2, true, "worker: -concurrency 0 must be >= 1\n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			code, exit := FlagsExit("worker", tt.err, &stderr)
+			assert.Equal(t, tt.code, code)
+			assert.Equal(t, tt.exit, exit)
+			assert.Equal(t, tt.stderr, stderr.String())
+		})
+	}
+}
+
+// TestRunExit: run's error decides the exit status and the last log line: a bad setting
+// (wrapped or not) is 2, as for a bad flag; any other error is 1; none is 0, logging nothing.
+func TestRunExit(t *testing.T) {
+	for name, tt := range map[string]struct {
+		err  error
+		code int
+		log  string // "": nothing logged
+	}{
+		"None":           {nil, 0, ""},
+		"BadSetting":     {&SettingError{errors.New("no proxy")}, 2, `level=ERROR msg="bad setting" err="no proxy"`},
+		"WrappedSetting": {fmt.Errorf("start: %w", &SettingError{errors.New("no proxy")}), 2, `level=ERROR msg="bad setting" err="no proxy"`},
+		"Failed":         {errors.New("postgres: down"), 1, `level=ERROR msg="scheduler failed" err="postgres: down"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var logs bytes.Buffer
+			assert.Equal(t, tt.code, RunExit("scheduler", tt.err, slog.New(slog.NewTextHandler(&logs, nil))))
+			if tt.log == "" {
+				assert.Empty(t, logs.String())
+				return
+			}
+			assert.Contains(t, logs.String(), tt.log)
+		})
+	}
 }
