@@ -46,9 +46,7 @@ type leaseEnv struct {
 func leaseEnvs(t *testing.T) []func(t *testing.T) leaseEnv {
 	return []func(t *testing.T) leaseEnv{
 		func(t *testing.T) leaseEnv {
-			_, mr := miniLeases(t)
-			c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-			t.Cleanup(func() { _ = c.Close() })
+			c, mr := miniClient(t)
 			return leaseEnv{"Miniredis", c, "mini:", func(t *testing.T, key string) {
 				// Fast-forward past any lease (the counter lives 7 days).
 				mr.FastForward(time.Hour)
@@ -65,91 +63,101 @@ func leaseEnvs(t *testing.T) []func(t *testing.T) leaseEnv {
 	}
 }
 
-func TestReleaseDone(t *testing.T) {
-	ctx := context.Background()
-	for _, mk := range leaseEnvs(t) {
-		for _, tc := range []struct {
-			name string
-			run  func(t *testing.T, env leaseEnv, l *lua.Leases)
-		}{
-			{"TerminalLeavesNoKey", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				// PostgreSQL holds fence 7; the claim's token is 8, which the commit records.
-				a, err := l.Claim(ctx, "job", "A", time.Minute, 7)
-				require.NoError(t, err)
-				require.Equal(t, int64(8), a.Token)
-				require.Len(t, scanPrefix(t, env.client, env.prefix), 2, "lease and counter while running")
-				require.NoError(t, l.ReleaseDone(ctx, a))
-				assert.Empty(t, scanPrefix(t, env.client, env.prefix), "a completed job leaves no key")
+// leaseCase is a subtest that runs on each Redis of leaseEnvs, with Leases of its own.
+type leaseCase struct {
+	name string
+	run  func(t *testing.T, env leaseEnv, l *lua.Leases)
+}
 
-				// A late claim (duplicate delivery, operator requeue) passes PostgreSQL's fence
-				// as the floor: its token is still above every token PostgreSQL accepted.
-				late, err := l.Claim(ctx, "job", "B", time.Minute, a.Token)
-				require.NoError(t, err)
-				assert.Equal(t, a.Token+1, late.Token)
-				require.ErrorIs(t, l.Release(ctx, a), lua.ErrNotOwner, "the old lease is gone for good")
-				require.NoError(t, l.ReleaseDone(ctx, late))
-				assert.Empty(t, scanPrefix(t, env.client, env.prefix))
-			}},
-			{"NonTerminalKeepsCounter", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
-				require.NoError(t, err)
-				require.NoError(t, l.Release(ctx, a))
-				assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
-				assert.Equal(t, "1", env.client.Get(ctx, l.Keys().Fence("job")).Val())
-				b, err := l.Claim(ctx, "job", "B", time.Minute, 0)
-				require.NoError(t, err)
-				assert.Equal(t, int64(2), b.Token, "the counter, not the floor, gave the next token")
-			}},
-			{"NotOwnerDeletesNothing", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
-				require.NoError(t, err)
-				stale := a
-				stale.Token--
-				require.ErrorIs(t, l.ReleaseDone(ctx, stale), lua.ErrNotOwner)
-				other := a
-				other.Owner = "B"
-				require.ErrorIs(t, l.ReleaseDone(ctx, other), lua.ErrNotOwner)
-				assert.Len(t, scanPrefix(t, env.client, env.prefix), 2, "lease and counter stay")
-				require.NoError(t, l.Renew(ctx, a, time.Minute), "A still holds the lease")
-			}},
-			{"LeaseLostKeepsCounter", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
-				require.NoError(t, err)
-				env.expire(t, l.Keys().Lease("job"))
-				// Another claim may have come and gone meanwhile: without the lease, the
-				// counter is the only record of the tokens issued.
-				require.ErrorIs(t, l.ReleaseDone(ctx, a), lua.ErrLeaseLost)
-				assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
-			}},
-			{"LaterTokenKept", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
-				require.NoError(t, err)
-				// A counter beyond the lease's token (set by hand: claim.lua never leaves one
-				// while the lease is held) records a token PostgreSQL may not know of.
-				require.NoError(t, env.client.Set(ctx, l.Keys().Fence("job"), "5", 0).Err())
-				require.NoError(t, l.ReleaseDone(ctx, a))
-				assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
-				assert.Equal(t, "5", env.client.Get(ctx, l.Keys().Fence("job")).Val())
-			}},
-			{"ManyJobsLeaveNoKey", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				for i := range 200 {
-					a, err := l.Claim(ctx, fmt.Sprintf("job-%d", i), "A", time.Minute, int64(i))
-					require.NoError(t, err)
-					require.NoError(t, l.ReleaseDone(ctx, a))
-				}
-				assert.Empty(t, scanPrefix(t, env.client, env.prefix))
-			}},
-		} {
-			t.Run(tc.name, func(t *testing.T) {
+// runLeaseCases runs every case as a subtest of its name, and within it once per Redis of
+// leaseEnvs (subtests Miniredis and RealRedis), on Leases under that Redis's prefix.
+func runLeaseCases(t *testing.T, cases []leaseCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, mk := range leaseEnvs(t) {
 				env := mk(t)
 				t.Run(env.name, func(t *testing.T) {
 					l, err := lua.NewLeases(env.client, env.prefix)
 					require.NoError(t, err)
 					tc.run(t, env, l)
 				})
-			})
-		}
+			}
+		})
 	}
+}
+
+func TestReleaseDone(t *testing.T) {
+	ctx := context.Background()
+	runLeaseCases(t, []leaseCase{
+		{"TerminalLeavesNoKey", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			// PostgreSQL holds fence 7; the claim's token is 8, which the commit records.
+			a, err := l.Claim(ctx, "job", "A", time.Minute, 7)
+			require.NoError(t, err)
+			require.Equal(t, int64(8), a.Token)
+			require.Len(t, scanPrefix(t, env.client, env.prefix), 2, "lease and counter while running")
+			require.NoError(t, l.ReleaseDone(ctx, a))
+			assert.Empty(t, scanPrefix(t, env.client, env.prefix), "a completed job leaves no key")
+
+			// A late claim (duplicate delivery, operator requeue) passes PostgreSQL's fence
+			// as the floor: its token is still above every token PostgreSQL accepted.
+			late, err := l.Claim(ctx, "job", "B", time.Minute, a.Token)
+			require.NoError(t, err)
+			assert.Equal(t, a.Token+1, late.Token)
+			require.ErrorIs(t, l.Release(ctx, a), lua.ErrNotOwner, "the old lease is gone for good")
+			require.NoError(t, l.ReleaseDone(ctx, late))
+			assert.Empty(t, scanPrefix(t, env.client, env.prefix))
+		}},
+		{"NonTerminalKeepsCounter", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
+			require.NoError(t, err)
+			require.NoError(t, l.Release(ctx, a))
+			assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
+			assert.Equal(t, "1", env.client.Get(ctx, l.Keys().Fence("job")).Val())
+			b, err := l.Claim(ctx, "job", "B", time.Minute, 0)
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), b.Token, "the counter, not the floor, gave the next token")
+		}},
+		{"NotOwnerDeletesNothing", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
+			require.NoError(t, err)
+			stale := a
+			stale.Token--
+			require.ErrorIs(t, l.ReleaseDone(ctx, stale), lua.ErrNotOwner)
+			other := a
+			other.Owner = "B"
+			require.ErrorIs(t, l.ReleaseDone(ctx, other), lua.ErrNotOwner)
+			assert.Len(t, scanPrefix(t, env.client, env.prefix), 2, "lease and counter stay")
+			require.NoError(t, l.Renew(ctx, a, time.Minute), "A still holds the lease")
+		}},
+		{"LeaseLostKeepsCounter", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
+			require.NoError(t, err)
+			env.expire(t, l.Keys().Lease("job"))
+			// Another claim may have come and gone meanwhile: without the lease, the
+			// counter is the only record of the tokens issued.
+			require.ErrorIs(t, l.ReleaseDone(ctx, a), lua.ErrLeaseLost)
+			assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
+		}},
+		{"LaterTokenKept", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
+			require.NoError(t, err)
+			// A counter beyond the lease's token (set by hand: claim.lua never leaves one
+			// while the lease is held) records a token PostgreSQL may not know of.
+			require.NoError(t, env.client.Set(ctx, l.Keys().Fence("job"), "5", 0).Err())
+			require.NoError(t, l.ReleaseDone(ctx, a))
+			assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
+			assert.Equal(t, "5", env.client.Get(ctx, l.Keys().Fence("job")).Val())
+		}},
+		{"ManyJobsLeaveNoKey", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			for i := range 200 {
+				a, err := l.Claim(ctx, fmt.Sprintf("job-%d", i), "A", time.Minute, int64(i))
+				require.NoError(t, err)
+				require.NoError(t, l.ReleaseDone(ctx, a))
+			}
+			assert.Empty(t, scanPrefix(t, env.client, env.prefix))
+		}},
+	})
 }
 
 func TestClaimManyReleaseMany(t *testing.T) {
@@ -204,19 +212,12 @@ func TestClaimManyReleaseMany(t *testing.T) {
 		assert.Empty(t, emptyErrs)
 		assert.Empty(t, l.ReleaseMany(ctx, nil))
 	}
-	for _, mk := range leaseEnvs(t) {
-		t.Run("Pipelined", func(t *testing.T) {
-			env := mk(t)
-			t.Run(env.name, func(t *testing.T) {
-				l, err := lua.NewLeases(env.client, env.prefix)
-				require.NoError(t, err)
-				check(t, env, l)
-			})
-		})
-		t.Run("NoPipeline", func(t *testing.T) {
-			// Leases always pipeline (their client is a redis.Cmdable); RunMany on a bare
-			// Scripter (store/outbox passes one) sends the scripts one after another,
-			// each with its own reply, NOSCRIPT handled by Script.Run.
+	runLeaseCases(t, []leaseCase{{"Pipelined", check}})
+	t.Run("NoPipeline", func(t *testing.T) {
+		// Leases always pipeline (their client is a redis.Cmdable); RunMany on a bare
+		// Scripter (store/outbox passes one) sends the scripts one after another,
+		// each with its own reply, NOSCRIPT handled by Script.Run.
+		for _, mk := range leaseEnvs(t) {
 			env := mk(t)
 			t.Run(env.name, func(t *testing.T) {
 				echo := redis.NewScript(`return redis.call("INCRBY", KEYS[1], ARGV[1])`)
@@ -227,8 +228,8 @@ func TestClaimManyReleaseMany(t *testing.T) {
 				assert.Equal(t, int64(3), cmds[1].Val())
 				assert.Error(t, cmds[2].Err())
 			})
-		})
-	}
+		}
+	})
 
 	t.Run("RespectsContextCancellation", func(t *testing.T) {
 		l, _ := realLeases(t)
@@ -290,10 +291,7 @@ func TestClaimManyScriptCacheFlushed(t *testing.T) {
 	// EVALSHA of the pipeline fails with NOSCRIPT; the script is loaded once and the claims
 	// sent again in one more pipeline (no EVAL per claim). Throwaway server: flushing the
 	// shared one would disturb others.
-	srv := testutil.StartRedis(t)
-	c := srv.Client()
-	l, err := lua.NewLeases(c, "x:")
-	require.NoError(t, err)
+	l, c := throwawayLeases(t)
 	ctx := context.Background()
 	const n = 50
 	reqs := make([]lua.ClaimRequest, n)

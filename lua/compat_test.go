@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/lua"
-	"github.com/idemscrape/idemscrape/testutil"
 )
 
 // hashLeases runs the lease scripts of the version before the lease became a STRING
@@ -90,11 +89,9 @@ func stateOf(t *testing.T, c *redis.Client, keys lua.Keys, job string) leaseStat
 // stay strictly increasing whichever version issues them.
 func TestLeaseRollingDeploy(t *testing.T) {
 	ctx := context.Background()
-	for _, tc := range []struct {
-		name string
-		run  func(t *testing.T, env leaseEnv, l *lua.Leases, old *hashLeases)
-	}{
-		{"NewMeetsHashLease", func(t *testing.T, env leaseEnv, l *lua.Leases, old *hashLeases) {
+	runLeaseCases(t, []leaseCase{
+		{"NewMeetsHashLease", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			old := newHashLeases(t, env.client, env.prefix)
 			keys := l.Keys()
 			tok, err := old.Claim(ctx, "job", "old", time.Minute, 0)
 			require.NoError(t, err)
@@ -128,7 +125,8 @@ func TestLeaseRollingDeploy(t *testing.T) {
 			assert.Equal(t, int64(2), a.Token)
 			assert.Empty(t, cmp.Diff(leaseState{Type: "string", Value: "2:new", Fence: "2"}, stateOf(t, env.client, keys, "job")))
 		}},
-		{"OldMeetsStringLease", func(t *testing.T, env leaseEnv, l *lua.Leases, old *hashLeases) {
+		{"OldMeetsStringLease", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			old := newHashLeases(t, env.client, env.prefix)
 			keys := l.Keys()
 			a, err := l.Claim(ctx, "job", "new", time.Minute, 0)
 			require.NoError(t, err)
@@ -161,7 +159,8 @@ func TestLeaseRollingDeploy(t *testing.T) {
 			require.NoError(t, l.ReleaseDone(ctx, b))
 			assert.Empty(t, scanPrefix(t, env.client, env.prefix), "a completed job leaves no key")
 		}},
-		{"SameOwnerReplacesItsHashLease", func(t *testing.T, env leaseEnv, l *lua.Leases, old *hashLeases) {
+		{"SameOwnerReplacesItsHashLease", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			old := newHashLeases(t, env.client, env.prefix)
 			_, err := old.Claim(ctx, "job", "A", time.Minute, 0)
 			require.NoError(t, err)
 			a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
@@ -169,7 +168,8 @@ func TestLeaseRollingDeploy(t *testing.T) {
 			assert.Equal(t, int64(2), a.Token)
 			assert.Empty(t, cmp.Diff(leaseState{Type: "string", Value: "2:A", Fence: "2"}, stateOf(t, env.client, l.Keys(), "job")))
 		}},
-		{"TokensIncreaseAcrossVersions", func(t *testing.T, env leaseEnv, l *lua.Leases, old *hashLeases) {
+		{"TokensIncreaseAcrossVersions", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			old := newHashLeases(t, env.client, env.prefix)
 			// Claims alternate between the versions, each released by the version that
 			// claimed it, some as terminal (the next claim's floor is then the last token, as
 			// PostgreSQL's fence would be).
@@ -201,29 +201,15 @@ func TestLeaseRollingDeploy(t *testing.T) {
 				}
 			}
 		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for _, mk := range leaseEnvs(t) {
-				env := mk(t)
-				t.Run(env.name, func(t *testing.T) {
-					l, err := lua.NewLeases(env.client, env.prefix)
-					require.NoError(t, err)
-					tc.run(t, env, l, newHashLeases(t, env.client, env.prefix))
-				})
-			}
-		})
-	}
+	})
 }
 
 // TestCommandsPerCall counts, with INFO commandstats on a throwaway server (CONFIG
 // RESETSTAT before each call), the Redis commands each wrapper costs — the script call and
 // every command inside it. docs/PERFORMANCE.md ("Redis commands per job") quotes them.
 func TestCommandsPerCall(t *testing.T) {
-	srv := testutil.StartRedis(t)
-	c := srv.Client()
+	l, c := throwawayLeases(t)
 	ctx := context.Background()
-	l, err := lua.NewLeases(c, "x:")
-	require.NoError(t, err)
 	h, err := lua.NewHostLimits(c, "x:")
 	require.NoError(t, err)
 	paced, unpaced := lua.Limit{Rate: 1000, Burst: 1000}, lua.Limit{}

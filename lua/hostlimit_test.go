@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -20,11 +18,7 @@ import (
 // instant, so waits are exact; advance moves the server clock (TIME and key expiry).
 func miniHostLimits(t *testing.T) (*lua.HostLimits, func(time.Duration)) {
 	t.Helper()
-	mr := miniredis.RunT(t)
-	now := time.Date(2026, 4, 23, 12, 0, 0, 0, time.UTC)
-	mr.SetTime(now)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
+	c, mr, now := frozenMini(t)
 	h, err := lua.NewHostLimits(c, "mini:")
 	require.NoError(t, err)
 	return h, func(d time.Duration) {

@@ -43,15 +43,23 @@ func renewals() (chan error, func(error)) {
 	return ch, func(err error) { ch <- err }
 }
 
+// claimedJob claims "job" for owner A with ttl on the shared Redis, as the keeper's
+// caller does before Keep.
+func claimedJob(t *testing.T, ttl time.Duration) (*lua.Leases, lua.Lease, *testutil.RedisNS) {
+	t.Helper()
+	l, ns := realLeases(t)
+	lease, err := l.Claim(context.Background(), "job", "A", ttl, 0)
+	require.NoError(t, err)
+	return l, lease, ns
+}
+
 func TestKeeperCancelsOnLoss(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("LeaseDeleted", func(t *testing.T) {
-		l, ns := realLeases(t)
+		l, lease, ns := claimedJob(t, 5*time.Second)
 		// The keeper's clock stands still, so only the lease's loss in Redis can end it.
 		clock := testutil.NewClock(time.Now())
-		lease, err := l.Claim(ctx, "job", "A", 5*time.Second, 0)
-		require.NoError(t, err)
 		lease.Claimed = clock.Now()
 		renewed, onRenew := renewals()
 		k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 100 * time.Millisecond, Clock: clock, OnRenew: onRenew})
@@ -83,9 +91,7 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 	})
 
 	t.Run("LeaseTakenOver", func(t *testing.T) {
-		l, ns := realLeases(t)
-		lease, err := l.Claim(ctx, "job", "A", time.Second, 0)
-		require.NoError(t, err)
+		l, lease, ns := claimedJob(t, time.Second)
 		k, err := l.Keep(ctx, lease, &lua.KeepOptions{Interval: 50 * time.Millisecond})
 		require.NoError(t, err)
 		// Someone else's claim after an expiry we fake by deleting the lease.
@@ -127,9 +133,7 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 	})
 
 	t.Run("StopWhileHeld", func(t *testing.T) {
-		l, ns := realLeases(t)
-		lease, err := l.Claim(ctx, "job", "A", time.Minute, 0)
-		require.NoError(t, err)
+		l, lease, ns := claimedJob(t, time.Minute)
 		k, err := l.Keep(ctx, lease, nil)
 		require.NoError(t, err)
 		require.NoError(t, k.Stop())
@@ -138,9 +142,7 @@ func TestKeeperCancelsOnLoss(t *testing.T) {
 	})
 
 	t.Run("ParentCancelled", func(t *testing.T) {
-		l, _ := realLeases(t)
-		lease, err := l.Claim(ctx, "job", "A", time.Minute, 0)
-		require.NoError(t, err)
+		l, lease, _ := claimedJob(t, time.Minute)
 		parent, cancel := context.WithCancel(ctx)
 		k, err := l.Keep(parent, lease, nil)
 		require.NoError(t, err)
@@ -169,10 +171,8 @@ func TestKeeperCountsFromClaim(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("GivesUpAtClaimPlusTTL", func(t *testing.T) {
-		l, ns := realLeases(t)
+		l, lease, ns := claimedJob(t, 2*time.Second)
 		clock := testutil.NewClock(time.Now())
-		lease, err := l.Claim(ctx, "job", "A", 2*time.Second, 0)
-		require.NoError(t, err)
 		require.False(t, lease.Claimed.IsZero())
 		lease.Claimed = clock.Now().Add(-2 * time.Second) // as if the start took the whole lease
 		renewed, onRenew := renewals()
@@ -187,10 +187,8 @@ func TestKeeperCountsFromClaim(t *testing.T) {
 	})
 
 	t.Run("FirstRenewalScheduledFromClaim", func(t *testing.T) {
-		l, _ := realLeases(t)
+		l, lease, _ := claimedJob(t, 5*time.Minute)
 		clock := testutil.NewClock(time.Now())
-		lease, err := l.Claim(ctx, "job", "A", 5*time.Minute, 0)
-		require.NoError(t, err)
 		// Two minutes went by since the claim; renewals are due every minute: the first one
 		// is overdue and runs at once (counted from Keep it would wait a minute, and the
 		// hang guard would fail the test).

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -35,9 +34,7 @@ func TestUnlock(t *testing.T) {
 			}}
 		},
 		"Miniredis": func(t *testing.T) bundle {
-			mr := miniredis.RunT(t)
-			c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-			t.Cleanup(func() { _ = c.Close() })
+			c, mr := miniClient(t)
 			keys, err := lua.NewKeys("mini:")
 			require.NoError(t, err)
 			return bundle{rdb: c, key: keys.RobotsLock("https://shop.example"), expire: func(*testing.T) {

@@ -36,12 +36,41 @@ func realLeases(t *testing.T) (*lua.Leases, *testutil.RedisNS) {
 
 func miniLeases(t *testing.T) (*lua.Leases, *miniredis.Miniredis) {
 	t.Helper()
-	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
+	c, mr := miniClient(t)
 	l, err := lua.NewLeases(c, "mini:")
 	require.NoError(t, err)
 	return l, mr
+}
+
+// miniClient starts a miniredis for the test and returns a client of it, closed with the
+// test.
+func miniClient(t *testing.T) (*redis.Client, *miniredis.Miniredis) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c, mr
+}
+
+// frozenMini is miniClient with the server clock (TIME) frozen at the instant it returns,
+// so waits the scripts compute are exact; move it with mr.SetTime.
+func frozenMini(t *testing.T) (*redis.Client, *miniredis.Miniredis, time.Time) {
+	t.Helper()
+	c, mr := miniClient(t)
+	now := time.Date(2026, 4, 23, 12, 0, 0, 0, time.UTC)
+	mr.SetTime(now)
+	return c, mr, now
+}
+
+// throwawayLeases returns Leases (prefix "x:") on a Redis server of the test's own, for
+// tests that flush the script cache or read the server's command statistics (on the shared
+// server either would disturb others).
+func throwawayLeases(t *testing.T) (*lua.Leases, *redis.Client) {
+	t.Helper()
+	c := testutil.StartRedis(t).Client()
+	l, err := lua.NewLeases(c, "x:")
+	require.NoError(t, err)
+	return l, c
 }
 
 func TestLeaseExclusive(t *testing.T) {
@@ -188,10 +217,7 @@ func TestLeaseBadInput(t *testing.T) {
 func TestScriptCacheFlushed(t *testing.T) {
 	// After SCRIPT FLUSH (restart, failover) EVALSHA fails with NOSCRIPT and the wrapper
 	// falls back to EVAL. Throwaway server: flushing the shared one would disturb others.
-	srv := testutil.StartRedis(t)
-	c := srv.Client()
-	l, err := lua.NewLeases(c, "x:")
-	require.NoError(t, err)
+	l, c := throwawayLeases(t)
 	ctx := context.Background()
 	a, err := l.Claim(ctx, "job", "A", time.Minute, 0)
 	require.NoError(t, err)

@@ -18,135 +18,124 @@ import (
 // job's lease and counter go with one DEL (ReleaseCommitted).
 func TestTake(t *testing.T) {
 	ctx := context.Background()
-	for _, mk := range leaseEnvs(t) {
-		for _, tc := range []struct {
-			name string
-			run  func(t *testing.T, env leaseEnv, l *lua.Leases)
-		}{
-			{"Exclusive", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
-				require.NoError(t, err)
-				assert.Equal(t, int64(0), a.Token, "no token until PostgreSQL issues one")
-				assert.Equal(t, "w1/aa", env.client.Get(ctx, l.Keys().Lease("job")).Val())
-				_, err = l.Take(ctx, "job", "w2/bb", time.Minute)
-				var held *lua.HeldError
-				require.ErrorAs(t, err, &held)
-				assert.Equal(t, "w1/aa", held.Holder)
-				assert.Greater(t, held.Remaining, time.Duration(0))
-				assert.LessOrEqual(t, held.Remaining, time.Minute)
-				assert.Equal(t, "w1/aa", env.client.Get(ctx, l.Keys().Lease("job")).Val(), "a refused take writes nothing")
-			}},
-			{"RenewReleaseByOwner", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
-				require.NoError(t, err)
-				a.Token = 42 // PostgreSQL's fence, set by the caller
-				require.NoError(t, l.Renew(ctx, a, 2*time.Minute))
-				assert.Greater(t, env.client.PTTL(ctx, l.Keys().Lease("job")).Val(), time.Minute)
-				other := a
-				other.Owner = "w1/ab"
-				require.ErrorIs(t, l.Renew(ctx, other, time.Minute), lua.ErrNotOwner)
-				require.ErrorIs(t, l.Release(ctx, other), lua.ErrNotOwner)
-				require.NoError(t, l.Release(ctx, a))
-				assert.Empty(t, scanPrefix(t, env.client, env.prefix))
-				require.ErrorIs(t, l.Release(ctx, a), lua.ErrLeaseLost)
-				require.ErrorIs(t, l.Renew(ctx, a, time.Minute), lua.ErrLeaseLost)
-			}},
-			{"ExpiredThenTakenByAnother", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
-				require.NoError(t, err)
-				env.expire(t, l.Keys().Lease("job"))
-				b, err := l.Take(ctx, "job", "w2/bb", time.Minute)
-				require.NoError(t, err)
-				require.ErrorIs(t, l.Renew(ctx, a, time.Minute), lua.ErrNotOwner)
-				require.ErrorIs(t, l.Release(ctx, a), lua.ErrNotOwner)
-				require.NoError(t, l.Renew(ctx, b, time.Minute), "the new holder keeps it")
-			}},
-			{"ReleaseDoneKeepsForeignCounter", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				// A counter left by a Claim (the reconciler's or reparse's) is not the Take
-				// lease's: a checked ReleaseDone leaves it, whatever number PostgreSQL gave.
-				c, err := l.Claim(ctx, "job", "reconciler", time.Minute, 6)
-				require.NoError(t, err)
-				require.NoError(t, l.Release(ctx, c))
-				a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
-				require.NoError(t, err)
-				a.Token = c.Token
-				require.NoError(t, l.ReleaseDone(ctx, a))
-				assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
-			}},
-			{"ReleaseCommittedLeavesNoKey", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				c, err := l.Claim(ctx, "job", "reconciler", time.Minute, 0)
-				require.NoError(t, err)
-				require.NoError(t, l.Release(ctx, c))
-				a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
-				require.NoError(t, err)
-				require.NoError(t, l.ReleaseCommitted(ctx, a))
-				assert.Empty(t, scanPrefix(t, env.client, env.prefix), "lease and counter both gone")
-				// No owner check, on purpose (the job is complete: see ReleaseCommitted): a
-				// lease taken by another since ours expired goes too.
-				b, err := l.Take(ctx, "job", "w2/bb", time.Minute)
-				require.NoError(t, err)
-				require.NoError(t, l.ReleaseCommitted(ctx, a))
-				require.ErrorIs(t, l.Release(ctx, b), lua.ErrLeaseLost)
-			}},
-			{"ReleaseCommittedMany", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				var ls []lua.Lease
-				for _, k := range []string{"a", "b", "c"} {
-					x, err := l.Take(ctx, k, "w1/"+k, time.Minute)
-					require.NoError(t, err)
-					ls = append(ls, x)
-				}
-				// A counter an older worker or the reconciler left goes with the lease.
-				require.NoError(t, env.client.Set(ctx, l.Keys().Fence("b"), "4", 0).Err())
-				errs := l.ReleaseCommittedMany(ctx, append(ls, lua.Lease{}))
-				require.Len(t, errs, 4)
-				require.NoError(t, errs[0])
-				require.NoError(t, errs[1])
-				require.NoError(t, errs[2])
-				require.Error(t, errs[3], "a lease without key is refused, the others go")
-				assert.Empty(t, scanPrefix(t, env.client, env.prefix))
-				assert.Empty(t, l.ReleaseCommittedMany(ctx, nil))
-				cctx, cancel := context.WithCancel(ctx)
-				cancel()
-				for _, err := range l.ReleaseCommittedMany(cctx, ls) {
-					assert.ErrorIs(t, err, context.Canceled)
-				}
-			}},
-			{"ClaimAndTakeExcludeEachOther", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				c, err := l.Claim(ctx, "job", "reconciler", time.Minute, 0)
-				require.NoError(t, err)
-				_, err = l.Take(ctx, "job", "w1/aa", time.Minute)
-				var held *lua.HeldError
-				require.ErrorAs(t, err, &held)
-				assert.Equal(t, "reconciler", held.Holder, "the token prefix is not part of the holder")
-				require.NoError(t, l.Release(ctx, c))
-
-				_, err = l.Take(ctx, "job", "w1/aa", time.Minute)
-				require.NoError(t, err)
-				_, err = l.Claim(ctx, "job", "reconciler", time.Minute, 0)
-				require.ErrorAs(t, err, &held)
-				assert.Equal(t, "w1/aa", held.Holder)
-			}},
-			{"BadInput", func(t *testing.T, env leaseEnv, l *lua.Leases) {
-				_, err := l.Take(ctx, "", "w", time.Minute)
-				assert.ErrorContains(t, err, "empty job key")
-				_, err = l.Take(ctx, "job", "", time.Minute)
-				assert.ErrorContains(t, err, "empty owner")
-				_, err = l.Take(ctx, "job", "w", 0)
-				assert.ErrorContains(t, err, "below 1ms")
-				assert.Error(t, l.ReleaseCommitted(ctx, lua.Lease{}))
-				assert.Empty(t, scanPrefix(t, env.client, env.prefix))
-			}},
-		} {
-			t.Run(tc.name, func(t *testing.T) {
-				env := mk(t)
-				t.Run(env.name, func(t *testing.T) {
-					l, err := lua.NewLeases(env.client, env.prefix)
-					require.NoError(t, err)
-					tc.run(t, env, l)
-				})
-			})
-		}
+	// takeAfterClaim: a Claim (the reconciler's or reparse's) of the job comes and goes,
+	// leaving its counter, then worker w1/aa takes the job.
+	takeAfterClaim := func(t *testing.T, l *lua.Leases, floor int64) (claimed, taken lua.Lease) {
+		t.Helper()
+		c, err := l.Claim(ctx, "job", "reconciler", time.Minute, floor)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx, c))
+		a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
+		require.NoError(t, err)
+		return c, a
 	}
+	runLeaseCases(t, []leaseCase{
+		{"Exclusive", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
+			require.NoError(t, err)
+			assert.Equal(t, int64(0), a.Token, "no token until PostgreSQL issues one")
+			assert.Equal(t, "w1/aa", env.client.Get(ctx, l.Keys().Lease("job")).Val())
+			_, err = l.Take(ctx, "job", "w2/bb", time.Minute)
+			var held *lua.HeldError
+			require.ErrorAs(t, err, &held)
+			assert.Equal(t, "w1/aa", held.Holder)
+			assert.Greater(t, held.Remaining, time.Duration(0))
+			assert.LessOrEqual(t, held.Remaining, time.Minute)
+			assert.Equal(t, "w1/aa", env.client.Get(ctx, l.Keys().Lease("job")).Val(), "a refused take writes nothing")
+		}},
+		{"RenewReleaseByOwner", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
+			require.NoError(t, err)
+			a.Token = 42 // PostgreSQL's fence, set by the caller
+			require.NoError(t, l.Renew(ctx, a, 2*time.Minute))
+			assert.Greater(t, env.client.PTTL(ctx, l.Keys().Lease("job")).Val(), time.Minute)
+			other := a
+			other.Owner = "w1/ab"
+			require.ErrorIs(t, l.Renew(ctx, other, time.Minute), lua.ErrNotOwner)
+			require.ErrorIs(t, l.Release(ctx, other), lua.ErrNotOwner)
+			require.NoError(t, l.Release(ctx, a))
+			assert.Empty(t, scanPrefix(t, env.client, env.prefix))
+			require.ErrorIs(t, l.Release(ctx, a), lua.ErrLeaseLost)
+			require.ErrorIs(t, l.Renew(ctx, a, time.Minute), lua.ErrLeaseLost)
+		}},
+		{"ExpiredThenTakenByAnother", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			a, err := l.Take(ctx, "job", "w1/aa", time.Minute)
+			require.NoError(t, err)
+			env.expire(t, l.Keys().Lease("job"))
+			b, err := l.Take(ctx, "job", "w2/bb", time.Minute)
+			require.NoError(t, err)
+			require.ErrorIs(t, l.Renew(ctx, a, time.Minute), lua.ErrNotOwner)
+			require.ErrorIs(t, l.Release(ctx, a), lua.ErrNotOwner)
+			require.NoError(t, l.Renew(ctx, b, time.Minute), "the new holder keeps it")
+		}},
+		{"ReleaseDoneKeepsForeignCounter", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			// A counter left by a Claim (the reconciler's or reparse's) is not the Take
+			// lease's: a checked ReleaseDone leaves it, whatever number PostgreSQL gave.
+			c, a := takeAfterClaim(t, l, 6)
+			a.Token = c.Token
+			require.NoError(t, l.ReleaseDone(ctx, a))
+			assert.Equal(t, []string{l.Keys().Fence("job")}, scanPrefix(t, env.client, env.prefix))
+		}},
+		{"ReleaseCommittedLeavesNoKey", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			_, a := takeAfterClaim(t, l, 0)
+			require.NoError(t, l.ReleaseCommitted(ctx, a))
+			assert.Empty(t, scanPrefix(t, env.client, env.prefix), "lease and counter both gone")
+			// No owner check, on purpose (the job is complete: see ReleaseCommitted): a
+			// lease taken by another since ours expired goes too.
+			b, err := l.Take(ctx, "job", "w2/bb", time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, l.ReleaseCommitted(ctx, a))
+			require.ErrorIs(t, l.Release(ctx, b), lua.ErrLeaseLost)
+		}},
+		{"ReleaseCommittedMany", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			var ls []lua.Lease
+			for _, k := range []string{"a", "b", "c"} {
+				x, err := l.Take(ctx, k, "w1/"+k, time.Minute)
+				require.NoError(t, err)
+				ls = append(ls, x)
+			}
+			// A counter an older worker or the reconciler left goes with the lease.
+			require.NoError(t, env.client.Set(ctx, l.Keys().Fence("b"), "4", 0).Err())
+			errs := l.ReleaseCommittedMany(ctx, append(ls, lua.Lease{}))
+			require.Len(t, errs, 4)
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			require.NoError(t, errs[2])
+			require.Error(t, errs[3], "a lease without key is refused, the others go")
+			assert.Empty(t, scanPrefix(t, env.client, env.prefix))
+			assert.Empty(t, l.ReleaseCommittedMany(ctx, nil))
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			for _, err := range l.ReleaseCommittedMany(cctx, ls) {
+				assert.ErrorIs(t, err, context.Canceled)
+			}
+		}},
+		{"ClaimAndTakeExcludeEachOther", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			c, err := l.Claim(ctx, "job", "reconciler", time.Minute, 0)
+			require.NoError(t, err)
+			_, err = l.Take(ctx, "job", "w1/aa", time.Minute)
+			var held *lua.HeldError
+			require.ErrorAs(t, err, &held)
+			assert.Equal(t, "reconciler", held.Holder, "the token prefix is not part of the holder")
+			require.NoError(t, l.Release(ctx, c))
+
+			_, err = l.Take(ctx, "job", "w1/aa", time.Minute)
+			require.NoError(t, err)
+			_, err = l.Claim(ctx, "job", "reconciler", time.Minute, 0)
+			require.ErrorAs(t, err, &held)
+			assert.Equal(t, "w1/aa", held.Holder)
+		}},
+		{"BadInput", func(t *testing.T, env leaseEnv, l *lua.Leases) {
+			_, err := l.Take(ctx, "", "w", time.Minute)
+			assert.ErrorContains(t, err, "empty job key")
+			_, err = l.Take(ctx, "job", "", time.Minute)
+			assert.ErrorContains(t, err, "empty owner")
+			_, err = l.Take(ctx, "job", "w", 0)
+			assert.ErrorContains(t, err, "below 1ms")
+			assert.Error(t, l.ReleaseCommitted(ctx, lua.Lease{}))
+			assert.Empty(t, scanPrefix(t, env.client, env.prefix))
+		}},
+	})
 }
 
 // TestTakeRollingDeploy: workers of the previous release claim "<token>:<owner>" leases

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -19,11 +17,7 @@ import (
 
 func TestWindowBudgetScript(t *testing.T) {
 	ctx := context.Background()
-	mr := miniredis.RunT(t)
-	now := time.Date(2026, 4, 23, 12, 0, 0, 0, time.UTC)
-	mr.SetTime(now)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
+	c, mr, now := frozenMini(t)
 	b, err := lua.NewWindowBudgets(c, "mini:")
 	require.NoError(t, err)
 	const kind, window = "catalog", "2026-04-23"

@@ -136,26 +136,22 @@ type sample struct {
 // samples loads every stored sample in testdata with its parser; the output is the JSON
 // of the record, the fingerprint and the error text.
 func samples() ([]sample, error) {
-	read := func(name string) ([]byte, error) { return os.ReadFile(filepath.Join("testdata", name)) }
-	product, err := read("fakeshop_product.html")
-	if err != nil {
-		return nil, err
-	}
-	price, err := read("fakeshop_price.json")
-	if err != nil {
-		return nil, err
-	}
-	changed, err := read("fakeshop_price_schema_change.json")
-	if err != nil {
-		return nil, err
-	}
-	search, err := read("fakeshop_search.html")
-	if err != nil {
-		return nil, err
-	}
-	de, err := read("shop_de.html")
-	if err != nil {
-		return nil, err
+	var product, price, changed, search, de []byte
+	for _, f := range []struct {
+		name string
+		dst  *[]byte
+	}{
+		{"fakeshop_product.html", &product},
+		{"fakeshop_price.json", &price},
+		{"fakeshop_price_schema_change.json", &changed},
+		{"fakeshop_search.html", &search},
+		{"shop_de.html", &de},
+	} {
+		b, err := os.ReadFile(filepath.Join("testdata", f.name))
+		if err != nil {
+			return nil, err
+		}
+		*f.dst = b
 	}
 	out := func(rec any, fp parse.Fingerprint, err error) ([]byte, error) {
 		p := parsed{Record: rec, Fingerprint: fp}

@@ -105,16 +105,33 @@ func (b *raceBundle) state(t *testing.T) asynq.TaskState {
 	return info.State
 }
 
+// setupArchivedTask is setupRace with the job's task put and archived, as asynq leaves it
+// after its last retry.
+func setupArchivedTask(t *testing.T) *raceBundle {
+	t.Helper()
+	b := setupRace(t)
+	b.putTask(t)
+	require.NoError(t, b.insp.ArchiveTask(b.queue, b.key))
+	return b
+}
+
+// assertEnqueued enqueues the job and checks the outcome, and that its task is pending
+// afterwards.
+func (b *raceBundle) assertEnqueued(t *testing.T, want Outcome, msgAndArgs ...any) {
+	t.Helper()
+	res, err := b.enq.Enqueue(context.Background(), b.spec)
+	require.NoError(t, err)
+	assert.Equal(t, want, res.Outcome, msgAndArgs...)
+	assert.Equal(t, asynq.TaskStatePending, b.state(t))
+}
+
 func TestEnqueueConflictRaces(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("LiveTaskAlreadyQueued", func(t *testing.T) {
 		b := setupRace(t)
 		b.putTask(t)
-		res, err := b.enq.Enqueue(ctx, b.spec)
-		require.NoError(t, err)
-		assert.Equal(t, AlreadyQueued, res.Outcome)
-		assert.Equal(t, asynq.TaskStatePending, b.state(t))
+		b.assertEnqueued(t, AlreadyQueued)
 	})
 
 	t.Run("TaskVanishedBeforeInspect", func(t *testing.T) {
@@ -124,16 +141,11 @@ func TestEnqueueConflictRaces(t *testing.T) {
 			b.hooked.beforeGet = nil
 			require.NoError(t, b.insp.DeleteTask(b.queue, b.key)) // its handler succeeded meanwhile
 		}
-		res, err := b.enq.Enqueue(ctx, b.spec)
-		require.NoError(t, err)
-		assert.Equal(t, Requeued, res.Outcome, "the task is gone: enqueue it again")
-		assert.Equal(t, asynq.TaskStatePending, b.state(t))
+		b.assertEnqueued(t, Requeued, "the task is gone: enqueue it again")
 	})
 
 	t.Run("ArchivedThenConcurrentRepair", func(t *testing.T) {
-		b := setupRace(t)
-		b.putTask(t)
-		require.NoError(t, b.insp.ArchiveTask(b.queue, b.key))
+		b := setupArchivedTask(t)
 		// Another Enqueuer repairs the job between our inspection and our delete: we delete
 		// its fresh task, enqueue ours, and exactly one pending task remains.
 		b.hooked.beforeDelete = func() error {
@@ -142,19 +154,14 @@ func TestEnqueueConflictRaces(t *testing.T) {
 			b.putTask(t)
 			return nil
 		}
-		res, err := b.enq.Enqueue(ctx, b.spec)
-		require.NoError(t, err)
-		assert.Equal(t, Repaired, res.Outcome)
-		assert.Equal(t, asynq.TaskStatePending, b.state(t))
+		b.assertEnqueued(t, Repaired)
 		pending, err := b.insp.ListPendingTasks(b.queue)
 		require.NoError(t, err)
 		assert.Len(t, pending, 1)
 	})
 
 	t.Run("ArchivedDeletedByOtherRepairer", func(t *testing.T) {
-		b := setupRace(t)
-		b.putTask(t)
-		require.NoError(t, b.insp.ArchiveTask(b.queue, b.key))
+		b := setupArchivedTask(t)
 		// The other repairer deleted and re-enqueued before our delete: our DeleteTask then
 		// meets a live task it must not take for archived; here it deletes it (asynq has no
 		// conditional delete) and our enqueue restores it.
@@ -163,16 +170,11 @@ func TestEnqueueConflictRaces(t *testing.T) {
 			require.NoError(t, b.insp.DeleteTask(b.queue, b.key))
 			b.putTask(t)
 		}
-		res, err := b.enq.Enqueue(ctx, b.spec)
-		require.NoError(t, err)
-		assert.Equal(t, AlreadyQueued, res.Outcome, "the other repairer's task is live")
-		assert.Equal(t, asynq.TaskStatePending, b.state(t))
+		b.assertEnqueued(t, AlreadyQueued, "the other repairer's task is live")
 	})
 
 	t.Run("DeleteKeepsFailing", func(t *testing.T) {
-		b := setupRace(t)
-		b.putTask(t)
-		require.NoError(t, b.insp.ArchiveTask(b.queue, b.key))
+		b := setupArchivedTask(t)
 		b.hooked.beforeDelete = func() error { return errors.New("boom") }
 		_, err := b.enq.Enqueue(ctx, b.spec)
 		require.ErrorContains(t, err, "still in conflict")

@@ -62,6 +62,23 @@ var productSpec = tasks.Spec{
 	Country: "US", Window: "2026-04-23", ParserVersion: 3,
 }
 
+// enqueueProduct enqueues productSpec with the bundle's enqueuer and requires the outcome.
+func enqueueProduct(t *testing.T, b *enqueueBundle, want tasks.Outcome, msgAndArgs ...any) tasks.Result {
+	t.Helper()
+	res, err := b.enq.Enqueue(context.Background(), productSpec)
+	require.NoError(t, err)
+	require.Equal(t, want, res.Outcome, msgAndArgs...)
+	return res
+}
+
+// assertTaskState checks the state of the asynq task of the job key.
+func assertTaskState(t *testing.T, b *enqueueBundle, key string, want asynq.TaskState, msgAndArgs ...any) {
+	t.Helper()
+	info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
+	require.NoError(t, err)
+	assert.Equal(t, want, info.State, msgAndArgs...)
+}
+
 // runUntilComplete runs a real asynq server on the bundle's queue whose handler completes
 // the job in Postgres, as the runner will, and waits until asynq has deleted the task
 // (Retention(0) frees the task id when the handler succeeds).
@@ -154,9 +171,7 @@ func testEnqueueConcurrentDuplicates(t *testing.T, setupEnqueue func(testing.TB)
 	runUntilComplete(t, b, key)
 
 	for i := 0; i < 3; i++ {
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		require.Equal(t, tasks.AlreadyComplete, res.Outcome)
+		res := enqueueProduct(t, b, tasks.AlreadyComplete)
 		require.Equal(t, tasks.StateComplete, res.State)
 	}
 	require.False(t, b.ns.AsynqTaskExists(t, key), "a complete job is not enqueued again")
@@ -171,16 +186,10 @@ func testEnqueueOutcomes(t *testing.T, setupEnqueue func(testing.TB) *enqueueBun
 
 	t.Run("RequeuedWhenTaskLost", func(t *testing.T) {
 		b := setupEnqueue(t)
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		require.Equal(t, tasks.Created, res.Outcome)
+		res := enqueueProduct(t, b, tasks.Created)
 		// Redis loses the task (flush, failover): the row is still pending.
-		insp := asynq.NewInspector(b.ns.AsynqOpt())
-		defer insp.Close()
-		require.NoError(t, insp.DeleteTask(b.ns.Queue, res.Key))
-		res, err = b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		require.Equal(t, tasks.Requeued, res.Outcome)
+		require.NoError(t, b.insp.DeleteTask(b.ns.Queue, res.Key))
+		enqueueProduct(t, b, tasks.Requeued)
 		require.Equal(t, 1, b.ns.AsynqPending(t))
 	})
 
@@ -197,25 +206,18 @@ func testEnqueueOutcomes(t *testing.T, setupEnqueue func(testing.TB) *enqueueBun
 		require.Equal(t, 1, testutil.Count(t, b.store.Pool(), `SELECT count(*) FROM jobs WHERE state = 'pending'`))
 		require.Zero(t, b.ns.AsynqPending(t))
 
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		require.Equal(t, tasks.Requeued, res.Outcome, "the pending row without a task gets its task")
+		enqueueProduct(t, b, tasks.Requeued, "the pending row without a task gets its task")
 		require.Equal(t, 1, b.ns.AsynqPending(t))
 	})
 
 	t.Run("FailedJobNotEnqueued", func(t *testing.T) {
 		b := setupEnqueue(t)
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		insp := asynq.NewInspector(b.ns.AsynqOpt())
-		defer insp.Close()
-		require.NoError(t, insp.DeleteTask(b.ns.Queue, res.Key))
-		_, err = b.store.JobStart(ctx, store.AttemptStartParams{Key: res.Key, Token: 1})
+		res := enqueueProduct(t, b, tasks.Created)
+		require.NoError(t, b.insp.DeleteTask(b.ns.Queue, res.Key))
+		_, err := b.store.JobStart(ctx, store.AttemptStartParams{Key: res.Key, Token: 1})
 		require.NoError(t, err)
 		require.NoError(t, b.store.JobFail(ctx, store.AttemptFinishParams{Key: res.Key, Token: 1, Category: "proxy_auth"}))
-		res, err = b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		require.Equal(t, tasks.AlreadyFailed, res.Outcome)
+		enqueueProduct(t, b, tasks.AlreadyFailed)
 		require.Zero(t, b.ns.AsynqPending(t))
 	})
 
@@ -264,9 +266,7 @@ func testEnqueueRepairsArchivedTask(t *testing.T, setupEnqueue func(testing.TB) 
 	// MaxRetry: the job row stays pending, the task id stays taken.
 	archived := func(t *testing.T, b *enqueueBundle) string {
 		t.Helper()
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		require.Equal(t, tasks.Created, res.Outcome)
+		res := enqueueProduct(t, b, tasks.Created)
 		require.NoError(t, b.insp.ArchiveTask(b.ns.Queue, res.Key))
 		info, err := b.insp.GetTaskInfo(b.ns.Queue, res.Key)
 		require.NoError(t, err)
@@ -274,28 +274,18 @@ func testEnqueueRepairsArchivedTask(t *testing.T, setupEnqueue func(testing.TB) 
 		require.Zero(t, b.ns.AsynqPending(t))
 		return res.Key
 	}
-	requirePending := func(t *testing.T, b *enqueueBundle, key string) {
-		t.Helper()
-		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
-		require.NoError(t, err)
-		assert.Equal(t, asynq.TaskStatePending, info.State)
-	}
 
 	t.Run("Enqueue", func(t *testing.T) {
 		b := setupEnqueue(t)
 		key := archived(t, b)
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.Repaired, res.Outcome, "got %v", res.Outcome)
+		res := enqueueProduct(t, b, tasks.Repaired)
 		assert.Equal(t, "repaired: archived task deleted and enqueued again", res.Outcome.String())
 		assert.Equal(t, tasks.StatePending, res.State)
-		requirePending(t, b, key)
+		assertTaskState(t, b, key, asynq.TaskStatePending)
 		assert.Equal(t, 1, b.ns.AsynqPending(t))
 
 		// Repaired once: the next Enqueue finds the live task.
-		res, err = b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.AlreadyQueued, res.Outcome)
+		enqueueProduct(t, b, tasks.AlreadyQueued)
 		assert.Equal(t, 1, b.ns.AsynqPending(t))
 	})
 
@@ -306,8 +296,8 @@ func testEnqueueRepairsArchivedTask(t *testing.T, setupEnqueue func(testing.TB) 
 		require.NoError(t, err)
 		assert.Equal(t, []tasks.Outcome{tasks.Created, tasks.Repaired, tasks.AlreadyQueued},
 			[]tasks.Outcome{res[0].Outcome, res[1].Outcome, res[2].Outcome})
-		requirePending(t, b, key)
-		requirePending(t, b, res[0].Key)
+		assertTaskState(t, b, key, asynq.TaskStatePending)
+		assertTaskState(t, b, res[0].Key, asynq.TaskStatePending)
 		assert.Equal(t, 2, b.ns.AsynqPending(t))
 	})
 
@@ -317,9 +307,7 @@ func testEnqueueRepairsArchivedTask(t *testing.T, setupEnqueue func(testing.TB) 
 		_, err := b.store.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1})
 		require.NoError(t, err)
 		require.NoError(t, b.store.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "timeout", NextAttemptAt: time.Now()}))
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.Repaired, res.Outcome)
+		res := enqueueProduct(t, b, tasks.Repaired)
 		assert.Equal(t, tasks.StateRetryable, res.State)
 		assert.True(t, b.ns.AsynqTaskExists(t, key))
 		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
@@ -333,12 +321,8 @@ func testEnqueueRepairsArchivedTask(t *testing.T, setupEnqueue func(testing.TB) 
 		_, err := b.store.JobStart(ctx, store.AttemptStartParams{Key: key, Token: 1})
 		require.NoError(t, err)
 		require.NoError(t, b.store.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 1, Category: "not_found"}))
-		res, err := b.enq.Enqueue(ctx, productSpec)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.AlreadyFailed, res.Outcome)
-		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
-		require.NoError(t, err)
-		assert.Equal(t, asynq.TaskStateArchived, info.State, "a failed job's archive is evidence, not repaired")
+		enqueueProduct(t, b, tasks.AlreadyFailed)
+		assertTaskState(t, b, key, asynq.TaskStateArchived, "a failed job's archive is evidence, not repaired")
 	})
 
 	t.Run("WithoutInspectorReportsAlreadyQueued", func(t *testing.T) {
@@ -349,9 +333,7 @@ func testEnqueueRepairsArchivedTask(t *testing.T, setupEnqueue func(testing.TB) 
 		res, err := blind.Enqueue(ctx, productSpec)
 		require.NoError(t, err)
 		assert.Equal(t, tasks.AlreadyQueued, res.Outcome, "documented limit without an Inspector")
-		info, err := b.insp.GetTaskInfo(b.ns.Queue, key)
-		require.NoError(t, err)
-		assert.Equal(t, asynq.TaskStateArchived, info.State)
+		assertTaskState(t, b, key, asynq.TaskStateArchived)
 	})
 }
 
@@ -528,9 +510,7 @@ func TestEnqueueDuplicateFastPath(t *testing.T) {
 	// Requeued, Repaired (after its conflict: 2) and Created.
 	assert.EqualValues(t, 4, calls.scripts.Load(), "only jobs without a live task reach asynq")
 	for _, k := range []string{keys[0], keys[1], mixed[7].Key} {
-		info, err := b.insp.GetTaskInfo(b.ns.Queue, k)
-		require.NoError(t, err)
-		assert.Equal(t, asynq.TaskStatePending, info.State, k)
+		assertTaskState(t, b, k, asynq.TaskStatePending, k)
 	}
 	assert.False(t, b.ns.AsynqTaskExists(t, keys[2]), "a complete job is not enqueued again")
 	assert.False(t, b.ns.AsynqTaskExists(t, keys[3]), "a failed job is not enqueued again")

@@ -28,6 +28,19 @@ func withURL(u string) tasks.Spec {
 	return tasks.Spec{Kind: "catalog", URL: u, Country: "US", Window: "2026-04-23", ParserVersion: 3}
 }
 
+// assertDistinctKeys reports every two specs, named by their labels, that share a key.
+func assertDistinctKeys(t *testing.T, specs map[string]tasks.Spec) {
+	t.Helper()
+	seen := make(map[string]string, len(specs))
+	for label, s := range specs {
+		k := mustKey(t, s)
+		if other, dup := seen[k]; dup {
+			t.Errorf("%s and %s share key %q", label, other, k)
+		}
+		seen[k] = label
+	}
+}
+
 func TestKeyStable(t *testing.T) {
 	t.Parallel()
 
@@ -145,14 +158,7 @@ func TestKeyDistinct(t *testing.T) {
 		"URLWindow":          variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Window = "2026-W17" }),
 		"URLKind":            variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Kind = "reviews" }),
 	}
-	seen := make(map[string]string, len(specs))
-	for name, s := range specs {
-		k := mustKey(t, s)
-		if other, dup := seen[k]; dup {
-			t.Errorf("specs %s and %s share key %q", name, other, k)
-		}
-		seen[k] = name
-	}
+	assertDistinctKeys(t, specs)
 }
 
 // TestKeyDistinctURLs pins spellings that a server may treat differently: they must not be
@@ -178,14 +184,14 @@ func TestKeyDistinctURLs(t *testing.T) {
 		"https://shop.example/a/b?a=2&a=1", // order of repeated keys is kept
 		"https://shop.example/a/b?ref=1",   // not a tracking parameter
 	}
-	seen := make(map[string]string, len(urls))
+	specs := make(map[string]tasks.Spec, len(urls))
 	for _, u := range urls {
-		k := mustKey(t, withURL(u))
-		if other, dup := seen[k]; dup {
-			t.Errorf("URLs %q and %q share key %q", u, other, k)
-		}
-		seen[k] = u
+		specs[fmt.Sprintf("URL %q", u)] = withURL(u)
 	}
+	if len(specs) != len(urls) {
+		t.Fatal("a URL is listed twice")
+	}
+	assertDistinctKeys(t, specs)
 }
 
 func TestKeyFormat(t *testing.T) {
