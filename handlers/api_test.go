@@ -33,9 +33,7 @@ func TestServiceComposition(t *testing.T) {
 		key, task := r.job(t, "sku-7")
 		require.NoError(t, h.ProcessTask(ctx, task))
 		require.Equal(t, []string{"email:send"}, own, "only the service's own task reached next")
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		require.Equal(t, tasks.StateComplete, job.State, "the catalog task ran through the runner")
+		requireState(t, r.st, key, tasks.StateComplete, "the catalog task ran through the runner")
 	})
 
 	t.Run("ServerConfigWrapsHostFuncs", func(t *testing.T) {
@@ -73,9 +71,7 @@ func TestServiceComposition(t *testing.T) {
 		reg2 := r.registry(t, func(c *handlers.Config) { c.LeaseLength = 15 * time.Second })
 		key, task := r.job(t, "sku-8")
 		require.NoError(t, reg2.ProcessTask(ctx, task))
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		require.Equal(t, tasks.StateComplete, job.State)
+		requireState(t, r.st, key, tasks.StateComplete)
 	})
 
 	t.Run("ParserChoosesCategoryWithFail", func(t *testing.T) {
@@ -86,10 +82,7 @@ func TestServiceComposition(t *testing.T) {
 		key, task := r.job(t, "sku-9")
 		dec := decisionOf(reg3.ProcessTask(ctx, task))
 		require.True(t, dec.Retry && dec.Counted, "retried, not failed as a parse error")
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		require.Equal(t, tasks.StateRetryable, job.State)
-		require.Equal(t, string(tasks.CategoryDestinationError), job.LastCategory)
+		requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryDestinationError)
 	})
 
 	t.Run("StepChoosesCategoryWithFail", func(t *testing.T) {
@@ -100,9 +93,6 @@ func TestServiceComposition(t *testing.T) {
 		})
 		key, task := r.job(t, "sku-10")
 		require.ErrorIs(t, reg4.ProcessTask(ctx, task), asynq.SkipRetry)
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		require.Equal(t, tasks.StateFailed, job.State)
-		require.Equal(t, string(tasks.CategoryNotFound), job.LastCategory)
+		requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryNotFound)
 	})
 }

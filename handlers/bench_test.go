@@ -132,11 +132,7 @@ func newBenchRig(b *testing.B) *benchRig {
 		proxy: testutil.NewFakeProxy(b, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary}),
 		site:  testutil.NewFakeSite(b, testutil.FakeSiteConfig{BigSize: 8 << 10}),
 	}
-	var err error
-	r.prov, err = sessions.NewProvider("generic", r.proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	r.prov = newProvider(b, "generic", r.proxy.Addr)
 	return r
 }
 

@@ -118,10 +118,7 @@ func TestJobMoneyBudget(t *testing.T) {
 	require.NoError(t, reg.Register(catalog.Kind, big, catalog.Parse, money))
 	key, task := r.job(t, "sku-32")
 	require.ErrorIs(t, reg.ProcessTask(ctx, task), asynq.SkipRetry)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateFailed, job.State)
-	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	job := requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded)
 	const budgetBytes = 256_000
 	require.Greater(t, job.BytesTotal, int64(budgetBytes), "stopped past the budget's bytes")
 	require.Less(t, job.BytesTotal, int64(4*budgetBytes), "stopped near them, not after 20 MiB")

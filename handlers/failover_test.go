@@ -3,7 +3,6 @@ package handlers_test
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,47 @@ import (
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
+// failoverRig is a worker with two providers on the rig's account, alpha (the rig's proxy
+// a) then beta (a second proxy b), on a test clock, registering catalog with one attempt
+// (a counted failure would fail the job).
+type failoverRig struct {
+	*rig
+	a, b    *testutil.FakeProxy
+	clock   *testutil.Clock
+	metrics *prometheus.Registry
+	reg     *handlers.Registry
+}
+
+// newFailoverRig builds the failover rig; mutate may change the config before it is built.
+func newFailoverRig(t *testing.T, mutate func(*handlers.Config)) *failoverRig {
+	t.Helper()
+	r := newRig(t, rigOpts{})
+	f := &failoverRig{rig: r, a: r.proxy,
+		b:       testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary}),
+		clock:   testutil.NewClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)),
+		metrics: prometheus.NewRegistry(),
+	}
+	cfg := handlers.Config{
+		Store: r.st, Redis: r.ns.Client, Providers: []*sessions.Provider{newProvider(t, "alpha", f.a.Addr), newProvider(t, "beta", f.b.Addr)}, KeyPrefix: r.ns.Prefix,
+		Collector:             sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
+		Logger:                slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Registerer:            f.metrics,
+		Now:                   f.clock.Now,
+		Rand:                  func() float64 { return 0 },
+		IncidentProbeInterval: time.Minute,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	var err error
+	f.reg, err = handlers.NewRegistry(cfg)
+	require.NoError(t, err)
+	t.Cleanup(f.reg.Close)
+	require.NoError(t, f.reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse,
+		handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 1})))
+	return f
+}
+
 // TestProviderFailover: a worker with two providers, alpha then beta. Alpha starts
 // answering 407 (its password rotated): the attempt that met it is retryable and not
 // counted, alpha's breaker opens, and the job and the next ones run on beta; the worker
@@ -28,34 +68,8 @@ import (
 // breakers' schedule does not depend on this box's pace.
 func TestProviderFailover(t *testing.T) {
 	ctx := context.Background()
-	r := newRig(t, rigOpts{})
-	a := r.proxy
-	b := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary})
-	provider := func(name, gateway string) *sessions.Provider {
-		p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
-		require.NoError(t, err)
-		return p
-	}
-	alpha, beta := provider("alpha", a.Addr), provider("beta", b.Addr)
-	var mu sync.Mutex
-	clock := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
-	metrics := prometheus.NewRegistry()
-	reg, err := handlers.NewRegistry(handlers.Config{
-		Store: r.st, Redis: r.ns.Client, Providers: []*sessions.Provider{alpha, beta}, KeyPrefix: r.ns.Prefix,
-		Collector:             sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
-		Logger:                slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-		Registerer:            metrics,
-		Now:                   now,
-		Rand:                  func() float64 { return 0 },
-		IncidentProbeInterval: time.Minute,
-		IncidentProbeMax:      2 * time.Minute,
-	})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
-	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse,
-		handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 1}))) // a counted failure would fail the job
+	f := newFailoverRig(t, func(c *handlers.Config) { c.IncidentProbeMax = 2 * time.Minute })
+	r, a, b, reg, metrics := f.rig, f.a, f.b, f.reg, f.metrics
 	gauge := func(provider string) float64 {
 		for _, m := range metricFamily(t, metrics, "idemscrape_provider_incident_open") {
 			if labelled(m, "provider", provider) {
@@ -93,7 +107,7 @@ func TestProviderFailover(t *testing.T) {
 
 	// Alpha is fixed; its probe is due after its interval: the next delivery probes it.
 	a.SetRefusing(false)
-	advance(time.Minute)
+	f.clock.Advance(time.Minute)
 	k4, err := run("sku-43")
 	require.NoError(t, err, "alpha's probe")
 	require.Equal(t, 0.0, gauge("alpha"), "alpha restored")
@@ -179,30 +193,8 @@ func TestProvidersConfig(t *testing.T) {
 // topped up, alpha's probe authenticates and it takes work again.
 func TestProviderOutOfBalance(t *testing.T) {
 	ctx := context.Background()
-	r := newRig(t, rigOpts{})
-	a := r.proxy
-	b := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary})
-	provider := func(name, gateway string) *sessions.Provider {
-		p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
-		require.NoError(t, err)
-		return p
-	}
-	var mu sync.Mutex
-	clock := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	metrics := prometheus.NewRegistry()
-	reg, err := handlers.NewRegistry(handlers.Config{
-		Store: r.st, Redis: r.ns.Client, Providers: []*sessions.Provider{provider("alpha", a.Addr), provider("beta", b.Addr)}, KeyPrefix: r.ns.Prefix,
-		Collector:             sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
-		Logger:                slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-		Registerer:            metrics,
-		Now:                   func() time.Time { mu.Lock(); defer mu.Unlock(); return clock },
-		Rand:                  func() float64 { return 0 },
-		IncidentProbeInterval: time.Minute,
-	})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
-	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(r.site.URL), catalog.Parse,
-		handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 1})))
+	f := newFailoverRig(t, nil)
+	r, a, b, reg := f.rig, f.a, f.b, f.reg
 
 	a.SetOutOfBalance(true)
 	key, task := r.job(t, "sku-40")
@@ -217,16 +209,14 @@ func TestProviderOutOfBalance(t *testing.T) {
 	require.Contains(t, atts[0].Error, "402")
 	require.Equal(t, b.Addr, atts[1].ProxyEndpoint)
 	require.Equal(t, store.OutcomeComplete, atts[1].Outcome)
-	for _, m := range metricFamily(t, metrics, "idemscrape_provider_incident_open") {
+	for _, m := range metricFamily(t, f.metrics, "idemscrape_provider_incident_open") {
 		if labelled(m, "provider", "alpha") {
 			require.Equal(t, 1.0, m.GetGauge().GetValue())
 		}
 	}
 
 	a.SetOutOfBalance(false)
-	mu.Lock()
-	clock = clock.Add(time.Minute)
-	mu.Unlock()
+	f.clock.Advance(time.Minute)
 	probe, task := r.job(t, "sku-41")
 	require.NoError(t, reg.ProcessTask(ctx, task), "alpha's probe")
 	atts, err = r.st.AttemptList(ctx, probe)

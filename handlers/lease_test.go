@@ -25,6 +25,16 @@ func recordJob(t *testing.T, st *store.PG, key string) {
 	require.NoError(t, err)
 }
 
+// leaseFixture is a store and a Redis namespace of the test's own, with the leases on it.
+func leaseFixture(t *testing.T) (*store.PG, *testutil.RedisNS, *lua.Leases) {
+	t.Helper()
+	st := store.New(testutil.PG(t))
+	ns := testutil.Redis(t)
+	leases, err := lua.NewLeases(ns.Client, ns.Prefix)
+	require.NoError(t, err)
+	return st, ns, leases
+}
+
 func params(key, owner string, ttl time.Duration) acquireParams {
 	return acquireParams{Key: key, Owner: owner, TTL: ttl, Start: store.AttemptStartParams{Worker: owner, Country: "US"}}
 }
@@ -33,10 +43,7 @@ func params(key, owner string, ttl time.Duration) acquireParams {
 // takes the job over, and the first wakes up and tries to complete.
 func TestStaleWorkerRefused(t *testing.T) {
 	ctx := context.Background()
-	st := store.New(testutil.PG(t))
-	ns := testutil.Redis(t)
-	leases, err := lua.NewLeases(ns.Client, ns.Prefix)
-	require.NoError(t, err)
+	st, _, leases := leaseFixture(t)
 	const key = "catalog:sku-42:US:2026-04-23:v1"
 	recordJob(t, st, key)
 
@@ -132,10 +139,7 @@ func TestTokensSurviveRedisFlush(t *testing.T) {
 
 func TestAcquireRefusals(t *testing.T) {
 	ctx := context.Background()
-	st := store.New(testutil.PG(t))
-	ns := testutil.Redis(t)
-	leases, err := lua.NewLeases(ns.Client, ns.Prefix)
-	require.NoError(t, err)
+	st, ns, leases := leaseFixture(t)
 
 	t.Run("CompleteJobReleasesLease", func(t *testing.T) {
 		recordJob(t, st, "done")

@@ -225,8 +225,7 @@ func TestProxyAuthIncidentRecovers(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	front := newSwitchProxy(t, r.proxy.Addr)
 	front.refusing.Store(true)
-	prov, err := sessions.NewProvider("generic", front.addr(), "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
-	require.NoError(t, err)
+	prov := newProvider(t, "generic", front.addr())
 	metrics := prometheus.NewRegistry()
 	reg, err := handlers.NewRegistry(handlers.Config{
 		Store: r.st, Redis: r.ns.Client, Provider: prov, KeyPrefix: r.ns.Prefix,
@@ -312,22 +311,10 @@ func TestBudgetStopsMidAttempt(t *testing.T) {
 	key, task := r.job(t, "sku-1")
 	err = reg.ProcessTask(ctx, task)
 	require.ErrorIs(t, err, asynq.SkipRetry)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateFailed, job.State)
-	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	job := requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded)
 	require.Greater(t, job.BytesTotal, int64(budget), "the attempt's bytes are recorded")
 	require.Less(t, job.BytesTotal, int64(4*budget), "stopped near the budget, not after 20 MiB")
 	require.Less(t, r.proxy.Bytes(), int64(8<<20), "the proxy did not carry the whole page")
-}
-
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	var v float64
-	for _, m := range families(t, reg, name) {
-		v += m.GetGauge().GetValue()
-	}
-	return v
 }
 
 // TestSupersededAttemptEvidence: a delivery whose work was superseded by a newer attempt
@@ -392,25 +379,18 @@ func TestRequeueGivesFreshBudget(t *testing.T) {
 		r.site.Throttle(1, time.Second)
 		_ = reg.ProcessTask(ctx, task)
 	}
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateFailed, job.State)
-	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded)
 
-	_, err = ops.New(r.st.Pool()).JobRequeue(ctx, ops.RequeueParams{Key: key, By: "test", Note: "fresh budget"})
+	_, err := ops.New(r.st.Pool()).JobRequeue(ctx, ops.RequeueParams{Key: key, By: "test", Note: "fresh budget"})
 	require.NoError(t, err)
 	r.site.Throttle(1, time.Second)
 	dec := decisionOf(reg.ProcessTask(ctx, task))
 	require.True(t, dec.Retry && dec.Counted, "attempt 1 of the new budget: retryable")
-	job, err = r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateRetryable, job.State)
+	job := requireState(t, r.st, key, tasks.StateRetryable)
 	require.Equal(t, 3, job.Attempts, "the history keeps counting")
 
 	require.NoError(t, reg.ProcessTask(ctx, task))
-	job, err = r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateComplete, job.State)
+	requireState(t, r.st, key, tasks.StateComplete)
 }
 
 // TestCompletedJobLeavesNoRedisKeys: a completed job's lease is gone from Redis, and no job

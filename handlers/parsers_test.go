@@ -166,15 +166,7 @@ func (r *rig) shopRegistry(t *testing.T, opts ...handlers.KindOption) *handlers.
 // shopJob records a shop job of parser version v for sku.
 func (r *rig) shopJob(t *testing.T, sku string, v int) (string, *asynq.Task) {
 	t.Helper()
-	spec, err := tasks.Spec{Kind: shopKind, SourceID: sku, Country: "US", Window: "2026-04-23", ParserVersion: v}.Normalize()
-	require.NoError(t, err)
-	key, err := spec.Key()
-	require.NoError(t, err)
-	_, err = r.st.JobsRecord(context.Background(), []tasks.JobRecord{{Key: key, Spec: spec}})
-	require.NoError(t, err)
-	payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
-	require.NoError(t, err)
-	return key, asynq.NewTask(shopKind, payload)
+	return r.jobOf(t, shopKind, sku, "US", v)
 }
 
 func TestSchemaDriftQuarantined(t *testing.T) {
@@ -184,9 +176,7 @@ func TestSchemaDriftQuarantined(t *testing.T) {
 	for _, sku := range []string{"sku-1", "sku-2", "sku-3"} {
 		key, task := r.shopJob(t, sku, 1)
 		require.NoError(t, reg.ProcessTask(ctx, task))
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		require.Equal(t, tasks.StateComplete, job.State)
+		requireState(t, r.st, key, tasks.StateComplete)
 	}
 
 	r.site.SetSchemaChange(true) // the price API renames "price" to "amount"
@@ -194,10 +184,7 @@ func TestSchemaDriftQuarantined(t *testing.T) {
 	dec := decisionOf(reg.ProcessTask(ctx, task))
 	require.True(t, dec.Skip, "validation is terminal: %s", dec.ErrorMsg)
 
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	assert.Equal(t, tasks.StateFailed, job.State)
-	assert.Equal(t, string(tasks.CategoryValidation), job.LastCategory)
+	requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryValidation)
 	assert.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results WHERE job_key = $1`, key), "no result")
 	assert.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox WHERE event_key = $1`, handlers.EventKey(key)), "no event")
 	atts, err := r.st.AttemptList(ctx, key)
@@ -239,10 +226,7 @@ func TestParserVersionUnknownRetryable(t *testing.T) {
 	assert.GreaterOrEqual(t, dec.Delay, 30*time.Second)
 	assert.Zero(t, r.site.TotalHits(), "refused before anything was fetched")
 
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	assert.Equal(t, tasks.StateRetryable, job.State)
-	assert.Equal(t, string(handlers.CategoryParserVersion), job.LastCategory)
+	requireJob(t, r.st, key, tasks.StateRetryable, handlers.CategoryParserVersion)
 	atts, err := r.st.AttemptList(ctx, key)
 	require.NoError(t, err)
 	require.Len(t, atts, 1)
@@ -258,9 +242,7 @@ func TestParserVersionUnknownRetryable(t *testing.T) {
 	require.NoError(t, newer.AddParser(shopKind, 2, shopParser(true, true)))
 	assert.Equal(t, []int{1, 2}, newer.ParserVersions(shopKind))
 	require.NoError(t, newer.ProcessTask(ctx, task))
-	job, err = r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	assert.Equal(t, tasks.StateComplete, job.State)
+	requireState(t, r.st, key, tasks.StateComplete)
 	var pv int
 	require.NoError(t, r.st.Pool().QueryRow(ctx, `SELECT parser_version FROM results WHERE job_key = $1`, key).Scan(&pv))
 	assert.Equal(t, 2, pv)
@@ -289,6 +271,14 @@ func TestSavedInputPolicy(t *testing.T) {
 		require.NoError(t, err)
 		return handlers.WithSavedInputs(p)
 	}
+	// savedInput requires key to have exactly one saved input, and returns it.
+	savedInput := func(t *testing.T, r *rig, key string) inputs.Saved {
+		t.Helper()
+		saved, err := inputs.New(r.st.Pool()).List(ctx, key)
+		require.NoError(t, err)
+		require.Len(t, saved, 1)
+		return saved[0]
+	}
 
 	t.Run("Never", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
@@ -304,10 +294,7 @@ func TestSavedInputPolicy(t *testing.T) {
 		reg := r.shopRegistry(t, policy(t, "always"))
 		key, task := r.shopJob(t, "sku-1", 1)
 		require.NoError(t, reg.ProcessTask(ctx, task))
-		saved, err := inputs.New(r.st.Pool()).List(ctx, key)
-		require.NoError(t, err)
-		require.Len(t, saved, 1)
-		s := saved[0]
+		s := savedInput(t, r, key)
 		assert.Equal(t, inputs.OutcomeParsed, s.Outcome)
 		assert.False(t, s.Truncated)
 		// The result and the saved input (hence its attempt, same fence) carry one fingerprint.
@@ -350,12 +337,10 @@ func TestSavedInputPolicy(t *testing.T) {
 		r.site.SetSchemaChange(true)
 		key, task := r.shopJob(t, "sku-2", 1)
 		require.True(t, decisionOf(reg.ProcessTask(ctx, task)).Skip)
-		saved, err := inputs.New(r.st.Pool()).List(ctx, key)
-		require.NoError(t, err)
-		require.Len(t, saved, 1)
-		assert.Equal(t, string(tasks.CategoryValidation), saved[0].Outcome)
-		assert.Contains(t, string(saved[0].Staged), "amount", "the refused staging, for a reparse")
-		assert.Len(t, saved[0].Responses, 3)
+		s := savedInput(t, r, key)
+		assert.Equal(t, string(tasks.CategoryValidation), s.Outcome)
+		assert.Contains(t, string(s.Staged), "amount", "the refused staging, for a reparse")
+		assert.Len(t, s.Responses, 3)
 	})
 
 	t.Run("Sample", func(t *testing.T) {
@@ -399,10 +384,7 @@ func TestSavedInputPolicy(t *testing.T) {
 		reg := r.shopRegistry(t, policy(t, fmt.Sprintf("always,max=%d", maxBytes)))
 		key, task := r.shopJob(t, "sku-1", 1)
 		require.NoError(t, reg.ProcessTask(ctx, task))
-		saved, err := inputs.New(r.st.Pool()).List(ctx, key)
-		require.NoError(t, err)
-		require.Len(t, saved, 1)
-		s := saved[0]
+		s := savedInput(t, r, key)
 		assert.True(t, s.Truncated)
 		assert.Nil(t, s.Staged, "staged data over the cap is not kept")
 		require.Len(t, s.Responses, 3, "every response is recorded, stored or not")
@@ -468,9 +450,7 @@ func TestReparseNoNetwork(t *testing.T) {
 	assert.Equal(t, 1, sum.Busy, sum.String())
 	assert.Equal(t, 2, sum.Changed, "neither had a record")
 	assert.NotEmpty(t, progress)
-	job, err := r.st.JobGet(ctx, failedKeys[1])
-	require.NoError(t, err)
-	assert.Equal(t, tasks.StateFailed, job.State, "the held job was not touched")
+	requireState(t, r.st, failedKeys[1], tasks.StateFailed, "the held job was not touched")
 	require.NoError(t, leases.Release(ctx, busy))
 
 	// (The completed job left the selection: complete jobs have no failure category.)
@@ -479,9 +459,7 @@ func TestReparseNoNetwork(t *testing.T) {
 	assert.Equal(t, 1, sum.Selected, sum.String())
 	assert.Equal(t, 1, sum.Committed, sum.String())
 	for _, key := range failedKeys {
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.StateComplete, job.State)
+		requireState(t, r.st, key, tasks.StateComplete)
 		assert.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox WHERE event_key = $1`, handlers.EventKey(key)))
 		notes, err := ops.New(r.st.Pool()).NoteListByJob(ctx, key)
 		require.NoError(t, err)

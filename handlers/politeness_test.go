@@ -285,15 +285,28 @@ func itemParse(_ tasks.Payload, staged map[string]json.RawMessage) (handlers.Obs
 // kindJob records a job of kind for id and returns its key and task.
 func (r *rig) kindJob(t *testing.T, kind, id string) (string, *asynq.Task) {
 	t.Helper()
-	spec, err := tasks.Spec{Kind: kind, SourceID: id, Country: "US", Window: "2026-04-23", ParserVersion: 1}.Normalize()
-	require.NoError(t, err)
-	key, err := spec.Key()
-	require.NoError(t, err)
-	_, err = r.st.JobsRecord(context.Background(), []tasks.JobRecord{{Key: key, Spec: spec}})
-	require.NoError(t, err)
-	payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
-	require.NoError(t, err)
-	return key, asynq.NewTask(kind, payload)
+	return r.jobOf(t, kind, id, "US", 1)
+}
+
+// limitedFleet returns n workers (worker-0 …) on rdb, the limiter log's client; mutate sets
+// their host limits, register their kinds.
+func (r *rig) limitedFleet(t *testing.T, rdb *redis.Client, n int, mutate func(*handlers.Config), register func(*handlers.Registry)) []*handlers.Registry {
+	t.Helper()
+	regs := make([]*handlers.Registry, n)
+	for i := range regs {
+		cfg := handlers.Config{Store: r.st, Redis: rdb, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+			WorkerID: fmt.Sprintf("worker-%d", i),
+			// A request that takes long on a loaded box is not what this test is about.
+			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: time.Minute},
+		}
+		mutate(&cfg)
+		reg, err := handlers.NewRegistry(cfg)
+		require.NoError(t, err)
+		t.Cleanup(reg.Close)
+		register(reg)
+		regs[i] = reg
+	}
+	return regs
 }
 
 // runFleet delivers every task once, spread over the registries with perReg goroutines
@@ -376,12 +389,7 @@ func TestRobotsFetchedOncePerHost(t *testing.T) {
 		assert.Equal(t, 50, testutil.Count(t, r.st.Pool(), `SELECT count(*)::int FROM jobs WHERE state = 'complete'`))
 		assert.Equal(t, 1, r.site.RobotsHits(), "one robots.txt fetch for 50 jobs on 4 workers")
 		assert.Equal(t, 1.0, fleetCounter(t, regs, "idemscrape_robots_fetches_total", "status", "2xx"))
-		var robotsBytes float64
-		for _, reg := range regs {
-			for _, m := range metricFamily(t, reg.Gatherer(), "idemscrape_robots_bytes_total") {
-				robotsBytes += m.GetCounter().GetValue()
-			}
-		}
+		robotsBytes := fleetCounter(t, regs, "idemscrape_robots_bytes_total", "", "")
 		assert.Positive(t, robotsBytes, "the fetch's bytes are the fleet's")
 		// Zero config: no host is limited, so the limiter never touched Redis.
 		tat, err := r.ns.Client.Keys(ctx, r.ns.Prefix+"*:tat").Result()
@@ -403,10 +411,7 @@ func TestRobotsFetchedOncePerHost(t *testing.T) {
 		key, task := r.job(t, "sku-1")
 		d := decisionOf(reg.ProcessTask(ctx, task))
 		require.True(t, d.Skip, "terminal: %s", d.ErrorMsg)
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.StateFailed, job.State)
-		assert.Equal(t, string(tasks.CategoryRobotsDisallowed), job.LastCategory)
+		requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryRobotsDisallowed)
 		atts, err := r.st.AttemptList(ctx, key)
 		require.NoError(t, err)
 		require.Len(t, atts, 1)
@@ -432,10 +437,7 @@ func TestRobotsFetchedOncePerHost(t *testing.T) {
 			assert.True(t, d.Counted)
 		}
 		for _, key := range keys {
-			job, err := r.st.JobGet(ctx, key)
-			require.NoError(t, err)
-			assert.Equal(t, tasks.StateRetryable, job.State)
-			assert.Equal(t, string(tasks.CategoryDestinationError), job.LastCategory)
+			requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryDestinationError)
 			atts, err := r.st.AttemptList(ctx, key)
 			require.NoError(t, err)
 			assert.Contains(t, atts[0].Error, "robots.txt of "+site.URL+" answered 503")
@@ -462,23 +464,15 @@ func TestHostRateLimitFleetWide(t *testing.T) {
 	siteA, siteB := newTimedSite(t), newTimedSite(t)
 	siteA.useClock(serverClock(t, r.ns.Client))
 	rdb, limiter := r.limiterLog(t, siteA.host)
-	regs := make([]*handlers.Registry, 3)
-	for i := range regs {
-		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: rdb, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-			WorkerID: fmt.Sprintf("worker-%d", i),
-			// A request that takes long on a loaded box is not what this test is about.
-			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: time.Minute},
-			HostLimits: map[string]politeness.Limit{
-				siteA.host: {Rate: rate, Burst: burst},
-				siteB.host: {Rate: 10000, Burst: 1000}, // generous: never makes anyone wait here
-			},
-		})
-		require.NoError(t, err)
-		t.Cleanup(reg.Close)
+	regs := r.limitedFleet(t, rdb, 3, func(c *handlers.Config) {
+		c.HostLimits = map[string]politeness.Limit{
+			siteA.host: {Rate: rate, Burst: burst},
+			siteB.host: {Rate: 10000, Burst: 1000}, // generous: never makes anyone wait here
+		}
+	}, func(reg *handlers.Registry) {
 		require.NoError(t, reg.Register("polite.a", itemWorkflow(siteA.URL), itemParse))
 		require.NoError(t, reg.Register("polite.b", itemWorkflow(siteB.URL), itemParse))
-		regs[i] = reg
-	}
+	})
 	var ts []*asynq.Task
 	for i := range max(jobsA, jobsB) {
 		if i < jobsA {
@@ -588,19 +582,12 @@ func TestRetryAfterSlowsHost(t *testing.T) {
 	site.mu.Unlock()
 	site.useClock(serverClock(t, r.ns.Client))
 	rdb, limiter := r.limiterLog(t, site.host)
-	regs := make([]*handlers.Registry, 3)
-	for i := range regs {
-		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: rdb, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-			WorkerID: fmt.Sprintf("worker-%d", i),
-			// A request that takes long on a loaded box is not what this test is about.
-			Collector:  sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1, RequestTimeout: time.Minute},
-			HostLimits: map[string]politeness.Limit{site.host: {Rate: rate, Burst: 1}},
-		})
-		require.NoError(t, err)
-		t.Cleanup(reg.Close)
+	regs := r.limitedFleet(t, rdb, 3, func(c *handlers.Config) {
+		c.Collector.ThrottleWaitMax = -1
+		c.HostLimits = map[string]politeness.Limit{site.host: {Rate: rate, Burst: 1}}
+	}, func(reg *handlers.Registry) {
 		require.NoError(t, reg.Register("polite.a", itemWorkflow(site.URL), itemParse))
-		regs[i] = reg
-	}
+	})
 	var ts []*asynq.Task
 	for i := range jobs {
 		_, task := r.kindJob(t, "polite.a", fmt.Sprintf("a-%d", i))
@@ -928,10 +915,7 @@ func TestFleetPauseNotChargedToBudget(t *testing.T) {
 		assert.False(t, d.Counted, "the fleet's wait is not the job's failure")
 		// What is left of the pause, at least: a minute less the time since it was set.
 		assert.GreaterOrEqual(t, d.Delay, time.Minute-time.Since(paused), "retried once the host's pause is over")
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.StateRetryable, job.State)
-		assert.Equal(t, string(tasks.CategoryThrottled), job.LastCategory)
+		requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryThrottled)
 		budget, err := ops.New(r.st.Pool()).BudgetGet(ctx, key)
 		require.NoError(t, err)
 		assert.Equal(t, 1, budget.Attempts, "the attempt is out of the job's attempt cap")
@@ -945,9 +929,6 @@ func TestFleetPauseNotChargedToBudget(t *testing.T) {
 		key, task := r.kindJob(t, "polite.b", "b-1")
 		d := decisionOf(reg.ProcessTask(ctx, task))
 		require.True(t, d.Skip, d.ErrorMsg)
-		job, err := r.st.JobGet(ctx, key)
-		require.NoError(t, err)
-		assert.Equal(t, tasks.StateFailed, job.State)
-		assert.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory, "the destination answered this job: its own failure")
+		requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded, "the destination answered this job: its own failure")
 	})
 }

@@ -132,9 +132,7 @@ func TestCommittedLeaseReleasedInBackground(t *testing.T) {
 	require.Equal(t, "claim", recv(t, hook.events, "the first claim"))
 	require.Equal(t, "release", recv(t, hook.events, "the first release, held"))
 	require.NoError(t, recv(t, first, "ProcessTask returns while its release is held"))
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateComplete, job.State)
+	requireState(t, r.st, key, tasks.StateComplete)
 
 	second := make(chan error, 1)
 	go func() { second <- reg.ProcessTask(ctx, task) }()

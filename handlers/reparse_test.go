@@ -79,10 +79,7 @@ func TestReparseCommitFailurePutsBack(t *testing.T) {
 	assert.Equal(t, 1, sum.Errors, sum.String())
 	require.NotEmpty(t, sum.Errs)
 	assert.Contains(t, sum.Errs[0], "put back to failed, validation")
-	job, err := r.st.JobGet(ctx, keys[0])
-	require.NoError(t, err)
-	assert.Equal(t, tasks.StateFailed, job.State)
-	assert.Equal(t, string(tasks.CategoryValidation), job.LastCategory, "its original category")
+	requireJob(t, r.st, keys[0], tasks.StateFailed, tasks.CategoryValidation, "its original category")
 	atts, err := r.st.AttemptList(ctx, keys[0])
 	require.NoError(t, err)
 	last := atts[len(atts)-1]
@@ -101,10 +98,7 @@ func TestReparseCommitFailurePutsBack(t *testing.T) {
 	sum, err = reparse.Run(ctx, cfg, reparse.Options{Selection: v1, Version: 2})
 	require.NoError(t, err)
 	assert.Equal(t, 1, sum.Errors, sum.String())
-	job, err = r.st.JobGet(ctx, v2Key)
-	require.NoError(t, err)
-	assert.Equal(t, tasks.StateFailed, job.State)
-	assert.Equal(t, string(tasks.CategoryInternal), job.LastCategory)
+	requireJob(t, r.st, v2Key, tasks.StateFailed, tasks.CategoryInternal)
 	assert.Zero(t, runnable(t, r))
 
 	// Without the failure, a second reparse completes both.
@@ -156,14 +150,10 @@ func TestReparseInterrupted(t *testing.T) {
 		assert.Equal(t, 4, o.sum.Committed, o.sum.String())
 		assert.Zero(t, o.sum.Errors, o.sum.Errs)
 		for _, key := range keys[:4] {
-			job, err := r.st.JobGet(ctx, key)
-			require.NoError(t, err)
-			assert.Equal(t, tasks.StateComplete, job.State, key)
+			requireState(t, r.st, key, tasks.StateComplete, key)
 		}
 		for _, key := range keys[4:] {
-			job, err := r.st.JobGet(ctx, key)
-			require.NoError(t, err)
-			assert.Equal(t, tasks.StateFailed, job.State, "the next batch is not started: %s", key)
+			requireState(t, r.st, key, tasks.StateFailed, "the next batch is not started: %s", key)
 		}
 		assert.Zero(t, runnable(t, r))
 	})

@@ -69,14 +69,10 @@ func TestLostAttemptStartKeepsTask(t *testing.T) {
 	dec := decisionOf(err)
 	require.True(t, dec.Retry && dec.Counted, "the task is kept for another delivery: %v", err)
 	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StatePending, job.State)
+	requireState(t, r.st, key, tasks.StatePending)
 	// The next delivery does the job.
 	require.NoError(t, reg.ProcessTask(ctx, task))
-	job, err = r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateComplete, job.State)
+	requireState(t, r.st, key, tasks.StateComplete)
 }
 
 // TestLeaseLossKeepsTerminalFailure: an attempt that failed terminally (here: bad proxy
@@ -100,9 +96,7 @@ func TestLeaseLossKeepsTerminalFailure(t *testing.T) {
 		})
 	err := reg.ProcessTask(ctx, task)
 	require.True(t, decisionOf(err).Skip, "%v", err)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateFailed, job.State)
+	job := requireState(t, r.st, key, tasks.StateFailed)
 	require.NotEqual(t, string(tasks.CategoryLeaseLost), job.LastCategory)
 }
 

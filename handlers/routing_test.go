@@ -3,7 +3,6 @@ package handlers_test
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,15 +23,13 @@ type routingRig struct {
 	*rig
 	workers [2]*handlers.Registry
 	metrics [2]*prometheus.Registry
-	advance func(time.Duration)
+	clock   *testutil.Clock
 	keys    lua.Keys
 }
 
 func newRoutingRig(t *testing.T, providers []*sessions.Provider, routing handlers.RoutingConfig, r *rig) *routingRig {
 	t.Helper()
-	var mu sync.Mutex
-	clock := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	rr := &routingRig{rig: r, advance: func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }}
+	rr := &routingRig{rig: r, clock: testutil.NewClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))}
 	var err error
 	rr.keys, err = lua.NewKeys(r.ns.Prefix)
 	require.NoError(t, err)
@@ -43,7 +40,7 @@ func newRoutingRig(t *testing.T, providers []*sessions.Provider, routing handler
 			Collector:          sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 5 * time.Second},
 			Logger:             slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 			Registerer:         rr.metrics[i],
-			Now:                func() time.Time { mu.Lock(); defer mu.Unlock(); return clock },
+			Now:                rr.clock.Now,
 			Rand:               func() float64 { return 0 },
 			MaxSessionRestarts: 1,
 		})
@@ -90,13 +87,8 @@ func TestCountryRouting(t *testing.T) {
 		UnavailableCountries: []string{"BR", "JP"}}})
 	a, b := r.proxy, testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary,
 		UnavailableCountries: []string{"JP"}})
-	provider := func(name, gateway string) *sessions.Provider {
-		p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
-		require.NoError(t, err)
-		return p
-	}
 	routing := handlers.RoutingConfig{NoPeersFor: 20 * time.Minute}
-	rr := newRoutingRig(t, []*sessions.Provider{provider("alpha", a.Addr), provider("beta", b.Addr)}, routing, r)
+	rr := newRoutingRig(t, []*sessions.Provider{newProvider(t, "alpha", a.Addr), newProvider(t, "beta", b.Addr)}, routing, r)
 
 	br1, task := r.jobIn(t, "sku-1", "BR")
 	d := decisionOf(rr.workers[0].ProcessTask(ctx, task))
@@ -125,7 +117,7 @@ func TestCountryRouting(t *testing.T) {
 
 	// The mark's TTL passes: alpha is tried for BR again (and still has no peers there).
 	require.NoError(t, r.ns.Client.Del(ctx, rr.keys.RouteNoPeers("alpha", "BR")).Err())
-	rr.advance(3 * time.Second) // past the workers' route cache
+	rr.clock.Advance(3 * time.Second) // past the workers' route cache
 	aBefore = a.Requests()
 	br3, task := r.jobIn(t, "sku-4", "BR")
 	d = decisionOf(rr.workers[1].ProcessTask(ctx, task))
@@ -155,9 +147,7 @@ func TestTierEscalation(t *testing.T) {
 	dcProxy := r.proxy
 	resProxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, Tier: "residential"})
 	provider := func(name, gateway string, tier sessions.Tier, usdPerGB int64) *sessions.Provider {
-		p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
-		require.NoError(t, err)
-		p, err = p.WithTier(tier)
+		p, err := newProvider(t, name, gateway).WithTier(tier)
 		require.NoError(t, err)
 		p, err = p.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: usdPerGB * 1_000_000})
 		require.NoError(t, err)
@@ -200,7 +190,7 @@ func TestTierEscalation(t *testing.T) {
 	// The TTL passes and the shop lets datacenter exits in again: back to the cheap tier.
 	r.site.SetBlockedTier("")
 	require.NoError(t, r.ns.Client.Del(ctx, rr.keys.RouteTier(dest)).Err())
-	rr.advance(3 * time.Second)
+	rr.clock.Advance(3 * time.Second)
 	again, task := r.jobIn(t, "sku-4", "US")
 	require.NoError(t, rr.workers[1].ProcessTask(ctx, task))
 	eps, _ = endpoints(t, r.st, again)
@@ -210,7 +200,7 @@ func TestTierEscalation(t *testing.T) {
 	// failure (counted).
 	r.site.SetBlockedTier("residential")
 	require.NoError(t, r.ns.Client.Set(ctx, rr.keys.RouteTier(dest), "1", time.Minute).Err())
-	rr.advance(3 * time.Second)
+	rr.clock.Advance(3 * time.Second)
 	top, task := r.jobIn(t, "sku-5", "US")
 	d = decisionOf(rr.workers[1].ProcessTask(ctx, task))
 	assert.True(t, d.Retry && d.Counted, "%+v", d)

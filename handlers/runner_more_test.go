@@ -23,7 +23,6 @@ import (
 // asynq's retry set no earlier than the destination's Retry-After, and PostgreSQL's
 // next_attempt_at says the same.
 func TestRetryAfterHonoured(t *testing.T) {
-	ctx := context.Background()
 	r := newRig(t, rigOpts{})
 	key, task := r.job(t, "sku-2")
 	reg := r.registry(t, func(c *handlers.Config) { c.Rand = func() float64 { return 0 } })
@@ -66,9 +65,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	require.False(t, info.NextProcessAt.Before(lo.Truncate(time.Second)) || info.NextProcessAt.After(hi),
 		"asynq retries after the runner's delay (the Retry-After): %v not in [%v, %v]", info.NextProcessAt, lo, hi)
 	require.Equal(t, 1, info.Retried, "a throttled attempt counts")
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateRetryable, job.State)
+	job := requireState(t, r.st, key, tasks.StateRetryable)
 	require.NotNil(t, job.NextAttemptAt)
 	require.False(t, job.NextAttemptAt.Before(lo.Truncate(time.Microsecond)) || job.NextAttemptAt.After(hi),
 		"PostgreSQL mirrors asynq: %v not in [%v, %v]", *job.NextAttemptAt, lo, hi)
@@ -86,10 +83,7 @@ func TestTotalBudgetStops(t *testing.T) {
 	r.site.Throttle(1, time.Second)
 	err := reg.ProcessTask(ctx, task)
 	require.ErrorIs(t, err, asynq.SkipRetry)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateFailed, job.State)
-	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded)
 	atts, _ := r.st.AttemptList(ctx, key)
 	require.Contains(t, atts[0].Error, "total budget")
 }
@@ -111,10 +105,7 @@ func TestBandwidthBudgetStops(t *testing.T) {
 		}
 	}
 	require.ErrorIs(t, err, asynq.SkipRetry)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateFailed, job.State)
-	require.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	job := requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded)
 	require.Greater(t, job.BytesTotal, int64(2000))
 	require.Greater(t, attempts, 1, "the first attempts stayed under the budget")
 	sum := testutil.Count(t, r.st.Pool(), `SELECT sum(bytes)::int FROM attempts WHERE job_key = $1`, key)
@@ -145,10 +136,7 @@ func TestLeaseLossAbortsWithoutCommit(t *testing.T) {
 	require.True(t, dec.Retry && dec.Counted, "%v", err)
 	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
 	require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox`))
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateRetryable, job.State)
-	require.Equal(t, string(tasks.CategoryLeaseLost), job.LastCategory)
+	requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryLeaseLost)
 }
 
 func TestPanicRecorded(t *testing.T) {
@@ -164,9 +152,7 @@ func TestPanicRecorded(t *testing.T) {
 	err := reg.ProcessTask(ctx, task)
 	dec := decisionOf(err)
 	require.True(t, dec.Retry && dec.Counted, "a panic leaves the job retryable: %v", err)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateRetryable, job.State)
+	requireState(t, r.st, key, tasks.StateRetryable)
 	atts, _ := r.st.AttemptList(ctx, key)
 	require.Len(t, atts, 1)
 	require.Equal(t, string(tasks.CategoryPanic), atts[0].Category)
@@ -237,38 +223,28 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, float64(testutil.Count(t, pool, `SELECT count(*) FROM results`)), float64(complete))
 }
 
-func families(t *testing.T, reg *prometheus.Registry, name string) []*dto.Metric {
+// metricSum adds up value over the metrics of family name.
+func metricSum[T float64 | uint64](t *testing.T, g prometheus.Gatherer, name string, value func(*dto.Metric) T) T {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()
-		}
+	var v T
+	for _, m := range metricFamily(t, g, name) {
+		v += value(m)
 	}
-	return nil
+	return v
 }
 
 func sumCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	var v float64
-	for _, m := range families(t, reg, name) {
-		v += m.GetCounter().GetValue()
-	}
-	return v
+	return metricSum(t, reg, name, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
+}
+
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	return metricSum(t, reg, name, func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
 }
 
 func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
-	var v uint64
-	for _, m := range families(t, reg, name) {
-		v += m.GetHistogram().GetSampleCount()
-	}
-	return v
+	return metricSum(t, reg, name, func(m *dto.Metric) uint64 { return m.GetHistogram().GetSampleCount() })
 }
 
 func histogramSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	var v float64
-	for _, m := range families(t, reg, name) {
-		v += m.GetHistogram().GetSampleSum()
-	}
-	return v
+	return metricSum(t, reg, name, func(m *dto.Metric) float64 { return m.GetHistogram().GetSampleSum() })
 }

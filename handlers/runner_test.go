@@ -44,10 +44,17 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		o.proxy.Format, o.proxy.User, o.proxy.Password = testutil.ProxyFormatGeneric, "acct", canary
 	}
 	r := &rig{st: store.New(testutil.PG(t)), ns: testutil.Redis(t), proxy: testutil.NewFakeProxy(t, o.proxy), site: testutil.NewFakeSite(t, o.site)}
-	var err error
-	r.prov, err = sessions.NewProvider("generic", r.proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
-	require.NoError(t, err)
+	r.prov = newProvider(t, "generic", r.proxy.Addr)
 	return r
+}
+
+// newProvider returns provider name on gateway with the rig's account (acct, canary) and
+// its sticky username template.
+func newProvider(tb testing.TB, name, gateway string) *sessions.Provider {
+	tb.Helper()
+	p, err := sessions.NewProvider(name, gateway, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
+	require.NoError(tb, err)
+	return p
 }
 
 // registry returns a runner on the rig. mutate may change the config before it is built.
@@ -97,7 +104,14 @@ func (r *rig) job(t *testing.T, sku string) (string, *asynq.Task) {
 // jobIn is job with the exit country.
 func (r *rig) jobIn(t *testing.T, sku, country string) (string, *asynq.Task) {
 	t.Helper()
-	spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: sku, Country: country, Window: "2026-04-23", ParserVersion: 1}.Normalize()
+	return r.jobOf(t, catalog.Kind, sku, country, 1)
+}
+
+// jobOf records a job of kind for id (exit country, window 2026-04-23, parser version v)
+// and returns its key and the asynq task that carries it.
+func (r *rig) jobOf(t *testing.T, kind, id, country string, v int) (string, *asynq.Task) {
+	t.Helper()
+	spec, err := tasks.Spec{Kind: kind, SourceID: id, Country: country, Window: "2026-04-23", ParserVersion: v}.Normalize()
 	require.NoError(t, err)
 	key, err := spec.Key()
 	require.NoError(t, err)
@@ -105,7 +119,24 @@ func (r *rig) jobIn(t *testing.T, sku, country string) (string, *asynq.Task) {
 	require.NoError(t, err)
 	payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
 	require.NoError(t, err)
-	return key, asynq.NewTask(catalog.Kind, payload)
+	return key, asynq.NewTask(kind, payload)
+}
+
+// requireState requires key's job to be in state, and returns the job for further checks.
+func requireState(t *testing.T, st *store.PG, key string, state tasks.JobState, msgAndArgs ...any) store.Job {
+	t.Helper()
+	job, err := st.JobGet(context.Background(), key)
+	require.NoError(t, err)
+	require.Equal(t, state, job.State, msgAndArgs...)
+	return job
+}
+
+// requireJob is requireState that also requires the job's last category.
+func requireJob(t *testing.T, st *store.PG, key string, state tasks.JobState, category tasks.Category, msgAndArgs ...any) store.Job {
+	t.Helper()
+	job := requireState(t, st, key, state, msgAndArgs...)
+	require.Equal(t, string(category), job.LastCategory, msgAndArgs...)
+	return job
 }
 
 type asynqDecision struct {
@@ -160,9 +191,7 @@ func TestExactlyOneResultUnderDuplicateDelivery(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err, "every delivery ends acknowledged")
 	}
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateComplete, job.State)
+	requireState(t, r.st, key, tasks.StateComplete)
 	require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
 	require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM outbox`))
 	require.GreaterOrEqual(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM attempts`), 1)
@@ -225,15 +254,19 @@ func TestFailureCategories(t *testing.T) {
 				"next_attempt_at %v is not the delivery's now + %v: outside [%v, %v]", *job.NextAttemptAt, dec.Delay, lo, hi)
 		}
 	}
+	// deliver runs one delivery of task on reg and judges it.
+	deliver := func(t *testing.T, r *rig, reg *handlers.Registry, key string, task *asynq.Task, w want) {
+		t.Helper()
+		start := time.Now()
+		check(t, r, key, start, reg.ProcessTask(ctx, task), w)
+	}
 
 	t.Run("ProxyAuth", func(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: "rotated"}})
 		key, task := r.job(t, "sku-1")
 		reg := r.registry(t, nil)
-		start := time.Now()
-		err := reg.ProcessTask(ctx, task)
 		// An incident, not the job's failure: retryable, uncounted, after the probe interval.
-		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryProxyAuth, outcome: store.OutcomeRetryable,
+		deliver(t, r, reg, key, task, want{state: tasks.StateRetryable, category: tasks.CategoryProxyAuth, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true}, minD: handlers.DefaultIncidentProbeInterval, maxD: 2*handlers.DefaultIncidentProbeInterval + time.Second})
 		require.ErrorIs(t, reg.Ready(), handlers.ErrIncident)
 		// While it is open the next delivery is handed back untouched.
@@ -245,10 +278,8 @@ func TestFailureCategories(t *testing.T) {
 	t.Run("ExitUnavailable", func(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, UnavailableCountries: []string{"US"}}})
 		key, task := r.job(t, "sku-1")
-		start := time.Now()
-		err := r.registry(t, nil).ProcessTask(ctx, task)
 		// attempt 1, base 30 s, full jitter at 0.5 ⇒ 15 s
-		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryExitUnavailable, outcome: store.OutcomeRetryable,
+		deliver(t, r, r.registry(t, nil), key, task, want{state: tasks.StateRetryable, category: tasks.CategoryExitUnavailable, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 15 * time.Second, maxD: 15 * time.Second})
 		require.Equal(t, 3, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM quarantine WHERE job_key = $1`, key),
 			"the first session and its two replacements were quarantined")
@@ -257,9 +288,7 @@ func TestFailureCategories(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
 		r.site.Throttle(1, 90*time.Second)
-		start := time.Now()
-		err := r.registry(t, nil).ProcessTask(ctx, task)
-		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryThrottled, outcome: store.OutcomeRetryable,
+		deliver(t, r, r.registry(t, nil), key, task, want{state: tasks.StateRetryable, category: tasks.CategoryThrottled, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 90 * time.Second, maxD: 90 * time.Second})
 	})
 	t.Run("Timeout", func(t *testing.T) {
@@ -273,17 +302,13 @@ func TestFailureCategories(t *testing.T) {
 			c.Collector.RequestTimeout = 100 * time.Millisecond
 			c.MaxSessionRestarts = -1
 		})
-		start := time.Now()
-		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategoryTimeout, outcome: store.OutcomeRetryable,
+		deliver(t, r, reg, key, task, want{state: tasks.StateRetryable, category: tasks.CategoryTimeout, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 5 * time.Second, maxD: 5 * time.Second})
 	})
 	t.Run("SessionLost", func(t *testing.T) {
 		r := newRig(t, rigOpts{proxy: testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, DisconnectProb: 1}})
 		key, task := r.job(t, "sku-1")
-		start := time.Now()
-		err := r.registry(t, nil).ProcessTask(ctx, task)
-		check(t, r, key, start, err, want{state: tasks.StateRetryable, category: tasks.CategorySessionLost, outcome: store.OutcomeRetryable,
+		deliver(t, r, r.registry(t, nil), key, task, want{state: tasks.StateRetryable, category: tasks.CategorySessionLost, outcome: store.OutcomeRetryable,
 			decision: asynqDecision{Retry: true, Counted: true}, minD: 2500 * time.Millisecond, maxD: 2500 * time.Millisecond})
 	})
 	t.Run("ParseError", func(t *testing.T) {
@@ -293,17 +318,13 @@ func TestFailureCategories(t *testing.T) {
 			func(tasks.Payload, map[string]json.RawMessage) (handlers.Observation, error) {
 				return handlers.Observation{}, errors.New("price format 1.234,56 not understood")
 			})
-		start := time.Now()
-		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryParseError, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		deliver(t, r, reg, key, task, want{state: tasks.StateFailed, category: tasks.CategoryParseError, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 	})
 	t.Run("Validation", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		key, task := r.job(t, "sku-1")
 		r.site.SetSchemaChange(true)
-		start := time.Now()
-		err := r.registry(t, nil).ProcessTask(ctx, task)
-		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryValidation, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		deliver(t, r, r.registry(t, nil), key, task, want{state: tasks.StateFailed, category: tasks.CategoryValidation, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 		require.Equal(t, 1, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM quarantine WHERE reason LIKE 'validation%'`))
 		require.Zero(t, testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM results`))
 	})
@@ -381,9 +402,7 @@ func TestFailureCategories(t *testing.T) {
 		r.site.Throttle(1, time.Second)
 		require.Equal(t, asynqDecision{Retry: true, Counted: true}, keep(decisionOf(reg.ProcessTask(ctx, task))))
 		r.site.Throttle(1, time.Second)
-		start := time.Now()
-		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryBudgetExceeded, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		deliver(t, r, reg, key, task, want{state: tasks.StateFailed, category: tasks.CategoryBudgetExceeded, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 		atts, _ := r.st.AttemptList(ctx, key)
 		require.Contains(t, atts[1].Error, "2 attempts")
 		require.Contains(t, atts[1].Error, "throttled")
@@ -405,9 +424,7 @@ func TestFailureCategories(t *testing.T) {
 			}
 			return u, nil
 		}, catalog.Parse)
-		start := time.Now()
-		err := reg.ProcessTask(ctx, task)
-		check(t, r, key, start, err, want{state: tasks.StateFailed, category: tasks.CategoryUnsafeStepIncomplete, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
+		deliver(t, r, reg, key, task, want{state: tasks.StateFailed, category: tasks.CategoryUnsafeStepIncomplete, outcome: store.OutcomeFailed, decision: asynqDecision{Skip: true}})
 	})
 	t.Run("CompleteJobAcknowledgedWithoutWork", func(t *testing.T) {
 		r := newRig(t, rigOpts{})

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
@@ -17,6 +16,7 @@ import (
 	"github.com/idemscrape/idemscrape/parse"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
 )
 
 // schemaParser is the catalog parser reporting the schema fingerprint *fp says.
@@ -44,13 +44,10 @@ func (p *schemaParser) parse(job tasks.Payload, staged map[string]json.RawMessag
 func TestSchemaFingerprintsShared(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, rigOpts{})
-	var mu sync.Mutex
-	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	clock := testutil.NewClock(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
 	worker := func(p *schemaParser) *handlers.Registry {
 		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}, Now: clock, Rand: func() float64 { return 0.5 },
+			Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}, Now: clock.Now, Rand: func() float64 { return 0.5 },
 			Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 		require.NoError(t, err)
 		t.Cleanup(reg.Close)
@@ -96,7 +93,7 @@ func TestSchemaFingerprintsShared(t *testing.T) {
 	key, task = r.job(t, "sku-3")
 	require.True(t, decisionOf(a.ProcessTask(ctx, task)).Skip, "history read less than 10 s ago: the drift stands")
 	require.Equal(t, tasks.StateFailed, state(key))
-	advance(10 * time.Second)
+	clock.Advance(10 * time.Second)
 	key, task = r.job(t, "sku-4")
 	require.NoError(t, a.ProcessTask(ctx, task), "the drift verdict re-read the fleet's fingerprints")
 	require.Equal(t, tasks.StateComplete, state(key))
@@ -113,15 +110,8 @@ func TestSchemaFingerprintsShared(t *testing.T) {
 	}
 	for i, n := range []int{3, 5, 4} {
 		pa.set(list(n))
-		spec, err := tasks.Spec{Kind: catalog.Kind, SourceID: fmt.Sprintf("sku-%d", 5+i), Country: "US", Window: "2026-04-23", ParserVersion: 2}.Normalize()
-		require.NoError(t, err)
-		key, err := spec.Key()
-		require.NoError(t, err)
-		_, err = r.st.JobsRecord(ctx, []tasks.JobRecord{{Key: key, Spec: spec}})
-		require.NoError(t, err)
-		payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
-		require.NoError(t, err)
-		require.NoError(t, a.ProcessTask(ctx, asynq.NewTask(catalog.Kind, payload)))
+		_, task := r.jobOf(t, catalog.Kind, fmt.Sprintf("sku-%d", 5+i), "US", 2)
+		require.NoError(t, a.ProcessTask(ctx, task))
 		require.Equal(t, min(i+1, 2), rows(), "after a list of %d", n)
 	}
 }
@@ -140,10 +130,7 @@ func TestSchemaFingerprintsUnreadable(t *testing.T) {
 	key, task := r.job(t, "sku-1")
 	dec := decisionOf(reg.ProcessTask(ctx, task))
 	require.True(t, dec.Retry, "retryable: %s", dec.ErrorMsg)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateRetryable, job.State)
-	require.Equal(t, string(tasks.CategoryInternal), job.LastCategory)
+	requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryInternal)
 	atts, err := r.st.AttemptList(ctx, key)
 	require.NoError(t, err)
 	require.Contains(t, atts[0].Error, `schema fingerprints of "catalog" v1`)
@@ -152,7 +139,5 @@ func TestSchemaFingerprintsUnreadable(t *testing.T) {
 	_, err = r.st.Pool().Exec(ctx, `ALTER TABLE schema_fingerprints_away RENAME TO schema_fingerprints`)
 	require.NoError(t, err)
 	require.NoError(t, reg.ProcessTask(ctx, task))
-	job, err = r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, tasks.StateComplete, job.State)
+	requireState(t, r.st, key, tasks.StateComplete)
 }

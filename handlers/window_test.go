@@ -189,10 +189,7 @@ func TestWindowBudgetConfig(t *testing.T) {
 	require.True(t, decisionOf(err).Skip, "failed: %v", err)
 	var spent *handlers.WindowSpentError
 	require.True(t, errors.As(err, &spent), "%v", err)
-	job, err := r.st.JobGet(ctx, key)
-	require.NoError(t, err)
-	assert.Equal(t, tasks.StateFailed, job.State)
-	assert.Equal(t, string(tasks.CategoryBudgetExceeded), job.LastCategory)
+	requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded)
 	atts, err := r.st.AttemptList(ctx, key)
 	require.NoError(t, err)
 	require.Len(t, atts, 1)
