@@ -17,7 +17,7 @@ import (
 )
 
 var auditCmd = command{
-	name: "audit", db: true,
+	name: "audit",
 	summary: "Check the invariants of the system of record: every complete job has exactly one result and one outbox\n" +
 		"event; every result belongs to a complete job; a job running past -lease-max has a live asynq task;\n" +
 		"no outbox event waits unsent past -outbox-lag; attempt fences strictly increase per job.\n" +
@@ -57,7 +57,11 @@ var auditCmd = command{
 			if err := cfg.Validate(); err != nil {
 				return usageError{err.Error()}
 			}
-			rep, err := ops.New(c.pool).Audit(ctx, cfg)
+			pool, err := c.db(ctx)
+			if err != nil {
+				return err
+			}
+			rep, err := ops.New(pool).Audit(ctx, cfg)
 			if err != nil {
 				return err
 			}

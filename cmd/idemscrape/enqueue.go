@@ -68,7 +68,7 @@ var keyCmd = command{
 }
 
 var enqueueCmd = command{
-	name: "enqueue", db: true,
+	name: "enqueue",
 	summary: "Record jobs and enqueue their tasks: one spec from the flags, or JSON lines from -f FILE (- for stdin),\n" +
 		"one spec a line with the fields kind, url | source_id, country, window, parser_version, scope.\n" +
 		"Each line is checked before it is stored; bad lines are reported by number and field and not stored, the good ones are.\n" +
@@ -337,13 +337,17 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 
 // newEnqueuer returns an Enqueuer on IDEMSCRAPE_REDIS (or IDEMSCRAPE_REDIS_CLUSTER) with an Inspector (an archived task
 // holding a key is repaired) and the queue override, and a func that closes both clients.
-func newEnqueuer(c *cli, queue string) (*tasks.Enqueuer, *asynq.Inspector, func(), error) {
-	return newEnqueuerWith(c, tasks.EnqueuerConfig{Queue: queue})
+func newEnqueuer(ctx context.Context, c *cli, queue string) (*tasks.Enqueuer, *asynq.Inspector, func(), error) {
+	return newEnqueuerWith(ctx, c, tasks.EnqueuerConfig{Queue: queue})
 }
 
 // newEnqueuerWith is newEnqueuer with the rest of cfg (its Inspector is set here).
-func newEnqueuerWith(c *cli, cfg tasks.EnqueuerConfig) (*tasks.Enqueuer, *asynq.Inspector, func(), error) {
+func newEnqueuerWith(ctx context.Context, c *cli, cfg tasks.EnqueuerConfig) (*tasks.Enqueuer, *asynq.Inspector, func(), error) {
 	rc, err := redisConfig()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pool, err := c.db(ctx)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -355,7 +359,7 @@ func newEnqueuerWith(c *cli, cfg tasks.EnqueuerConfig) (*tasks.Enqueuer, *asynq.
 		_ = client.Close()
 	}
 	cfg.Inspector = insp
-	enq, err := tasks.NewEnqueuer(client, store.New(c.pool), &cfg)
+	enq, err := tasks.NewEnqueuer(client, store.New(pool), &cfg)
 	if err != nil {
 		closeAll()
 		return nil, nil, nil, err

@@ -58,7 +58,7 @@ func (r *enqueueRun) close() {
 // in place). A failure after the batch was validated is a *tasks.BatchError.
 func (r *enqueueRun) enqueue(ctx context.Context, specs []tasks.Spec, lines []int) ([]tasks.Result, error) {
 	if r.enq == nil {
-		enq, insp, closeAll, err := newEnqueuerWith(r.c, tasks.EnqueuerConfig{Queue: r.queue, Concurrency: enqueueConcurrency})
+		enq, insp, closeAll, err := newEnqueuerWith(ctx, r.c, tasks.EnqueuerConfig{Queue: r.queue, Concurrency: enqueueConcurrency})
 		if err != nil {
 			return nil, err
 		}

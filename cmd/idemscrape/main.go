@@ -45,19 +45,51 @@ type command struct {
 	name     string
 	args     string // positional arguments in the usage line, e.g. "KEY"
 	summary  string
-	db       bool // needs a migrated database
 	setFlags func(fs *flag.FlagSet) func(ctx context.Context, c *cli, pos []string) error
 	npos     int // exact number of positional arguments; -1: any (the command checks them)
 }
 
 var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, statsCmd, auditCmd, requeueCmd, reparseCmd, windowsCmd}
 
-// cli is what every command gets: its output streams and, for db commands, the pool.
+// cli is what every command gets: its output streams, and the database on demand (db).
 type cli struct {
 	stdout, stderr io.Writer
 	stdin          io.Reader
-	pool           *pgxpool.Pool
+	pool           *pgxpool.Pool // opened by db
 }
+
+// db opens the database (IDEMSCRAPE_PG) on a command's first call and checks that it is
+// migrated. Commands call it once their flags and arguments are checked, so a mistake in
+// the command line is reported as one (exit 2, with the usage) even when the database is
+// down or unreachable. An error here exits 1, as a database that can not be used.
+func (c *cli) db(ctx context.Context) (*pgxpool.Pool, error) {
+	if c.pool != nil {
+		return c.pool, nil
+	}
+	pool, err := connect(ctx)
+	if err != nil {
+		return nil, dbError{err}
+	}
+	if err := ops.New(pool).CheckMigrated(ctx); err != nil {
+		pool.Close()
+		return nil, dbError{err}
+	}
+	c.pool = pool
+	return pool, nil
+}
+
+// close closes the database if a command opened it.
+func (c *cli) close() {
+	if c.pool != nil {
+		c.pool.Close()
+	}
+}
+
+// dbError is a database that could not be opened or is not migrated: exit 1, never a
+// usage error (IDEMSCRAPE_PG's own parse errors included, as before).
+type dbError struct{ err error }
+
+func (e dbError) Error() string { return e.err.Error() }
 
 // usageError is a mistake in the command line: exit 2, with the command's usage.
 type usageError struct{ msg string }
@@ -141,19 +173,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	c := &cli{stdout: stdout, stderr: stderr, stdin: stdin}
-	if cmd.db {
-		pool, err := connect(ctx)
-		if err != nil {
-			fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
-			return 1
-		}
-		defer pool.Close()
-		if err := ops.New(pool).CheckMigrated(ctx); err != nil {
-			fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
-			return 1
-		}
-		c.pool = pool
-	}
+	defer c.close()
 	err = exec(ctx, c, pos)
 	var ue usageError
 	var ee exitError

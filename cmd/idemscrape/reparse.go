@@ -26,7 +26,7 @@ func builtinParsers() *handlers.Parsers {
 }
 
 var reparseCmd = command{
-	name: "reparse", db: true,
+	name: "reparse",
 	summary: "Run a parser version over saved inputs with no network: select jobs (by kind, parser version, window,\n" +
 		"time range, failure category, state, keys), parse each job's latest saved input, and with -dry-run print a\n" +
 		"field-level diff of old vs new records; otherwise commit through the fenced commit and the outbox like a\n" +
@@ -56,7 +56,11 @@ var reparseCmd = command{
 					return usageError{"-to-version: " + err.Error()}
 				}
 			}
-			cfg := reparse.Config{Store: store.New(c.pool), KeyPrefix: *prefix, Parsers: parsers, By: *by}
+			pool, err := c.db(ctx)
+			if err != nil {
+				return err
+			}
+			cfg := reparse.Config{Store: store.New(pool), KeyPrefix: *prefix, Parsers: parsers, By: *by}
 			if opts.DryRun {
 				cfg.Diff = c.stdout
 			} else {

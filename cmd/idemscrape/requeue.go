@@ -13,7 +13,7 @@ import (
 )
 
 var requeueCmd = command{
-	name: "requeue", args: "KEY", npos: 1, db: true,
+	name: "requeue", args: "KEY", npos: 1,
 	summary: "Put a failed job back to pending with a fresh retry budget (attempt cap, bandwidth and total time count\n" +
 		"again from now; its attempts stay as evidence), record who and when as a job note, and enqueue its task.\n" +
 		"Only failed jobs are re-queued, and only while their recorded spec still derives their key (a job whose\n" +
@@ -31,7 +31,11 @@ var requeueCmd = command{
 			// below derives keys with (newEnqueuer keeps EnqueuerConfig's default): a job whose
 			// spec derives another key could never be enqueued again (the reconciler refuses it
 			// too), so making it pending would strand it.
-			job, err := ops.New(c.pool).JobRequeue(ctx, ops.RequeueParams{Key: key, By: *by, Note: *note,
+			pool, err := c.db(ctx)
+			if err != nil {
+				return err
+			}
+			job, err := ops.New(pool).JobRequeue(ctx, ops.RequeueParams{Key: key, By: *by, Note: *note,
 				Normalizer: tasks.DefaultNormalizer})
 			switch {
 			case errors.Is(err, store.ErrJobNotFound):
@@ -44,7 +48,7 @@ var requeueCmd = command{
 			case err != nil:
 				return err
 			}
-			enq, _, closeAll, err := newEnqueuer(c, *queue)
+			enq, _, closeAll, err := newEnqueuer(ctx, c, *queue)
 			if err != nil {
 				return err
 			}

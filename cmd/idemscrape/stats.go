@@ -15,7 +15,7 @@ import (
 )
 
 var statsCmd = command{
-	name: "stats", db: true,
+	name: "stats",
 	summary: "Show the six duplicate-work measures (attempts per completed job, jobs completed after lease recovery,\n" +
 		"duplicate result writes rejected, outbox events deduplicated downstream, bytes per logical job, failure\n" +
 		"categories by retries caused), the reconciler's maintenance counters, and a diagnosis when the duplicate\n" +
@@ -30,7 +30,11 @@ var statsCmd = command{
 			if err != nil {
 				return err
 			}
-			pg := store.New(c.pool)
+			pool, err := c.db(ctx)
+			if err != nil {
+				return err
+			}
+			pg := store.New(pool)
 			st, err := pg.StatsGet(ctx)
 			if err != nil {
 				return err

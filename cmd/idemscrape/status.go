@@ -19,14 +19,18 @@ import (
 )
 
 var statusCmd = command{
-	name: "status", args: "KEY", npos: 1, db: true,
+	name: "status", args: "KEY", npos: 1,
 	summary: "Show a job: its row, the timeline of its attempts (worker, session, redacted proxy endpoint, outcome,\n" +
 		"category, HTTP status, bytes, error), its result, its outbox event and the operators' notes.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		asJSON := fs.Bool("json", false, "print JSON (snake_case fields) instead of tables")
 		return func(ctx context.Context, c *cli, pos []string) error {
 			key := pos[0]
-			st, err := ops.New(c.pool).JobStatus(ctx, key, handlers.EventKey(key))
+			pool, err := c.db(ctx)
+			if err != nil {
+				return err
+			}
+			st, err := ops.New(pool).JobStatus(ctx, key, handlers.EventKey(key))
 			if errors.Is(err, store.ErrJobNotFound) {
 				return fmt.Errorf("no job with key %q", key)
 			}

@@ -16,7 +16,7 @@ import (
 )
 
 var windowsCmd = command{
-	name: "windows", args: "[TEMPLATE WINDOW]", npos: -1, db: true,
+	name: "windows", args: "[TEMPLATE WINDOW]", npos: -1,
 	summary: "The scheduler's windows (template × window: due, state, tries, specs enqueued, last error), newest first.\n" +
 		"-gaps lists, from the scheduler's configuration (-config), every due window that was never enqueued and is no\n" +
 		"longer being retried (exit 1 when there is one); -fill TEMPLATE WINDOW enqueues one window now: jobs that exist\n" +
@@ -42,7 +42,11 @@ var windowsCmd = command{
 			case *limit < 1:
 				return usageError{fmt.Sprintf("-limit %d must be >= 1", *limit)}
 			}
-			st := store.New(c.pool)
+			pool, err := c.db(ctx)
+			if err != nil {
+				return err
+			}
+			st := store.New(pool)
 			if !*gaps && !*fill {
 				ws, err := st.WindowsList(ctx, store.WindowsListParams{Template: *template, Limit: *limit})
 				if err != nil {
@@ -54,7 +58,7 @@ var windowsCmd = command{
 			if err != nil {
 				return usageError{err.Error()}
 			}
-			s, closeAll, err := newScheduler(c, file, *allowLoopback)
+			s, closeAll, err := newScheduler(ctx, c, file, *allowLoopback)
 			if err != nil {
 				return err
 			}
@@ -106,8 +110,12 @@ var windowsCmd = command{
 }
 
 // newScheduler builds a scheduler (never started) for Gaps and Fill.
-func newScheduler(c *cli, file *scheduler.File, allowLoopback bool) (*scheduler.Scheduler, func(), error) {
+func newScheduler(ctx context.Context, c *cli, file *scheduler.File, allowLoopback bool) (*scheduler.Scheduler, func(), error) {
 	rc, err := redisConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := c.db(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,7 +132,7 @@ func newScheduler(c *cli, file *scheduler.File, allowLoopback bool) (*scheduler.
 	if allowLoopback {
 		dest = tasks.LoopbackPolicy()
 	}
-	s, err := scheduler.New(scheduler.Config{File: file, Client: client, Redis: rdb, Store: store.New(c.pool),
+	s, err := scheduler.New(scheduler.Config{File: file, Client: client, Redis: rdb, Store: store.New(pool),
 		Inspector: insp, Destinations: dest})
 	if err != nil {
 		closeAll()
