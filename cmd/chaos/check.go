@@ -284,7 +284,7 @@ func (k *checker) faults(ctx context.Context) {
 	h, c, fp, pending := k.h, k.c, k.fp, k.pending
 	var disconnects int64 = h.proxy.Disconnects()
 	var unavailable, throttledAttempts int
-	k.scan(ctx, `SELECT count(*) FROM quarantine q JOIN jobs j ON j.key = q.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&k.quarantined}, rowFaultCounts)
+	k.scan(ctx, `SELECT count(*) FROM quarantine q JOIN jobs j ON j.key = q.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&k.quarantined}, rowFaultCounts, InvTwoSessions)
 	k.scan(ctx, `SELECT count(*) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1 AND a.category = 'throttled'`, []any{windowChaos}, []any{&throttledAttempts}, rowFaultCounts)
 	k.scan(ctx, `SELECT count(*) FROM jobs WHERE "window" = $1 AND country = $2`, []any{windowChaos, unavailableCC}, []any{&unavailable}, rowFaultCounts)
 	k.rep.Faults = []Row{
@@ -458,7 +458,11 @@ func (k *checker) reexecutions(ctx context.Context) {
 	}
 	kills := k.execKills + k.fp[fpAfterFetch]
 	// Every job an after_fetch kill hit must have run again.
-	off, n, _ := h.keys(ctx, `SELECT k FROM unnest($1::text[]) AS k WHERE (SELECT count(*) FROM attempts WHERE job_key = k) < 2`, k.fpKeys[fpAfterFetch])
+	off, n, err := h.keys(ctx, `SELECT k FROM unnest($1::text[]) AS k WHERE (SELECT count(*) FROM attempts WHERE job_key = k) < 2`, k.fpKeys[fpAfterFetch])
+	if err != nil {
+		k.fail(InvReexec, err)
+		return
+	}
 	k.add(Row{Name: InvReexec, Observed: fmt.Sprintf("%d re-executions (attempts beyond the first), %d kills during attempts; %d after_fetch victims not re-run", reexec, kills, n),
 		Result: passIf(reexec >= kills && n == 0), Offenders: off})
 }
