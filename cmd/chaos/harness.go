@@ -840,9 +840,9 @@ func (h *harness) waitDrained(ctx context.Context, deadline time.Time) {
 	stream := outbox.StreamKey(outbox.DefaultPrefix, catalog.Kind)
 	for time.Now().Before(deadline) {
 		var unsent int
-		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&unsent)
+		qerr := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&unsent)
 		groups, err := rdb.XInfoGroups(ctx, stream).Result()
-		drained := unsent == 0 && err == nil
+		drained := unsent == 0 && qerr == nil && err == nil // a count not read is not drained
 		for _, g := range groups {
 			if g.Name == consumerGroup && (g.Pending > 0 || g.Lag > 0) {
 				drained = false
@@ -992,7 +992,12 @@ func (h *harness) pause(ctx context.Context) {
 func (h *harness) wipeRedis(ctx context.Context) {
 	h.redis.Restart()
 	var now time.Time
-	_ = h.pool.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	if err := h.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		// The wipe's time bounds the events the wipe check looks at: never leave it zero
+		// (no wipe) because PostgreSQL did not answer; this machine's clock is its clock.
+		now = time.Now()
+		h.logf("redis wipe: PostgreSQL's clock not read (%v); using this process's", err)
+	}
 	h.mu.Lock()
 	h.redisWipes++
 	h.lastWipe = now
@@ -1236,8 +1241,10 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 			h.logf("baseline: %v", err)
 		}
 		h.baseProxy = h.proxy.Bytes() - p0
-		_ = h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`,
-			windowBaseline).Scan(&h.baselineJobs, &h.baseBytes)
+		if err := h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`,
+			windowBaseline).Scan(&h.baselineJobs, &h.baseBytes); err != nil {
+			return nil, fmt.Errorf("baseline bytes: %w", err)
+		}
 	}
 	if n := min(cfg.FaultMixJobs, cfg.Baseline); n > 0 && cfg.ProxyFaults {
 		// The baseline's SKUs again, with the proxy fault mix alone: bytes per completed job
