@@ -23,7 +23,7 @@ func TestCommandLineCheckedBeforeDatabase(t *testing.T) {
 		{"reparse negative version", []string{"reparse", "-to-version", "-1"}, 2, "-to-version must be >= 0"},
 		{"windows bad limit", []string{"windows", "-limit", "0"}, 2, "-limit 0 must be >= 1"},
 		{"requeue empty by", []string{"requeue", "-by", "", "catalog:x"}, 2, "-by is empty"},
-		{"status reaches the database", []string{"status", "catalog:x"}, 1, "127.0.0.1"},
+		{"status reaches the database", []string{"status", "catalog:x"}, 1, "postgres (IDEMSCRAPE_PG): "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

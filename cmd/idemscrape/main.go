@@ -72,7 +72,8 @@ func (c *cli) db(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	if err := ops.New(pool).CheckMigrated(ctx); err != nil {
 		pool.Close()
-		return nil, dbError{err}
+		// The first connection is made here (the pool connects lazily): name the setting.
+		return nil, dbError{fmt.Errorf("postgres (IDEMSCRAPE_PG): %w", err)}
 	}
 	c.pool = pool
 	return pool, nil
