@@ -40,7 +40,8 @@ func TestDemo(t *testing.T) {
 		// and with 6 sessions per attempt and 3 attempts no job of a served country fails.
 		o.Disconnect = 0.2
 		o.Throttled = 5 // a 429 lost to a disconnect is not seen as one: 5 make one certain
-		o.Timeout = 90 * time.Second
+		// A bound against hanging on a loaded box, not a speed goal.
+		o.Timeout = 5 * time.Minute
 		o.Progress = progressPlain
 		o.Out = &out
 		o.onNames = func(got names) { n = got }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
@@ -195,19 +197,60 @@ func (w *world) count(query string, args ...any) int {
 // processes' logs.
 func (w *world) waitCount(what string, want int, within time.Duration, query string, args ...any) {
 	w.t.Helper()
+	w.waitFor(what, within, func() (int64, bool) {
+		got := w.count(query, args...)
+		return int64(got), got >= want
+	})
+}
+
+// waitFor polls check every 50 ms until it reports done; after within (a bound against
+// hanging) it fails the test with what and the last value check saw.
+func (w *world) waitFor(what string, within time.Duration, check func() (seen int64, done bool)) {
+	w.t.Helper()
 	deadline := time.Now().Add(within)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		got := w.count(query, args...)
-		if got >= want {
+		seen, done := check()
+		if done {
 			return
 		}
 		if time.Now().After(deadline) {
-			w.t.Fatalf("%s: %d of %d after %v", what, got, want, within)
+			w.t.Fatalf("%s: %d after %v", what, seen, within)
 		}
 		<-tick.C
 	}
+}
+
+// waitTookEffect waits until the event of each job of keys (n of them) has been marked
+// sent by a dispatcher and taken effect in the consumers' group. It counts those jobs'
+// events only: a job that completes later (one waiting on asynq) must not make up for one
+// of keys still in flight. The dispatcher marks a row sent after the stream has it, so a
+// consumer may take an event before its row says sent: both are waited for.
+func (w *world) waitTookEffect(n int, within time.Duration, keys []string) {
+	w.t.Helper()
+	w.waitCount("events sent and taken effect", n, within, `SELECT count(*) FROM outbox o JOIN outbox_inbox i USING (event_key)
+		WHERE i.consumer_group = $2 AND o.payload->>'job_key' = ANY($1) AND o.sent_at IS NOT NULL`, keys, consumerGroup)
+}
+
+// checkNotLost checks that job key, runnable in PostgreSQL when the run settled, is not
+// lost: asynq still holds its task in a live state (active under a lease its recoverer
+// expires, a retry, pending or scheduled), or the job has completed since. The task's hash
+// is read first: asynq deletes it only after the handler returned, which is after the
+// job's commit, so a missing hash with the job not complete after it is a lost job.
+func (w *world) checkNotLost(ctx context.Context, key string) {
+	w.t.Helper()
+	st, err := w.rdb.HGet(ctx, scheduler.AsynqTaskKey(w.queue, key), "state").Result()
+	switch {
+	case err == nil && (st == "active" || st == "retry" || st == "pending" || st == "scheduled"):
+		return
+	case err != nil && !errors.Is(err, redis.Nil):
+		w.t.Errorf("job %s: read its asynq task: %v", key, err)
+		return
+	}
+	var state string
+	require.NoError(w.t, w.pool.QueryRow(ctx, `SELECT state FROM jobs WHERE key = $1`, key).Scan(&state))
+	assert.Equal(w.t, "complete", state, "job %s: asynq holds its task as %q (none: deleted), and the job is not complete", key, st)
 }
 
 // waitSettled waits until no job of keys is running and every one is either complete or

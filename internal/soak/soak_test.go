@@ -406,12 +406,16 @@ reconciler:
 
 // waitTookEffect waits until every job of the window (none: "") is complete and every
 // outbox row is sent and has taken effect. It reads PostgreSQL once, then again on every
-// batch the consumer handled (each complete job's event reaches it), never on a timer;
-// its bound, generous, names the counts and the load.
+// batch the consumer handled (each complete job's event reaches it), and every 500 ms
+// besides: the dispatcher marks a row sent after the stream has it, so the consumer's
+// last batch may come before the last mark, and no batch follows it. Its bound, generous,
+// names the counts and the load.
 func waitTookEffect(ctx context.Context, t *testing.T, pool *pgxpool.Pool, consumed <-chan struct{}, window string, n int) error {
 	t.Helper()
 	deadline := time.NewTimer(5 * time.Minute)
 	defer deadline.Stop()
+	poll := time.NewTicker(500 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		var done, failed, unsent, missing int
 		err := pool.QueryRow(ctx, `SELECT
@@ -430,6 +434,7 @@ func waitTookEffect(ctx context.Context, t *testing.T, pool *pgxpool.Pool, consu
 		}
 		select {
 		case <-consumed:
+		case <-poll.C:
 		case <-deadline.C:
 			return fmt.Errorf("window %s: %d of %d jobs complete, %d outbox rows unsent, %d without their effect after 5 min (load %s)",
 				window, done, n, unsent, missing, loadAvg())
