@@ -81,33 +81,9 @@ func TestPruneSent(t *testing.T) {
 		b := setup(t)
 		const rows, pruners, limit = 300, 4, 7
 		outboxRows(t, b, "old:", rows, "9 days", "8 days")
-		var (
-			wg    sync.WaitGroup
-			mu    sync.Mutex
-			total int64
-			errs  []error
-		)
-		for range pruners {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					n, err := outbox.PruneSent(ctx, b.pool, week, limit)
-					mu.Lock()
-					total += n
-					if err != nil {
-						errs = append(errs, err)
-					}
-					mu.Unlock()
-					if err != nil || n == 0 {
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		require.Empty(t, errs)
-		assert.Equal(t, int64(rows), total)
+		assert.Equal(t, int64(rows), pruneConcurrently(t, pruners, func() (int64, error) {
+			return outbox.PruneSent(ctx, b.pool, week, limit)
+		}))
 		assert.Zero(t, testutil.Count(t, b.pool, `SELECT count(*) FROM outbox`))
 	})
 
@@ -342,33 +318,9 @@ func TestInboxPruneConcurrent(t *testing.T) {
 		exec(t, b.pool, `INSERT INTO outbox_inbox (consumer_group, event_key, seen_at)
 			SELECT 'g' || (g % 3), 'old:' || g, now() - interval '8 days' - make_interval(secs => g)
 			FROM generate_series(1, $1::int) AS g`, rows)
-		var (
-			wg    sync.WaitGroup
-			mu    sync.Mutex
-			total int64
-			errs  []error
-		)
-		for range pruners {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					n, err := outbox.InboxPrune(ctx, b.pool, week, limit)
-					mu.Lock()
-					total += n
-					if err != nil {
-						errs = append(errs, err)
-					}
-					mu.Unlock()
-					if err != nil || n == 0 {
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		require.Empty(t, errs)
-		assert.Equal(t, int64(rows), total)
+		assert.Equal(t, int64(rows), pruneConcurrently(t, pruners, func() (int64, error) {
+			return outbox.InboxPrune(ctx, b.pool, week, limit)
+		}))
 		assert.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox_inbox`))
 	})
 
@@ -379,4 +331,35 @@ func TestInboxPruneConcurrent(t *testing.T) {
 		_, err = outbox.InboxPrune(ctx, b.pool, week, -1)
 		assert.ErrorContains(t, err, "limit (-1)")
 	})
+}
+
+// pruneConcurrently runs prune from pruners goroutines at once, each until it prunes
+// nothing or fails, and returns how many rows they pruned together (no error allowed).
+func pruneConcurrently(t *testing.T, pruners int, prune func() (int64, error)) int64 {
+	t.Helper()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total int64
+		errs  []error
+	)
+	for range pruners {
+		wg.Go(func() {
+			for {
+				n, err := prune()
+				mu.Lock()
+				total += n
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+				if err != nil || n == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Empty(t, errs)
+	return total
 }
