@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemscrape/idemscrape/internal/retry"
 	"github.com/idemscrape/idemscrape/lua"
 	"github.com/idemscrape/idemscrape/parse"
 	"github.com/idemscrape/idemscrape/politeness"
@@ -567,11 +568,27 @@ func (r *Registry) Middleware(next asynq.Handler) asynq.Handler {
 // tens of minutes (n⁴ seconds) while the job's row says it is due.
 const LeaseExpiredRetryDelay = 5 * time.Second
 
-// RetryDelay is an asynq.RetryDelayFunc that follows the runner's decision, and retries a
-// task its worker died with after LeaseExpiredRetryDelay.
+// Bounds of the wait of a delivery that could not start because Redis or PostgreSQL did
+// not answer (a failover, a restart, a network cut).
+const (
+	unavailableRetryBase = time.Second
+	// UnavailableRetryMaxDelay caps it. asynq's default backoff (n⁴ s + 15 s and more)
+	// would leave a job that met a 30-minute outage waiting another 20 to 40 minutes after
+	// the outage ended, past the end of its window; the cap makes that at most a minute.
+	UnavailableRetryMaxDelay = time.Minute
+)
+
+// RetryDelay is an asynq.RetryDelayFunc that follows the runner's decision; retries a task
+// its worker died with after LeaseExpiredRetryDelay; and one that could not start because
+// Redis or PostgreSQL did not answer after 1 s doubling with its retry count n up to
+// UnavailableRetryMaxDelay, with equal jitter so that a fleet's backlog spreads out when
+// the server is back.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	var re *retryError
 	if errors.As(err, &re) {
+		if re.unavailable {
+			return retry.Equal(unavailableRetryBase, UnavailableRetryMaxDelay, n+1)
+		}
 		return re.delay
 	}
 	if errors.Is(err, asynq.ErrLeaseExpired) {
@@ -588,12 +605,16 @@ func IsFailure(err error) bool {
 
 // retryError asks asynq to retry the task after delay.
 type retryError struct {
-	delay   time.Duration
-	counted bool // false: not a failure (lease busy)
-	err     error
+	delay       time.Duration
+	unavailable bool // Redis or PostgreSQL did not answer: RetryDelay decides, not delay
+	counted     bool // false: not a failure (lease busy)
+	err         error
 }
 
 func (e *retryError) Error() string {
+	if e.unavailable {
+		return fmt.Sprintf("retry in %v doubling to %v: %v", unavailableRetryBase, UnavailableRetryMaxDelay, e.err)
+	}
 	return fmt.Sprintf("retry in %v: %v", e.delay.Round(time.Millisecond), e.err)
 }
 

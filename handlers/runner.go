@@ -696,7 +696,16 @@ func (r *Registry) notStarted(k *kind, job tasks.Payload, err error, log *slog.L
 		log.Error("task for a job that has no jobs row: revoked", "err", err)
 		return fmt.Errorf("%w: %w", asynq.RevokeTask, err)
 	}
-	return err // Redis or PostgreSQL unavailable: asynq retries with its own backoff
+	return unavailable(err)
+}
+
+// unavailable is the asynq error of a delivery that did not start because Redis or
+// PostgreSQL failed (err). RetryDelay waits for it by asynq's retry count, up to
+// UnavailableRetryMaxDelay. It counts against MaxRetry, the backstop (1,000 retries: over
+// 16 hours of outage at the cap; an archived task of a runnable job is the reconciler's
+// to repair). It is no failure of the job: its row is untouched, no attempt recorded.
+func unavailable(err error) error {
+	return &retryError{unavailable: true, counted: true, err: fmt.Errorf("not started: %w", err)}
 }
 
 // superseded: a newer attempt owns the job (or it is complete or failed); this delivery

@@ -203,8 +203,10 @@ func TestClusterFailover(t *testing.T) {
 				// master handed out just before it died (the dequeue replicated, the reply
 				// lost) sits "active" with no worker until asynq's recoverer retries it, 60 to
 				// 120 s later (a fixed one-minute sweep of leases expired 30 s ago); a job
-				// whose lease claim hit the dead node waits for asynq's default retry delay
-				// (15 to 45 s). Waiting for those would make the test minutes long: it waits
+				// whose lease claim hit the dead node waits in asynq's retry set (the runner's
+				// backoff for an unavailable server: 1 s doubling by asynq retry, up to
+				// handlers.UnavailableRetryMaxDelay). Waiting for those could make the test
+				// minutes long: it waits
 				// until every other job completed, and checks that each waiting job is not
 				// lost — asynq holds its task under a lease its recoverer expires, or in its
 				// retry set.

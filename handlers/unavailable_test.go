@@ -1,0 +1,73 @@
+package handlers_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// TestUnavailableRetryBounded: a delivery that can not start because PostgreSQL or Redis
+// does not answer (here: loopback port 1, where nothing listens) goes back to asynq with a
+// delay of 1 s doubling with asynq's retry count, never above UnavailableRetryMaxDelay —
+// asynq's own default, which the runner used before, is n⁴ s and more: hours after ten
+// retries, so a job that met an outage of half an hour would wait past its window. The
+// retry counts against MaxRetry (the backstop), and the job's row is untouched.
+func TestUnavailableRetryBounded(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	down, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/nowhere?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
+	redisDown := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 2 * time.Second, MaxRetries: -1})
+	t.Cleanup(func() { _ = redisDown.Close() })
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(*handlers.Config)
+		names  string // in the error asynq records
+	}{
+		{"PostgreSQL", func(c *handlers.Config) { c.Store = store.New(down) }, "127.0.0.1"},
+		{"Redis", func(c *handlers.Config) { c.Redis = redisDown }, "127.0.0.1:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := r.registry(t, tc.mutate)
+			key, task := r.job(t, "sku-down-"+tc.name)
+			err := reg.ProcessTask(ctx, task)
+			require.Error(t, err)
+			require.ErrorContains(t, err, "not started")
+			require.ErrorContains(t, err, tc.names)
+			require.True(t, handlers.IsFailure(err), "counts against MaxRetry, the backstop")
+
+			// The delay by asynq's retry count n: within [step/2, step], step = 1 s · 2ⁿ
+			// capped at UnavailableRetryMaxDelay.
+			for _, n := range []int{0, 1, 3, 5, 6, 10, 40, 999} {
+				step := handlers.UnavailableRetryMaxDelay
+				if n < 6 {
+					step = time.Second << n
+				}
+				for range 20 {
+					d := handlers.RetryDelay(n, err, task)
+					require.GreaterOrEqual(t, d, step/2, "retry %d", n)
+					require.LessOrEqual(t, d, step, "retry %d", n)
+				}
+			}
+			// The same through a service's asynq configuration, whose own RetryDelayFunc
+			// (asynq's default here) serves only its own task types.
+			cfg := reg.ServerConfig(asynq.Config{RetryDelayFunc: asynq.DefaultRetryDelayFunc, IsFailure: func(error) bool { return false }})
+			require.LessOrEqual(t, cfg.RetryDelayFunc(10, err, task), handlers.UnavailableRetryMaxDelay)
+			require.True(t, cfg.IsFailure(err))
+
+			job := requireState(t, r.st, key, tasks.StatePending, "the job's row is untouched")
+			require.Zero(t, job.Attempts, "no attempt recorded")
+		})
+	}
+}
