@@ -22,6 +22,7 @@ type metrics struct {
 	resent            *prometheus.CounterVec   // kind
 	leaseLosses       *prometheus.CounterVec   // kind
 	leaseBusy         *prometheus.CounterVec   // kind
+	unavailable       *prometheus.CounterVec   // kind
 	sessionRestarts   *prometheus.CounterVec   // kind, reason
 	commitSeconds     prometheus.Histogram
 	acknowledgedNoOps *prometheus.CounterVec // kind, state: deliveries of complete/failed jobs
@@ -98,6 +99,10 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_lease_busy_total",
 			Help: "Deliveries that found the job's lease held by another worker (not attempts; retried soon, not counted as failures).",
 		}, []string{"kind"}),
+		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_not_started_unavailable_total",
+			Help: "Deliveries that did not start because Redis or PostgreSQL did not answer (not attempts; retried after 1 s doubling to 1 min).",
+		}, []string{"kind"}),
 		sessionRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_session_restarts_total",
 			Help: "Workflow units replayed on a new session, by the category of the loss.",
@@ -158,7 +163,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
-		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
+		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

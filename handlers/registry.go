@@ -572,17 +572,19 @@ const LeaseExpiredRetryDelay = 5 * time.Second
 // not answer (a failover, a restart, a network cut).
 const (
 	unavailableRetryBase = time.Second
-	// UnavailableRetryMaxDelay caps it. asynq's default backoff (n⁴ s + 15 s and more)
-	// would leave a job that met a 30-minute outage waiting another 20 to 40 minutes after
-	// the outage ended, past the end of its window; the cap makes that at most a minute.
+	// UnavailableRetryMaxDelay caps it. asynq's default backoff (n⁴ + 15 + up to
+	// 30·(n+1) seconds) left a job that met a 30-minute outage waiting another 10 to 24
+	// minutes after it ended, more if it had failed before (n counts all its retries):
+	// often past the end of its window. The cap makes that at most a minute.
 	UnavailableRetryMaxDelay = time.Minute
 )
 
 // RetryDelay is an asynq.RetryDelayFunc that follows the runner's decision; retries a task
 // its worker died with after LeaseExpiredRetryDelay; and one that could not start because
 // Redis or PostgreSQL did not answer after 1 s doubling with its retry count n up to
-// UnavailableRetryMaxDelay, with equal jitter so that a fleet's backlog spreads out when
-// the server is back.
+// UnavailableRetryMaxDelay, with equal jitter (half the step fixed, half random: 0.5–1 s
+// first) so that a fleet's backlog spreads out when the server is back. asynq moves a due
+// retry to its queue every DelayedTaskCheckInterval (5 s by default) on top of that.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	var re *retryError
 	if errors.As(err, &re) {

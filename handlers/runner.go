@@ -695,16 +695,22 @@ func (r *Registry) notStarted(k *kind, job tasks.Payload, err error, log *slog.L
 		r.metrics.tasksDropped.WithLabelValues(k.name, "no_job_row").Inc()
 		log.Error("task for a job that has no jobs row: revoked", "err", err)
 		return fmt.Errorf("%w: %w", asynq.RevokeTask, err)
+	case errors.As(err, new(*store.TransitionError)), errors.Is(err, store.ErrGroupCommitterClosed):
+		// The row refused the start for a reason of its own, or this worker is closing:
+		// no outage, so not the short retry below (asynq's own backoff).
+		return err
 	}
-	return unavailable(err)
+	return r.unavailable(k, err)
 }
 
 // unavailable is the asynq error of a delivery that did not start because Redis or
 // PostgreSQL failed (err). RetryDelay waits for it by asynq's retry count, up to
-// UnavailableRetryMaxDelay. It counts against MaxRetry, the backstop (1,000 retries: over
-// 16 hours of outage at the cap; an archived task of a runnable job is the reconciler's
-// to repair). It is no failure of the job: its row is untouched, no attempt recorded.
-func unavailable(err error) error {
+// UnavailableRetryMaxDelay. It counts against MaxRetry, the backstop: at 30–60 s a retry,
+// the default 1,000 last some 8 to 17 hours of outage, a small MaxRetry (e.g. 25: 10 to 20
+// minutes) archives the task sooner, and the reconciler repairs an archived task of a
+// runnable job. It is no failure of the job: its row is untouched, no attempt recorded.
+func (r *Registry) unavailable(k *kind, err error) error {
+	r.metrics.unavailable.WithLabelValues(k.name).Inc()
 	return &retryError{unavailable: true, counted: true, err: fmt.Errorf("not started: %w", err)}
 }
 

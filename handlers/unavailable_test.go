@@ -7,10 +7,12 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 )
@@ -30,22 +32,35 @@ func TestUnavailableRetryBounded(t *testing.T) {
 	redisDown := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 2 * time.Second, MaxRetries: -1})
 	t.Cleanup(func() { _ = redisDown.Close() })
 
+	priced, err := r.prov.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: 1_000_000_000})
+	require.NoError(t, err)
+	window := handlers.WithWindowBudget(handlers.WindowBudget{Money: 1_000_000})
+
 	for _, tc := range []struct {
 		name   string
 		mutate func(*handlers.Config)
+		opts   []handlers.KindOption
 		names  string // in the error asynq records
 	}{
-		{"PostgreSQL", func(c *handlers.Config) { c.Store = store.New(down) }, "127.0.0.1"},
-		{"Redis", func(c *handlers.Config) { c.Redis = redisDown }, "127.0.0.1:1"},
+		{"PostgreSQL", func(c *handlers.Config) { c.Store = store.New(down) }, nil, "127.0.0.1"},
+		{"Redis", func(c *handlers.Config) { c.Redis = redisDown }, nil, "127.0.0.1:1"},
+		// A window with a money budget and no total in Redis yet: the reservation reads
+		// what the window spent from PostgreSQL, which does not answer.
+		{"WindowBudgetRestore", func(c *handlers.Config) { c.Store, c.Provider = store.New(down), priced }, []handlers.KindOption{window}, "127.0.0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			reg := r.registry(t, tc.mutate)
+			metrics := prometheus.NewRegistry()
+			reg := r.registry(t, func(c *handlers.Config) {
+				c.Registerer = metrics
+				tc.mutate(c)
+			}, tc.opts...)
 			key, task := r.job(t, "sku-down-"+tc.name)
 			err := reg.ProcessTask(ctx, task)
 			require.Error(t, err)
 			require.ErrorContains(t, err, "not started")
 			require.ErrorContains(t, err, tc.names)
 			require.True(t, handlers.IsFailure(err), "counts against MaxRetry, the backstop")
+			require.Equal(t, 1.0, sumCounter(t, metrics, "idemscrape_not_started_unavailable_total"))
 
 			// The delay by asynq's retry count n: within [step/2, step], step = 1 s · 2ⁿ
 			// capped at UnavailableRetryMaxDelay.

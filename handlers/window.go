@@ -149,10 +149,10 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 		// Redis has no total: PostgreSQL's record of what the window's attempts cost.
 		var spent int64
 		if spent, err = r.cfg.Store.WindowCost(ctx, k.name, window, price.Currency); err != nil {
-			return nil, nil, unavailable(err)
+			return nil, nil, r.unavailable(k, err)
 		}
 		if spent, err = r.windows.Restore(ctx, k.name, window, spent); err != nil {
-			return nil, nil, unavailable(err)
+			return nil, nil, r.unavailable(k, err)
 		}
 		r.metrics.windowRestores.WithLabelValues(k.name).Inc()
 		log.InfoContext(ctx, "window money budget restored from PostgreSQL", "window", window,
@@ -163,7 +163,7 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 		// The script may have run and its reply been lost: give back what it may hold
 		// (nothing, if it did not run), so the window need not wait for it to lapse.
 		r.settleWindow(ctx, k, &windowHold{window: window, owner: owner}, 0, log)
-		return nil, nil, unavailable(err)
+		return nil, nil, r.unavailable(k, err)
 	}
 	switch g.Admission {
 	case lua.Granted:

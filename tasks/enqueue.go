@@ -226,6 +226,9 @@ type EnqueuerConfig struct {
 	Normalizer *Normalizer
 	// MaxRetry is asynq's retry cap per task. Defaults to DefaultMaxRetry (1000: a
 	// backstop; the runner's attempt, time and bandwidth budgets decide long before).
+	// Deliveries that could not start because Redis or PostgreSQL did not answer count
+	// too, one every 30–60 s once the outage is long: 1,000 last 8 to 17 hours of it, 25
+	// 10 to 20 minutes (then the task is archived until the reconciler repairs it).
 	MaxRetry int
 	// Timeout is asynq's per-delivery timeout. Defaults to DefaultTimeout.
 	Timeout time.Duration
