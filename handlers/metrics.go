@@ -101,7 +101,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		}, []string{"kind"}),
 		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_not_started_unavailable_total",
-			Help: "Deliveries that did not start because Redis or PostgreSQL did not answer (not attempts; retried after 1 s doubling to 1 min).",
+			Help: "Deliveries that did not start because Redis or PostgreSQL did not answer (not attempts; retried after 0.5–1 s, doubling to at most 1 min).",
 		}, []string{"kind"}),
 		sessionRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_session_restarts_total",

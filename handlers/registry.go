@@ -615,7 +615,7 @@ type retryError struct {
 
 func (e *retryError) Error() string {
 	if e.unavailable {
-		return fmt.Sprintf("retry in %v doubling to %v: %v", unavailableRetryBase, UnavailableRetryMaxDelay, e.err)
+		return fmt.Sprintf("retry with backoff up to %v: %v", UnavailableRetryMaxDelay, e.err)
 	}
 	return fmt.Sprintf("retry in %v: %v", e.delay.Round(time.Millisecond), e.err)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemscrape/idemscrape/lua"
@@ -695,12 +696,29 @@ func (r *Registry) notStarted(k *kind, job tasks.Payload, err error, log *slog.L
 		r.metrics.tasksDropped.WithLabelValues(k.name, "no_job_row").Inc()
 		log.Error("task for a job that has no jobs row: revoked", "err", err)
 		return fmt.Errorf("%w: %w", asynq.RevokeTask, err)
-	case errors.As(err, new(*store.TransitionError)), errors.Is(err, store.ErrGroupCommitterClosed):
-		// The row refused the start for a reason of its own, or this worker is closing:
-		// no outage, so not the short retry below (asynq's own backoff).
+	case errors.As(err, new(*store.TransitionError)), errors.Is(err, store.ErrGroupCommitterClosed), refusedByPostgres(err):
+		// The row refused the start for a reason of its own, PostgreSQL refused the
+		// statement (e.g. a database not migrated), or this worker is closing: no outage,
+		// so not the short retry below (asynq's own backoff).
 		return err
 	}
 	return r.unavailable(k, err)
+}
+
+// refusedByPostgres: err is PostgreSQL's answer refusing a statement for a reason of its
+// own (an undefined table on a database not migrated, a constraint), which retrying soon
+// does not mend. Its SQLSTATE classes 08 (connection), 40 (serialization, deadlock), 53
+// (resources: too many connections, disk full) and 57 (shutdown, cancel) pass with time.
+func refusedByPostgres(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "08", "40", "53", "57":
+		return false
+	}
+	return true
 }
 
 // unavailable is the asynq error of a delivery that did not start because Redis or

@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -90,8 +91,9 @@ func TestUnavailableRetryBounded(t *testing.T) {
 	}
 }
 
-// TestPostgresOutage runs a real asynq server with the runner against a PostgreSQL server
-// of the test's own, stopped after the jobs were enqueued. Every delivery fails to start;
+// TestPostgresOutage runs a real asynq server with the runner, whose PostgreSQL goes through
+// a TCP proxy that refuses every connection after the jobs were enqueued (the shared server
+// itself is not touched). Every delivery fails to start;
 // each goes back to asynq's retry set due within UnavailableRetryMaxDelay (asynq's default
 // backoff put the first retry 15 to 45 s away and the fourth minutes away), counted in
 // idemscrape_not_started_unavailable_total, and no attempt is recorded. When PostgreSQL is
@@ -99,12 +101,12 @@ func TestUnavailableRetryBounded(t *testing.T) {
 func TestPostgresOutage(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, rigOpts{})
-	pgSrv := testutil.StartPostgres(t)
-	st := store.New(pgSrv.MigratedPool(t))
+	via, pgProxy := testutil.PoolVia(t, r.st.Pool())
+	st := store.New(via)
 
 	client := asynq.NewClient(r.ns.AsynqOpt())
 	t.Cleanup(func() { _ = client.Close() })
-	enq, err := tasks.NewEnqueuer(client, st, &tasks.EnqueuerConfig{Queue: r.ns.Queue, Redis: r.ns.Client})
+	enq, err := tasks.NewEnqueuer(client, r.st, &tasks.EnqueuerConfig{Queue: r.ns.Queue, Redis: r.ns.Client})
 	require.NoError(t, err)
 	const jobs = 4
 	keys := make([]string, jobs)
@@ -126,29 +128,62 @@ func TestPostgresOutage(t *testing.T) {
 	}
 	unavailable := func() float64 { return sumCounter(t, metrics, "idemscrape_not_started_unavailable_total") }
 
-	pgSrv.Stop()
+	pgProxy.Refuse()
 	srv := serve()
-	// Three failed starts per job: the retries are due after 0.5–1, 1–2 and 2–4 s (asynq's
-	// default backoff would take minutes, past WaitTimeout, to get here).
-	handlers.WaitUntil(t, "three failed starts per job", 50*time.Millisecond, func() bool { return unavailable() >= 3*jobs })
+	// Three failed starts per job on average: the retries are due after 0.5–1, 1–2 and
+	// 2–4 s (asynq's default backoff would take minutes, past WaitTimeout, to get here).
+	handlers.WaitUntil(t, "three failed starts per job on average", 50*time.Millisecond, func() bool { return unavailable() >= 3*jobs })
 	srv.Shutdown() // the deliveries in flight fail to start and go to the retry set too
 
+	// Each task waits in the retry set, due within UnavailableRetryMaxDelay, or is due
+	// already: the forwarder moved it to the queue and the processor, which polls an
+	// empty queue every 0.5–1.5 s, had not taken it when the server stopped.
 	for _, key := range keys {
 		due, err := r.ns.Client.ZScore(ctx, "asynq:{"+r.ns.Queue+"}:retry", key).Result()
-		require.NoError(t, err, "job %s: its task waits in the retry set", key)
+		if errors.Is(err, redis.Nil) {
+			_, err = r.ns.Client.LPos(ctx, "asynq:{"+r.ns.Queue+"}:pending", key, redis.LPosArgs{}).Result()
+			require.NoError(t, err, "job %s: its task is neither in the retry set nor pending", key)
+			continue
+		}
+		require.NoError(t, err)
 		// asynq stores the due time in whole seconds.
 		require.LessOrEqual(t, time.Unix(int64(due), 0), time.Now().Add(handlers.UnavailableRetryMaxDelay+time.Second),
 			"job %s: due within UnavailableRetryMaxDelay", key)
 	}
 
-	pgSrv.Start()
+	pgProxy.Accept()
 	srv = serve()
 	defer srv.Shutdown()
 	handlers.WaitUntil(t, "every job complete after the outage", 50*time.Millisecond, func() bool {
-		return testutil.Count(t, st.Pool(), `SELECT count(*) FROM jobs WHERE key = ANY($1) AND state = 'complete'`, keys) == jobs
+		return testutil.Count(t, r.st.Pool(), `SELECT count(*) FROM jobs WHERE key = ANY($1) AND state = 'complete'`, keys) == jobs
 	})
 	for _, key := range keys {
-		job := requireState(t, st, key, tasks.StateComplete)
+		job := requireState(t, r.st, key, tasks.StateComplete)
 		require.Equal(t, 1, job.Attempts, "job %s: the outage recorded no attempt", key)
 	}
+}
+
+// TestRefusedStartKeepsBackoff: PostgreSQL that answers and refuses the start (here: a
+// search_path without the schema, as a database not migrated: undefined table) is no
+// outage. The delivery keeps asynq's own backoff, is not counted as not started for an
+// outage, and the error says what PostgreSQL said.
+func TestRefusedStartKeepsBackoff(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	cfg := r.st.Pool().Config().Copy()
+	cfg.ConnConfig.RuntimeParams["search_path"] = "no_such_schema"
+	unmigrated, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(unmigrated.Close)
+
+	metrics := prometheus.NewRegistry()
+	reg := r.registry(t, func(c *handlers.Config) { c.Store, c.Registerer = store.New(unmigrated), metrics })
+	key, task := r.job(t, "sku-refused")
+	err = reg.ProcessTask(ctx, task)
+	require.Error(t, err)
+	require.ErrorContains(t, err, "42P01", "PostgreSQL's own code, for the operator")
+	require.NotContains(t, err.Error(), "not started")
+	require.Zero(t, sumCounter(t, metrics, "idemscrape_not_started_unavailable_total"))
+	require.GreaterOrEqual(t, handlers.RetryDelay(0, err, task), 15*time.Second, "asynq's own backoff (15 s and more)")
+	requireState(t, r.st, key, tasks.StatePending, "the job's row is untouched")
 }

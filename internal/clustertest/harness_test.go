@@ -222,14 +222,14 @@ func (w *world) waitFor(what string, within time.Duration, check func() (seen in
 	}
 }
 
-// waitTookEffect waits until the event of each job of keys (n of them) has been marked
+// waitTookEffect waits until the event of each job of keys has been marked
 // sent by a dispatcher and taken effect in the consumers' group. It counts those jobs'
 // events only: a job that completes later (one waiting on asynq) must not make up for one
 // of keys still in flight. The dispatcher marks a row sent after the stream has it, so a
 // consumer may take an event before its row says sent: both are waited for.
-func (w *world) waitTookEffect(n int, within time.Duration, keys []string) {
+func (w *world) waitTookEffect(within time.Duration, keys []string) {
 	w.t.Helper()
-	w.waitCount("events sent and taken effect", n, within, `SELECT count(*) FROM outbox o JOIN outbox_inbox i USING (event_key)
+	w.waitCount("events sent and taken effect", len(keys), within, `SELECT count(*) FROM outbox o JOIN outbox_inbox i USING (event_key)
 		WHERE i.consumer_group = $2 AND o.payload->>'job_key' = ANY($1) AND o.sent_at IS NOT NULL`, keys, consumerGroup)
 }
 
