@@ -1,4 +1,4 @@
-//go:build chaos_nofence
+//go:build chaos_nofence && !chaos_nofencepred
 
 package store
 
