@@ -34,9 +34,15 @@ const (
 	// DefaultRobotsErrorTTL is how long a robots.txt that answered 5xx counts as "disallow
 	// everything" before it is fetched again (RFC 9309 §2.3.1.4).
 	DefaultRobotsErrorTTL = time.Minute
-	// DefaultRobotsLockMargin is how much longer than the fetch it guards a robots.txt
-	// fetch lock lives (see RobotsConfig.LockMargin).
+	// DefaultRobotsLockMargin was how much longer than the fetch it guards a robots.txt
+	// fetch lock lived.
+	//
+	// Deprecated: the lock is a lease renewed while its fetch runs (RobotsConfig.LockWaitMax);
+	// RobotsConfig.LockMargin is ignored.
 	DefaultRobotsLockMargin = 5 * time.Second
+	// DefaultRobotsLockWaitMax caps a worker's wait for another worker's robots.txt fetch
+	// (see RobotsConfig.LockWaitMax).
+	DefaultRobotsLockWaitMax = 10 * time.Second
 	// DefaultRobotsLocalTTL caps how long a process keeps a robots.txt in memory without
 	// asking Redis again.
 	DefaultRobotsLocalTTL = 5 * time.Minute
@@ -62,15 +68,28 @@ type RobotsConfig struct {
 	// ErrorTTL is how long a 5xx robots.txt disallows everything before the next fetch.
 	// Defaults to DefaultRobotsErrorTTL.
 	ErrorTTL time.Duration
-	// LockMargin is how much longer than the robots.txt fetch's own timeout the fetch lock
-	// lives. The fetch is bounded by the collector's RequestTimeout as a whole (host-limit
-	// waits, every redirect and the body included), and its lock expires RequestTimeout +
-	// LockMargin after it was taken, so it can not expire while its fetch still runs: the
-	// margin covers the Redis round trips around the fetch and a short stall of the worker.
-	// Another worker of the origin waits at most its own RequestTimeout + LockMargin for
-	// the fetch before its attempt gives up as network (retryable). Defaults to
-	// DefaultRobotsLockMargin; at least 1ms.
+	// LockMargin was how much longer than the robots.txt fetch's own timeout the fetch lock
+	// lived. The waiting workers then waited longer than their own request's timeout, so a
+	// stopped holder made every request of the origin time out (and its unit restart on a
+	// new session) for RequestTimeout + LockMargin.
+	//
+	// Deprecated: ignored. The lock is a lease renewed while its fetch runs; see
+	// LockWaitMax.
 	LockMargin time.Duration
+	// LockWaitMax caps how long a worker waits for another worker's robots.txt fetch. The
+	// wait is a quarter of what is left of the waiting request's own time — its context's
+	// deadline, or the collector's RequestTimeout (Via.Timeout) if that is sooner — and at
+	// most LockWaitMax, so it ends well before the request would time out.
+	//
+	// The fetch lock is a lease of half the wait of a request with the holder's
+	// RequestTimeout (a quarter of it, at most LockWaitMax, halved), which the holder renews
+	// every third of the lease while its fetch runs. A holder that stops — paused, killed,
+	// cut off from Redis — frees the lock within one lease, before the waiting workers give
+	// up: the first to take it fetches robots.txt itself, through its own session. A lock
+	// still renewed when the wait ends (a live holder whose fetch is slow) ends the waiting
+	// request as network (retryable): its attempt is retried later, not replayed on a new
+	// session. Defaults to DefaultRobotsLockWaitMax; at least 1ms.
+	LockWaitMax time.Duration
 	// LocalTTL caps how long this process trusts its in-memory copy before reading Redis
 	// again (never past the entry's own expiry). Defaults to DefaultRobotsLocalTTL.
 	LocalTTL time.Duration
@@ -81,6 +100,9 @@ type RobotsConfig struct {
 	// proxy. Those bytes are the fleet's, not the job's: they never count against a job's
 	// bandwidth budget. It must not block.
 	OnFetch func(origin string, status int, bytes int64)
+	// OnLockWait, if set, is called when a wait for another worker's robots.txt fetch ends,
+	// with the origin and how it ended. It must not block.
+	OnLockWait func(origin string, outcome RobotsLockWait)
 	// Now is the clock of the in-memory copies. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -88,12 +110,15 @@ type RobotsConfig struct {
 // RobotsCache is robots.txt for a whole fleet: one entry per origin (scheme://host[:port])
 // in Redis with the file's TTL, fetched by one worker at a time, plus a small in-memory
 // copy per process. The fetch lock (lua.Keys.RobotsLock, SET NX PX) holds a random owner
-// token, lives longer than the fetch it guards (RequestTimeout + LockMargin) and is given
-// up by compare-and-delete (lua.Unlock): a worker whose lock did expire never deletes the
-// lock another worker took since. The others poll the entry until it appears or the lock
-// expires. A collector with a RobotsCache (sessions.CollectorConfig.Robots) checks every
-// hop against it (Check). The fetch goes through the session of the request that needed it
-// (Via: same proxy, same exit), and its bytes are reported to OnFetch instead of the job.
+// token, is a short lease its holder renews while the fetch runs (see
+// RobotsConfig.LockWaitMax) and is given up by compare-and-delete (lua.Unlock): a worker
+// whose lock did expire never deletes the lock another worker took since. The others poll
+// the entry until it appears or the lock ends, when the first to take the lock fetches;
+// they wait at most a quarter of their request's time (RobotsConfig.LockWaitMax), then end
+// the request as network (retryable). A collector with a RobotsCache
+// (sessions.CollectorConfig.Robots) checks every hop against it (Check). The fetch goes
+// through the session of the request that needed it (Via: same proxy, same exit), and its
+// bytes are reported to OnFetch instead of the job.
 //
 // Status handling follows RFC 9309: 2xx is parsed (temoto/robotstxt, as colly does), 4xx
 // allows everything, 5xx disallows everything for ErrorTTL — requests fail with category
@@ -104,7 +129,8 @@ type RobotsConfig struct {
 // allowed.
 //
 // Redis round trips per job: none while the in-memory copy is fresh; else one GET; the one
-// worker that fetches adds SET NX, GET, SET and the unlock script.
+// worker that fetches adds SET NX, GET, SET and the unlock script, and a renewal of the lock
+// (WATCH, GET, MULTI/PEXPIRE/EXEC) every third of its lease while the fetch runs.
 type RobotsCache struct {
 	cfg  RobotsConfig
 	keys lua.Keys
@@ -141,7 +167,7 @@ func NewRobotsCache(cfg RobotsConfig) (*RobotsCache, error) {
 		def  time.Duration
 	}{
 		{"TTL", &cfg.TTL, DefaultRobotsTTL}, {"MinTTL", &cfg.MinTTL, DefaultRobotsMinTTL},
-		{"ErrorTTL", &cfg.ErrorTTL, DefaultRobotsErrorTTL}, {"LockMargin", &cfg.LockMargin, DefaultRobotsLockMargin},
+		{"ErrorTTL", &cfg.ErrorTTL, DefaultRobotsErrorTTL}, {"LockWaitMax", &cfg.LockWaitMax, DefaultRobotsLockWaitMax},
 		{"LocalTTL", &cfg.LocalTTL, DefaultRobotsLocalTTL},
 	}
 	for _, d := range defaults {
@@ -194,7 +220,8 @@ type Via interface {
 // Check returns nil when robots.txt lets via's user agent fetch u, or the error the
 // request ends with: an *Error of category robots_disallowed (terminal) or
 // destination_error (a robots.txt that answered 5xx or 429: retried later), network (another
-// worker's fetch took too long), internal (Redis); a failure of the fetch itself, as via
+// worker's fetch still held the lock when this request's wait ended: see
+// RobotsConfig.LockWaitMax), internal (Redis); a failure of the fetch itself, as via
 // classified it; or ctx's cause.
 func (rc *RobotsCache) Check(ctx context.Context, via Via, u *url.URL) error {
 	if u.EscapedPath() == "/robots.txt" {
@@ -230,6 +257,28 @@ func origin(u *url.URL) string { return strings.ToLower(u.Scheme) + "://" + Host
 // robotsPoll is how often a worker waiting for another's fetch looks again.
 const robotsPoll = 50 * time.Millisecond
 
+// RobotsLockWait is how a worker's wait for another worker's robots.txt fetch ended
+// (RobotsConfig.OnLockWait).
+type RobotsLockWait string
+
+// The ends of a wait for another worker's robots.txt fetch.
+const (
+	// RobotsLockWaitEntry: the other worker's fetch arrived, and the request used it.
+	RobotsLockWaitEntry RobotsLockWait = "entry"
+	// RobotsLockWaitTookOver: the lock ended without an entry — its holder's fetch failed,
+	// or the holder stopped and its lease lapsed — and this worker took the lock and
+	// fetched robots.txt through its own session.
+	RobotsLockWaitTookOver RobotsLockWait = "took_over"
+	// RobotsLockWaitGaveUp: the lock was still held when the wait's bound passed, and the
+	// request ended as network (retryable).
+	RobotsLockWaitGaveUp RobotsLockWait = "gave_up"
+)
+
+// robotsWaitShare: a worker waits for another's fetch at most 1/robotsWaitShare of what is
+// left of its request's time, so that the request still has the rest for its own fetch of
+// robots.txt (when the lock ends) and its page, instead of timing out in the wait.
+const robotsWaitShare = 4
+
 // entry returns the origin's robots.txt: from memory, from Redis, or fetched through via.
 func (rc *RobotsCache) entry(ctx context.Context, via Via, org string) (*robotsEntry, error) {
 	now := rc.cfg.Now()
@@ -240,14 +289,23 @@ func (rc *RobotsCache) entry(ctx context.Context, via Via, org string) (*robotsE
 		return l.entry, nil
 	}
 	key, lockKey := rc.keys.Robots(org), rc.keys.RobotsLock(org)
-	lockTTL := rc.lockTTL(via)
-	deadline := time.Now().Add(lockTTL + robotsPoll)
-	owner := "" // this call's lock value (random, made when first needed): only this call gives the lock up
+	lease := rc.lockLease(via)
+	var (
+		owner   string        // this call's lock value (random, made when first needed): only this call gives the lock up
+		wait    time.Duration // how long this call waits for another's fetch (lockWait)
+		waitEnd time.Time     // when that wait ends; zero until this call first finds the lock taken
+	)
+	waited := func(outcome RobotsLockWait) {
+		if !waitEnd.IsZero() && rc.cfg.OnLockWait != nil {
+			rc.cfg.OnLockWait(org, outcome)
+		}
+	}
 	for {
 		raw, err := rc.cfg.Redis.Get(ctx, key).Result()
 		switch {
 		case err == nil:
 			if e, derr := decodeRobots(raw); derr == nil {
+				waited(RobotsLockWaitEntry)
 				rc.remember(org, e)
 				return e, nil
 			}
@@ -258,7 +316,7 @@ func (rc *RobotsCache) entry(ctx context.Context, via Via, org string) (*robotsE
 		if owner == "" {
 			owner = rand.Text()
 		}
-		got, err := rc.cfg.Redis.SetNX(ctx, lockKey, owner, lockTTL).Result()
+		got, err := rc.cfg.Redis.SetNX(ctx, lockKey, owner, lease).Result()
 		if err != nil {
 			return nil, rc.redisFailure(ctx, org, err)
 		}
@@ -268,32 +326,24 @@ func (rc *RobotsCache) entry(ctx context.Context, via Via, org string) (*robotsE
 			if raw, err := rc.cfg.Redis.Get(ctx, key).Result(); err == nil {
 				if e, derr := decodeRobots(raw); derr == nil {
 					rc.unlock(ctx, lockKey, owner)
+					waited(RobotsLockWaitEntry)
 					rc.remember(org, e)
 					return e, nil
 				}
 			}
-			e, ferr := rc.fetch(ctx, via, org)
-			if ferr != nil {
-				// Not the host's answer (session lost, proxy refusal, timeout): nothing is
-				// cached, the next worker may try at once.
-				rc.unlock(ctx, lockKey, owner)
-				return nil, ferr
-			}
-			ttl := time.Duration(e.Expires-rc.cfg.Now().UnixMilli()) * time.Millisecond
-			raw, _ := json.Marshal(e)
-			if err := rc.cfg.Redis.Set(ctx, key, raw, max(ttl, time.Millisecond)).Err(); err != nil {
-				rc.unlock(ctx, lockKey, owner)
-				return nil, rc.redisFailure(ctx, org, err)
-			}
-			rc.unlock(ctx, lockKey, owner)
-			rc.remember(org, e)
-			return e, nil
+			waited(RobotsLockWaitTookOver)
+			return rc.fetchLocked(ctx, via, org, key, lockKey, owner, lease)
 		}
-		if !time.Now().Before(deadline) {
+		if waitEnd.IsZero() {
+			wait = rc.lockWait(ctx, via)
+			waitEnd = time.Now().Add(wait)
+		}
+		if !time.Now().Before(waitEnd) {
+			waited(RobotsLockWaitGaveUp)
 			return nil, &Error{Category: tasks.CategoryNetwork,
-				Err: fmt.Errorf("robots.txt of %s: another worker has been fetching it for more than %v; retried later", org, lockTTL)}
+				Err: fmt.Errorf("robots.txt of %s: another worker's fetch still holds the lock after this request waited %v for it (a quarter of its time, at most LockWaitMax); retried later", org, wait.Round(time.Millisecond))}
 		}
-		t := time.NewTimer(robotsPoll)
+		t := time.NewTimer(min(robotsPoll, time.Until(waitEnd)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -303,15 +353,114 @@ func (rc *RobotsCache) entry(ctx context.Context, via Via, org string) (*robotsE
 	}
 }
 
+// fetchLocked fetches org's robots.txt through via under the fetch lock this call holds
+// (lockKey = owner, with lease), stores it under key for its TTL and gives the lock up. The
+// lock is renewed while the fetch runs (keepLock).
+func (rc *RobotsCache) fetchLocked(ctx context.Context, via Via, org, key, lockKey, owner string, lease time.Duration) (*robotsEntry, error) {
+	stop := rc.keepLock(ctx, lockKey, owner, lease)
+	defer rc.unlock(ctx, lockKey, owner) // deferred first: runs after stop, so no renewal follows the unlock
+	defer stop()
+	e, err := rc.fetch(ctx, via, org)
+	if err != nil {
+		// Not the host's answer (session lost, proxy refusal, timeout): nothing is cached,
+		// the next worker may try at once.
+		return nil, err
+	}
+	ttl := time.Duration(e.Expires-rc.cfg.Now().UnixMilli()) * time.Millisecond
+	raw, _ := json.Marshal(e)
+	if err := rc.cfg.Redis.Set(ctx, key, raw, max(ttl, time.Millisecond)).Err(); err != nil {
+		return nil, rc.redisFailure(ctx, org, err)
+	}
+	rc.remember(org, e)
+	return e, nil
+}
+
 // robotsUnlockTimeout bounds giving a fetch lock up, which runs even when the request's
 // context is done (else the lock would hold the others back until it expires).
 const robotsUnlockTimeout = 5 * time.Second
 
-// lockTTL is how long the fetch lock of a fetch through via lives: strictly longer than the
-// fetch (via.Timeout, plus LockMargin, at least 1ms), so it can not expire while the fetch
-// runs.
-func (rc *RobotsCache) lockTTL(via Via) time.Duration {
-	return via.Timeout() + rc.cfg.LockMargin
+// lockWait is how long a request waits for another worker's fetch: a quarter of what is
+// left of its time (ctx's deadline, or via.Timeout if sooner), at most LockWaitMax. A
+// request of the holder's RequestTimeout waits two of the holder's leases (lockLease), so
+// a stopped holder's lock lapses while the others still wait.
+func (rc *RobotsCache) lockWait(ctx context.Context, via Via) time.Duration {
+	left := via.Timeout()
+	if dl, ok := ctx.Deadline(); ok {
+		left = min(left, time.Until(dl))
+	}
+	return max(min(left/robotsWaitShare, rc.cfg.LockWaitMax), 0)
+}
+
+// lockLease is the fetch lock's lease for a fetch through via: half the wait of a request
+// with via's whole RequestTimeout (lockWait), at least 1ms. Its holder renews it every third
+// of it while the fetch runs (keepLock), so the lock lives as long as the fetch, however
+// slow, but a holder that stops frees it within one lease.
+func (rc *RobotsCache) lockLease(via Via) time.Duration {
+	return max(min(via.Timeout()/robotsWaitShare, rc.cfg.LockWaitMax)/2, time.Millisecond)
+}
+
+// keepLock renews the fetch lock (lockKey = owner) to lease every third of lease until
+// stop is called, which waits for the renewals to end. It stops on its own once a renewal
+// finds the lock gone or another's: this process stalled past the lease and another worker
+// may be fetching by now. This fetch still ends and stores its answer (the same file, or a
+// fresher one). A renewal that fails (Redis) is tried again at the next tick: the lease
+// leaves two of them before it lapses.
+func (rc *RobotsCache) keepLock(ctx context.Context, lockKey, owner string, lease time.Duration) (stop func()) {
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(max(lease/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rctx, cancel := context.WithTimeout(ctx, lease)
+			held, err := rc.renewLock(rctx, lockKey, owner, lease)
+			cancel()
+			if err == nil && !held {
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
+	}
+}
+
+// renewLock extends the fetch lock to lease if it still holds owner: WATCH, GET, then
+// MULTI/PEXPIRE/EXEC, which Redis refuses if the lock changed since the GET. A
+// compare-and-expire without a script, as the lease scripts of package lua are written for
+// job keys (lua/renew.lua does the same for those). held is false when the lock is gone or
+// another's.
+func (rc *RobotsCache) renewLock(ctx context.Context, lockKey, owner string, lease time.Duration) (held bool, err error) {
+	err = rc.cfg.Redis.Watch(ctx, func(tx *redis.Tx) error {
+		cur, err := tx.Get(ctx, lockKey).Result()
+		if err != nil || cur != owner {
+			return err // redis.Nil: gone
+		}
+		var expire *redis.BoolCmd
+		if _, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			expire = p.PExpire(ctx, lockKey, lease)
+			return nil
+		}); err != nil {
+			return err
+		}
+		held = expire.Val()
+		return nil
+	}, lockKey)
+	if errors.Is(err, redis.Nil) || errors.Is(err, redis.TxFailedErr) {
+		// Gone, or changed between the GET and the EXEC: only an expiry and another
+		// worker's SET NX change it, so it is not ours any more.
+		return false, nil
+	}
+	return held, err
 }
 
 // unlock gives the fetch lock up if it still holds owner (lua.Unlock). A lock that expired,
@@ -401,7 +550,7 @@ func (rc *RobotsCache) fetch(ctx context.Context, via Via, org string) (*robotsE
 			rc.cfg.OnFetch(org, status, moved.Load())
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, via.Timeout()) // the lock outlives it: lockTTL
+	ctx, cancel := context.WithTimeout(ctx, via.Timeout()) // the lock is renewed while it runs: keepLock
 	defer cancel()
 	target := org + "/robots.txt"
 	for hop := 0; ; hop++ {
