@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemscrape/idemscrape/politeness"
 )
 
 // metrics are the runner's Prometheus metrics. All are registered on the Registerer of
@@ -36,6 +38,7 @@ type metrics struct {
 	hostsPaused       prometheus.GaugeFunc
 	robotsFetches     *prometheus.CounterVec // status class
 	robotsBytes       prometheus.Counter
+	robotsLockWaits   *prometheus.CounterVec // outcome
 	savedInputs       *prometheus.CounterVec // kind, result (saved, truncated, error)
 }
 
@@ -161,6 +164,16 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_robots_bytes_total",
 			Help: "Bytes robots.txt fetches moved through the proxy: the fleet's overhead, not counted against any job's budget.",
 		}),
+	}
+	m.robotsLockWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemscrape_robots_lock_waits_total",
+		Help: "Waits for another worker's robots.txt fetch, by how they ended: entry (its fetch arrived), took_over (its lock ended without one: its fetch failed, or the worker stopped and its lease lapsed; this worker fetched), gave_up (the lock was still held after a quarter of the request's time: the attempt ended as network).",
+	}, []string{"outcome"})
+	for _, o := range []politeness.RobotsLockWait{politeness.RobotsLockWaitEntry, politeness.RobotsLockWaitTookOver, politeness.RobotsLockWaitGaveUp} {
+		m.robotsLockWaits.WithLabelValues(string(o)) // every outcome from the start, at 0
+	}
+	if err := reg.Register(m.robotsLockWaits); err != nil {
+		return nil, err
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
 		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {

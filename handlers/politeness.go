@@ -16,7 +16,8 @@ import (
 //   - robots.txt: every registry shares one politeness.RobotsCache in Redis under KeyPrefix
 //     (unless Config.Collector.IgnoreRobotsTxt, or a cache of its own in
 //     Config.Collector.Robots); its fetches count in idemscrape_robots_fetches_total and
-//     idemscrape_robots_bytes_total, not against the job.
+//     idemscrape_robots_bytes_total, not against the job, and the waits for another
+//     worker's fetch in idemscrape_robots_lock_waits_total by how they ended.
 //   - rate limits and pauses: Config.HostLimits, Config.DefaultHostLimit and
 //     Config.HostWaitMax make the registry's politeness.Limits; each kind paces its requests
 //     through a politeness.Limiter of its own (with WithHostLimit's limit), set as the
@@ -70,11 +71,15 @@ func (r *Registry) newRobots() error {
 	}
 	robotsBytes := r.metrics.robotsBytes
 	robotsFetches := r.metrics.robotsFetches
+	robotsLockWaits := r.metrics.robotsLockWaits
 	cache, err := politeness.NewRobotsCache(politeness.RobotsConfig{
 		Redis: r.cfg.Redis, KeyPrefix: r.cfg.KeyPrefix,
 		OnFetch: func(_ string, status int, bytes int64) {
 			robotsBytes.Add(float64(bytes))
 			robotsFetches.WithLabelValues(statusClass(status)).Inc()
+		},
+		OnLockWait: func(_ string, outcome politeness.RobotsLockWait) {
+			robotsLockWaits.WithLabelValues(string(outcome)).Inc()
 		},
 	})
 	if err != nil {

@@ -355,6 +355,32 @@ func labelled(m *dto.Metric, name, value string) bool {
 	return false
 }
 
+// robotsLockTaken is a Redis hook that closes taken when a SET NX of key fails: the
+// worker behind the client found the robots.txt lock held by another.
+type robotsLockTaken struct {
+	key   string
+	taken chan struct{}
+	once  sync.Once
+}
+
+func (h *robotsLockTaken) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *robotsLockTaken) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if bc, ok := cmd.(*redis.BoolCmd); ok && err == nil && !bc.Val() && len(args) > 1 &&
+			strings.EqualFold(fmt.Sprint(args[0]), "set") && fmt.Sprint(args[1]) == h.key {
+			h.once.Do(func() { close(h.taken) })
+		}
+		return err
+	}
+}
+
+func (h *robotsLockTaken) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // fleetCounter sums a counter over every registry, for metrics whose labels match.
 func fleetCounter(t *testing.T, regs []*handlers.Registry, name, label, value string) float64 {
 	t.Helper()
@@ -417,6 +443,71 @@ func TestRobotsFetchedOncePerHost(t *testing.T) {
 		require.Len(t, atts, 1)
 		assert.Contains(t, atts[0].Error, "robots.txt of "+r.site.URL+" disallows /private/report")
 		assert.Zero(t, r.site.Hits("/private/report"))
+	})
+	// Another worker holds the origin's robots.txt lock: the job's request waits for it,
+	// and idemscrape_robots_lock_waits_total counts how the wait ended.
+	t.Run("LockWaitsCounted", func(t *testing.T) {
+		for _, tc := range []struct {
+			name    string
+			lapse   bool // the holder stops: its lease lapses while the job waits
+			outcome politeness.RobotsLockWait
+			state   tasks.JobState
+		}{
+			{"HolderStopped", true, politeness.RobotsLockWaitTookOver, tasks.StateComplete},
+			{"HolderStillFetching", false, politeness.RobotsLockWaitGaveUp, tasks.StateRetryable},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := newRig(t, rigOpts{})
+				keys, err := lua.NewKeys(r.ns.Prefix)
+				require.NoError(t, err)
+				lockKey := keys.RobotsLock(strings.ToLower(r.site.URL))
+				taken := &robotsLockTaken{key: lockKey, taken: make(chan struct{})}
+				rdb := redis.NewClient(&redis.Options{Addr: r.ns.Addr})
+				t.Cleanup(func() { _ = rdb.Close() })
+				rdb.AddHook(taken)
+				reg := r.registry(t, func(c *handlers.Config) { c.Redis = rdb })
+				ok, err := r.ns.Client.SetNX(ctx, lockKey, "another-worker", time.Hour).Result()
+				require.NoError(t, err)
+				require.True(t, ok)
+
+				key, task := r.job(t, "sku-1")
+				done := make(chan error, 1)
+				go func() { done <- reg.ProcessTask(ctx, task) }()
+				select {
+				case <-taken.taken: // the job's request found the lock held, and waits
+				case err := <-done:
+					t.Fatalf("the job ended without waiting for the lock: %v", err)
+				case <-time.After(time.Minute): // a hang guard, not a timing
+					t.Fatal("the job never tried the lock")
+				}
+				if tc.lapse {
+					require.NoError(t, r.ns.Client.Del(ctx, lockKey).Err()) // what the lapse leaves
+				}
+				var perr error
+				select {
+				case perr = <-done:
+				case <-time.After(time.Minute): // a hang guard, not a timing
+					t.Fatal("the job did not end")
+				}
+				if tc.state == tasks.StateComplete {
+					require.NoError(t, perr)
+					requireJob(t, r.st, key, tasks.StateComplete, "")
+					assert.Equal(t, 1, r.site.RobotsHits(), "the waiting worker fetched robots.txt")
+				} else {
+					assert.True(t, decisionOf(perr).Retry, "retryable: %v", perr)
+					requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryNetwork)
+					assert.Zero(t, r.site.RobotsHits(), "not fetched while another worker's lock is held")
+				}
+				regs := []*handlers.Registry{reg}
+				for _, o := range []politeness.RobotsLockWait{politeness.RobotsLockWaitEntry, politeness.RobotsLockWaitTookOver, politeness.RobotsLockWaitGaveUp} {
+					want := 0.0
+					if o == tc.outcome {
+						want = 1
+					}
+					assert.Equal(t, want, fleetCounter(t, regs, "idemscrape_robots_lock_waits_total", "outcome", string(o)), "outcome %s", o)
+				}
+			})
+		}
 	})
 	t.Run("ServerErrorRobotsJobsWait", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
