@@ -8,6 +8,10 @@
 //     TTL (Cache-Control, clamped to [RobotsConfig.MinTTL, RobotsConfig.TTL]), with a short
 //     in-memory copy per process. The fetch goes through the session of the request that
 //     needed it (Via), and its bytes are the fleet's (RobotsConfig.OnFetch), never the job's.
+//     The lock is a short lease renewed while the fetch runs, and the others wait for it at
+//     most a quarter of their request's time (RobotsConfig.LockWaitMax): a holder that stops
+//     frees it within the wait, and the first waiting worker fetches instead; a live holder
+//     still fetching then ends the waiting request as network (retryable).
 //     Status handling follows RFC 9309: a disallowed path is terminal (robots_disallowed), a
 //     robots.txt answering 5xx or 429 disallows everything for a while, retryably
 //     (destination_error).
