@@ -244,6 +244,8 @@ func TestRobotsLockHolderPaused(t *testing.T) {
 	got, err := ns.Client.Get(bg, lockKey).Result()
 	require.NoError(t, err, "the other worker's lock is still there")
 	assert.Equal(t, "other-worker", got)
+	assert.Greater(t, ns.Client.PTTL(bg, lockKey).Val(), requestTimeout/4/2,
+		"with its own expiry: the continued holder's renewal did not shorten it to its lease")
 	after, err := ns.Client.Get(bg, keys.Robots(org)).Result()
 	require.NoError(t, err)
 	assert.JSONEq(t, stripExpires(t, entry), stripExpires(t, after), "the same robots.txt")
