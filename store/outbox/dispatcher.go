@@ -120,7 +120,9 @@ type DispatcherConfig struct {
 	// DefaultDispatchBatchSize.
 	BatchSize int
 	// PollInterval is the longest an idle dispatcher waits before it looks for unsent rows
-	// without a notification. Defaults to DefaultPollInterval.
+	// without a notification; also the most time between two checks of every stream's
+	// epoch and length by the background loop, busy or idle. Defaults to
+	// DefaultPollInterval.
 	PollInterval time.Duration
 	// DisableNotify turns off LISTEN on NotifyChannel: the dispatcher only polls. Defaults
 	// to false (listen).

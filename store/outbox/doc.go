@@ -91,7 +91,11 @@
 //
 // What it cannot see: an event published and consumed before the snapshot is not
 // republished (nothing was lost for it), and XDEL of the newest entries by hand is not a
-// loss. Likewise after an upgrade, events left unconsumed in a stream under an old key
+// loss. A copy that comes back while a batch is between its XADDs and its commit, without
+// that batch's entries, is missed if batches that checked the stream against an older
+// count (claimed before that commit) append at least as many entries to the copy as it
+// lacks before any batch checks it against the committed count: a window of a batch's
+// commit, which a failover, during which publishes fail, usually outlasts. Likewise after an upgrade, events left unconsumed in a stream under an old key
 // name stay there; an operator republishes them, by hand:
 //
 //	UPDATE outbox SET sent_at = NULL
@@ -216,6 +220,8 @@
 //	idemscrape_outbox_remarked_total{topic}       sent rows marked unsent again after a loss
 //	idemscrape_outbox_stream_capped_total{topic}  entries the length cap removed
 //	idemscrape_outbox_stream_cap_lost_total{topic,group}  of those, entries the group had not acknowledged
+//	idemscrape_outbox_stream_length{topic}        XLEN, read with each batch and every PollInterval
+//	idemscrape_outbox_stream_max_length{topic}    the length cap (MaxLen)
 //	idemscrape_outbox_deduplicated_total{group}   duplicates acknowledged without the handler
 //	idemscrape_outbox_claimed_total{group}        entries reclaimed with XAUTOCLAIM
 //	idemscrape_outbox_lost_total{group}           pending entries deleted or trimmed away
