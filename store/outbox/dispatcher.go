@@ -496,9 +496,10 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 }
 
 // markSentSQL marks a batch's rows sent and raises the entries-added PostgreSQL records of
-// each stream the batch published to (to the count read after the batch's XADDs; the
-// greatest such count of the committed batches), in one statement. The epochs rows are locked in
-// topic order, so that two batches over the same topics can not deadlock.
+// each stream the batch published to (to the count read after the batch's XADDs: the
+// record is the greatest such count of the committed batches), in one statement. The
+// epochs rows are locked in topic order, so that two batches over the same topics can not
+// deadlock.
 const markSentSQL = `
 WITH sent AS (
 	UPDATE outbox SET sent_at = now() WHERE id = ANY($1)
@@ -536,9 +537,9 @@ WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE OF outbox SKIP LOCKED`, d.
 // PublishAttempts rounds. published[i] reports whether row i's XADD succeeded. Each round
 // reads, after its XADDs and in the same pipeline, the state of each stream it appended to
 // (state.lua): after holds, per topic, the read that followed the topic's last XADD (its
-// err set when that read failed). The first round also caps the streams of the
-// topics in caps (cap.lua after the XADDs, in the same pipeline); capAgain lists the topics
-// whose cap must run again on its own (the script was not cached, or the step left entries
+// err set when that read failed). The first round also caps the streams of the topics in
+// caps (cap.lua after the XADDs, in the same pipeline); capAgain lists the topics whose
+// cap must run again on its own (the script was not cached, or the step left entries
 // above the cap).
 func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow, caps []string) (published []bool, capAgain []string, after map[string]epochState, err error) {
 	published = make([]bool, len(rows))
