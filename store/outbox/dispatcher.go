@@ -120,7 +120,9 @@ type DispatcherConfig struct {
 	// DefaultDispatchBatchSize.
 	BatchSize int
 	// PollInterval is the longest an idle dispatcher waits before it looks for unsent rows
-	// without a notification. Defaults to DefaultPollInterval.
+	// without a notification; also the most time between two checks of every stream's
+	// epoch and length by the background loop, busy or idle. Defaults to
+	// DefaultPollInterval.
 	PollInterval time.Duration
 	// DisableNotify turns off LISTEN on NotifyChannel: the dispatcher only polls. Defaults
 	// to false (listen).
@@ -308,7 +310,8 @@ type Dispatcher struct {
 	floors    map[string]int64  // topic → the entries-added of its stream PostgreSQL recorded, as last read
 	refreshed time.Time         // when the idle check last read every epoch from PostgreSQL
 
-	beforeSettle func(topics []string) // test hook (export_test.go): a batch found topics unsettled
+	beforeSettle  func(topics []string) // test hook (export_test.go): a batch found topics unsettled
+	beforePublish func(topics []string) // test hook (export_test.go): a batch checked its streams
 }
 
 // NewDispatcher returns a dispatcher that reads the outbox table through pool and
@@ -426,9 +429,12 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 		}
 		floors[r.topic] = r.added
 	}
-	unsettled, states, err := d.unsettled(ctx, tx, topics, floors)
+	unsettled, err = d.unsettled(ctx, tx, topics, floors)
 	if err != nil || len(unsettled) > 0 {
 		return 0, unsettled, err
+	}
+	if d.beforePublish != nil {
+		d.beforePublish(topics)
 	}
 
 	// The topics due for a trim get their length cap in the XADD pipeline (no round trip
@@ -438,26 +444,34 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 	if d.cfg.MaxLen != NoMaxLen {
 		caps = due
 	}
-	published, capAgain, err := d.publish(ctx, rows, caps)
+	published, capAgain, after, err := d.publish(ctx, rows, caps)
 	if err != nil {
 		d.countRepublished(rows, published)
 		return 0, nil, err
+	}
+	// What PostgreSQL records of each stream: its entries-added as read right after the
+	// batch's last XADD to it (in the XADDs' pipeline). The batch's entries lie within that
+	// count whatever other dispatchers appended before, between or after them, so a copy of
+	// the stream that lacks any of them has fewer entries added. (What the stream had before
+	// the batch plus the batch's own would not do: batches that read the stream before
+	// either appended would each record less than both added.)
+	added := make([]int64, len(topics))
+	for i, t := range topics {
+		s := after[t] // every topic of the batch: publish succeeded
+		if s.err != nil {
+			// The read in the pipeline failed: a connection that broke after the XADDs, or a
+			// NOSCRIPT (Redis restarted since the check). A read in another round trip might
+			// reach a Redis that came back without the batch's entries, and record a count
+			// that misses them: the batch rolls back instead, and its rows go again.
+			d.countRepublished(rows, published)
+			return 0, nil, fmt.Errorf("outbox: dispatch: read the entries-added of %q's stream after publishing (the batch rolls back; its rows are published again): %w", t, s.err)
+		}
+		added[i] = s.added
 	}
 
 	ids := make([]int64, len(rows))
 	for i, r := range rows {
 		ids[i] = r.id
-	}
-	// What each stream has had added at least, now: what it had before the batch plus the
-	// batch's entries (other dispatchers may have added more meanwhile).
-	added := make([]int64, len(topics))
-	for i, t := range topics {
-		added[i] = states[t].added
-	}
-	for i, r := range rows {
-		if published[i] {
-			added[slices.Index(topics, r.topic)]++
-		}
 	}
 	if d.cfg.AfterPublish != nil {
 		if err := d.cfg.AfterPublish(ids); err != nil {
@@ -482,8 +496,10 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 }
 
 // markSentSQL marks a batch's rows sent and raises the entries-added PostgreSQL records of
-// each stream the batch published to, in one statement. The epochs rows are locked in
-// topic order, so that two batches over the same topics can not deadlock.
+// each stream the batch published to (to the count read after the batch's XADDs: the
+// record is the greatest such count of the committed batches), in one statement. The
+// epochs rows are locked in topic order, so that two batches over the same topics can not
+// deadlock.
 const markSentSQL = `
 WITH sent AS (
 	UPDATE outbox SET sent_at = now() WHERE id = ANY($1)
@@ -518,12 +534,16 @@ WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE OF outbox SKIP LOCKED`, d.
 }
 
 // publish XADDs rows in one pipeline, retrying only the XADDs that failed, up to
-// PublishAttempts rounds. published[i] reports whether row i's XADD succeeded. The first
-// round also caps the streams of the topics in caps (cap.lua after the XADDs, in the same
-// pipeline); capAgain lists the topics whose cap must run again on its own (the script
-// was not cached, or the step left entries above the cap).
-func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow, caps []string) (published []bool, capAgain []string, err error) {
+// PublishAttempts rounds. published[i] reports whether row i's XADD succeeded. Each round
+// reads, after its XADDs and in the same pipeline, the state of each stream it appended to
+// (state.lua): after holds, per topic, the read that followed the topic's last XADD (its
+// err set when that read failed). The first round also caps the streams of the topics in
+// caps (cap.lua after the XADDs, in the same pipeline); capAgain lists the topics whose
+// cap must run again on its own (the script was not cached, or the step left entries
+// above the cap).
+func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow, caps []string) (published []bool, capAgain []string, after map[string]epochState, err error) {
 	published = make([]bool, len(rows))
+	after = make(map[string]epochState)
 	todo := make([]int, len(rows))
 	for i := range rows {
 		todo[i] = i
@@ -531,20 +551,20 @@ func (d *Dispatcher) publish(ctx context.Context, rows []outboxRow, caps []strin
 	for attempt := 1; ; attempt++ {
 		var failed []int
 		var capCmds []*redis.Cmd
-		failed, capCmds, err = d.xadd(ctx, rows, todo, published, caps)
+		failed, capCmds, err = d.xadd(ctx, rows, todo, published, caps, after)
 		capAgain = append(capAgain, d.capped(ctx, caps, capCmds)...)
 		caps = nil
 		if err == nil {
-			return published, capAgain, nil
+			return published, capAgain, after, nil
 		}
 		d.log.WarnContext(ctx, "outbox: publish failed", "attempt", attempt, "of", d.cfg.PublishAttempts,
 			"failed", len(failed), "batch", len(rows), "err", err)
 		if attempt >= d.cfg.PublishAttempts {
-			return published, nil, fmt.Errorf("outbox: dispatch: publish %d of %d rows failed after %d attempts: %w",
+			return published, nil, nil, fmt.Errorf("outbox: dispatch: publish %d of %d rows failed after %d attempts: %w",
 				len(failed), len(rows), attempt, err)
 		}
 		if !retry.Sleep(ctx, retry.Equal(d.cfg.RetryBackoff, d.cfg.RetryBackoffMax, attempt)) {
-			return published, nil, fmt.Errorf("outbox: dispatch: publish: %w (last error: %v)", context.Cause(ctx), err)
+			return published, nil, nil, fmt.Errorf("outbox: dispatch: publish: %w (last error: %v)", context.Cause(ctx), err)
 		}
 		todo = failed
 	}
@@ -575,10 +595,19 @@ func (d *Dispatcher) capped(ctx context.Context, caps []string, cmds []*redis.Cm
 	return again
 }
 
-func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, published []bool, caps []string) (failed []int, capCmds []*redis.Cmd, err error) {
+// xadd is one round of publish: the XADDs of the rows todo, the caps, then state.lua for
+// each stream the XADDs append to (after[topic] replaced by its reply), in one pipeline.
+func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, published []bool, caps []string, after map[string]epochState) (failed []int, capCmds []*redis.Cmd, err error) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
 	defer cancel()
 	cmds := make([]*redis.StringCmd, len(todo))
+	var topics []string
+	for _, i := range todo {
+		if !slices.Contains(topics, rows[i].topic) {
+			topics = append(topics, rows[i].topic)
+		}
+	}
+	stateCmds := make([]*redis.Cmd, len(topics))
 	capCmds = make([]*redis.Cmd, len(caps))
 	_, err = d.rdb.Pipelined(rctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
@@ -597,8 +626,21 @@ func (d *Dispatcher) xadd(ctx context.Context, rows []outboxRow, todo []int, pub
 		for k, topic := range caps {
 			capCmds[k] = capScript.EvalSha(rctx, p, []string{StreamKey(d.cfg.Prefix, topic)}, d.capArgs()...)
 		}
+		// After the caps, which do not change entries-added: the length read is the capped one.
+		for k, topic := range topics {
+			stateCmds[k] = stateScript.EvalSha(rctx, p, []string{EpochKey(d.cfg.Prefix, topic), StreamKey(d.cfg.Prefix, topic)})
+		}
 		return nil
 	})
+	for k, topic := range topics {
+		// Replaces a read of an earlier round: it came before this round's XADDs.
+		st := epochState{err: errors.New("not sent")}
+		if stateCmds[k] != nil {
+			st = parseState(stateCmds[k])
+		}
+		after[topic] = st
+		d.recordLength(topic, st)
+	}
 	now := time.Now()
 	var firstErr error
 	for j, i := range todo {
@@ -764,6 +806,7 @@ func (d *Dispatcher) Stop() {
 
 func (d *Dispatcher) loop(ctx context.Context) {
 	failures := 0
+	var lastCheck time.Time // when the loop last ran checkStreams
 	// A batch runs to its end even when Stop (or the caller's context) ends the loop: its
 	// rows are published already, and cutting it short would roll back the mark and publish
 	// them again. Every step of a batch is bounded by QueryTimeout / RedisTimeout and
@@ -785,11 +828,15 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			continue
 		}
 		failures = 0
-		if n >= d.cfg.BatchSize {
-			continue // a full batch: more rows are probably waiting
+		full := n >= d.cfg.BatchSize // more rows are probably waiting
+		if full && time.Since(lastCheck) < d.cfg.PollInterval {
+			continue
 		}
-		// Idle: make sure no stream this dispatcher watches lost its data while nothing
-		// was published to it.
+		// Idle, or busy for a PollInterval: make sure no stream this dispatcher watches lost
+		// its data while nothing was published to it, and read every stream's length
+		// (idemscrape_outbox_stream_length) on the way. The first check follows the first
+		// batch, so the lengths are reported right after a start.
+		lastCheck = time.Now()
 		if recovered, err := d.checkStreams(ctx, false); err != nil {
 			if ctx.Err() != nil {
 				return
@@ -797,6 +844,9 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			d.log.WarnContext(ctx, "outbox: checking the streams' epoch markers failed", "err", err)
 		} else if len(recovered) > 0 {
 			continue // re-marked rows are waiting
+		}
+		if full {
+			continue
 		}
 		if ctx.Err() != nil {
 			return

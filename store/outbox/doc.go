@@ -75,18 +75,27 @@
 //   - A Redis that comes back with part of its data from the current epoch (restarted
 //     from an RDB snapshot or AOF taken before the last writes, a replica promoted before
 //     it received them) keeps the right marker but lacks the newest entries. PostgreSQL
-//     tells: every batch records, in the statement that marks its rows sent, how many
-//     entries the stream has had added at least (outbox_epochs.entries_added, migration
-//     00013: the stream's entries-added as read before the batch, plus the batch), and the
-//     marker check reads the stream's XINFO STREAM entries-added with the marker (one
-//     script, state.lua, in the same round trip). Trims and deletions do not lower
-//     entries-added; only a rollback does. A stream with fewer than PostgreSQL recorded
-//     (read before Redis, so another dispatcher's batch can not make an intact stream look
-//     short) is settled as a loss: the same republish, and the count starts again at 0.
+//     tells: every batch reads the stream's XINFO STREAM entries-added right after its own
+//     XADDs (state.lua, in the XADDs' pipeline: no round trip of its own) and records it
+//     in the statement that marks its rows sent (outbox_epochs.entries_added, migration
+//     00013, keeping the greatest). Its entries lie within that count whatever other
+//     dispatchers appended before, between or after them, and a copy of the stream is a
+//     prefix of its history: a copy that lacks an entry of any committed batch has fewer
+//     entries added than PostgreSQL recorded, however many dispatchers' batches overlapped
+//     (TestPartialLossOverlappingDispatchers). The marker check reads the stream's
+//     entries-added with the marker (state.lua, the same round trip). Trims and deletions
+//     do not lower entries-added; only a rollback does. A stream with fewer than
+//     PostgreSQL recorded (read before Redis, so another dispatcher's batch can not make
+//     an intact stream look short) is settled as a loss: the same republish, and the count
+//     starts again at 0.
 //
 // What it cannot see: an event published and consumed before the snapshot is not
 // republished (nothing was lost for it), and XDEL of the newest entries by hand is not a
-// loss. Likewise after an upgrade, events left unconsumed in a stream under an old key
+// loss. A copy that comes back while a batch is between its XADDs and its commit, without
+// that batch's entries, is missed if batches that checked the stream against an older
+// count (claimed before that commit) append at least as many entries to the copy as it
+// lacks before any batch checks it against the committed count: a window of a batch's
+// commit, which a failover, during which publishes fail, usually outlasts. Likewise after an upgrade, events left unconsumed in a stream under an old key
 // name stay there; an operator republishes them, by hand:
 //
 //	UPDATE outbox SET sent_at = NULL
@@ -211,6 +220,8 @@
 //	idemscrape_outbox_remarked_total{topic}       sent rows marked unsent again after a loss
 //	idemscrape_outbox_stream_capped_total{topic}  entries the length cap removed
 //	idemscrape_outbox_stream_cap_lost_total{topic,group}  of those, entries the group had not acknowledged
+//	idemscrape_outbox_stream_length{topic}        XLEN, read with each batch and every PollInterval
+//	idemscrape_outbox_stream_max_length{topic}    the length cap (MaxLen)
 //	idemscrape_outbox_deduplicated_total{group}   duplicates acknowledged without the handler
 //	idemscrape_outbox_claimed_total{group}        entries reclaimed with XAUTOCLAIM
 //	idemscrape_outbox_lost_total{group}           pending entries deleted or trimmed away

@@ -41,16 +41,19 @@ const (
 	recoverTimeout = 2 * time.Minute
 )
 
-// epochState is what state.lua found of a stream: its epoch marker and its entries-added.
+// epochState is what state.lua found of a stream: its epoch marker, its entries-added and
+// its length.
 type epochState struct {
-	value string // "" when the marker is absent (or, oddly, empty: treated alike)
-	added int64  // the stream's entries-added (XINFO STREAM): 0 when there is no stream
-	err   error  // the script failed
+	value  string // "" when the marker is absent (or, oddly, empty: treated alike)
+	added  int64  // the stream's entries-added (XINFO STREAM): 0 when there is no stream
+	length int64  // the stream's length (XLEN): 0 when there is no stream
+	err    error  // the script failed
 }
 
-// pgEpoch is PostgreSQL's record of a stream: its epoch and how many entries the
-// dispatchers knew the stream had had added once their batches were published (a lower
-// bound of its entries-added; outbox_epochs.entries_added, migration 00013).
+// pgEpoch is PostgreSQL's record of a stream: its epoch and the greatest entries-added that
+// a committed batch read right after its own XADDs (outbox_epochs.entries_added, migration
+// 00013): every entry of every committed batch lies within that count, and the stream, a
+// counter that never goes down unless Redis lost data, has at least that many.
 type pgEpoch struct {
 	epoch string
 	added int64
@@ -116,8 +119,9 @@ func (d *Dispatcher) adopt(ctx context.Context, topic, epoch string, added int64
 	}
 }
 
-// getEpochs reads the epoch marker and entries-added of the streams of topics: state.lua
-// once per topic, in one pipeline.
+// getEpochs reads the epoch marker, entries-added and length of the streams of topics:
+// state.lua once per topic, in one pipeline. The lengths go to
+// idemscrape_outbox_stream_length.
 func (d *Dispatcher) getEpochs(ctx context.Context, topics []string) map[string]epochState {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
 	defer cancel()
@@ -129,8 +133,22 @@ func (d *Dispatcher) getEpochs(ctx context.Context, topics []string) map[string]
 	out := make(map[string]epochState, len(topics))
 	for i, t := range topics {
 		out[t] = parseState(cmds[i])
+		d.recordLength(t, out[t])
 	}
 	return out
+}
+
+// recordLength sets idemscrape_outbox_stream_length of topic from a state read that
+// succeeded (and its cap beside it): every read of a stream's state, before and after a
+// batch's XADDs and in the idle check, keeps the gauge current at no extra round trip.
+func (d *Dispatcher) recordLength(topic string, s epochState) {
+	if s.err != nil {
+		return
+	}
+	d.metrics.Length.WithLabelValues(topic).Set(float64(s.length))
+	if d.cfg.MaxLen > 0 {
+		d.metrics.MaxLength.WithLabelValues(topic).Set(float64(d.cfg.MaxLen))
+	}
 }
 
 // parseState reads state.lua's reply.
@@ -139,15 +157,19 @@ func parseState(c *redis.Cmd) epochState {
 	if err != nil {
 		return epochState{err: err}
 	}
-	if len(v) != 2 {
-		return epochState{err: fmt.Errorf("stream state script: reply %v, want {marker, added}", v)}
+	bad := func() epochState {
+		return epochState{err: fmt.Errorf("stream state script: reply %v, want {marker, added, length}", v)}
+	}
+	if len(v) != 3 {
+		return bad()
 	}
 	marker, ok1 := v[0].(string)
 	added, ok2 := v[1].(int64)
-	if !ok1 || !ok2 || added < 0 {
-		return epochState{err: fmt.Errorf("stream state script: reply %v, want {marker, added}", v)}
+	length, ok3 := v[2].(int64)
+	if !ok1 || !ok2 || !ok3 || added < 0 || length < 0 {
+		return bad()
 	}
-	return epochState{value: marker, added: added}
+	return epochState{value: marker, added: added, length: length}
 }
 
 // pgEpochs reads the epochs PostgreSQL holds for topics under this dispatcher's prefix
@@ -183,23 +205,23 @@ func (d *Dispatcher) pgEpochs(ctx context.Context, q querier, topics []string) (
 // this dispatcher knows cost nothing more; the others are compared with PostgreSQL
 // through q (one statement), and adopted when they agree (another dispatcher settled
 // them). states is what Redis said of every topic.
-func (d *Dispatcher) unsettled(ctx context.Context, q querier, topics []string, floors map[string]int64) (out []string, states map[string]epochState, err error) {
-	states = d.getEpochs(ctx, topics)
+func (d *Dispatcher) unsettled(ctx context.Context, q querier, topics []string, floors map[string]int64) (out []string, err error) {
+	states := d.getEpochs(ctx, topics)
 	var unsure []string
 	for _, t := range topics {
 		switch s := states[t]; {
 		case s.err != nil:
-			return nil, nil, fmt.Errorf("outbox: read the epoch marker and length of %q's stream: %w", t, s.err)
+			return nil, fmt.Errorf("outbox: read the epoch marker and length of %q's stream: %w", t, s.err)
 		case !s.intact(d.knownEpoch(t), max(floors[t], d.floor(t))):
 			unsure = append(unsure, t)
 		}
 	}
 	if len(unsure) == 0 {
-		return nil, states, nil
+		return nil, nil
 	}
 	pg, err := d.pgEpochs(ctx, q, unsure)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	for _, t := range unsure {
 		// PostgreSQL is read after Redis here, so its count may include entries another
@@ -211,7 +233,7 @@ func (d *Dispatcher) unsettled(ctx context.Context, q querier, topics []string, 
 		}
 		out = append(out, t)
 	}
-	return out, states, nil
+	return out, nil
 }
 
 // CheckStreams compares the epoch marker of every topic PostgreSQL holds an epoch of
@@ -252,7 +274,7 @@ func (d *Dispatcher) checkStreams(ctx context.Context, refresh bool) ([]string, 
 		return nil, nil
 	}
 	sort.Strings(topics)
-	todo, _, err := d.unsettled(ctx, d.pool, topics, nil)
+	todo, err := d.unsettled(ctx, d.pool, topics, nil)
 	if err != nil || len(todo) == 0 {
 		return nil, err
 	}

@@ -7,3 +7,8 @@ func SetBeforeSettle(d *Dispatcher, fn func(topics []string)) { d.beforeSettle =
 // SetCapStep sets the most entries one run of the cap script removes (defaultCapStep), so
 // tests can make a cap catch up in several calls.
 func SetCapStep(d *Dispatcher, n int) { d.capStep = n }
+
+// SetBeforePublish makes d call fn in each batch after the batch's streams were checked
+// (their state read) and before anything is published. Tests use it to make batches of
+// several dispatchers overlap.
+func SetBeforePublish(d *Dispatcher, fn func(topics []string)) { d.beforePublish = fn }

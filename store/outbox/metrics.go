@@ -37,9 +37,12 @@ type DispatcherMetrics struct {
 	// the group will never handle. An entry that was pending also surfaces in the group's
 	// consumers as idemscrape_outbox_lost_total{group} when they reclaim it.
 	CapLost *prometheus.CounterVec
-	// Length is, per topic, the stream's length (XLEN) read after each trim of it
-	// (TrimConsumed, every TrimInterval): how far it is from MaxLen, and whether a
-	// consumer group holds the pending-safe trim back.
+	// Length is, per topic, the stream's length (XLEN), read with the stream's state (no
+	// round trip of its own): before and after each batch's XADDs to it, after each trim,
+	// and for every topic of the dispatcher's prefix by the epoch check the background
+	// loop runs after its first batch and then at least once per PollInterval, idle or
+	// busy. How far the stream is from MaxLen, and whether a consumer group holds the
+	// pending-safe trim back.
 	Length *prometheus.GaugeVec
 	// MaxLength is, per topic, the length cap the dispatcher holds the stream at
 	// (DispatcherConfig.MaxLen; absent without a cap).
@@ -95,7 +98,7 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 		}, []string{"topic", "group"}),
 		Length: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemscrape_outbox_stream_length",
-			Help: "Entries in the topic's stream (XLEN), read after each trim.",
+			Help: "Entries in the topic's stream (XLEN), read by the dispatcher with each batch and at least once per poll interval.",
 		}, []string{"topic"}),
 		MaxLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemscrape_outbox_stream_max_length",
