@@ -148,9 +148,11 @@ func (r *Reconciler) requeueRunnable(ctx context.Context, rep *SweepReport) erro
 	}
 
 	// A slice of the rest, in key order.
-	if r.requeue.scanKey, err = r.requeueScan(ctx, rep, due, r.requeue.scanKey, rc.RequeueScanPerSweep, full); err != nil {
-		return err
+	scanKey, err := r.requeueScan(ctx, rep, due, r.requeue.scanKey, rc.RequeueScanPerSweep, full)
+	if err != nil {
+		return err // the next scan goes on from the same key
 	}
+	r.requeue.scanKey = scanKey
 	return r.advanceMarkers(ctx, rep, intact)
 }
 
