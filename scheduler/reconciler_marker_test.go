@@ -154,3 +154,84 @@ func TestRequeueMarkerConcurrentSweeps(t *testing.T) {
 	_, err = b.ns.Client.HGet(ctx, key, "epoch").Result()
 	assert.False(t, errors.Is(err, redis.Nil), "a new marker")
 }
+
+// raceReplace is the store of a reconciler whose compare-and-set of a new marker epoch is
+// overtaken: before it runs, before() does what another reconciler would have done.
+type raceReplace struct {
+	*store.PG
+	before func()
+}
+
+func (s *raceReplace) RequeueMarkerReplace(ctx context.Context, prefix, queue, old, next string) (bool, error) {
+	if s.before != nil {
+		before := s.before
+		s.before = nil
+		before()
+	}
+	return s.PG.RequeueMarkerReplace(ctx, prefix, queue, old, next)
+}
+
+// TestRequeueMarkerEpochRace: two reconcilers check a queue in full after its marker was
+// lost; the second one's compare-and-set of its new epoch loses to the first's. If the
+// marker still holds the loser's epoch (its write landed last), the loser puts the winner's
+// epoch there; if it holds the winner's, it is left alone. Either way the marker and
+// PostgreSQL agree afterwards and no later sweep checks in full. A malformed marker counts
+// as lost, and is replaced.
+func TestRequeueMarkerEpochRace(t *testing.T) {
+	ctx := context.Background()
+	for _, lastWrite := range []string{"Loser", "Winner"} {
+		t.Run("LastWriteBy"+lastWrite, func(t *testing.T) {
+			b := setup(t)
+			key := scheduler.RequeueMarkerKey(b.ns.Prefix, b.ns.Queue)
+			winner := b.reconciler(t, recOpts{id: "winner"})
+			require.NoError(t, winner.Sweep(ctx).Err)
+			require.NoError(t, b.ns.Client.Del(ctx, key).Err()) // the queue's node lost its data
+
+			st := &raceReplace{PG: b.st}
+			f, err := scheduler.ParseFile([]byte("kinds:\n  catalog: {queue: "+b.ns.Queue+"}\n"), "", nil)
+			require.NoError(t, err)
+			loser, err := scheduler.NewReconciler(scheduler.ReconcilerConfig{File: f, Store: st, Redis: b.ns.Client,
+				Client: b.client, KeyPrefix: b.ns.Prefix, ID: "loser", Logger: quietLogger()})
+			require.NoError(t, err)
+			st.before = func() {
+				mine, err := b.ns.Client.HGet(ctx, key, "epoch").Result()
+				require.NoError(t, err, "the loser wrote its epoch before its check")
+				rep := winner.Sweep(ctx)
+				require.NoError(t, rep.Err)
+				require.True(t, rep.FullRequeue, "the winner sees another epoch than PostgreSQL's: checks in full")
+				if lastWrite == "Loser" {
+					require.NoError(t, b.ns.Client.HSet(ctx, key, "epoch", mine, "seq", 0).Err())
+				}
+			}
+			rep := loser.Sweep(ctx)
+			require.NoError(t, rep.Err)
+			require.True(t, rep.FullRequeue)
+			require.Nil(t, st.before, "the race ran")
+
+			recorded, err := b.st.RequeueMarkers(ctx, b.ns.Prefix)
+			require.NoError(t, err)
+			epoch, err := b.ns.Client.HGet(ctx, key, "epoch").Result()
+			require.NoError(t, err)
+			assert.Equal(t, recorded[b.ns.Queue].Epoch, epoch, "the marker holds the winner's epoch")
+			for _, r := range []*scheduler.Reconciler{winner, loser, winner} {
+				rep := r.Sweep(ctx)
+				require.NoError(t, rep.Err)
+				assert.False(t, rep.FullRequeue)
+			}
+		})
+	}
+
+	t.Run("Malformed", func(t *testing.T) {
+		b := setup(t)
+		key := scheduler.RequeueMarkerKey(b.ns.Prefix, b.ns.Queue)
+		r := b.reconciler(t, recOpts{})
+		require.NoError(t, r.Sweep(ctx).Err)
+		require.NoError(t, b.ns.Client.HSet(ctx, key, "seq", "not-a-count").Err())
+		rep := r.Sweep(ctx)
+		require.NoError(t, rep.Err)
+		assert.True(t, rep.FullRequeue, "a marker that is not ours is no witness")
+		rep = r.Sweep(ctx)
+		require.NoError(t, rep.Err)
+		assert.False(t, rep.FullRequeue, "replaced by a good one")
+	})
+}
