@@ -27,6 +27,10 @@ type ReconcileStore interface {
 	JobsListRunning(ctx context.Context, p store.JobsListParams) ([]store.RunningJob, error)
 	JobsListRunnable(ctx context.Context, p store.JobsListParams) ([]store.Job, error)
 	JobsListRunnableActive(ctx context.Context, after store.ActivityCursor, until time.Time, limit int) ([]store.Job, store.ActivityCursor, error)
+	// The record of the queues' tasks-checked markers (reconciler_requeue.go).
+	RequeueMarkers(ctx context.Context, prefix string) (map[string]store.RequeueMarker, error)
+	RequeueMarkersAdvance(ctx context.Context, prefix string, seen map[string]store.RequeueMarker) error
+	RequeueMarkerReplace(ctx context.Context, prefix, queue, old, next string) (bool, error)
 	JobsRescue(ctx context.Context, ps []store.JobRescueParams) ([]error, error)
 	CountersAdd(ctx context.Context, deltas map[string]int64) error
 }
@@ -202,8 +206,9 @@ type SweepReport struct {
 	// RowsRead counts the jobs rows the sweep's statements returned; RedisCommands the
 	// Redis commands it sent (each of a pipeline; an enqueue counts one).
 	RowsRead, RedisCommands int64
-	// FullRequeue: Redis had lost its data (the reconciler's marker was gone), so the
-	// re-enqueue pass checked every runnable job instead of those that changed.
+	// FullRequeue: the Redis of one queue or more had lost or rolled back its data (the
+	// queue's tasks-checked marker was absent, of another epoch or behind PostgreSQL's
+	// record), so the re-enqueue pass checked every runnable job of those queues.
 	FullRequeue bool
 	// Time spent in each part of the sweep, from its start. The rescue and the re-enqueue
 	// pass run at once: RescueTime and RequeueTime overlap; OutboxTime is what follows (outbox
@@ -244,6 +249,9 @@ type Reconciler struct {
 	gath    prometheus.Gatherer
 
 	requeue requeueCursor // guarded by requeueMu: where the re-enqueue pass goes on
+	// seenQueues (guarded by requeueMu) are the queues of the jobs the re-enqueue pass read:
+	// their tasks-checked markers are read too (RequeueMarkerKey).
+	seenQueues map[string]bool
 	// requeueMu serialises the re-enqueue passes of concurrent Sweep calls.
 	requeueMu sync.Mutex
 
@@ -262,7 +270,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Reconciler{cfg: cfg, leases: leases}
+	r := &Reconciler{cfg: cfg, leases: leases, seenQueues: map[string]bool{}}
 	r.requeue.changed.At = cfg.Now().Add(-requeueLookback)
 	if r.metrics, r.gath, err = newReconcilerMetrics(cfg.Registerer); err != nil {
 		return nil, err

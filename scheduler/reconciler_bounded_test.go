@@ -70,8 +70,12 @@ FROM generate_series(1, $1) AS g`, n)
 		require.NoError(t, err)
 		_, err = pool.Exec(ctx, `ANALYZE jobs`)
 		require.NoError(t, err)
-		// Redis has not lost its data since the last full check.
-		require.NoError(t, b.ns.Client.Set(ctx, scheduler.RequeueMarkerKey(b.ns.Prefix), "test", 0).Err())
+		// Redis has not lost its data since the last full check: the queue's marker holds
+		// the epoch PostgreSQL records.
+		won, err := b.st.RequeueMarkerReplace(ctx, b.ns.Prefix, b.ns.Queue, "", "test")
+		require.NoError(t, err)
+		require.True(t, won)
+		require.NoError(t, b.ns.Client.HSet(ctx, scheduler.RequeueMarkerKey(b.ns.Prefix, b.ns.Queue), "epoch", "test", "seq", 0).Err())
 
 		counter := &commandCounter{}
 		rc := redis.NewClient(&redis.Options{Addr: b.ns.Addr})

@@ -145,13 +145,14 @@ func TestReconcilerRescuePagePipelined(t *testing.T) {
 	require.EqualValues(t, n, rep.Actions[scheduler.ActionRescued], "%v", rep.Actions)
 	counter.mu.Lock()
 	defer counter.mu.Unlock()
-	// Outside pipelines only the re-enqueue pass's marker: GET, and SET after its first,
-	// full check (RequeueMarkerKey): per sweep, never per job.
-	assert.Equal(t, []string{"get", "set"}, counter.names, "no per-job command outside a pipeline")
+	// Nothing outside pipelines: the queue's tasks-checked marker is read (HMGET) and, at
+	// this first, full check, written (HSET) in pipelines of one command per queue
+	// (RequeueMarkerKey): per sweep, never per job.
+	assert.Empty(t, counter.names, "no per-job command outside a pipeline")
 	assert.Equal(t, 2*n, counter.pipedEval, "one claim and one release per job")
-	// The claims, the releases and at most one task-state page of the re-enqueue pass (it
-	// runs while the rescue does: it finds the jobs runnable only if it reads after their
-	// rescue; connection handshakes are not counted).
-	assert.LessOrEqual(t, counter.pipelines, 3)
-	assert.GreaterOrEqual(t, counter.pipelines, 2)
+	// The claims, the releases, the marker's read and write, and at most one task-state page
+	// of the re-enqueue pass (it runs while the rescue does: it finds the jobs runnable only
+	// if it reads after their rescue; connection handshakes are not counted).
+	assert.LessOrEqual(t, counter.pipelines, 5)
+	assert.GreaterOrEqual(t, counter.pipelines, 4)
 }

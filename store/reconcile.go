@@ -434,3 +434,101 @@ ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + EXCLUDED.n, update
 	}
 	return nil
 }
+
+// RequeueMarker is PostgreSQL's record of one asynq queue's "tasks checked" marker (table
+// reconciler_markers, migration 00018): the epoch the marker in Redis must hold, and the
+// highest seq a sweep recorded having incremented it to. The reconciler
+// (scheduler/reconciler_requeue.go) compares the marker with it to tell that the queue's
+// Redis node lost or rolled back its data.
+type RequeueMarker struct {
+	Epoch string
+	Seq   int64
+}
+
+// RequeueMarkers returns the markers recorded under the reconciler key prefix, by queue,
+// in one statement.
+func (s *PG) RequeueMarkers(ctx context.Context, prefix string) (map[string]RequeueMarker, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT queue, epoch, seq FROM reconciler_markers WHERE prefix = $1`, prefix)
+	out := map[string]RequeueMarker{}
+	var q string
+	var m RequeueMarker
+	_, err := pgx.ForEachRow(rows, []any{&q, &m.Epoch, &m.Seq}, func() error {
+		out[q] = m
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: RequeueMarkers (table reconciler_markers, migration 00018): %w", err)
+	}
+	return out, nil
+}
+
+// RequeueMarkersAdvance records, for each queue of seen, that its marker reached seen[queue].Seq
+// in epoch seen[queue].Epoch: the row's seq becomes the greater of the two, and only while
+// the row still holds that epoch (a reconciler that replaced it meanwhile wins). One
+// statement; the rows are locked in queue order, so concurrent calls can not deadlock.
+// Queues without a row are ignored; an empty map is a no-op.
+func (s *PG) RequeueMarkersAdvance(ctx context.Context, prefix string, seen map[string]RequeueMarker) error {
+	if len(seen) == 0 {
+		return nil
+	}
+	queues := make([]string, 0, len(seen))
+	for q, m := range seen {
+		switch {
+		case q == "":
+			return errors.New("store: RequeueMarkersAdvance: empty queue name")
+		case m.Epoch == "":
+			return fmt.Errorf("store: RequeueMarkersAdvance: queue %q: empty epoch", q)
+		case m.Seq < 0:
+			return fmt.Errorf("store: RequeueMarkersAdvance: queue %q: seq %d is negative", q, m.Seq)
+		}
+		queues = append(queues, q)
+	}
+	sort.Strings(queues)
+	epochs := make([]string, len(queues))
+	seqs := make([]int64, len(queues))
+	for i, q := range queues {
+		epochs[i], seqs[i] = seen[q].Epoch, seen[q].Seq
+	}
+	_, err := s.pool.Exec(ctx, `
+WITH t AS (
+	SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[]) AS t(queue, epoch, seq)
+), lk AS MATERIALIZED (
+	SELECT m.queue FROM reconciler_markers m JOIN t USING (queue, epoch)
+	WHERE m.prefix = $1 AND m.seq < t.seq
+	ORDER BY m.queue
+	FOR UPDATE OF m
+)
+UPDATE reconciler_markers m SET seq = GREATEST(m.seq, t.seq), updated_at = now()
+FROM lk JOIN t USING (queue)
+WHERE m.prefix = $1 AND m.queue = lk.queue AND m.epoch = t.epoch`, prefix, queues, epochs, seqs)
+	if err != nil {
+		return fmt.Errorf("store: RequeueMarkersAdvance (%d queues): %w", len(queues), err)
+	}
+	return nil
+}
+
+// RequeueMarkerReplace starts a new epoch for queue's marker, seq 0, only if the row still
+// holds old ("" for no row: the row is created): a compare-and-set, so that of several
+// reconcilers that each checked the queue after a loss exactly one epoch is recorded. It
+// reports whether this call replaced (or created) it.
+func (s *PG) RequeueMarkerReplace(ctx context.Context, prefix, queue, old, next string) (bool, error) {
+	switch {
+	case queue == "":
+		return false, errors.New("store: RequeueMarkerReplace: empty queue name")
+	case next == "":
+		return false, fmt.Errorf("store: RequeueMarkerReplace: queue %q: empty new epoch", queue)
+	}
+	var sql string
+	args := []any{prefix, queue, next}
+	if old == "" {
+		sql = `INSERT INTO reconciler_markers (prefix, queue, epoch) VALUES ($1, $2, $3) ON CONFLICT (prefix, queue) DO NOTHING`
+	} else {
+		sql = `UPDATE reconciler_markers SET epoch = $3, seq = 0, updated_at = now() WHERE prefix = $1 AND queue = $2 AND epoch = $4`
+		args = append(args, old)
+	}
+	tag, err := s.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return false, fmt.Errorf("store: RequeueMarkerReplace %q: %w", queue, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

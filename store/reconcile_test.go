@@ -764,3 +764,55 @@ FROM jobs WHERE fence = 1`)
 		})
 	}
 }
+
+// TestRequeueMarkers: the record of the reconciler's tasks-checked markers — a
+// compare-and-set on the epoch (one of several reconcilers wins), a seq that only grows
+// within an epoch and is not written into another epoch, markers kept apart by prefix, and
+// bad input refused with the field named and nothing written.
+func TestRequeueMarkers(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+	get := func(prefix string) map[string]store.RequeueMarker {
+		t.Helper()
+		m, err := s.RequeueMarkers(ctx, prefix)
+		require.NoError(t, err)
+		return m
+	}
+	replace := func(queue, old, next string) bool {
+		t.Helper()
+		won, err := s.RequeueMarkerReplace(ctx, "p:", queue, old, next)
+		require.NoError(t, err)
+		return won
+	}
+	assert.Empty(t, get("p:"))
+
+	assert.True(t, replace("q1", "", "e1"), "the first epoch is created")
+	assert.False(t, replace("q1", "", "e1b"), "a second first epoch loses")
+	assert.True(t, replace("q2", "", "f1"))
+	require.NoError(t, s.RequeueMarkersAdvance(ctx, "p:", map[string]store.RequeueMarker{
+		"q1": {Epoch: "e1", Seq: 5}, "q2": {Epoch: "f1", Seq: 2}, "unknown": {Epoch: "x", Seq: 9}}))
+	require.NoError(t, s.RequeueMarkersAdvance(ctx, "p:", map[string]store.RequeueMarker{
+		"q1": {Epoch: "e1", Seq: 3}, "q2": {Epoch: "other", Seq: 7}}))
+	assert.Equal(t, map[string]store.RequeueMarker{"q1": {Epoch: "e1", Seq: 5}, "q2": {Epoch: "f1", Seq: 2}}, get("p:"),
+		"seq only grows, and only in its own epoch; a queue without a row is ignored")
+	assert.Empty(t, get("other:"), "markers are per prefix")
+
+	assert.False(t, replace("q1", "stale", "e2"), "a replace from an epoch that is no longer recorded loses")
+	assert.True(t, replace("q1", "e1", "e2"))
+	assert.Equal(t, store.RequeueMarker{Epoch: "e2", Seq: 0}, get("p:")["q1"], "a new epoch starts at seq 0")
+
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{func() error { _, err := s.RequeueMarkerReplace(ctx, "p:", "", "", "e"); return err }(), "empty queue name"},
+		{func() error { _, err := s.RequeueMarkerReplace(ctx, "p:", "q3", "", ""); return err }(), `queue "q3": empty new epoch`},
+		{s.RequeueMarkersAdvance(ctx, "p:", map[string]store.RequeueMarker{"": {Epoch: "e", Seq: 1}}), "empty queue name"},
+		{s.RequeueMarkersAdvance(ctx, "p:", map[string]store.RequeueMarker{"q1": {Seq: 1}}), `queue "q1": empty epoch`},
+		{s.RequeueMarkersAdvance(ctx, "p:", map[string]store.RequeueMarker{"q1": {Epoch: "e2", Seq: -1}}), `queue "q1": seq -1 is negative`},
+	} {
+		require.Error(t, c.err)
+		assert.Contains(t, c.err.Error(), c.want)
+	}
+	assert.Equal(t, map[string]store.RequeueMarker{"q1": {Epoch: "e2", Seq: 0}, "q2": {Epoch: "f1", Seq: 2}}, get("p:"), "nothing written by bad input")
+}

@@ -9,6 +9,9 @@
 //   - TestClusterFailover: the master holding the asynq queue, and with it the outbox
 //     stream, restarts empty mid-run ⇒ no job lost, no duplicate result; the reconciler
 //     re-enqueues what the node held.
+//   - TestRequeueMarkerOnCluster: the queue's master restarts empty under 30 pending jobs
+//     the changed pass does not see ⇒ the reconciler, swept twice by the test in-process,
+//     gives every job its task back (the queue's tasks-checked marker went with the node).
 //   - BenchmarkClusterThroughput: jobs/s on the cluster against a single Redis, same run.
 //
 // The Lua scripts' single-slot check (TestScriptsSingleSlot) lives with the scripts in
