@@ -74,10 +74,11 @@ var ErrNoBrowsers = errors.New("sessions: Render needs a browser pool (Collector
 var ErrNoChromium = errors.New("sessions: browser pool: no Chromium found")
 
 // Render loads rawURL in a fresh Chromium browser context of the pool, through the step's
-// session: the same proxy gateway and sticky username as the step's colly requests (the
-// credentials answered through CDP's Fetch.authRequired, never on a command line), the
-// same cookies both ways. Every request the page makes passes the destination guard
-// (refused ones fail in the browser and are counted); the page's own navigation passes
+// session: the same proxy gateway and sticky username as the step's colly requests, on
+// every request and CONNECT whether the gateway challenges or not (a loopback forwarder of
+// the render's adds them; Chromium never holds them), the same cookies both ways. Every
+// request the page makes passes the destination guard (refused ones fail in the browser
+// and are counted); WebRTC is refused (counted too); the page's own navigation passes
 // robots.txt and the host rate limit. Images, media and fonts are not loaded unless
 // allowed. Every byte counts toward the attempt's budget, which stops the render mid-way
 // (budget_exceeded). A network failure of the session (the device dropped) or a Chromium
