@@ -48,6 +48,26 @@ func TestRenderCredentialsWithoutChallenge(t *testing.T) {
 	}
 	assert.Equal(t, e.proxy.Requests(), e.proxy.RequestsFor(res.Session.ID), "every request the gateway read was the session's")
 	assert.NotContains(t, e.logs.String(), canary)
+
+	// An https:// page: Chromium's CONNECT carries them too. (Chromium does not trust the
+	// fake shop's self-signed certificate, so the render itself fails after the tunnel.)
+	tlsSite := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 31, TLS: true})
+	before := len(e.proxy.Seen())
+	unit = &sessions.Unit{Name: "tls", Steps: []sessions.Step{{Name: "render", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+		_, err := sc.Render(tlsSite.URL+"/search?q=sku-1", sessions.RenderOptions{})
+		return err
+	}}}}
+	res, _ = unit.Run(context.Background(), cfg)
+	require.NotNil(t, res.Session)
+	tunnels := 0
+	for _, q := range e.proxy.Seen()[before:] {
+		assert.Equal(t, "valid", q.Credentials, "%s %s went out with credentials %q", q.Method, q.Target, q.Credentials)
+		assert.Contains(t, res.Sessions, q.Session, "%s %s on the unit's session", q.Method, q.Target)
+		if q.Method == http.MethodConnect {
+			tunnels++
+		}
+	}
+	assert.NotZero(t, tunnels, "the page's CONNECT reached the gateway")
 }
 
 // TestRenderGatewayRefusesCredentials: the gateway refuses the session's credentials
