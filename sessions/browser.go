@@ -23,6 +23,7 @@ const (
 	browserStartTimeout      = time.Minute
 	browserCloseTimeout      = 10 * time.Second
 	envChromiumPath          = "IDEMSCRAPE_CHROMIUM"
+	webRTCIPPolicy           = "disable_non_proxied_udp"
 )
 
 // BrowserConfig configures a BrowserPool.
@@ -229,6 +230,14 @@ func (p *BrowserPool) start() (*browser, error) {
 		chromedp.Flag("disable-popup-blocking", false),
 		chromedp.Flag("disable-site-isolation-trials", true),
 		chromedp.Flag("disable-features", "IsolateOrigins,site-per-process"),
+		// WebRTC sends its ICE traffic (STUN over UDP) straight from the worker, around the
+		// render's proxy and the guard: a page would learn the worker's address and reach
+		// internal ones. UDP that does not go through a proxy is off. Chromium 156 reads
+		// the setting as webrtc-ip-handling-policy (the webrtc.ip_handling_policy pref);
+		// older builds and content_shell as force-webrtc-ip-handling-policy, which newer
+		// ones ignore. The render's init script also refuses RTCPeerConnection.
+		chromedp.Flag("webrtc-ip-handling-policy", webRTCIPPolicy),
+		chromedp.Flag("force-webrtc-ip-handling-policy", webRTCIPPolicy),
 		// Chromium runs pages' JavaScript: it inherits none of the worker's environment
 		// (proxy, database and Redis secrets), only what it needs to start.
 		chromedp.NoInheritEnv,

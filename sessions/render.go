@@ -57,9 +57,9 @@ type Rendered struct {
 	Bytes    int64      // bytes the render moved through the proxy (also in Bound.Bytes)
 	Requests int        // requests the page made that were let through
 	// Refused counts the page's requests the destination guard refused (loopback,
-	// private, metadata addresses, ports outside the policy), and the WebSockets,
-	// WebTransport sessions and service workers it tried to open (a render allows none):
-	// none reached the proxy.
+	// private, metadata addresses, ports outside the policy; checked again by the render's
+	// proxy), and the WebSockets, WebTransport sessions, WebRTC peer connections, workers
+	// and service workers it tried to open (a render allows none): none reached the proxy.
 	Refused int
 	// Skipped counts the requests for blocked resource types (images, media, fonts).
 	Skipped int
@@ -74,10 +74,11 @@ var ErrNoBrowsers = errors.New("sessions: Render needs a browser pool (Collector
 var ErrNoChromium = errors.New("sessions: browser pool: no Chromium found")
 
 // Render loads rawURL in a fresh Chromium browser context of the pool, through the step's
-// session: the same proxy gateway and sticky username as the step's colly requests (the
-// credentials answered through CDP's Fetch.authRequired, never on a command line), the
-// same cookies both ways. Every request the page makes passes the destination guard
-// (refused ones fail in the browser and are counted); the page's own navigation passes
+// session: the same proxy gateway and sticky username as the step's colly requests, on
+// every request and CONNECT whether the gateway challenges or not (a loopback forwarder of
+// the render's adds them; Chromium never holds them), the same cookies both ways. Every
+// request the page makes passes the destination guard (refused ones fail in the browser
+// and are counted); WebRTC is refused (counted too); the page's own navigation passes
 // robots.txt and the host rate limit. Images, media and fonts are not loaded unless
 // allowed. Every byte counts toward the attempt's budget, which stops the render mid-way
 // (budget_exceeded). A network failure of the session (the device dropped) or a Chromium
@@ -193,11 +194,12 @@ type render struct {
 
 	mu       sync.Mutex
 	ids      map[network.RequestID]*renderReq
-	reqBytes int64 // request lines and headers, estimated as the colly path estimates them
-	hops     int64 // the responses of redirect hops
-	lost     error // a network failure of the session
-	budget   error // the attempt's budget ran out
-	authFail int   // proxy authentication challenges answered without success
+	reqBytes int64        // request lines and headers, estimated as the colly path estimates them
+	hops     int64        // the responses of redirect hops
+	lost     error        // a network failure of the session
+	budget   error        // the attempt's budget ran out
+	authFail int          // proxy authentication challenges answered without success
+	fwd      *renderProxy // the render's own proxy in front of the session's gateway
 	stop     chan struct{}
 	stopOnce sync.Once
 	changed  chan struct{} // a request finished or failed (buffered 1)
@@ -222,9 +224,19 @@ type renderReq struct {
 func (r *render) bytesTotal() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.bytesLocked()
+}
+
+// bytesLocked is the render's bytes: what Chromium reported, or what the render's proxy
+// exchanged with the gateway if that is more (traffic Chromium reports no event for).
+// r.mu is held.
+func (r *render) bytesLocked() int64 {
 	n := r.reqBytes + r.hops
 	for _, q := range r.ids {
 		n += q.received
+	}
+	if r.fwd != nil {
+		n = max(n, r.fwd.bytes.Load())
 	}
 	return n
 }
@@ -329,7 +341,7 @@ func (r *render) listen(ev any) {
 		q.url, q.typ = ev.Request.URL, ev.Type
 		r.reqBytes += int64(len(ev.Request.Method)+len(ev.Request.URL)+16) + requestHeaderBytes(ev.Request.Headers)
 	case *runtime.EventBindingCalled:
-		if ev.Name == refusedBinding { // a WebSocket, WebTransport or service worker refused
+		if ev.Name == refusedBinding { // a WebSocket, WebTransport, WebRTC peer connection, worker or service worker refused
 			r.rendered.Refused++
 		}
 	case *network.EventResponseReceived:
@@ -390,11 +402,7 @@ func (r *render) listen(ev any) {
 		return
 	}
 	if b := r.b; b.cfg.budgetSet {
-		n := r.reqBytes + r.hops
-		for _, q := range r.ids {
-			n += q.received
-		}
-		if b.bytes.Load()+n > b.cfg.budget && r.budget == nil {
+		if b.bytes.Load()+r.bytesLocked() > b.cfg.budget && r.budget == nil {
 			r.budget = b.budgetError()
 			go r.halt()
 		}
@@ -405,9 +413,13 @@ func (r *render) listen(ev any) {
 const refusedBinding = "__idemscrapeRefused"
 
 // noSocketsNoWorkers runs before a page's own scripts, in every frame: opening a WebSocket
-// (WebSocket, WebSocketStream) or a WebTransport session throws, starting a web worker
+// (WebSocket, WebSocketStream) or a WebTransport session throws, creating a WebRTC peer
+// connection (RTCPeerConnection, webkitRTCPeerConnection) throws, starting a web worker
 // (Worker, SharedWorker) throws, and registering a service worker fails, as in a browser
-// whose policy forbids them; each refusal is reported to the render. Workers are refused
+// whose policy forbids them; each refusal is reported to the render. WebRTC is refused
+// because its ICE traffic (STUN over UDP, TURN) goes around the proxy and the guard: a
+// site would learn the worker's own address and reach internal ones (the pool also starts
+// Chromium with non-proxied UDP disabled, for what this script can not reach). Workers are refused
 // because this script can not run inside them (CDP's addScriptToEvaluateOnNewDocument
 // reaches documents only), so a worker could open a WebSocket past it.
 const noSocketsNoWorkers = `(() => {
@@ -417,7 +429,7 @@ const noSocketsNoWorkers = `(() => {
     report(what);
     throw new DOMException(what + " is off in this browser", "SecurityError");
   };
-  for (const name of ["WebSocket", "WebSocketStream", "WebTransport", "Worker", "SharedWorker"]) {
+  for (const name of ["WebSocket", "WebSocketStream", "WebTransport", "RTCPeerConnection", "webkitRTCPeerConnection", "Worker", "SharedWorker"]) {
     if (name in globalThis) {
       Object.defineProperty(globalThis, name, {value: refuse(name), writable: false, configurable: false});
     }
@@ -431,10 +443,23 @@ const noSocketsNoWorkers = `(() => {
 // run drives one render in a new browser context of br.
 func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	r.stop, r.changed = make(chan struct{}), make(chan struct{}, 1)
-	sess := r.b.Session
+	// Chromium sends proxy credentials only when the gateway challenges with 407: through
+	// a gateway that serves unauthenticated requests (an IP-allow-listed account) the page
+	// would load from another exit than the session's. Its proxy is the render's own
+	// forwarder, which puts the session's credentials on every request and CONNECT.
+	fwd, err := newRenderProxy(ctx, r.b.Session, r.b.cfg.DialTimeout, r.b.cfg.Guard.Check,
+		func() { r.mu.Lock(); r.rendered.Refused++; r.mu.Unlock() },
+		func() { r.mu.Lock(); r.authFail++; r.mu.Unlock(); go r.halt() })
+	if err != nil {
+		return nil, fmt.Errorf("sessions: render proxy: %w", err)
+	}
+	defer fwd.close() // after the tab (deferred below, so run first)
+	r.mu.Lock()
+	r.fwd = fwd
+	r.mu.Unlock()
 	tctx, tcancel := chromedp.NewContext(br.ctx,
 		chromedp.WithNewBrowserContext(func(p *target.CreateBrowserContextParams) {
-			p.ProxyServer = "http://" + sess.Endpoint
+			p.ProxyServer = "http://" + fwd.addr()
 			// Chromium sends loopback destinations around a proxy unless told not to; every
 			// request must go through the session's proxy (the guard decides what may).
 			p.ProxyBypassList = "<-loopback>"
@@ -631,8 +656,10 @@ func (r *render) intercept(ctx context.Context, t *chromedp.Target, paused iter.
 	}
 }
 
-// authenticate answers the proxy's 407 with the session's credentials, once per request:
-// a second challenge for the same request means the proxy refused them.
+// authenticate answers the render proxy's 407 with the render's token, once per request:
+// a second challenge for the same request means it was refused. The session's own
+// credentials never reach Chromium: the render proxy adds them, and reports the gateway's
+// refusal of them itself.
 func (r *render) authenticate(ctx context.Context, t *chromedp.Target, auths iter.Seq2[fetch.EventAuthRequired, error]) {
 	tried := map[fetch.RequestID]bool{}
 	for ev, err := range auths {
@@ -642,7 +669,7 @@ func (r *render) authenticate(ctx context.Context, t *chromedp.Target, auths ite
 		resp := &fetch.AuthChallengeResponse{Response: fetch.AuthChallengeResponseResponseCancelAuth}
 		if ev.AuthChallenge != nil && ev.AuthChallenge.Source == fetch.AuthChallengeSourceProxy && !tried[ev.RequestID] {
 			tried[ev.RequestID] = true
-			user, pass := r.b.Session.creds()
+			user, pass := r.fwd.token()
 			resp = &fetch.AuthChallengeResponse{Response: fetch.AuthChallengeResponseResponseProvideCredentials, Username: user, Password: pass}
 		} else if ev.AuthChallenge != nil && ev.AuthChallenge.Source == fetch.AuthChallengeSourceProxy {
 			r.mu.Lock()

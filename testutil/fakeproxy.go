@@ -95,6 +95,21 @@ type FakeProxyConfig struct {
 	// sent to the destination in X-Fake-Tier on forwarded plain-HTTP requests, so that a
 	// FakeSite can block a tier (FakeSite.SetBlockedTier). Defaults to "" (no header).
 	Tier string
+	// NoChallenge makes the gateway accept requests that carry no Proxy-Authorization at
+	// all, as a provider does for an account that allow-lists the client's IP: such a
+	// request is served as a rotating one (no session, an exit of its own) instead of
+	// being answered 407. Wrong credentials still get 407. Defaults to false.
+	NoChallenge bool
+}
+
+// FakeProxyRequest is what the proxy saw of one request it read (FakeProxy.Seen).
+type FakeProxyRequest struct {
+	Method string // CONNECT, GET, …
+	Target string // the destination host:port
+	Path   string // the URL path of a forwarded request; "" for CONNECT
+	// Credentials: "none" (no Proxy-Authorization), "invalid" (refused) or "valid".
+	Credentials string
+	Session     string // the session id of valid credentials; "" when rotating or none
 }
 
 // FakeProxy is a residential-proxy gateway on a free 127.0.0.1 port: HTTP forward proxying
@@ -152,6 +167,7 @@ type FakeProxy struct {
 	lastRotating string
 	conns        map[net.Conn]bool // open connections: true for those to destinations
 	closed       bool
+	seen         []FakeProxyRequest
 }
 
 // fpSession is the state of one sticky session id.
@@ -263,6 +279,14 @@ func (p *FakeProxy) RequestsFor(sessionID string) int64 {
 		return int64(s.requests)
 	}
 	return 0
+}
+
+// Seen lists, in order, every request the proxy has read and which credentials it
+// carried (never the credentials themselves).
+func (p *FakeProxy) Seen() []FakeProxyRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]FakeProxyRequest(nil), p.seen...)
 }
 
 // Requests is the number of requests the proxy has read (forwarded requests and CONNECTs),
@@ -404,7 +428,14 @@ func (p *FakeProxy) serveConn(c net.Conn) {
 
 // handle answers one request and reports whether the client connection may be reused.
 func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
-	cred, ok := p.authenticate(req.Header.Get("Proxy-Authorization"))
+	header := req.Header.Get("Proxy-Authorization")
+	cred, ok := p.authenticate(header)
+	p.record(req, header, cred, ok)
+	valid := ok
+	if header == "" && p.cfg.NoChallenge && !p.refusing.Load() {
+		// An allow-listed client: served without credentials, on a rotating exit.
+		cred, ok = fpCred{}, true
+	}
 	if ok && p.refusing.Load() {
 		p.refused.Add(1)
 		ok = false
@@ -415,7 +446,9 @@ func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool
 		fpWriteError(c, http.StatusProxyAuthRequired, h, "proxy authentication required\n")
 		return false
 	}
-	p.authed.Add(1)
+	if valid {
+		p.authed.Add(1)
+	}
 	if p.broke.Load() {
 		p.refused.Add(1)
 		h := http.Header{}
@@ -471,6 +504,25 @@ func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool
 		return false
 	}
 	return p.forward(c, req, up, exit, rt.cut > 0)
+}
+
+// record appends what Seen reports about req.
+func (p *FakeProxy) record(req *http.Request, header string, cred fpCred, ok bool) {
+	seen := FakeProxyRequest{Method: req.Method, Credentials: "invalid"}
+	switch {
+	case header == "":
+		seen.Credentials = "none"
+	case ok:
+		seen.Credentials, seen.Session = "valid", cred.session
+	}
+	if req.Method == http.MethodConnect {
+		seen.Target = req.Host
+	} else if req.URL != nil {
+		seen.Target, seen.Path = req.URL.Host, req.URL.Path
+	}
+	p.mu.Lock()
+	p.seen = append(p.seen, seen)
+	p.mu.Unlock()
 }
 
 // fpRoute is the proxy's decision for one request.

@@ -176,6 +176,34 @@ func (c *fpTestClock) Advance(d time.Duration) {
 func TestFakeProxy(t *testing.T) {
 	generic := fpTestFormats[len(fpTestFormats)-1]
 
+	t.Run("NoChallengeServesWithoutCredentialsAndRecords", func(t *testing.T) {
+		echo := newFPEcho(t)
+		p := fpNewProxy(t, generic, func(c *FakeProxyConfig) { c.NoChallenge = true })
+		tr := &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: p.Addr})}
+		t.Cleanup(tr.CloseIdleConnections)
+		status, _, body, err := fpGet(&http.Client{Transport: tr, Timeout: 10 * time.Second}, echo.URL+"/anon")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status, "no Proxy-Authorization: served, as for an allow-listed IP")
+		assert.NotEmpty(t, fpEchoField(body, "remote"))
+		assert.Zero(t, p.Authenticated())
+
+		user, pass := generic.cred("", "abcd1234")
+		status, _, _, err = fpGet(fpClient(t, p, user, pass), echo.URL+"/sticky")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		status, _, _, err = fpGet(fpClient(t, p, user, "wrong"), echo.URL+"/wrong")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusProxyAuthRequired, status, "wrong credentials are still refused")
+		assert.Equal(t, int64(1), p.Authenticated())
+
+		target := strings.TrimPrefix(echo.URL, "http://")
+		assert.Equal(t, []FakeProxyRequest{
+			{Method: "GET", Target: target, Path: "/anon", Credentials: "none"},
+			{Method: "GET", Target: target, Path: "/sticky", Credentials: "valid", Session: "abcd1234"},
+			{Method: "GET", Target: target, Path: "/wrong", Credentials: "invalid"},
+		}, p.Seen())
+	})
+
 	t.Run("EveryFormatAcceptedAndWrongPasswordRefused", func(t *testing.T) {
 		echo := newFPEcho(t)
 		for _, f := range fpTestFormats {
