@@ -225,7 +225,8 @@ type AttemptStartParams struct {
 	Country       string // requested exit country
 	ProxyEndpoint string // redacted proxy endpoint, host:port only (the table refuses '@' and '/')
 	// Owner identifies this start, unique per start (the runner passes its lease owner,
-	// "<worker>/<random>"), recorded on the jobs row. A start whose reply was lost is
+	// "<worker>/<random>", or the owner of the job's last start on that worker whose
+	// outcome stayed unknown), recorded on the jobs row. A start whose reply was lost is
 	// recognised by it, by the re-read that resolves the lost reply and by the start
 	// itself when it is sent again (even after the first landed late): with the same
 	// token, or 0, it reports the attempt the first started and writes nothing; with a
