@@ -118,10 +118,10 @@ func startOwn(ctx context.Context, st starter, p store.AttemptStartParams, until
 		if !unsure || !sendAgain(err) {
 			return att, err
 		}
+		if !errors.Is(err, store.ErrOutcomeUnknown) {
+			err = fmt.Errorf("%w: %w", store.ErrOutcomeUnknown, err)
+		}
 		if try == startTries || ctx.Err() != nil || !time.Now().Add(pause).Before(until) {
-			if !errors.Is(err, store.ErrOutcomeUnknown) {
-				err = fmt.Errorf("%w: %w", store.ErrOutcomeUnknown, err)
-			}
 			return att, err
 		}
 		t := time.NewTimer(pause)
@@ -129,6 +129,7 @@ func startOwn(ctx context.Context, st starter, p store.AttemptStartParams, until
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			return att, err
 		}
 		pause *= 2
 	}
