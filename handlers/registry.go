@@ -232,6 +232,9 @@ type Registry struct {
 	mu    sync.RWMutex
 	kinds map[string]*kind
 
+	// unsure: the start owners of deliveries whose attempt start's outcome stayed unknown.
+	unsure unsureStarts
+
 	// releasing: job key -> chan closed when the background release of its committed
 	// lease ended (releaseDone); releases counts them for Close. Once closed (under
 	// relMu), a release runs in the delivery itself: Close may already be waiting.

@@ -255,14 +255,26 @@ LEFT JOIN jobs j ON j.key = i.key`, key, token, obs, ev)
 	return out, nil
 }
 
+// startSQL's mine CTE finds the jobs whose running attempt was started by this very start
+// (the same non-empty owner, unique per start, on the jobs row): its earlier statement
+// landed although its reply was lost, maybe after the re-read that found it not yet written.
+// With the same token (or none: issued) it is that attempt again (same): nothing is written
+// and it is reported as it was started. With a higher token (the caller re-claimed) the
+// attempt moves to it and the earlier attempt's row is written as ended by its own start
+// (retryable, CategoryRestarted), not as lost: nobody else took it over.
 const startSQL = `
 WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $8::text[])
 		AS t(key, token, worker, session_id, country, endpoint, owner)
 ), locked AS MATERIALIZED (
 	SELECT j.key, j.state, j.fence, j.attempts, j.country, j.attempt_worker, j.attempt_session,
-		j.attempt_endpoint, j.attempt_started_at
-	FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %s
+		j.attempt_endpoint, j.attempt_started_at, j.attempt_owner, j.created_at, j.bytes_total,
+		j.budget_attempts, j.budget_bytes, j.budget_since
+	FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %[1]s
+), mine AS (
+	SELECT l.key, i.token = 0 OR l.fence = i.token AS again
+	FROM locked l JOIN input i USING (key)
+	WHERE l.state = 'running' AND i.owner <> '' AND l.attempt_owner = i.owner
 ), cur AS (
 	SELECT j.key, j.state, j.fence FROM jobs j JOIN input USING (key)
 ), upd AS (
@@ -271,29 +283,41 @@ WITH input AS (
 		next_attempt_at = NULL, updated_at = now(), attempt_worker = i.worker,
 		attempt_session = i.session_id, attempt_endpoint = i.endpoint, attempt_started_at = now(),
 		attempt_owner = i.owner
-	FROM input i JOIN locked l USING (key)
+	FROM input i JOIN locked l USING (key) LEFT JOIN mine m USING (key)
 	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND l.state = ANY($7::text[])
-		AND (i.token = 0 OR l.fence < i.token)
+		AND (i.token = 0 OR l.fence < i.token) AND m.again IS NOT TRUE
 	RETURNING j.key, j.fence, j.attempts, j.created_at, j.bytes_total,
 		j.attempts - j.budget_attempts AS budget_no, j.bytes_total - j.budget_bytes AS budget_bytes,
 		COALESCE(j.budget_since, j.created_at) AS budget_since
+), same AS (
+	SELECT l.key, l.fence, l.attempts, l.created_at, l.bytes_total,
+		l.attempts - l.budget_attempts AS budget_no, l.bytes_total - l.budget_bytes AS budget_bytes,
+		COALESCE(l.budget_since, l.created_at) AS budget_since,
+		EXISTS (SELECT 1 FROM attempts p WHERE p.job_key = l.key AND p.attempt_no = l.attempts - 1
+			AND p.outcome IN ('lost', 'superseded') AND p.category = 'superseded' AND p.fence < l.fence) AS took_over
+	FROM locked l JOIN mine m USING (key) WHERE m.again
 ), lost AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
 		started_at, finished_at, outcome, category, evidence_due)
 	SELECT l.key, l.attempts, l.fence, l.attempt_worker, l.attempt_session, l.country, l.attempt_endpoint,
-		COALESCE(l.attempt_started_at, now()), now(), 'lost', 'superseded', true
-	FROM locked l JOIN upd USING (key)
+		COALESCE(l.attempt_started_at, now()), now(), CASE WHEN m.key IS NULL THEN 'lost' ELSE 'retryable' END,
+		CASE WHEN m.key IS NULL THEN 'superseded' ELSE '%[2]s' END, m.key IS NULL
+	FROM locked l JOIN upd USING (key) LEFT JOIN mine m USING (key)
 	WHERE l.state = 'running' AND l.attempts > 0
-	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'lost', category = 'superseded',
-		finished_at = now(), evidence_due = true
+	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
+		finished_at = now(), evidence_due = EXCLUDED.evidence_due
 	WHERE a.outcome = 'running'
 )
-SELECT i.key, upd.fence, upd.attempts, upd.created_at, COALESCE(upd.bytes_total, 0),
-	COALESCE(upd.budget_no, 0), COALESCE(upd.budget_bytes, 0), upd.budget_since,
+SELECT i.key, COALESCE(upd.fence, same.fence), COALESCE(upd.attempts, same.attempts),
+	COALESCE(upd.created_at, same.created_at), COALESCE(upd.bytes_total, same.bytes_total, 0),
+	COALESCE(upd.budget_no, same.budget_no, 0), COALESCE(upd.budget_bytes, same.budget_bytes, 0),
+	COALESCE(upd.budget_since, same.budget_since),
 	cur.key IS NOT NULL, locked.key IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0),
-	COALESCE(locked.state = 'running', false)
+	COALESCE(same.took_over, locked.state = 'running' AND mine.key IS NULL, false)
 FROM input i
 LEFT JOIN upd USING (key)
+LEFT JOIN same ON same.key = i.key
+LEFT JOIN mine ON mine.key = i.key
 LEFT JOIN cur ON cur.key = i.key
 LEFT JOIN locked ON locked.key = i.key`
 
@@ -306,7 +330,13 @@ LEFT JOIN locked ON locked.key = i.key`
 // by primary key (TestStartPlanByPrimaryKey, both plans).
 var startableStates = []string{string(tasks.StatePending), string(tasks.StateRetryable), string(tasks.StateRunning)}
 
-var startSQLs = [...]string{lockWait: fmt.Sprintf(startSQL, lockWait.clause()), lockSkip: fmt.Sprintf(startSQL, lockSkip.clause())}
+// CategoryRestarted is the category of an attempt whose own start was sent again under a
+// higher token (its reply was lost, and its caller re-claimed): the attempt's row is
+// written, retryable, by that start, which is no takeover (StartedAttempt.TookOver is false).
+const CategoryRestarted = "restarted"
+
+var startSQLs = [...]string{lockWait: fmt.Sprintf(startSQL, lockWait.clause(), CategoryRestarted),
+	lockSkip: fmt.Sprintf(startSQL, lockSkip.clause(), CategoryRestarted)}
 
 // startRow is what the start statement and its re-read report for one job.
 type startRow struct {
@@ -416,9 +446,11 @@ LEFT JOIN jobs j ON j.key = i.key`, keys, tokens, owners)
 			// its own token: the start took effect.
 			out[i].res = r.started()
 		case p.Token == 0 && r.found && slices.Contains(startableStates, string(st)):
-			// Not this start's (another owner, or none given): it did not take effect, or,
-			// without an owner to tell, it may have; sent again, it takes the first over
-			// (its row written as lost) as after a worker that died there.
+			// Not this start's (another owner, or none given): it did not take effect yet,
+			// or, without an owner to tell, it may have; sent again, it takes the first
+			// over (its row written as lost) as after a worker that died there. With an
+			// owner, a first send that lands after this re-read is recognised by the
+			// start sent again (startSQL's mine), not taken over.
 			out[i].busy = true
 		case r.found && r.fence < p.Token && slices.Contains(startableStates, string(st)):
 			out[i].busy = true

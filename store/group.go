@@ -693,6 +693,25 @@ func (b *batcher[Req, Res]) answer(reqs []*groupReq[Req, Res], out []rowOutcome[
 	return again
 }
 
+// OutcomeUnknown reports whether err, from JobStart or Commit (of PG or a GroupCommitter),
+// leaves open whether the statement took effect: ErrOutcomeUnknown, or a failure after a
+// lone statement was sent (PG does not re-read the rows). A refusal (TransitionError),
+// ErrRowBusy, ErrGroupCommitterClosed, PostgreSQL's ERROR (the statement rolled back) or a
+// failure before the statement was sent is an answer, not an unknown. A start sent again
+// with the same Owner is safe either way: it recognises its own earlier start.
+func OutcomeUnknown(err error) bool {
+	var te *TransitionError
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, ErrOutcomeUnknown):
+		return true
+	case errors.As(err, &te), errors.Is(err, ErrRowBusy), errors.Is(err, ErrGroupCommitterClosed):
+		return false
+	}
+	return maybeWritten(err)
+}
+
 // maybeWritten: err came after the statement was sent and is not the server refusing it,
 // so the statement may have committed.
 func maybeWritten(err error) bool {

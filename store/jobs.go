@@ -225,9 +225,14 @@ type AttemptStartParams struct {
 	Country       string // requested exit country
 	ProxyEndpoint string // redacted proxy endpoint, host:port only (the table refuses '@' and '/')
 	// Owner identifies this start, unique per start (the runner passes its lease owner,
-	// "<worker>/<random>"), recorded on the jobs row. A start whose reply was lost is
-	// recognised by it; without one, a lost start that issued its token is sent again and
-	// takes the first over.
+	// "<worker>/<random>", or the owner of the job's last start on that worker whose
+	// outcome stayed unknown), recorded on the jobs row. A start whose reply was lost is
+	// recognised by it, by the re-read that resolves the lost reply and by the start
+	// itself when it is sent again (even after the first landed late): with the same
+	// token, or 0, it reports the attempt the first started and writes nothing; with a
+	// higher token it moves that attempt to it, writing the first's row as retryable
+	// (CategoryRestarted). Neither is a takeover. Without an Owner, a lost start that
+	// issued its token is sent again and takes the first over.
 	Owner string
 }
 
@@ -237,7 +242,10 @@ type StartedAttempt struct {
 	AttemptNo    int       // 1 for the first attempt of the job
 	JobCreatedAt time.Time // when the job was created
 	BytesTotal   int64     // bytes of the job's earlier attempts (all of them: evidence)
-	TookOver     bool      // the job was running under an older token whose lease expired
+	// TookOver: the job was running under an older token of another start (its lease
+	// expired), whose attempt this start wrote as lost. A start recognised as its own
+	// (AttemptStartParams.Owner) reports what its first send did.
+	TookOver bool
 
 	// The job's current retry budget, which an operator's requeue (store/ops.JobRequeue)
 	// starts afresh; equal to the fields above until then. The runner applies its attempt
@@ -250,7 +258,9 @@ type StartedAttempt struct {
 // JobStart moves the job to running under a new fencing token and records attempt number
 // attempts+1, in one statement. Allowed from pending, retryable, and running with a lower
 // fence (a takeover after the previous holder's lease expired; that holder's attempt is
-// written as lost, and its worker's bytes are added later by AttemptSupersede).
+// written as lost, and its worker's bytes are added later by AttemptSupersede). A job
+// running under this very start (the same p.Owner: its earlier send landed, its reply
+// lost) is not taken over: see AttemptStartParams.Owner.
 //
 // The token is p.Token, applied only if it is above the job's fence (fences never go
 // backwards), or, with p.Token 0, issued here: the fence + 1, reported as
