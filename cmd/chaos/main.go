@@ -52,6 +52,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -157,10 +158,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("-before-commit %d needs -workers >= 2 (another worker takes the stopped one's job over)", c.BeforeCommit)
 	}
 	if c.BuildTags != "" {
-		for _, t := range strings.Split(c.BuildTags, ",") {
-			if t != tagNoFence && t != tagNoUnique {
-				return fmt.Errorf("-build-tags %q: %q is not a broken build (known: %s, %s)", c.BuildTags, t, tagNoFence, tagNoUnique)
+		tags := strings.Split(c.BuildTags, ",")
+		for _, t := range tags {
+			if t != tagNoFence && t != tagNoFencePred && t != tagNoUnique {
+				return fmt.Errorf("-build-tags %q: %q is not a broken build (known: %s, %s, %s)", c.BuildTags, t, tagNoFence, tagNoFencePred, tagNoUnique)
 			}
+		}
+		if slices.Contains(tags, tagNoFence) && slices.Contains(tags, tagNoFencePred) {
+			return fmt.Errorf("-build-tags %q: %s and %s are two versions of the same commit: pick one", c.BuildTags, tagNoFence, tagNoFencePred)
 		}
 	}
 	return nil
