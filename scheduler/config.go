@@ -109,7 +109,7 @@ type Template struct {
 	// time until the template's next scheduled tick.
 	RetryUntil time.Duration `yaml:"retry_until"`
 
-	sched    cron.Schedule
+	sched    *wallSchedule // the expression on the zone's wall clock (wallclock.go)
 	loc      *time.Location
 	filePath string // Sources.File resolved against the config file's directory
 }
@@ -572,7 +572,7 @@ func (t *Template) compileSchedule() error {
 	if ss.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
 		return templateFail("cron", "the expression never fires")
 	}
-	t.sched, t.loc, t.Timezone = ss, loc, zone
+	t.sched, t.loc, t.Timezone = newWallSchedule(ss, loc, t.Window), loc, zone
 	return nil
 }
 

@@ -217,26 +217,18 @@ func (s *Scheduler) Stop() {
 
 func (s *Scheduler) loop(ctx context.Context, t *Template) {
 	now := s.cfg.Now()
-	next := t.sched.Next(now)
+	next := t.sched.nextFire(now, nil)
 	if t.CatchUp == CatchUpLast {
-		if last := lastFire(t, now); !last.IsZero() {
+		if last := t.sched.lastFire(now); !last.IsZero() {
 			s.runWindow(ctx, t, last, true)
 		}
 	}
-	for {
-		if !sleepUntil(ctx, next, s.cfg.Now) {
+	for !next.IsZero() {
+		if !sleepUntil(ctx, next.At, s.cfg.Now) {
 			return
 		}
 		s.runWindow(ctx, t, next, false)
-		at := next
-		next = t.sched.Next(at)
-		if now := s.cfg.Now(); !next.After(now) {
-			// The tick outlasted the period: run the latest missed window next, not every one.
-			next = lastFire(t, now)
-		}
-		if next.IsZero() {
-			return
-		}
+		next = t.sched.following(next, s.cfg.Now())
 	}
 }
 
@@ -251,8 +243,10 @@ func (s *Scheduler) signal(ctx context.Context, rep TickReport) {
 }
 
 // Tick runs one tick of the named template for the scheduled instant at, synchronously,
-// and reports what it did. It is what the loop calls; tests and benchmarks call it
-// directly. Sources that make no valid spec (a bad line in the source file) are logged and
+// and reports what it did: the window of the fire due at at (the first, when a DST gap
+// makes several windows due at one instant: see wallclock.go), or the window of the
+// instant at when nothing is scheduled then. The loop ticks each fire; tests and
+// benchmarks call Tick directly. Sources that make no valid spec (a bad line in the source file) are logged and
 // counted; the rest of the tick goes on.
 func (s *Scheduler) Tick(ctx context.Context, name string, at time.Time) TickReport {
 	t := s.template(name)
@@ -261,9 +255,16 @@ func (s *Scheduler) Tick(ctx context.Context, name string, at time.Time) TickRep
 		rep.Err = fmt.Errorf("scheduler: no template %q", name)
 		return rep
 	}
+	return s.tickFire(ctx, t, t.sched.fireAt(at))
+}
+
+// tickFire runs one tick of the scheduled fire f of t.
+func (s *Scheduler) tickFire(ctx context.Context, t *Template, f fire) TickReport {
+	name, at := t.Name, f.At
+	rep := TickReport{Template: name, At: at, Window: f.Window, Outcomes: map[string]int{}}
 	begun := time.Now()
 	log := s.cfg.Logger.With("template", name, "at", at)
-	rep.Err = s.tick(ctx, t, at, &rep)
+	rep.Err = s.tick(ctx, t, f, &rep)
 	s.metrics.tickSeconds.WithLabelValues(name).Observe(time.Since(begun).Seconds())
 	for o, n := range rep.Outcomes {
 		s.metrics.jobs.WithLabelValues(name, o).Add(float64(n))
@@ -293,12 +294,11 @@ func (s *Scheduler) template(name string) *Template {
 	return nil
 }
 
-func (s *Scheduler) tick(ctx context.Context, t *Template, at time.Time, rep *TickReport) (err error) {
-	win, err := t.Window.Window(at, t.loc)
-	if err != nil {
-		return err
+func (s *Scheduler) tick(ctx context.Context, t *Template, f fire, rep *TickReport) (err error) {
+	win, at := f.Window, f.At
+	if win == "" {
+		return fmt.Errorf("scheduler: template %q: no window for %v", t.Name, at)
 	}
-	rep.Window = win
 	// The window is recorded before anything of it is enqueued: a tick that fails after
 	// this leaves a row that says so, and one that fails before it leaves a due window
 	// without a row; both are gaps until a tick succeeds.
@@ -467,25 +467,6 @@ func taskStates(ctx context.Context, rdb redis.UniversalClient, queue string, id
 		}
 	}
 	return out, nil
-}
-
-// lastFire returns the latest scheduled instant of t at or before now (zero if none in the
-// last five years).
-func lastFire(t *Template, now time.Time) time.Time {
-	for d := time.Minute; d <= 5*366*24*time.Hour; d *= 4 {
-		at := t.sched.Next(now.Add(-d))
-		if at.IsZero() || at.After(now) {
-			continue
-		}
-		for {
-			n := t.sched.Next(at)
-			if n.IsZero() || n.After(now) {
-				return at
-			}
-			at = n
-		}
-	}
-	return time.Time{}
 }
 
 // sleepUntil waits until the clock reaches at; false when ctx ended first. It re-reads the

@@ -23,18 +23,17 @@ type WindowRecorder interface {
 
 var _ WindowRecorder = (*store.PG)(nil)
 
-// maxGapScan bounds the scheduled instants one template's gap search checks (it walks
-// them all and keeps the latest maxGapScan; a secondly template has 86,400 a day). A fill
-// walks at most ten times as many.
+// maxGapScan bounds the scheduled fires one template's gap search checks (it walks them
+// all and keeps the latest maxGapScan; a secondly template has 86,400 a day).
 const maxGapScan = 100_000
 
 // runWindow ticks the window of the scheduled instant at, and while the tick fails tries
 // it again with backoff until it succeeds or the next try would come after the window's
 // retry deadline (deadline): then the window is a gap, counted and logged once.
-func (s *Scheduler) runWindow(ctx context.Context, t *Template, at time.Time, catchUp bool) {
-	until := s.deadline(t, at)
+func (s *Scheduler) runWindow(ctx context.Context, t *Template, f fire, catchUp bool) {
+	until := s.deadline(t, f.At)
 	for try := 1; ; try++ {
-		rep := s.Tick(ctx, t.Name, at)
+		rep := s.tickFire(ctx, t, f)
 		rep.CatchUp, rep.Try = catchUp, try
 		if ctx.Err() != nil && rep.Err != nil {
 			return // stopping: the next start's catch-up (or a fill) completes the window
@@ -51,7 +50,7 @@ func (s *Scheduler) runWindow(ctx context.Context, t *Template, at time.Time, ca
 			rep.GaveUp = true
 			s.metrics.retries.WithLabelValues(t.Name, "given_up").Inc()
 			s.cfg.Logger.ErrorContext(ctx, "window given up: a gap until filled (idemscrape windows -fill)",
-				"template", t.Name, "window", rep.Window, "due", at, "tries", try, "err", rep.Err)
+				"template", t.Name, "window", rep.Window, "due", f.At, "tries", try, "err", rep.Err)
 		}
 		s.signal(ctx, rep)
 		if rep.Err == nil || rep.GaveUp {
@@ -71,8 +70,8 @@ func (s *Scheduler) deadline(t *Template, at time.Time) time.Time {
 	if t.RetryUntil > 0 {
 		return at.Add(t.RetryUntil)
 	}
-	if next := t.sched.Next(at); !next.IsZero() {
-		return next
+	if next := t.sched.nextFire(at, nil); !next.IsZero() {
+		return next.At
 	}
 	return at.Add(24 * time.Hour)
 }
@@ -91,10 +90,10 @@ type Gap struct {
 	Due      time.Time `json:"due"`
 }
 
-// Gaps returns every gap of every template: the scheduled instants from the template's
-// first recorded window up to now (at most the latest maxGapScan), past their retry
-// deadline, whose window is not recorded enqueued. A template that never recorded a
-// window has none.
+// Gaps returns every gap of every template: the windows of the scheduled fires from the
+// template's first recorded window up to now (at most the latest maxGapScan fires), whose
+// latest fire is past its retry deadline, not recorded enqueued. Each window is listed
+// once, due at its latest fire. A template that never recorded a window has none.
 func (s *Scheduler) Gaps(ctx context.Context) ([]Gap, error) {
 	first, err := s.cfg.Windows.WindowsFirstDue(ctx)
 	if err != nil {
@@ -108,17 +107,20 @@ func (s *Scheduler) Gaps(ctx context.Context) ([]Gap, error) {
 		if !ok {
 			continue
 		}
-		var due []time.Time
+		var fires []fire
+		for f := t.sched.nextFire(from.Add(-time.Nanosecond), nil); !f.IsZero() && !f.At.After(now); f = t.sched.nextFire(f.At, &f) {
+			fires = append(fires, f)
+			if len(fires) > maxGapScan {
+				fires = fires[1:]
+			}
+		}
+		latest := map[string]int{} // window → index of its latest fire
 		var wins []string
-		for at := from; !at.IsZero() && !s.deadline(t, at).After(now); at = t.sched.Next(at) {
-			w, err := t.Window.Window(at, t.loc)
-			if err != nil {
-				return nil, err
+		for j, f := range fires {
+			if _, seen := latest[f.Window]; !seen {
+				wins = append(wins, f.Window)
 			}
-			due, wins = append(due, at), append(wins, w)
-			if len(due) > maxGapScan {
-				due, wins = due[1:], wins[1:]
-			}
+			latest[f.Window] = j
 		}
 		if len(wins) == 0 {
 			continue
@@ -127,10 +129,11 @@ func (s *Scheduler) Gaps(ctx context.Context) ([]Gap, error) {
 		if err != nil {
 			return nil, err
 		}
-		for j, w := range wins {
-			if !done[w] {
-				out = append(out, Gap{Template: t.Name, Kind: t.Kind, Window: w, Due: due[j]})
+		for j, f := range fires {
+			if latest[f.Window] != j || done[f.Window] || s.deadline(t, f.At).After(now) {
+				continue
 			}
+			out = append(out, Gap{Template: t.Name, Kind: t.Kind, Window: f.Window, Due: f.At})
 		}
 	}
 	return out, nil
@@ -158,45 +161,26 @@ func (s *Scheduler) refreshGaps(ctx context.Context) {
 	}
 }
 
-// ErrNoSuchWindow: the template has no scheduled instant whose window is the one asked
-// for, between its first recorded window or a year back (whichever is earlier) and now.
+// ErrNoSuchWindow: the template has no scheduled fire at or before now whose window is
+// the one asked for.
 var ErrNoSuchWindow = errors.New("scheduler: no such window")
 
 // Fill ticks the template's window now, whatever its state: jobs that exist are found,
 // not enqueued again, so a fill of an enqueued window, or two fills (or a fill and a
-// scheduler) at once, produce each job once. The window must have been due: its instant is
-// searched from the template's first recorded window or a year back (whichever is
-// earlier) up to now.
+// scheduler) at once, produce each job once. The window must have been due: its latest
+// fire at or before now is computed from the window (not searched for by walking the
+// schedule, so a template firing every second fills as fast as a daily one).
 func (s *Scheduler) Fill(ctx context.Context, template, window string) (TickReport, error) {
 	t := s.template(template)
 	if t == nil {
 		return TickReport{}, fmt.Errorf("scheduler: no template %q in the configuration", template)
 	}
-	first, err := s.cfg.Windows.WindowsFirstDue(ctx)
-	if err != nil {
-		return TickReport{}, err
-	}
 	now := s.cfg.Now()
-	from, ok := first[template]
-	if !ok || from.After(now.AddDate(-1, 0, 0)) {
-		from = now.AddDate(-1, 0, 0)
-	}
-	var found time.Time
-	n := 0
-	for at := t.sched.Next(from.Add(-time.Nanosecond)); !at.IsZero() && !at.After(now) && n < 10*maxGapScan; at = t.sched.Next(at) {
-		n++
-		w, err := t.Window.Window(at, t.loc)
-		if err != nil {
-			return TickReport{}, err
-		}
-		if w == window {
-			found = at // the latest instant of the window (a window may span several ticks)
-		}
-	}
-	if found.IsZero() {
+	f, ok := t.sched.fireOfWindow(window, now)
+	if !ok {
 		return TickReport{}, fmt.Errorf("%w: template %q has no due window %q (windows look like %q)", ErrNoSuchWindow, template, window, exampleWindow(t, now))
 	}
-	rep := s.Tick(ctx, template, found)
+	rep := s.tickFire(ctx, t, f)
 	if rep.Err == nil {
 		s.refreshGaps(ctx)
 	}
@@ -204,10 +188,5 @@ func (s *Scheduler) Fill(ctx context.Context, template, window string) (TickRepo
 }
 
 func exampleWindow(t *Template, now time.Time) string {
-	if at := lastFire(t, now); !at.IsZero() {
-		if w, err := t.Window.Window(at, t.loc); err == nil {
-			return w
-		}
-	}
-	return ""
+	return t.sched.lastFire(now).Window
 }
