@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -153,6 +155,9 @@ type Scheduler struct {
 	metrics *metrics
 	gath    prometheus.Gatherer
 
+	lostMu sync.Mutex
+	lost   map[[2]string]*lostTries // template, window → tries PostgreSQL could not record
+
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -164,7 +169,7 @@ func New(cfg Config) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Scheduler{cfg: cfg}
+	s := &Scheduler{cfg: cfg, lost: map[[2]string]*lostTries{}}
 	var err error
 	if s.metrics, s.gath, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -215,20 +220,47 @@ func (s *Scheduler) Stop() {
 	s.running = false
 }
 
+// loop ticks t's fires in order, each at its time, and tries failed windows again
+// (tryWindow) in between: a window retried past the next fire (retry_until longer than
+// the period) does not hold the next windows back, and no window is skipped.
 func (s *Scheduler) loop(ctx context.Context, t *Template) {
 	now := s.cfg.Now()
 	next := t.sched.nextFire(now, nil)
-	if t.CatchUp == CatchUpLast {
-		if last := t.sched.lastFire(now); !last.IsZero() {
-			s.runWindow(ctx, t, last, true)
-		}
-	}
-	for !next.IsZero() {
-		if !sleepUntil(ctx, next.At, s.cfg.Now) {
+	var retries []*pendingTry // by time of the next try
+	retry := func(p *pendingTry) {
+		if p == nil {
 			return
 		}
-		s.runWindow(ctx, t, next, false)
+		i := sort.Search(len(retries), func(i int) bool { return retries[i].at.After(p.at) })
+		retries = slices.Insert(retries, i, p)
+	}
+	if t.CatchUp == CatchUpLast {
+		if last := t.sched.lastFire(now); !last.IsZero() {
+			retry(s.tryWindow(ctx, t, pendingTry{f: last, try: 1, until: s.deadline(t, last.At), catchUp: true}))
+		}
+	}
+	for ctx.Err() == nil {
+		if len(retries) > 0 && (next.IsZero() || retries[0].at.Before(next.At)) {
+			p := retries[0]
+			if !sleepUntil(ctx, p.at, s.cfg.Now) {
+				return
+			}
+			retries = retries[1:]
+			retry(s.tryWindow(ctx, t, *p))
+			continue
+		}
+		if next.IsZero() || !sleepUntil(ctx, next.At, s.cfg.Now) {
+			return
+		}
+		p := pendingTry{f: next, try: 1, until: s.deadline(t, next.At)}
+		// A later fire of a window still being retried is its next try, with the later
+		// deadline.
+		if i := slices.IndexFunc(retries, func(r *pendingTry) bool { return r.f.Window == next.Window }); i >= 0 {
+			p.try, p.catchUp = retries[i].try, retries[i].catchUp
+			retries = slices.Delete(retries, i, i+1)
+		}
 		next = t.sched.following(next, s.cfg.Now())
+		retry(s.tryWindow(ctx, t, p))
 	}
 }
 
@@ -302,10 +334,17 @@ func (s *Scheduler) tick(ctx context.Context, t *Template, f fire, rep *TickRepo
 	// The window is recorded before anything of it is enqueued: a tick that fails after
 	// this leaves a row that says so, and one that fails before it leaves a due window
 	// without a row; both are gaps until a tick succeeds.
+	// Tries PostgreSQL could not record while it did not answer are kept in memory and
+	// written first (the window's own before this try is counted).
+	wp := store.WindowParams{Template: t.Name, Window: win, Kind: t.Kind, Due: at}
 	bctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	err = s.cfg.Windows.WindowBegin(bctx, store.WindowParams{Template: t.Name, Window: win, Kind: t.Kind, Due: at})
+	s.flushLost(bctx)
+	err = s.cfg.Windows.WindowBegin(bctx, wp)
 	cancel()
 	if err != nil {
+		if ctx.Err() == nil {
+			s.keepLost(wp, 1, err)
+		}
 		return err
 	}
 	defer func() {
@@ -314,7 +353,8 @@ func (s *Scheduler) tick(ctx context.Context, t *Template, f fire, rep *TickRepo
 		defer cancel()
 		if err != nil {
 			if rerr := s.cfg.Windows.WindowFailed(rctx, t.Name, win, err); rerr != nil {
-				s.cfg.Logger.WarnContext(ctx, "could not record the failed tick", "template", t.Name, "window", win, "err", rerr)
+				s.keepLost(wp, 0, err)
+				s.cfg.Logger.WarnContext(ctx, "could not record the failed tick; kept until PostgreSQL answers", "template", t.Name, "window", win, "err", rerr)
 			}
 			return
 		}

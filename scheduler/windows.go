@@ -12,11 +12,13 @@ import (
 
 // WindowRecorder records the scheduler's windows (store.PG): a window's row is written
 // before its specs are enqueued and marked enqueued after, so that a due window that was
-// never enqueued can be found and filled.
+// never enqueued can be found and filled. Tries it could not record (PostgreSQL did not
+// answer) are kept in memory and written with WindowTriesLost once it answers again.
 type WindowRecorder interface {
 	WindowBegin(ctx context.Context, p store.WindowParams) error
 	WindowEnqueued(ctx context.Context, template, window string, specs, enqueued int) error
 	WindowFailed(ctx context.Context, template, window string, cause error) error
+	WindowTriesLost(ctx context.Context, p store.WindowParams, tries int, lastErr string) error
 	WindowsFirstDue(ctx context.Context) (map[string]time.Time, error)
 	WindowsEnqueued(ctx context.Context, template string, windows []string) (map[string]bool, error)
 }
@@ -27,41 +29,52 @@ var _ WindowRecorder = (*store.PG)(nil)
 // all and keeps the latest maxGapScan; a secondly template has 86,400 a day).
 const maxGapScan = 100_000
 
-// runWindow ticks the window of the scheduled instant at, and while the tick fails tries
-// it again with backoff until it succeeds or the next try would come after the window's
-// retry deadline (deadline): then the window is a gap, counted and logged once.
-func (s *Scheduler) runWindow(ctx context.Context, t *Template, f fire, catchUp bool) {
-	until := s.deadline(t, f.At)
-	for try := 1; ; try++ {
-		rep := s.tickFire(ctx, t, f)
-		rep.CatchUp, rep.Try = catchUp, try
-		if ctx.Err() != nil && rep.Err != nil {
-			return // stopping: the next start's catch-up (or a fill) completes the window
-		}
-		if try > 1 {
-			result := "ok"
-			if rep.Err != nil {
-				result = "error"
-			}
-			s.metrics.retries.WithLabelValues(t.Name, result).Inc()
-		}
-		wait := s.backoff(try)
-		if rep.Err != nil && s.cfg.Now().Add(wait).After(until) {
-			rep.GaveUp = true
-			s.metrics.retries.WithLabelValues(t.Name, "given_up").Inc()
-			s.cfg.Logger.ErrorContext(ctx, "window given up: a gap until filled (idemscrape windows -fill)",
-				"template", t.Name, "window", rep.Window, "due", f.At, "tries", try, "err", rep.Err)
-		}
-		s.signal(ctx, rep)
-		if rep.Err == nil || rep.GaveUp {
-			s.refreshGaps(ctx)
-			return
-		}
-		s.cfg.Logger.WarnContext(ctx, "tick failed; trying again", "template", t.Name, "window", rep.Window, "try", try, "in", wait)
-		if !sleepUntil(ctx, s.cfg.Now().Add(wait), s.cfg.Now) {
-			return
-		}
+// pendingTry is a window whose tick failed, waiting for its next try.
+type pendingTry struct {
+	f       fire
+	try     int       // the try it will be
+	at      time.Time // when
+	until   time.Time // its retry deadline
+	catchUp bool
+}
+
+// tryWindow runs try p.try of p.f's window. A failed try is tried again with backoff (at
+// most at the deadline: the last try is at the deadline itself), and given up only once a
+// try at or after the deadline failed: then the window is a gap, counted and logged once.
+// It returns the next try, or nil when the window is done (or the scheduler is stopping).
+func (s *Scheduler) tryWindow(ctx context.Context, t *Template, p pendingTry) *pendingTry {
+	rep := s.tickFire(ctx, t, p.f)
+	rep.CatchUp, rep.Try = p.catchUp, p.try
+	if ctx.Err() != nil && rep.Err != nil {
+		return nil // stopping: the next start's catch-up (or a fill) completes the window
 	}
+	if p.try > 1 {
+		result := "ok"
+		if rep.Err != nil {
+			result = "error"
+		}
+		s.metrics.retries.WithLabelValues(t.Name, result).Inc()
+	}
+	now := s.cfg.Now()
+	if rep.Err != nil && !now.Before(p.until) {
+		rep.GaveUp = true
+		s.metrics.retries.WithLabelValues(t.Name, "given_up").Inc()
+		s.cfg.Logger.ErrorContext(ctx, "window given up: a gap until filled (idemscrape windows -fill)",
+			"template", t.Name, "window", rep.Window, "due", p.f.At, "tries", p.try, "err", rep.Err)
+	}
+	s.signal(ctx, rep)
+	if rep.Err == nil || rep.GaveUp {
+		s.refreshGaps(ctx)
+		return nil
+	}
+	next := p
+	next.try++
+	next.at = now.Add(s.backoff(p.try))
+	if next.at.After(p.until) {
+		next.at = p.until
+	}
+	s.cfg.Logger.WarnContext(ctx, "tick failed; trying again", "template", t.Name, "window", rep.Window, "try", p.try, "at", next.at)
+	return &next
 }
 
 // deadline is when a window due at stops being retried: RetryUntil after it, or the
@@ -144,6 +157,7 @@ func (s *Scheduler) Gaps(ctx context.Context) ([]Gap, error) {
 func (s *Scheduler) refreshGaps(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
+	s.flushLost(qctx) // a window given up while PostgreSQL was down gets its tries now
 	gaps, err := s.Gaps(qctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -189,4 +203,53 @@ func (s *Scheduler) Fill(ctx context.Context, template, window string) (TickRepo
 
 func exampleWindow(t *Template, now time.Time) string {
 	return t.sched.lastFire(now).Window
+}
+
+// lostTries are the tries of one window the scheduler could not record while PostgreSQL
+// did not answer.
+type lostTries struct {
+	p       store.WindowParams
+	tries   int    // tries WindowBegin could not record
+	lastErr string // the last try's error, if WindowFailed could not record it
+}
+
+// keepLost remembers tries more tries of p's window (and cause as its last error) that
+// PostgreSQL could not record. One entry per window: memory is bounded by the windows due
+// during an outage.
+func (s *Scheduler) keepLost(p store.WindowParams, tries int, cause error) {
+	s.lostMu.Lock()
+	defer s.lostMu.Unlock()
+	k := [2]string{p.Template, p.Window}
+	l := s.lost[k]
+	if l == nil {
+		l = &lostTries{p: p}
+		s.lost[k] = l
+	}
+	l.tries += tries
+	if cause != nil {
+		l.lastErr = cause.Error()
+	}
+}
+
+// flushLost writes the tries kept in memory (keepLost). What PostgreSQL still refuses is
+// kept for the next call (every tick and gap count makes one).
+func (s *Scheduler) flushLost(ctx context.Context) {
+	s.lostMu.Lock()
+	var todo []*lostTries
+	for k, l := range s.lost {
+		todo = append(todo, l)
+		delete(s.lost, k)
+	}
+	s.lostMu.Unlock()
+	for i, l := range todo {
+		if err := s.cfg.Windows.WindowTriesLost(ctx, l.p, l.tries, l.lastErr); err != nil {
+			for _, back := range todo[i:] {
+				s.keepLost(back.p, back.tries, nil)
+				if back.lastErr != "" {
+					s.keepLost(back.p, 0, errors.New(back.lastErr))
+				}
+			}
+			return
+		}
+	}
 }

@@ -100,6 +100,32 @@ WHERE template = $1 AND "window" = $2`, template, window, msg)
 	return nil
 }
 
+// WindowTriesLost records tries of the window that happened while PostgreSQL did not
+// answer, so could not be recorded then (the scheduler keeps them in memory and writes
+// them with its next statement that reaches PostgreSQL): tries more tries (0 for none:
+// only the error of a try WindowBegin recorded), and lastErr (cut to 500 bytes) as the last
+// error of a window not enqueued, which is then failed. A window without a row gets one,
+// failed, with tries tries.
+func (s *PG) WindowTriesLost(ctx context.Context, p WindowParams, tries int, lastErr string) error {
+	if p.Template == "" || p.Window == "" || p.Kind == "" || p.Due.IsZero() || tries < 0 {
+		return fmt.Errorf("store: WindowTriesLost: template %q, window %q, kind %q, due time and tries %d >= 0 are required", p.Template, p.Window, p.Kind, tries)
+	}
+	if len(lastErr) > maxWindowError {
+		lastErr = lastErr[:maxWindowError]
+	}
+	_, err := s.pool.Exec(ctx, `
+INSERT INTO schedule_windows (template, "window", kind, due_at, state, tries, last_error)
+VALUES ($1, $2, $3, $4, 'failed', greatest($5, 1), NULLIF($6, ''))
+ON CONFLICT (template, "window") DO UPDATE SET tries = schedule_windows.tries + $5, updated_at = now(),
+	last_error = CASE WHEN schedule_windows.state = 'enqueued' OR $6 = '' THEN schedule_windows.last_error ELSE $6 END,
+	state = CASE WHEN schedule_windows.state = 'enqueued' THEN 'enqueued' ELSE 'failed' END`,
+		p.Template, p.Window, p.Kind, p.Due, tries, lastErr)
+	if err != nil {
+		return fmt.Errorf("store: WindowTriesLost %s/%s: %w", p.Template, p.Window, err)
+	}
+	return nil
+}
+
 // ErrWindowNotFound: no row for the template × window.
 var ErrWindowNotFound = errors.New("store: window not recorded")
 
