@@ -336,13 +336,18 @@ func (s *Scheduler) tick(ctx context.Context, t *Template, f fire, rep *TickRepo
 	// without a row; both are gaps until a tick succeeds.
 	// Tries PostgreSQL could not record while it did not answer are kept in memory and
 	// written first (the window's own before this try is counted).
-	wp := store.WindowParams{Template: t.Name, Window: win, Kind: t.Kind, Due: at}
+	// A window whose jobs may have been pruned (first ticked longer ago than job_retention,
+	// or due before the ledger's retention without a row) is refused unless forced: a tick
+	// would create its jobs again.
+	rc := s.cfg.File.Reconciler
+	wp := store.WindowParams{Template: t.Name, Window: win, Kind: t.Kind, Due: at, JobHorizon: rc.JobRetention,
+		NoNewRow: rc.WindowRetention > 0 && at.Before(s.cfg.Now().Add(-rc.WindowRetention)), Force: f.force}
 	bctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	s.flushLost(bctx)
 	err = s.cfg.Windows.WindowBegin(bctx, wp)
 	cancel()
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !errors.Is(err, store.ErrWindowExpired) {
 			s.keepLost(wp, 1, err)
 		}
 		return err

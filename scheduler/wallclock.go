@@ -42,6 +42,7 @@ type fire struct {
 	civil  time.Time // the wall time the expression matched, as UTC fields
 	second bool      // the second occurrence of a repeated wall time
 	gap    bool      // a wall time that does not exist, fired at the end of the gap
+	force  bool      // a forced fill: ticked even when its jobs may have been pruned
 }
 
 func (f fire) IsZero() bool { return f.At.IsZero() }

@@ -56,6 +56,13 @@ func (s *Scheduler) tryWindow(ctx context.Context, t *Template, p pendingTry) *p
 		s.metrics.retries.WithLabelValues(t.Name, result).Inc()
 	}
 	now := s.cfg.Now()
+	if errors.Is(rep.Err, store.ErrWindowExpired) {
+		// Not a failure to retry: ticking it again would create its jobs again.
+		s.cfg.Logger.ErrorContext(ctx, "window not ticked again: its jobs may have been pruned (idemscrape windows -fill -force creates them anew)",
+			"template", t.Name, "window", rep.Window, "due", p.f.At, "err", rep.Err)
+		s.signal(ctx, rep)
+		return nil
+	}
 	if rep.Err != nil && !now.Before(p.until) {
 		rep.GaveUp = true
 		s.metrics.retries.WithLabelValues(t.Name, "given_up").Inc()
@@ -183,8 +190,22 @@ var ErrNoSuchWindow = errors.New("scheduler: no such window")
 // not enqueued again, so a fill of an enqueued window, or two fills (or a fill and a
 // scheduler) at once, produce each job once. The window must have been due: its latest
 // fire at or before now is computed from the window (not searched for by walking the
-// schedule, so a template firing every second fills as fast as a daily one).
+// schedule, so a template firing every second fills as fast as a daily one). A window
+// whose jobs may have been pruned (first ticked longer ago than job_retention, or due
+// longer ago than window_retention without a record) is refused (store.ErrWindowExpired):
+// ForceFill ticks it anyway.
 func (s *Scheduler) Fill(ctx context.Context, template, window string) (TickReport, error) {
+	return s.fill(ctx, template, window, false)
+}
+
+// ForceFill is Fill that also ticks a window whose jobs may have been pruned: the jobs
+// that no longer exist are created again as new jobs, fetched, committed and published
+// again under the same event keys (consumers' inboxes may no longer know them).
+func (s *Scheduler) ForceFill(ctx context.Context, template, window string) (TickReport, error) {
+	return s.fill(ctx, template, window, true)
+}
+
+func (s *Scheduler) fill(ctx context.Context, template, window string, force bool) (TickReport, error) {
 	t := s.template(template)
 	if t == nil {
 		return TickReport{}, fmt.Errorf("scheduler: no template %q in the configuration", template)
@@ -194,7 +215,11 @@ func (s *Scheduler) Fill(ctx context.Context, template, window string) (TickRepo
 	if !ok {
 		return TickReport{}, fmt.Errorf("%w: template %q has no due window %q (windows look like %q)", ErrNoSuchWindow, template, window, exampleWindow(t, now))
 	}
+	f.force = force
 	rep := s.tickFire(ctx, t, f)
+	if errors.Is(rep.Err, store.ErrWindowExpired) {
+		rep.Err = fmt.Errorf("%w; refused: a fill would create its pruned jobs again as new jobs, fetched, committed and published again under the same event keys, which consumers' inboxes may no longer recognise (fill with -force to do that on purpose)", rep.Err)
+	}
 	if rep.Err == nil {
 		s.refreshGaps(ctx)
 	}

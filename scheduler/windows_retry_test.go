@@ -44,7 +44,7 @@ func TestGiveUpAtDeadlineTriesKept(t *testing.T) {
     countries: [US]
     parser_version: 1
   - name: b
-    cron: "0 0 1 1 *"
+    cron: "0 5 * * *"
     window: daily
     kind: catalog
     catchup: none
@@ -76,7 +76,7 @@ func TestGiveUpAtDeadlineTriesKept(t *testing.T) {
 	assert.Empty(t, b.windows(t))
 
 	proxy.Accept()
-	require.NoError(t, s.Tick(ctx, "b", time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)).Err)
+	require.NoError(t, s.Tick(ctx, "b", due.Add(-time.Hour)).Err)
 	w := windowRow(t, b, "a", "2026-04-23")
 	assert.Equal(t, 2, w.Tries, "both tries recorded once PostgreSQL answered")
 	assert.Equal(t, store.WindowFailed, w.State)
