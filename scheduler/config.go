@@ -88,7 +88,10 @@ type Template struct {
 	Name string `yaml:"name"`
 	// Cron is a cron expression: 5 fields (minute hour dom month dow), or 6 with seconds
 	// first, or a descriptor (@hourly, @daily, @weekly, @monthly, @yearly; @every is
-	// refused: windows need wall-clock ticks). It may start with CRON_TZ=<zone>.
+	// refused: windows need wall-clock ticks). It may start with CRON_TZ=<zone>. It matches
+	// wall times of Timezone: one a spring-forward gap skips fires at the gap's end with its
+	// own window, one that occurs twice fires once (both real hours for a schedule that
+	// matches every hour); see wallclock.go.
 	Cron string `yaml:"cron"`
 	// Timezone is the IANA zone of the cron expression and of the window. Defaults to
 	// CRON_TZ when the expression has one, otherwise UTC. Both given must agree.
@@ -110,8 +113,10 @@ type Template struct {
 	CatchUp string `yaml:"catchup"`
 	// RetryUntil is how long after its scheduled time a window whose tick failed is tried
 	// again (with backoff) before it is given up as a gap (idemscrape_scheduler_window_gaps,
-	// `idemscrape windows -gaps`, filled by `idemscrape windows -fill`). Defaults to the
-	// time until the template's next scheduled tick.
+	// `idemscrape windows -gaps`, filled by `idemscrape windows -fill`); the last try is at
+	// the deadline itself, and the template's later windows are ticked meanwhile. Defaults
+	// to the time until the template's next scheduled tick. With job_retention it bounds
+	// how long one window is ticked (see ReconcilerFile.JobRetention).
 	RetryUntil time.Duration `yaml:"retry_until"`
 
 	sched    *wallSchedule // the expression on the zone's wall clock (wallclock.go)
