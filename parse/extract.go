@@ -125,6 +125,64 @@ func (e *Extractor) attr(field, selector, attr string, norm func(string) string)
 	return record(e, field, selector, nonEmpty(norm(v)))
 }
 
+// Attrs returns the normalised values of attribute attr of every node selector matches, in
+// document order, leaving out nodes without it and empty values: missing when no node
+// matched has the attribute, empty when every value is "". The selector is recorded as a
+// list (see Drift).
+func (e *Extractor) Attrs(field, selector, attr string) Field[[]string] {
+	return e.attrs(field, selector, attr, Whitespace)
+}
+
+// attrs is Attrs with each value passed through norm.
+func (e *Extractor) attrs(field, selector, attr string, norm func(string) string) Field[[]string] {
+	sel, ok := e.find(field, selector, true)
+	if !ok || sel.Length() == 0 {
+		return record(e, field, selector, Missing[[]string]())
+	}
+	var out []string
+	has := false
+	sel.Each(func(_ int, s *goquery.Selection) {
+		v, ok := s.Attr(attr)
+		if !ok {
+			return
+		}
+		has = true
+		if v = norm(v); v != "" {
+			out = append(out, v)
+		}
+	})
+	switch {
+	case !has:
+		return record(e, field, selector, Missing[[]string]())
+	case out == nil:
+		return record(e, field, selector, Empty[[]string]())
+	}
+	return record(e, field, selector, Present(out))
+}
+
+// URLs returns attribute attr (e.g. "href") of every node selector matches — a list
+// page's links — each resolved against the page URL and in canonical form (see URL), in
+// document order, leaving out nodes without it and empty values; duplicates are kept
+// (a product linked by its image and its title is there twice). Every value must resolve:
+// one that does not ("mailto:", "javascript:") is an error (see Err) naming it, and the
+// field is missing, as URL's. Select the links you mean (e.g. "a.product[href]").
+func (e *Extractor) URLs(field, selector, attr string) Field[[]string] {
+	f := e.attrs(field, selector, attr, func(v string) string { return strings.Trim(v, " \t\n\f\r") })
+	vs, ok := f.Get()
+	if !ok {
+		return f
+	}
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		u, err := URL(e.page, v)
+		if err != nil {
+			return fail(e, field, selector, Missing[[]string](), fmt.Errorf("value %d of %d: %w", i+1, len(vs), err))
+		}
+		out[i] = u
+	}
+	return Present(out)
+}
+
 // URL returns attribute attr (e.g. "href") of the first node selector matches, resolved
 // against the page URL and in canonical form (see URL). An unresolvable value is an error
 // (see Err) and the field is missing.

@@ -51,6 +51,34 @@ func TestExtractor(t *testing.T) {
 		require.NoError(t, e.Err())
 	})
 
+	t.Run("ListOfLinks", func(t *testing.T) {
+		const list = `<ul>
+			<li><a class="p" href="/p/1?utm_source=x"><img src="1.jpg"></a><a class="p" href=" /p/1 ">one</a></li>
+			<li><a class="p" href="p/2">two</a></li>
+			<li><a class="p">no link</a><a class="p" href="">empty</a></li>
+			<li><a class="mail" href="mailto:shop@example.com">mail</a><a class="mail" href="/contact">contact</a></li>
+		</ul><img class="i" data-src="a.jpg"><img class="i" data-src=" b.jpg ">`
+		e, err := parse.NewExtractorHTML([]byte(list), "https://shop.example/list/?page=2")
+		require.NoError(t, err)
+		assert.Equal(t, parse.Present([]string{"https://shop.example/p/1", "https://shop.example/p/1", "https://shop.example/list/p/2"}),
+			e.URLs("links", "a.p", "href"), "document order, duplicates kept, nodes without the attribute and empty values left out")
+		assert.Equal(t, parse.Present([]string{"a.jpg", "b.jpg"}), e.Attrs("images", "img.i", "data-src"))
+		assert.Equal(t, parse.Missing[[]string](), e.Attrs("none", "a.absent", "href"), "no node")
+		assert.Equal(t, parse.Missing[[]string](), e.Attrs("noattr", "img.i", "alt"), "no node has the attribute")
+		assert.Equal(t, parse.Empty[[]string](), e.URLs("empty", `a.p[href=""]`, "href"))
+		require.NoError(t, e.Err())
+		assert.Contains(t, e.Fingerprint().Selectors, parse.SelectorCount{Selector: "a.p", Count: 5, List: true})
+
+		got := e.URLs("mail", "a.mail", "href")
+		assert.True(t, got.IsMissing(), "one unresolvable link fails the field, as URL")
+		err = e.Err()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `field "mail"`)
+		assert.Contains(t, err.Error(), "value 1 of 2")
+		assert.NotContains(t, err.Error(), "shop@example.com", "a URL with an @ is never in an error")
+		require.Error(t, e.Require("mail"))
+	})
+
 	t.Run("InvalidSelectorIsAnError", func(t *testing.T) {
 		e, err := parse.NewExtractorHTML([]byte(page), "https://shop.example/")
 		require.NoError(t, err)
