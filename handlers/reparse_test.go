@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -343,4 +344,30 @@ func (f scriptFailer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (scriptFailer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestReparseFailingExamples: a parser version that still fails says which jobs and why
+// (reparse.Summary.FailingExamples), not only how many: the unfixed v1 parser fails each
+// job on validation, naming the missing field; a kind without a parser in the binary
+// names the kind and version.
+func TestReparseFailingExamples(t *testing.T) {
+	ctx := context.Background()
+	_, keys, cfg := reparseFixture(t, 2)
+	cfg.Parsers = new(handlers.Parsers).Add(shopKind, 1, "", shopParser(false, false))
+	sum, err := reparse.Run(ctx, cfg, reparse.Options{DryRun: true})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int{"validation": len(keys)}, sum.StillFailing, sum.String())
+	require.Len(t, sum.FailingExamples, len(keys))
+	for i, ex := range sum.FailingExamples {
+		assert.Contains(t, keys, ex[:strings.Index(ex, ": ")], "each example starts with its job key: %s", ex)
+		assert.Contains(t, ex, "validation", "example %d names the category", i)
+		assert.Contains(t, ex, "price", "example %d names the field that is missing", i)
+	}
+	assert.Empty(t, sum.Errs)
+
+	cfg.Parsers = new(handlers.Parsers).Add("other", 1, "", shopParser(true, false))
+	sum, err = reparse.Run(ctx, cfg, reparse.Options{DryRun: true})
+	require.NoError(t, err)
+	require.NotEmpty(t, sum.FailingExamples)
+	assert.Contains(t, sum.FailingExamples[0], `kind "shop" has no parser v1 in this binary`)
 }

@@ -122,8 +122,11 @@ type Summary struct {
 	// whose ObservationKey does not depend on the parser version, run as a new version.
 	// Not counted in Committed.
 	DuplicateResults int `json:"duplicate_results"`
-	// StillFailing counts the parses that failed, by category.
-	StillFailing map[string]int `json:"still_failing"`
+	// StillFailing counts the parses that failed, by category; FailingExamples holds the
+	// first few ("<job key>: <the parse's error, category first>"), so that a failing parser version can be
+	// fixed without a run of its own.
+	StillFailing    map[string]int `json:"still_failing"`
+	FailingExamples []string       `json:"failing_examples,omitempty"`
 	// Errors counts jobs the reparse could not commit (database, Redis, key mismatch);
 	// Errs holds the first few.
 	Errors int      `json:"errors"`
@@ -281,6 +284,9 @@ type reparser struct {
 	commitHook func(key string) error
 }
 
+// maxExamples bounds Summary.Errs and FailingExamples.
+const maxExamples = 10
+
 // reparseOutcome is what happened to one saved input.
 type reparseOutcome struct {
 	version int
@@ -298,6 +304,9 @@ func (s *Summary) add(o reparseOutcome) {
 	switch {
 	case o.failCat != "":
 		s.StillFailing[o.failCat]++
+		if len(s.FailingExamples) < maxExamples {
+			s.FailingExamples = append(s.FailingExamples, o.errText)
+		}
 		return
 	case o.parsed:
 		s.Reparsed++
@@ -319,7 +328,7 @@ func (s *Summary) add(o reparseOutcome) {
 	case "error":
 		s.Errors++
 	}
-	if o.errText != "" && len(s.Errs) < 10 {
+	if o.errText != "" && len(s.Errs) < maxExamples {
 		s.Errs = append(s.Errs, o.errText)
 	}
 }
@@ -345,6 +354,7 @@ func (rp *reparser) parse(in inputs.Input) *reparseItem {
 	parser, ok := rp.cfg.Parsers.Parser(in.Kind, o.version)
 	if !ok {
 		o.failCat = string(handlers.CategoryParserVersion)
+		o.errText = fmt.Sprintf("%s: %s: kind %q has no parser v%d in this binary", in.JobKey, o.failCat, in.Kind, o.version)
 		return it
 	}
 	if !rp.opts.DryRun && o.version != in.ParserVersion {
@@ -377,6 +387,7 @@ func (rp *reparser) parse(in inputs.Input) *reparseItem {
 	var fe *sessions.FetchError
 	if it.obs, it.data, fe = parseObservation(parser, it.job, staged); fe != nil {
 		o.failCat = string(fe.Category)
+		o.errText = fmt.Sprintf("%s: %v", in.JobKey, fe) // the error names its category
 		return it
 	}
 	o.parsed = true
