@@ -143,20 +143,40 @@ func Validate(staged map[string]json.RawMessage) error {
 	return nil
 }
 
-// Workflow is the handlers.WorkflowFunc of the kind: the job's SourceID is the sku, its
-// URL (if set instead) the product page's.
+// Workflow is the handlers.WorkflowFunc of the kind. A job names what it fetches: a
+// SourceID job is the sku on the shop at base; a URL job is the product page its URL
+// names, on the URL's own host (base is not used), so that a job's key and the page it is
+// filled from always name the same host. A URL that is not a product page
+// (…/product/<sku>) is refused.
 func Workflow(base string) handlers.WorkflowFunc {
 	return func(job tasks.Payload) (*sessions.Unit, error) {
-		sku := job.Spec.SourceID
-		if sku == "" {
-			u, err := url.Parse(job.Spec.URL)
-			if err != nil {
-				return nil, err
-			}
-			sku = u.Path[strings.LastIndex(u.Path, "/")+1:]
+		if job.Spec.URL == "" {
+			return Unit(base, job.Spec.SourceID)
 		}
-		return Unit(base, sku)
+		shop, sku, err := ProductURL(job.Spec.URL)
+		if err != nil {
+			return nil, err
+		}
+		return Unit(shop, sku)
 	}
+}
+
+// ProductURL splits a product page's URL (scheme://host[:port][/prefix]/product/<sku>)
+// into the shop's base URL and the sku.
+func ProductURL(raw string) (shop, sku string, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", "", fmt.Errorf("catalog: URL: %w", err)
+	}
+	i := strings.LastIndex(u.Path, "/product/")
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || i < 0 {
+		return "", "", fmt.Errorf("catalog: URL %q is not a product page (scheme://host/product/<sku>)", u.Redacted())
+	}
+	sku = u.Path[i+len("/product/"):]
+	if !skuPattern.MatchString(sku) {
+		return "", "", fmt.Errorf("catalog: bad sku %q in URL %q", sku, u.Redacted())
+	}
+	return u.Scheme + "://" + u.Host + u.Path[:i], sku, nil
 }
 
 // Parse is the handlers.ParserFunc of the kind. Deterministic: it only reads staging.
@@ -173,7 +193,10 @@ func Parse(job tasks.Payload, staged map[string]json.RawMessage) (handlers.Obser
 	}
 	sku := job.Spec.SourceID
 	if sku == "" {
-		sku = job.Spec.URL
+		var err error
+		if _, sku, err = ProductURL(job.Spec.URL); err != nil {
+			return handlers.Observation{}, err
+		}
 	}
 	return handlers.Observation{Data: Record{SKU: sku, Name: p.Name, Price: pr.Price, Currency: pr.Currency}}, nil
 }
