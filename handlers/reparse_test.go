@@ -359,7 +359,9 @@ func TestReparseFailingExamples(t *testing.T) {
 	assert.Equal(t, map[string]int{"validation": len(keys)}, sum.StillFailing, sum.String())
 	require.Len(t, sum.FailingExamples, len(keys))
 	for i, ex := range sum.FailingExamples {
-		assert.Contains(t, keys, ex[:strings.Index(ex, ": ")], "each example starts with its job key: %s", ex)
+		key, _, found := strings.Cut(ex, ": ")
+		require.True(t, found, ex)
+		assert.Contains(t, keys, key, "each example starts with its job key: %s", ex)
 		assert.Contains(t, ex, "validation", "example %d names the category", i)
 		assert.Contains(t, ex, "price", "example %d names the field that is missing", i)
 	}

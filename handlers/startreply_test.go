@@ -56,7 +56,7 @@ type cancelDropper struct {
 
 func (c *cancelDropper) Write(b []byte) (int, error) {
 	if !c.wrote.Swap(true) && len(b) >= 8 && binary.BigEndian.Uint32(b[4:8]) == cancelRequestCode {
-		_ = c.Conn.Close()
+		_ = c.Close()
 		return 0, errors.New("cancel request lost (test partition)")
 	}
 	return c.Conn.Write(b)
