@@ -44,7 +44,7 @@ type jobPage struct {
 	Outbox     *outboxRow
 	Notes      []ops.Note
 	Budget     ops.Budget
-	Left       *leftView // nil: the kind is not registered here
+	Left       *leftView         // nil: the kind is not registered here
 	Window     *windowBudgetView // nil: the kind has no window budget here and its window spent nothing
 	Quarantine []quarantineView
 }
