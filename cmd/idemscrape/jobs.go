@@ -228,3 +228,38 @@ func moneyText(spend ops.WindowSpend, budget store.Cost, hasBudget bool) (string
 	}
 	return s, exhausted
 }
+
+// windowMoneyJSON is `status -json`'s window_money: the job's window against its kind's
+// money budget.
+type windowMoneyJSON struct {
+	SpentMicros  int64  `json:"spent_micros"`  // what the window's recorded attempts cost, in Currency
+	BudgetMicros int64  `json:"budget_micros"` // the kind's budget per window (-window-budget)
+	Currency     string `json:"currency"`
+	BudgetSpent  bool   `json:"budget_spent"` // nothing is left: no new attempt of the window starts
+	Text         string `json:"text"`         // as the table shows it
+}
+
+// windowMoney is the status line of the job's window against its kind's money budget
+// (budgets): "deferred: window budget spent (x of y)" for a runnable job of a spent window,
+// "x of y spent" otherwise; "" (and nil) when the kind's budget is not known here.
+func windowMoney(ctx context.Context, db *ops.Store, job store.Job, budgets budgetsFlag) (string, *windowMoneyJSON, error) {
+	budget, ok := budgets[job.Kind]
+	if !ok {
+		return "", nil, nil
+	}
+	spends, err := db.WindowSpends(ctx, []string{job.Kind}, []string{job.Window})
+	if err != nil {
+		return "", nil, err
+	}
+	spend := spends[[2]string{job.Kind, job.Window}]
+	ws := ops.WindowBudgetState{Budget: budget, Spent: spend.Of(budget.Currency)}
+	text := ws.Deferral(job.State, job.LastCategory)
+	if text == "" {
+		text = fmt.Sprintf("%s of %s spent", ws.Spent, budget)
+		if ws.Exhausted() {
+			text += ": nothing left, no new attempt of the window starts"
+		}
+	}
+	return text, &windowMoneyJSON{SpentMicros: ws.Spent.Micros, BudgetMicros: budget.Micros, Currency: budget.Currency,
+		BudgetSpent: ws.Exhausted(), Text: text}, nil
+}

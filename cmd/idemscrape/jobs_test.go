@@ -300,3 +300,72 @@ func TestJobsListing(t *testing.T) {
 		assert.Contains(t, r.stderr, "usage: idemscrape jobs")
 	}
 }
+
+// TestWindowBudgetShown: with the kinds' window budgets (-window-budget or
+// $IDEMSCRAPE_WINDOW_BUDGETS), `status` of a runnable job whose window's budget is spent
+// says "deferred: window budget spent (x of y)" (and -json says so), a job of a window with
+// money left shows its spend against the budget, and `windows` shows each window's spend
+// against its budget; without budgets, status is as before and windows shows the spend.
+func TestWindowBudgetShown(t *testing.T) {
+	ctx := context.Background()
+	f := newJobsFixture(t)
+	const winA, winB = "2026-04-23", "2026-04-24"
+	f.job(t, "a-fail", winA, tasks.StateFailed, tasks.CategoryParseError, 40)
+	retryA := f.job(t, "a-retry", winA, tasks.StateRetryable, tasks.CategoryThrottled, 30)
+	pendA := f.job(t, "a-pending", winA, tasks.StatePending, "", 0)
+	failB := f.job(t, "b-fail", winB, tasks.StateFailed, tasks.CategoryBudgetExceeded, 5)
+	budget := f.kind + "=0.00005 USD"
+
+	statusLine := func(t *testing.T, args ...string) string {
+		t.Helper()
+		r := f.run(t, append([]string{"status"}, args...)...)
+		require.Equal(t, 0, r.code, r.stderr)
+		for _, l := range strings.Split(r.stdout, "\n") {
+			if strings.HasPrefix(l, "window money") {
+				return strings.TrimSpace(strings.TrimPrefix(l, "window money"))
+			}
+		}
+		return ""
+	}
+	const spentA = "(0.000070 USD of 0.000050 USD)"
+	assert.Equal(t, "deferred: window budget spent "+spentA, statusLine(t, "-window-budget", budget, pendA))
+	assert.Equal(t, "deferred: window budget spent "+spentA, statusLine(t, "-window-budget", budget, retryA))
+	assert.Equal(t, "0.000005 USD of 0.000050 USD spent", statusLine(t, "-window-budget", budget, failB))
+	assert.Empty(t, statusLine(t, pendA), "no budget known: as before")
+
+	t.Setenv(envWindowBudgets, budget)
+	r := f.run(t, "status", "-json", pendA)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st struct {
+		WindowMoney *windowMoneyJSON `json:"window_money"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NotNil(t, st.WindowMoney)
+	assert.Equal(t, windowMoneyJSON{SpentMicros: 70, BudgetMicros: 50, Currency: "USD", BudgetSpent: true,
+		Text: "deferred: window budget spent " + spentA}, *st.WindowMoney)
+
+	// windows: spend against budget per window.
+	due := time.Date(2026, 4, 23, 6, 0, 0, 0, time.UTC)
+	for i, w := range []string{winA, winB} {
+		require.NoError(t, f.st.WindowBegin(ctx, store.WindowParams{Template: "daily", Window: w, Kind: f.kind, Due: due.Add(time.Duration(i) * 24 * time.Hour), Force: true}))
+	}
+	r = f.run(t, "windows")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "SPENT / BUDGET")
+	assert.Regexp(t, `(?m)^daily\s+2026-04-23\s.*\s0\.000070 USD of 0\.000050 USD \(spent\)\s*$`, r.stdout)
+	assert.Regexp(t, `(?m)^daily\s+2026-04-24\s.*\s0\.000005 USD of 0\.000050 USD\s*$`, r.stdout)
+	r = f.run(t, "windows", "-json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var ws []windowJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ws))
+	require.Len(t, ws, 2)
+	byWin := map[string]windowJSON{ws[0].Window: ws[0], ws[1].Window: ws[1]}
+	assert.True(t, byWin[winA].BudgetSpent)
+	assert.Equal(t, []windowSpentJSON{{Currency: "USD", Micros: 70}}, byWin[winA].Spent)
+	assert.False(t, byWin[winB].BudgetSpent)
+
+	t.Setenv(envWindowBudgets, "")
+	r = f.run(t, "windows")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Regexp(t, `(?m)^daily\s+2026-04-23\s.*\s0\.000070 USD\s*$`, r.stdout, "no budget known: the spend alone")
+}

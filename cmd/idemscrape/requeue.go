@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,7 +46,12 @@ var requeueCmd = command{
 			selecting := sf.describe() != ""
 			switch {
 			case len(pos) > 1:
-				return usageError{fmt.Sprintf("one KEY at most, got %d: select several with -window, -kind, -category, -prefix, -since", len(pos))}
+				quoted := make([]string, len(pos)-1)
+				for i, a := range pos[1:] {
+					quoted[i] = strconv.Quote(a)
+				}
+				return usageError{fmt.Sprintf("unexpected argument(s): %s (one KEY; select several jobs with -window, -kind, -category, -prefix, -since)",
+					strings.Join(quoted, " "))}
 			case len(pos) == 1 && selecting:
 				return usageError{"a KEY or selectors, not both"}
 			case len(pos) == 0 && !selecting:
