@@ -2,6 +2,7 @@ package ops
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -35,16 +36,17 @@ func (w WindowBudgetState) Deferral(state tasks.JobState, lastCategory string) s
 }
 
 // QuarantineWhy says, for an operator, what set a quarantined staging aside, from its
-// reason (the category of the failure that cut the unit): not every quarantine is a lost
-// session.
+// reason (the category of the failure that cut the unit, then its detail): not every
+// quarantine is a lost session.
 func QuarantineWhy(reason string) string {
-	switch tasks.Category(reason) {
+	category, _, _ := strings.Cut(reason, ":")
+	switch tasks.Category(strings.TrimSpace(category)) {
 	case tasks.CategorySessionLost, tasks.CategoryExitUnavailable, tasks.CategoryTimeout:
-		return "the session was cut (" + reason + "): the unit replays from step 1 on a new session, this half never merged"
+		return "the session was cut: the unit replays from step 1 on a new session (unless its restarts ran out or an unsafe step had run); this half is never merged"
 	case tasks.CategoryBudgetExceeded:
 		return "stopped by a budget (the job's bytes or money, or its window's), not a lost session: not replayed"
 	case tasks.CategoryValidation:
 		return "the staged data failed the unit's validation"
 	}
-	return "the attempt failed (" + reason + ") with data staged: not replayed"
+	return "the attempt failed with data staged: not replayed"
 }
