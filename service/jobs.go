@@ -71,10 +71,11 @@ type quarantineView struct {
 }
 
 type listPage struct {
-	Jobs    []jobListRow
-	Limit   int
-	Filter  listFilter
-	Budgets bool // window budgets are configured: the deferred filter can be used
+	Jobs     []jobListRow
+	Limit    int
+	Filter   listFilter
+	Budgets  bool  // window budgets are configured: the deferred filter can be used
+	Deferred int64 // on the default list: how many runnable jobs spent window budgets hold back
 }
 
 // listFilter is /jobs' query, as given (the form shows it again).
@@ -250,12 +251,22 @@ func (s *Service) serveJobList(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
-	jobs, err := ops.New(s.cfg.Store.Pool()).JobSelect(ctx, sel, s.cfg.JobListLimit)
+	db := ops.New(s.cfg.Store.Pool())
+	jobs, err := db.JobSelect(ctx, sel, s.cfg.JobListLimit)
 	if err != nil {
 		s.pageError(w, r, err)
 		return
 	}
-	render(w, "list", listPage{Jobs: jobs, Limit: s.cfg.JobListLimit, Filter: lf, Budgets: len(s.cfg.WindowBudgets) > 0})
+	page := listPage{Jobs: jobs, Limit: s.cfg.JobListLimit, Filter: lf, Budgets: len(s.cfg.WindowBudgets) > 0}
+	if !lf.Any() && page.Budgets {
+		// The default list is what needs a look; a job a spent window budget holds back is
+		// pending without an attempt, so it is counted here with a link to the list.
+		if page.Deferred, err = db.JobSelectCount(ctx, ops.Selector{Deferred: true, Budgets: s.cfg.WindowBudgets}); err != nil {
+			s.pageError(w, r, err)
+			return
+		}
+	}
+	render(w, "list", page)
 }
 
 // serveWindows is /windows: the schedule windows the schedulers recorded, newest first
@@ -434,6 +445,7 @@ nav a{margin-right:1em}
 {{if .Budgets}}<label><input type="checkbox" name="deferred" value="1"{{if .Filter.Deferred}} checked{{end}}> deferred (window budget spent)</label>{{end}}
 <button type="submit">filter</button> <a href="/jobs">reset</a>
 </form>
+{{if .Deferred}}<p id="deferred-note" class="retryable"><a href="/jobs?deferred=1">{{.Deferred}} job(s) deferred</a>: their window's money budget is spent (<a href="/windows">windows</a>).</p>{{end}}
 <p>The {{.Limit}} most recently updated, newest first. State: a comma-separated list, or <code>any</code> (deferred: pending and retryable unless given).
 Since: an RFC 3339 time or a duration back from now. The same filters: <code>idemscrape jobs</code>; re-queue failed ones with <code>idemscrape requeue</code> and the same selectors.</p>
 {{if .Jobs}}<table id="jobs">

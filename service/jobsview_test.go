@@ -149,6 +149,7 @@ func TestDeferredJobShown(t *testing.T) {
 	assert.Equal(t, []string{failA}, list(t, "?deferred=1&state=failed"))
 	assert.Equal(t, sorted(failA, retryA, failB), list(t, ""), "without the filter, as before")
 	assert.Equal(t, 1, page(t, "/jobs").Find(`#filter input[name=deferred]`).Length(), "the form offers the filter")
+	assert.Contains(t, page(t, "/jobs").Find("#deferred-note").Text(), "2 job(s) deferred", "the default list counts them")
 
 	due := time.Date(2026, 4, 23, 6, 0, 0, 0, time.UTC)
 	for i, w := range []string{winA, winB} {
