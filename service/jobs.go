@@ -221,7 +221,12 @@ func sortedKeys[V any](m map[string]V) []string {
 func (s *Service) serveJobList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	lf := listFilter{Kind: q.Get("kind"), State: q.Get("state"), Category: q.Get("category"), Window: q.Get("window"),
-		Prefix: q.Get("prefix"), Since: q.Get("since"), Deferred: q.Get("deferred") != ""}
+		Prefix: q.Get("prefix"), Since: q.Get("since")}
+	switch d := q.Get("deferred"); d {
+	case "", "0", "false", "off":
+	default:
+		lf.Deferred = true
+	}
 	for _, p := range []struct{ name, v string }{
 		{"kind", lf.Kind}, {"state", lf.State}, {"category", lf.Category}, {"window", lf.Window}, {"prefix", lf.Prefix},
 		{"since", lf.Since}, {"deferred", q.Get("deferred")},

@@ -88,13 +88,6 @@ func (f Selector) Validate() error {
 	return nil
 }
 
-// Empty reports whether the selector selects by nothing at all (no field set). A bulk
-// change refuses it: an empty selector would mean every job.
-func (f Selector) Empty() bool {
-	return f.Kind == "" && len(f.States) == 0 && f.Category == "" && f.Window == "" && f.KeyPrefix == "" &&
-		f.Since.IsZero() && !f.Deferred
-}
-
 // selectWith and selectWhere select a Selector's jobs j, with its arguments from $1 (args):
 // spent is the windows whose budget is spent (only computed for Deferred).
 const selectWith = `
