@@ -76,7 +76,12 @@ type listPage struct {
 	Filter   listFilter
 	Budgets  bool  // window budgets are configured: the deferred filter can be used
 	Deferred int64 // on the default list: how many runnable jobs spent window budgets hold back
+	// DeferredUncounted: the count did not answer within deferredCountTimeout.
+	DeferredUncounted bool
 }
+
+// deferredCountTimeout bounds the default /jobs list's count of deferred jobs.
+const deferredCountTimeout = 2 * time.Second
 
 // listFilter is /jobs' query, as given (the form shows it again).
 type listFilter struct {
@@ -265,10 +270,15 @@ func (s *Service) serveJobList(w http.ResponseWriter, r *http.Request) {
 	page := listPage{Jobs: jobs, Limit: s.cfg.JobListLimit, Filter: lf, Budgets: len(s.cfg.WindowBudgets) > 0}
 	if !lf.Any() && page.Budgets {
 		// The default list is what needs a look; a job a spent window budget holds back is
-		// pending without an attempt, so it is counted here with a link to the list.
-		if page.Deferred, err = db.JobSelectCount(ctx, ops.Selector{Deferred: true, Budgets: s.cfg.WindowBudgets}); err != nil {
-			s.pageError(w, r, err)
-			return
+		// pending without an attempt, so it is counted here with a link to the list. The
+		// count sums the attempts of every window with runnable jobs: bounded, and the page
+		// is shown without it rather than not at all.
+		cctx, ccancel := context.WithTimeout(ctx, deferredCountTimeout)
+		page.Deferred, err = db.JobSelectCount(cctx, ops.Selector{Deferred: true, Budgets: s.cfg.WindowBudgets})
+		ccancel()
+		if err != nil {
+			s.log.WarnContext(r.Context(), "/jobs: deferred jobs not counted", "err", err)
+			page.Deferred, page.DeferredUncounted = 0, true
 		}
 	}
 	render(w, "list", page)
@@ -450,7 +460,8 @@ nav a{margin-right:1em}
 {{if .Budgets}}<label><input type="checkbox" name="deferred" value="1"{{if .Filter.Deferred}} checked{{end}}> deferred (window budget spent)</label>{{end}}
 <button type="submit">filter</button> <a href="/jobs">reset</a>
 </form>
-{{if .Deferred}}<p id="deferred-note" class="retryable"><a href="/jobs?deferred=1">{{.Deferred}} job(s) deferred</a>: their window's money budget is spent (<a href="/windows">windows</a>).</p>{{end}}
+{{if .Deferred}}<p id="deferred-note" class="retryable"><a href="/jobs?deferred=1">{{.Deferred}} job(s) deferred</a>: their window's money budget is spent (<a href="/windows">windows</a>).</p>
+{{else if .DeferredUncounted}}<p id="deferred-note">Jobs deferred by a spent window budget were not counted in time: <a href="/jobs?deferred=1">list them</a>.</p>{{end}}
 <p>The {{.Limit}} most recently updated, newest first. State: a comma-separated list, or <code>any</code> (deferred: pending and retryable unless given).
 Since: an RFC 3339 time or a duration back from now. The same filters: <code>idemscrape jobs</code>; re-queue failed ones with <code>idemscrape requeue</code> and the same selectors.</p>
 {{if .Jobs}}<table id="jobs">

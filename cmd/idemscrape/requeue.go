@@ -21,6 +21,9 @@ import (
 const (
 	requeueDefaultMax = 1000
 	requeuePage       = 200
+	// requeueReportMax is how many refusals (and failed enqueues) of one kind a bulk
+	// re-queue prints on stderr; the summary counts them all.
+	requeueReportMax = 10
 )
 
 var requeueCmd = command{
@@ -40,7 +43,7 @@ var requeueCmd = command{
 		dryRun := fs.Bool("dry-run", false, "with selectors: print how many jobs match and their keys, change nothing")
 		maxJobs := fs.Int("max", requeueDefaultMax, "with selectors: refuse when more jobs than this match (narrow the selectors or raise it)")
 		return func(ctx context.Context, c *cli, pos []string) error {
-			if *by == "" {
+			if *by == "" && !*dryRun {
 				return usageError{"-by is empty and $USER is not set: say who re-queues"}
 			}
 			selecting := sf.describe() != ""
@@ -184,7 +187,9 @@ func requeueSelected(ctx context.Context, c *cli, sel ops.Selector, what, by, no
 				continue
 			case errors.Is(err, ops.ErrKeyMismatch):
 				mismatched++
-				fmt.Fprintf(c.stderr, "idemscrape requeue: refused, left failed: %v\n", err)
+				if mismatched <= requeueReportMax {
+					fmt.Fprintf(c.stderr, "idemscrape requeue: refused, left failed: %v\n", err)
+				}
 				continue
 			case err != nil:
 				return fmt.Errorf("%w (after re-queueing %d of %d)", err, requeued, n)
@@ -193,7 +198,9 @@ func requeueSelected(ctx context.Context, c *cli, sel ops.Selector, what, by, no
 			res, err := enq.Enqueue(ctx, ops.SpecOf(job))
 			if err != nil {
 				unqueued++
-				fmt.Fprintf(c.stderr, "idemscrape requeue: job %q is pending again but enqueueing its task failed: %v; the reconciler enqueues it\n", key, err)
+				if unqueued <= requeueReportMax {
+					fmt.Fprintf(c.stderr, "idemscrape requeue: job %q is pending again but enqueueing its task failed: %v; the reconciler enqueues it\n", key, err)
+				}
 				continue
 			}
 			outcomes[res.Outcome.String()]++
@@ -203,13 +210,16 @@ func requeueSelected(ctx context.Context, c *cli, sel ops.Selector, what, by, no
 	for _, o := range sortedKeys(outcomes) {
 		tasksDone = append(tasksDone, fmt.Sprintf("%d %s", outcomes[o], o))
 	}
+	if len(tasksDone) == 0 {
+		tasksDone = append(tasksDone, "none enqueued")
+	}
 	fmt.Fprintf(c.stdout, "requeued %d of %d failed job(s) matching %s by %s; tasks: %s", requeued, n, what, by,
 		strings.Join(tasksDone, ", "))
 	if skipped > 0 {
 		fmt.Fprintf(c.stdout, "; %d skipped (no longer failed)", skipped)
 	}
 	if mismatched > 0 {
-		fmt.Fprintf(c.stdout, "; %d refused (spec derives another key, left failed)", mismatched)
+		fmt.Fprintf(c.stdout, "; %d refused (spec derives another key, left failed; the first %d on stderr)", mismatched, min(mismatched, requeueReportMax))
 	}
 	if unqueued > 0 {
 		fmt.Fprintf(c.stdout, "; %d pending without a task yet (the reconciler enqueues them)", unqueued)
