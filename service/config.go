@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -19,6 +20,9 @@ import (
 	"github.com/idemscrape/idemscrape/store/outbox"
 	"github.com/idemscrape/idemscrape/tasks"
 )
+
+// currencyCode is an ISO 4217 code, as the attempts table stores it.
+var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
 
 // Config defaults.
 const (
@@ -176,6 +180,13 @@ type Config struct {
 	ReadyChecks []ReadyCheck
 	// JobListLimit is how many jobs /jobs lists. Defaults to DefaultJobListLimit.
 	JobListLimit int
+	// WindowBudgets are the kinds' money budgets per collection window, as given to
+	// handlers.WithWindowBudget (Money in micro-units, in the providers' currency), by kind:
+	// /windows shows each window's spend against its budget, a job page says when its job
+	// is deferred (or failed) because its window's budget is spent, and /jobs?deferred=1
+	// lists those jobs. PostgreSQL records what attempts cost, not the budgets. Defaults to
+	// none: the pages show the spend alone.
+	WindowBudgets map[string]store.Cost
 
 	// Gatherer is served on /metrics besides the registry's own gatherer (give the
 	// registry's Registerer here if you set handlers.Config.Registerer) and the service's
@@ -215,6 +226,11 @@ func (c *Config) Validate() error {
 		return errors.New("service: Config.BasicAuth needs a User and a Password")
 	case c.BasicAuth != nil && strings.Contains(c.BasicAuth.User, ":"):
 		return errors.New("service: Config.BasicAuth.User may not contain ':'")
+	}
+	for k, b := range c.WindowBudgets {
+		if k == "" || b.Micros <= 0 || !currencyCode.MatchString(b.Currency) {
+			return fmt.Errorf("service: Config.WindowBudgets[%q] = %d micro-units %q: want a kind, an amount > 0 and an ISO 4217 currency", k, b.Micros, b.Currency)
+		}
 	}
 	for q, w := range c.Queues {
 		if q == "" || strings.ContainsAny(q, "{}") {

@@ -9,6 +9,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"sort"
 	"time"
 
 	"github.com/idemscrape/idemscrape/handlers"
@@ -43,8 +44,16 @@ type jobPage struct {
 	Outbox     *outboxRow
 	Notes      []ops.Note
 	Budget     ops.Budget
-	Left       *leftView // nil: the kind is not registered here
+	Left       *leftView         // nil: the kind is not registered here
+	Window     *windowBudgetView // nil: the kind has no window budget here and its window spent nothing
 	Quarantine []quarantineView
+}
+
+// windowBudgetView is the job's collection window against its money budget.
+type windowBudgetView struct {
+	Spent    []store.Cost // what the window's recorded attempts cost, per currency
+	Budget   *store.Cost  // nil: no window budget configured for the kind (Config.WindowBudgets)
+	Deferral string       // "deferred: window budget spent (x of y)", or the failure it caused, or ""
 }
 
 // resultView is one result with its record, indented.
@@ -53,21 +62,31 @@ type resultView struct {
 	Record string
 }
 
-// quarantineView is one quarantined staging with its data, indented.
+// quarantineView is one quarantined staging with its data, indented, and what set it
+// aside.
 type quarantineView struct {
 	ops.Quarantined
 	Record string
+	Why    string
 }
 
 type listPage struct {
-	Jobs   []jobListRow
-	Limit  int
-	Filter listFilter
+	Jobs     []jobListRow
+	Limit    int
+	Filter   listFilter
+	Budgets  bool  // window budgets are configured: the deferred filter can be used
+	Deferred int64 // on the default list: how many runnable jobs spent window budgets hold back
+	// DeferredUncounted: the count did not answer within deferredCountTimeout.
+	DeferredUncounted bool
 }
+
+// deferredCountTimeout bounds the default /jobs list's count of deferred jobs.
+const deferredCountTimeout = 2 * time.Second
 
 // listFilter is /jobs' query, as given (the form shows it again).
 type listFilter struct {
-	Kind, State, Category, Window, Prefix string
+	Kind, State, Category, Window, Prefix, Since string
+	Deferred                                     bool
 }
 
 // Any reports whether the list is filtered beyond its default.
@@ -78,13 +97,26 @@ type windowRow struct {
 	store.Window
 	Jobs ops.WindowJobs
 	Gap  bool // the window's tick failed: its jobs may be missing (idemscrape windows -fill)
+	// Spent is what the window's recorded attempts cost (in the budget's currency first),
+	// Budget the kind's money budget per window (nil: none configured here), Exhausted
+	// whether it is spent (its runnable jobs are deferred or failed).
+	Spent     []store.Cost
+	Budget    *store.Cost
+	Exhausted bool
 }
 
 func (s *Service) serveJob(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
+	if err := ops.CheckText("the key", key); err != nil {
+		// No job is stored under it, and PostgreSQL would refuse the lookup: the request's
+		// mistake, not the store's (no ERROR logged).
+		http.Error(w, "/jobs/{key}: "+err.Error(), http.StatusBadRequest)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
-	st, err := ops.New(s.cfg.Store.Pool()).JobStatus(ctx, key, handlers.EventKey(key))
+	db := ops.New(s.cfg.Store.Pool())
+	st, err := db.JobStatus(ctx, key, handlers.EventKey(key))
 	if errors.Is(err, store.ErrJobNotFound) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(http.StatusNotFound)
@@ -107,10 +139,14 @@ func (s *Service) serveJob(w http.ResponseWriter, r *http.Request) {
 		p.Results = append(p.Results, resultView{Result: res, Record: pretty(res.Data)})
 	}
 	for _, q := range st.Quarantine {
-		p.Quarantine = append(p.Quarantine, quarantineView{Quarantined: q, Record: pretty(q.Staged)})
+		p.Quarantine = append(p.Quarantine, quarantineView{Quarantined: q, Record: pretty(q.Staged), Why: ops.QuarantineWhy(q.Reason)})
 	}
 	if cfg, ok := s.cfg.Registry.RetryBudget(st.Job.Kind); ok {
 		p.Left = budgetLeft(st, cfg)
+	}
+	if p.Window, err = s.windowBudget(ctx, db, st.Job); err != nil {
+		s.pageError(w, r, err)
+		return
 	}
 	render(w, "job", p)
 }
@@ -145,30 +181,107 @@ func budgetLeft(st ops.Status, cfg handlers.RetryConfig) *leftView {
 	}
 }
 
+// windowBudget is the job's window against the kind's money budget (Config.WindowBudgets)
+// and what its window's recorded attempts cost; nil when there is neither.
+func (s *Service) windowBudget(ctx context.Context, db *ops.Store, job store.Job) (*windowBudgetView, error) {
+	spends, err := db.WindowSpends(ctx, []string{job.Kind}, []string{job.Window})
+	if err != nil {
+		return nil, err
+	}
+	spend := spends[[2]string{job.Kind, job.Window}]
+	budget, ok := s.cfg.WindowBudgets[job.Kind]
+	if !ok && len(spend) == 0 {
+		return nil, nil
+	}
+	v := &windowBudgetView{}
+	for _, cur := range sortedKeys(spend) {
+		if !ok || cur != budget.Currency {
+			v.Spent = append(v.Spent, spend.Of(cur))
+		}
+	}
+	if ok {
+		b := budget
+		v.Budget = &b
+		ws := ops.WindowBudgetState{Budget: budget, Spent: spend.Of(budget.Currency)}
+		v.Spent = append([]store.Cost{ws.Spent}, v.Spent...)
+		v.Deferral = ws.Deferral(job.State, job.LastCategory)
+	}
+	return v, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // serveJobList is /jobs: the failed and retryable jobs, or those of the filter in the
 // query (kind, state: a comma-separated list or "any", category, window, prefix: of the
-// key). A filter that can not be run is a 400 that names it.
+// key, since: updated at or after, an RFC 3339 time or a duration back from now, deferred:
+// only jobs whose window's money budget is spent, see Config.WindowBudgets). A filter that
+// can not be run is a 400 that names it.
 func (s *Service) serveJobList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	lf := listFilter{Kind: q.Get("kind"), State: q.Get("state"), Category: q.Get("category"), Window: q.Get("window"), Prefix: q.Get("prefix")}
+	lf := listFilter{Kind: q.Get("kind"), State: q.Get("state"), Category: q.Get("category"), Window: q.Get("window"),
+		Prefix: q.Get("prefix"), Since: q.Get("since")}
+	switch d := q.Get("deferred"); d {
+	case "", "0", "false", "off":
+	default:
+		lf.Deferred = true
+	}
+	for _, p := range []struct{ name, v string }{
+		{"kind", lf.Kind}, {"state", lf.State}, {"category", lf.Category}, {"window", lf.Window}, {"prefix", lf.Prefix},
+		{"since", lf.Since}, {"deferred", q.Get("deferred")},
+	} {
+		// Checked before anything else reads them: a value PostgreSQL can not hold is the
+		// request's mistake, never "the job store did not answer".
+		if err := ops.CheckText(p.name, p.v); err != nil {
+			http.Error(w, "/jobs?"+p.name+"=: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+	}
 	states, err := ops.ParseStates(lf.State)
 	if err != nil {
 		http.Error(w, "/jobs?state=: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	f := ops.JobFilter{Kind: lf.Kind, States: states, Category: lf.Category, Window: lf.Window, KeyPrefix: lf.Prefix, Limit: s.cfg.JobListLimit}
-	if err := f.Validate(); err != nil {
+	since, err := ops.ParseSince(lf.Since, time.Now())
+	if err != nil {
+		http.Error(w, "/jobs?since=: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	sel := ops.Selector{Kind: lf.Kind, States: states, Category: lf.Category, Window: lf.Window, KeyPrefix: lf.Prefix,
+		Since: since, Deferred: lf.Deferred, Budgets: s.cfg.WindowBudgets}
+	if err := sel.Validate(); err != nil {
 		http.Error(w, "/jobs: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
-	jobs, err := ops.New(s.cfg.Store.Pool()).JobList(ctx, f)
+	db := ops.New(s.cfg.Store.Pool())
+	jobs, err := db.JobSelect(ctx, sel, s.cfg.JobListLimit)
 	if err != nil {
 		s.pageError(w, r, err)
 		return
 	}
-	render(w, "list", listPage{Jobs: jobs, Limit: s.cfg.JobListLimit, Filter: lf})
+	page := listPage{Jobs: jobs, Limit: s.cfg.JobListLimit, Filter: lf, Budgets: len(s.cfg.WindowBudgets) > 0}
+	if !lf.Any() && page.Budgets {
+		// The default list is what needs a look; a job a spent window budget holds back is
+		// pending without an attempt, so it is counted here with a link to the list. The
+		// count sums the attempts of every window with runnable jobs: bounded, and the page
+		// is shown without it rather than not at all.
+		cctx, ccancel := context.WithTimeout(ctx, deferredCountTimeout)
+		page.Deferred, err = db.JobSelectCount(cctx, ops.Selector{Deferred: true, Budgets: s.cfg.WindowBudgets})
+		ccancel()
+		if err != nil {
+			s.log.WarnContext(r.Context(), "/jobs: deferred jobs not counted", "err", err)
+			page.Deferred, page.DeferredUncounted = 0, true
+		}
+	}
+	render(w, "list", page)
 }
 
 // serveWindows is /windows: the schedule windows the schedulers recorded, newest first
@@ -187,14 +300,34 @@ func (s *Service) serveWindows(w http.ResponseWriter, r *http.Request) {
 	for i, x := range wins {
 		kinds[i], names[i] = x.Kind, x.Window
 	}
-	counts, err := ops.New(s.cfg.Store.Pool()).WindowJobCounts(ctx, kinds, names)
+	db := ops.New(s.cfg.Store.Pool())
+	counts, err := db.WindowJobCounts(ctx, kinds, names)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	spends, err := db.WindowSpends(ctx, kinds, names)
 	if err != nil {
 		s.pageError(w, r, err)
 		return
 	}
 	rows := make([]windowRow, len(wins))
 	for i, x := range wins {
-		rows[i] = windowRow{Window: x, Jobs: counts[[2]string{x.Kind, x.Window}], Gap: x.State == store.WindowFailed}
+		k := [2]string{x.Kind, x.Window}
+		rows[i] = windowRow{Window: x, Jobs: counts[k], Gap: x.State == store.WindowFailed}
+		spend := spends[k]
+		budget, ok := s.cfg.WindowBudgets[x.Kind]
+		if ok {
+			b := budget
+			rows[i].Budget = &b
+			rows[i].Spent = []store.Cost{spend.Of(budget.Currency)}
+			rows[i].Exhausted = ops.WindowBudgetState{Budget: budget, Spent: spend.Of(budget.Currency)}.Exhausted()
+		}
+		for _, cur := range sortedKeys(spend) {
+			if !ok || cur != budget.Currency {
+				rows[i].Spent = append(rows[i].Spent, spend.Of(cur))
+			}
+		}
 	}
 	render(w, "windows", struct {
 		Windows []windowRow
@@ -270,6 +403,7 @@ nav a{margin-right:1em}
 <tr><th>last category</th><td>{{orDash .Job.LastCategory}}</td></tr>
 <tr><th>next attempt</th><td>{{time .Job.NextAttemptAt}}</td></tr>
 <tr><th>bytes, all attempts</th><td>{{.Job.BytesTotal}}</td></tr>
+{{with .Window}}<tr><th>window money</th><td id="window-budget">{{if .Deferral}}<strong class="retryable">{{.Deferral}}</strong>{{else}}{{range $i, $c := .Spent}}{{if $i}} + {{end}}{{$c}}{{else}}nothing{{end}} spent{{with .Budget}} of {{.}}{{end}}{{end}}</td></tr>{{end}}
 {{with .Left}}<tr><th>retry budget left</th><td id="budget-left">{{.Attempts}} of {{.MaxAttempts}} attempts · {{.Bytes}} of {{.MaxBytes}} bytes · until {{time .Until}}</td></tr>{{end}}
 <tr><th>created · updated · completed</th><td>{{time .Job.CreatedAt}} · {{time .Job.UpdatedAt}} · {{time .Job.CompletedAt}}</td></tr>
 </table>
@@ -291,10 +425,10 @@ nav a{margin-right:1em}
 {{end}}</table>{{else}}<p>No result.</p>{{end}}
 
 {{if .Quarantine}}<h2>Quarantined staging</h2>
-<p>What a unit had staged when it lost its session; it was replayed from step 1 on a new session, and these halves were never merged with the replay's.</p>
+<p>What a unit had staged when its attempt was cut, set aside and never merged with what a later run staged. The reason says what cut it: a lost session (the unit replays from step 1 on a new session), a budget, a validation failure.</p>
 <table id="quarantine">
 <tr><th>attempt</th><th>session</th><th>reason</th><th>created</th></tr>
-{{range .Quarantine}}<tr><td>{{.AttemptNo}}</td><td><code>{{orDash .SessionID}}</code></td><td>{{.Reason}}</td><td>{{time .CreatedAt}}</td></tr>
+{{range .Quarantine}}<tr><td>{{.AttemptNo}}</td><td><code>{{orDash .SessionID}}</code></td><td title="{{.Why}}">{{.Reason}}: {{.Why}}</td><td>{{time .CreatedAt}}</td></tr>
 <tr><td colspan="4"><pre class="record">{{.Record}}</pre></td></tr>
 {{end}}</table>{{end}}
 
@@ -322,9 +456,14 @@ nav a{margin-right:1em}
 <label>category <input name="category" value="{{.Filter.Category}}" size="14"></label>
 <label>window <input name="window" value="{{.Filter.Window}}" size="12"></label>
 <label>key prefix <input name="prefix" value="{{.Filter.Prefix}}" size="24"></label>
+<label>since <input name="since" value="{{.Filter.Since}}" size="12" placeholder="24h"></label>
+{{if .Budgets}}<label><input type="checkbox" name="deferred" value="1"{{if .Filter.Deferred}} checked{{end}}> deferred (window budget spent)</label>{{end}}
 <button type="submit">filter</button> <a href="/jobs">reset</a>
 </form>
-<p>The {{.Limit}} most recently updated, newest first. State: a comma-separated list, or <code>any</code>.</p>
+{{if .Deferred}}<p id="deferred-note" class="retryable"><a href="/jobs?deferred=1">{{.Deferred}} job(s) deferred</a>: their window's money budget is spent (<a href="/windows">windows</a>).</p>
+{{else if .DeferredUncounted}}<p id="deferred-note">Jobs deferred by a spent window budget were not counted in time: <a href="/jobs?deferred=1">list them</a>.</p>{{end}}
+<p>The {{.Limit}} most recently updated, newest first. State: a comma-separated list, or <code>any</code> (deferred: pending and retryable unless given).
+Since: an RFC 3339 time or a duration back from now. The same filters: <code>idemscrape jobs</code>; re-queue failed ones with <code>idemscrape requeue</code> and the same selectors.</p>
 {{if .Jobs}}<table id="jobs">
 <tr><th>key</th><th>kind</th><th>state</th><th>attempts</th><th>category</th><th>updated</th><th>next attempt</th></tr>
 {{range .Jobs}}<tr><td><a href="{{jobURL .Key}}"><code>{{.Key}}</code></a></td><td>{{.Kind}}</td><td class="{{.State}}">{{.State}}</td>
@@ -337,14 +476,16 @@ nav a{margin-right:1em}
 <h1>Schedule windows</h1>
 <p>The {{.Limit}} latest recorded windows, newest first per template. A <span class="failed">gap</span> is a window whose tick failed
 past its retries: fill it with <code>idemscrape windows -fill TEMPLATE WINDOW</code>. Windows that were due and have no row at all are
-listed by <code>idemscrape windows -gaps</code>, which knows the schedules.</p>
+listed by <code>idemscrape windows -gaps</code>, which knows the schedules. Spent is what the window's recorded attempts cost; the budget,
+a kind's money budget per window as this worker is configured (none: —). A spent budget defers or fails the window's remaining jobs.</p>
 {{if .Windows}}<table id="windows">
-<tr><th>template</th><th>window</th><th>kind</th><th>due</th><th>tick</th><th>tries</th><th>specs · enqueued</th><th>pending</th><th>running</th><th>retryable</th><th>complete</th><th>failed</th><th>gap</th></tr>
+<tr><th>template</th><th>window</th><th>kind</th><th>due</th><th>tick</th><th>tries</th><th>specs · enqueued</th><th>pending</th><th>running</th><th>retryable</th><th>complete</th><th>failed</th><th>gap</th><th>spent · budget</th></tr>
 {{range .Windows}}<tr class="window">
 <td>{{.Template}}</td><td><a href="/jobs?kind={{.Kind}}&amp;window={{.Window.Window}}&amp;state=any">{{.Window.Window}}</a></td><td>{{.Kind}}</td><td>{{time .Due}}</td>
 <td class="{{.State}}">{{.State}}{{if .LastError}}: {{.LastError}}{{end}}</td><td>{{.Tries}}</td><td>{{.Specs}} · {{.Enqueued}}</td>
 <td>{{.Jobs.Pending}}</td><td>{{.Jobs.Running}}</td><td>{{.Jobs.Retryable}}</td><td class="complete">{{.Jobs.Complete}}</td>
-<td class="failed">{{.Jobs.Failed}}</td><td class="gap">{{if .Gap}}<span class="failed">gap</span>{{else}}—{{end}}</td></tr>
+<td class="failed">{{.Jobs.Failed}}</td><td class="gap">{{if .Gap}}<span class="failed">gap</span>{{else}}—{{end}}</td>
+<td class="money{{if .Exhausted}} failed{{end}}">{{range $i, $c := .Spent}}{{if $i}} + {{end}}{{$c}}{{else}}—{{end}}{{with .Budget}} of {{.}}{{end}}{{if .Exhausted}} <a href="/jobs?kind={{.Kind}}&amp;window={{.Window.Window}}&amp;deferred=1">spent</a>{{end}}</td></tr>
 {{end}}</table>{{else}}<p>No window recorded yet (the scheduler records each due window before it enqueues it).</p>{{end}}
 </body></html>
 {{end}}

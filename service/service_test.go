@@ -56,6 +56,8 @@ type setupOpts struct {
 	noDisp    bool
 	provider  *sessions.Provider // default: Oxylabs on its real gateway, never reached
 	shop      string             // catalog base URL; default: a closed port
+	logger    *slog.Logger       // default: quiet
+	budgets   map[string]store.Cost
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -90,6 +92,10 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow(shop), catalog.Parse))
 
+	logger := o.logger
+	if logger == nil {
+		logger = quietLogger()
+	}
 	httpAddr := o.httpAddr
 	if httpAddr == "" {
 		httpAddr = "127.0.0.1:0"
@@ -106,7 +112,8 @@ func setup(t *testing.T, o setupOpts) *bundle {
 		HTTPInsecure:       o.insecure,
 		BasicAuth:          o.auth,
 		ReadyChecks:        o.checks,
-		Logger:             quietLogger(),
+		WindowBudgets:      o.budgets,
+		Logger:             logger,
 		AsynqLogLevel:      asynq.FatalLevel,
 	})
 	require.NoError(t, err)
@@ -665,10 +672,10 @@ func TestJobListFiltersAndWindows(t *testing.T) {
 	newest, older := cells(0), cells(1)
 	assert.Equal(t, []string{"daily", "2026-04-24", "catalog"}, newest[:3])
 	assert.Contains(t, newest[4], "failed: ")
-	assert.Equal(t, []string{"0", "0", "0", "0", "1", "gap"}, newest[7:])
+	assert.Equal(t, []string{"0", "0", "0", "0", "1", "gap"}, newest[7:13])
 	assert.Equal(t, []string{"daily", "2026-04-23", "catalog"}, older[:3])
 	assert.Equal(t, "2 · 2", older[6])
-	assert.Equal(t, []string{"1", "0", "0", "0", "1", "—"}, older[7:], "the catalog jobs of the window by state; reviews' are another kind")
+	assert.Equal(t, []string{"1", "0", "0", "0", "1", "—"}, older[7:13], "the catalog jobs of the window by state; reviews' are another kind")
 	href, _ := rows.Eq(1).Find("td a").Attr("href")
 	assert.Equal(t, "/jobs?kind=catalog&window=2026-04-23&state=any", href)
 }

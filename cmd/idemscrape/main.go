@@ -7,7 +7,9 @@
 //	idemscrape status [-json] KEY       the job, its attempt timeline, result and outbox event
 //	idemscrape stats [-json]            the six duplicate-work measures, maintenance, diagnosis
 //	idemscrape audit [-json] ...        check the invariants; exit 1 naming each broken one
+//	idemscrape jobs [-kind K ...]       list jobs with /jobs' filters (table or -json)
 //	idemscrape requeue [-by WHO] KEY    a failed job back to pending with a fresh retry budget
+//	idemscrape requeue -window W ...    the same for every failed job selectors match (-dry-run)
 //	idemscrape reparse [-dry-run] ...   run a parser version over saved inputs, no network
 //	idemscrape windows [-gaps|-fill T W] the scheduler's collection windows: gaps, refills
 //
@@ -49,7 +51,7 @@ type command struct {
 	npos     int // exact number of positional arguments; -1: any (the command checks them)
 }
 
-var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, statsCmd, auditCmd, requeueCmd, reparseCmd, windowsCmd}
+var commands = []command{migrateCmd, enqueueCmd, keyCmd, statusCmd, jobsCmd, statsCmd, auditCmd, requeueCmd, reparseCmd, windowsCmd}
 
 // cli is what every command gets: its output streams, and the database on demand (db).
 type cli struct {

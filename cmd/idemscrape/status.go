@@ -24,7 +24,11 @@ var statusCmd = command{
 		"category, HTTP status, bytes, error), its result, its outbox event and the operators' notes.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		asJSON := fs.Bool("json", false, "print JSON (snake_case fields) instead of tables")
+		budgets, budgetsErr := addBudgetsFlag(fs) // the window's money against its budget (jobs.go)
 		return func(ctx context.Context, c *cli, pos []string) error {
+			if err := budgetsErr(); err != nil {
+				return err
+			}
 			key := pos[0]
 			pool, err := c.db(ctx)
 			if err != nil {
@@ -37,10 +41,16 @@ var statusCmd = command{
 			if err != nil {
 				return err
 			}
-			if *asJSON {
-				return writeJSON(c.stdout, statusJSONOf(st))
+			money, moneyJSON, err := windowMoney(ctx, ops.New(pool), st.Job, budgets)
+			if err != nil {
+				return err
 			}
-			return writeStatus(c.stdout, st)
+			if *asJSON {
+				out := statusJSONOf(st)
+				out.WindowMoney = moneyJSON
+				return writeJSON(c.stdout, out)
+			}
+			return writeStatus(c.stdout, st, money)
 		}
 	},
 }
@@ -76,7 +86,8 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func writeStatus(w io.Writer, st ops.Status) error {
+// writeStatus writes the job's status; money is its window's money line ("": none).
+func writeStatus(w io.Writer, st ops.Status, money string) error {
 	j := st.Job
 	source := "url " + j.URL
 	if j.URL == "" {
@@ -93,6 +104,9 @@ func writeStatus(w io.Writer, st ops.Status) error {
 	fmt.Fprintf(tw, "last category\t%s\n", dash(j.LastCategory))
 	fmt.Fprintf(tw, "next attempt\t%s\n", fmtTimePtr(j.NextAttemptAt))
 	fmt.Fprintf(tw, "bytes, all attempts\t%d\n", j.BytesTotal)
+	if money != "" {
+		fmt.Fprintf(tw, "window money\t%s\n", money)
+	}
 	if b := st.Budget; b.Since != nil {
 		fmt.Fprintf(tw, "retry budget\tfresh since %s: counts attempts after #%d, bytes after %d\n", fmtTime(*b.Since), b.Attempts, b.Bytes)
 	}
@@ -137,9 +151,10 @@ func writeStatus(w io.Writer, st ops.Status) error {
 	}
 
 	if len(st.Quarantine) > 0 {
-		fmt.Fprintln(w, "\nquarantined staging (a unit that lost its session, replayed from step 1; never merged)")
+		fmt.Fprintln(w, "\nquarantined staging (what a cut attempt had staged; never merged)")
 		for _, q := range st.Quarantine {
-			fmt.Fprintf(w, "  attempt #%d, session %s, %s, %s:\n%s\n", q.AttemptNo, dash(q.SessionID), q.Reason, fmtTime(q.CreatedAt), indentJSON(q.Staged, "    "))
+			fmt.Fprintf(w, "  attempt #%d, session %s, %s (%s), %s:\n%s\n", q.AttemptNo, dash(q.SessionID), q.Reason,
+				ops.QuarantineWhy(q.Reason), fmtTime(q.CreatedAt), indentJSON(q.Staged, "    "))
 		}
 	}
 
@@ -229,6 +244,9 @@ type (
 		Notes      []ops.Note        `json:"notes"`
 		Budget     ops.Budget        `json:"retry_budget"`
 		Quarantine []ops.Quarantined `json:"quarantine"`
+		// WindowMoney is the job's window against its kind's money budget; null when the
+		// budget is not known here (-window-budget).
+		WindowMoney *windowMoneyJSON `json:"window_money"`
 	}
 )
 

@@ -12,12 +12,14 @@ import (
 
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/store/ops"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
 var windowsCmd = command{
 	name: "windows", args: "[TEMPLATE WINDOW]", npos: -1,
-	summary: "The scheduler's windows (template × window: due, state, tries, specs enqueued, last error), newest first.\n" +
+	summary: "The scheduler's windows (template × window: due, state, tries, specs enqueued, what its attempts cost against\n" +
+		"the kind's money budget per window (-window-budget), last error), newest first.\n" +
 		"-gaps lists, from the scheduler's configuration (-config), every due window that was never enqueued and is no\n" +
 		"longer being retried (exit 1 when there is one); -fill TEMPLATE WINDOW enqueues one window now: jobs that exist\n" +
 		"are found, not enqueued again, so a fill is safe beside running schedulers and safe to repeat. A window whose\n" +
@@ -33,7 +35,11 @@ var windowsCmd = command{
 		limit := fs.Int("limit", 100, "at most this many windows (without -gaps)")
 		allowLoopback := fs.Bool("allow-loopback", false, "allow loopback source URLs when filling (demos and tests only)")
 		asJSON := fs.Bool("json", false, "print JSON")
+		budgets, budgetsErr := addBudgetsFlag(fs)
 		return func(ctx context.Context, c *cli, pos []string) error {
+			if err := budgetsErr(); err != nil {
+				return err
+			}
 			switch {
 			case *gaps && *fill:
 				return usageError{"-gaps and -fill can not be combined"}
@@ -58,7 +64,11 @@ var windowsCmd = command{
 				if err != nil {
 					return err
 				}
-				return printWindows(c, ws, *asJSON)
+				spends, err := windowSpendsOf(ctx, ops.New(pool), ws)
+				if err != nil {
+					return err
+				}
+				return printWindows(c, ws, spends, budgets, *asJSON)
 			}
 			file, err := scheduler.LoadFile(*config)
 			if err != nil {
@@ -163,22 +173,47 @@ type windowJSON struct {
 	Enqueued   int        `json:"enqueued"`
 	EnqueuedAt *time.Time `json:"enqueued_at,omitempty"`
 	LastError  string     `json:"last_error,omitempty"`
+	// Spent is what the window's recorded attempts cost, per currency; BudgetMicros the
+	// kind's money budget per window (-window-budget; absent: unknown here), in Currency;
+	// BudgetSpent whether nothing is left of it.
+	Spent        []windowSpentJSON `json:"spent"`
+	BudgetMicros *int64            `json:"budget_micros,omitempty"`
+	Currency     string            `json:"currency,omitempty"`
+	BudgetSpent  bool              `json:"budget_spent"`
 }
 
-func printWindows(c *cli, ws []store.Window, asJSON bool) error {
+// windowSpentJSON is what a window's attempts cost in one currency.
+type windowSpentJSON struct {
+	Currency string `json:"currency"`
+	Micros   int64  `json:"micros"`
+}
+
+func printWindows(c *cli, ws []store.Window, spends map[[2]string]ops.WindowSpend, budgets budgetsFlag, asJSON bool) error {
 	if asJSON {
 		out := make([]windowJSON, 0, len(ws))
 		for _, w := range ws {
-			out = append(out, windowJSON{Template: w.Template, Window: w.Window, Kind: w.Kind, Due: w.Due, State: w.State,
-				Tries: w.Tries, Specs: w.Specs, Enqueued: w.Enqueued, EnqueuedAt: w.EnqueuedAt, LastError: w.LastError})
+			x := windowJSON{Template: w.Template, Window: w.Window, Kind: w.Kind, Due: w.Due, State: w.State,
+				Tries: w.Tries, Specs: w.Specs, Enqueued: w.Enqueued, EnqueuedAt: w.EnqueuedAt, LastError: w.LastError,
+				Spent: []windowSpentJSON{}}
+			spend := spends[[2]string{w.Kind, w.Window}]
+			for _, cur := range sortedKeys(spend) {
+				x.Spent = append(x.Spent, windowSpentJSON{Currency: cur, Micros: spend[cur]})
+			}
+			if b, ok := budgets[w.Kind]; ok {
+				x.BudgetMicros, x.Currency = &b.Micros, b.Currency
+				x.BudgetSpent = ops.WindowBudgetState{Budget: b, Spent: spend.Of(b.Currency)}.Exhausted()
+			}
+			out = append(out, x)
 		}
 		return json.NewEncoder(c.stdout).Encode(out)
 	}
 	tw := tabwriter.NewWriter(c.stdout, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "TEMPLATE\tWINDOW\tDUE\tSTATE\tTRIES\tSPECS\tENQUEUED\tLAST ERROR")
+	fmt.Fprintln(tw, "TEMPLATE\tWINDOW\tDUE\tSTATE\tTRIES\tSPECS\tENQUEUED\tSPENT / BUDGET\tLAST ERROR")
 	for _, w := range ws {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", w.Template, w.Window, w.Due.Format(time.RFC3339), w.State,
-			w.Tries, w.Specs, w.Enqueued, w.LastError)
+		b, ok := budgets[w.Kind]
+		money, _ := moneyText(spends[[2]string{w.Kind, w.Window}], b, ok)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", w.Template, w.Window, w.Due.Format(time.RFC3339), w.State,
+			w.Tries, w.Specs, w.Enqueued, money, w.LastError)
 	}
 	return tw.Flush()
 }
