@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -93,6 +94,33 @@ func TestJobPageInBrowser(t *testing.T) {
 		require.NoError(t, err)
 		assert.Contains(t, text, b.queue)
 		shot(t, "monitoring.png")
+	})
+
+	t.Run("AsynqTaskLinked", func(t *testing.T) {
+		// asynqmon's lists cut a task ID at its first "-" (catalog:sku): the job page links
+		// to the task's own page, which shows the whole ID.
+		qkey := "catalog:sku-77:US:2026-04-23:v1"
+		_, err := b.st.JobsRecord(ctx, []tasks.JobRecord{{Key: qkey, Queue: b.queue,
+			Spec: tasks.Spec{Kind: catalog.Kind, SourceID: "sku-77", Country: "US", Window: "2026-04-23", ParserVersion: 1}}})
+		require.NoError(t, err)
+		client := asynq.NewClient(b.opt)
+		defer client.Close()
+		_, err = client.Enqueue(asynq.NewTask(catalog.Kind, []byte(`{"key":"`+qkey+`"}`)), asynq.Queue(b.queue), asynq.TaskID(qkey), asynq.ProcessIn(time.Hour))
+		require.NoError(t, err)
+		require.NoError(t, chromedp.Do(tctx,
+			chromedp.Navigate(b.base+"/jobs/"+url.PathEscape(qkey)),
+			chromedp.WaitVisible(chromedp.ID("asynq-task")),
+		))
+		href, err := chromedp.Run(tctx, chromedp.Evaluate[string](`document.getElementById("asynq-task").href`))
+		require.NoError(t, err)
+		require.NoError(t, chromedp.Do(tctx, chromedp.Navigate(href)))
+		_, err = chromedp.Run(tctx, chromedp.Poll[bool](`document.body.innerText.includes(`+strconv.Quote(qkey)+`)`,
+			chromedp.WithPollingTimeout(60*time.Second)))
+		require.NoError(t, err, "asynqmon's task page never showed the whole task ID %s", qkey)
+		loc, err := chromedp.Run(tctx, chromedp.Location())
+		require.NoError(t, err)
+		assert.Contains(t, loc, "/monitoring/queues/"+b.queue+"/tasks/")
+		shot(t, "task.png")
 	})
 
 	t.Run("JobTimeline", func(t *testing.T) {

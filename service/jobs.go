@@ -15,6 +15,7 @@ import (
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 // pageTimeout bounds the queries of one page.
@@ -361,6 +362,22 @@ func fmtTime(t any) string {
 	return fmt.Sprint(t)
 }
 
+// queueOf is the asynq queue of job's task: the one recorded with the job, else its
+// kind's (tasks.QueueFor, as the enqueuers and the worker default to).
+func queueOf(job store.Job) string {
+	if job.Queue != "" {
+		return job.Queue
+	}
+	return tasks.QueueFor(job.Kind)
+}
+
+// taskURL is asynqmon's page of job's task (its ID is the job key, tasks.Enqueuer). The
+// link goes one way: asynqmon's pages can not link back, but they show the task's payload,
+// which holds the key (the job page is /jobs/<key>).
+func taskURL(job store.Job) string {
+	return DefaultMonitoringPath + "/queues/" + url.PathEscape(queueOf(job)) + "/tasks/" + url.PathEscape(job.Key)
+}
+
 func orDash(s string) string {
 	if s == "" {
 		return "—"
@@ -369,7 +386,7 @@ func orDash(s string) string {
 }
 
 var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
-	"jobURL": jobURL, "time": fmtTime, "orDash": orDash,
+	"jobURL": jobURL, "time": fmtTime, "orDash": orDash, "taskURL": taskURL, "queueOf": queueOf,
 }).Parse(`
 {{define "head"}}<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{{.}} · idemscrape</title>
@@ -406,6 +423,7 @@ nav a{margin-right:1em}
 {{with .Window}}<tr><th>window money</th><td id="window-budget">{{if .Deferral}}<strong class="retryable">{{.Deferral}}</strong>{{else}}{{range $i, $c := .Spent}}{{if $i}} + {{end}}{{$c}}{{else}}nothing{{end}} spent{{with .Budget}} of {{.}}{{end}}{{end}}</td></tr>{{end}}
 {{with .Left}}<tr><th>retry budget left</th><td id="budget-left">{{.Attempts}} of {{.MaxAttempts}} attempts · {{.Bytes}} of {{.MaxBytes}} bytes · until {{time .Until}}</td></tr>{{end}}
 <tr><th>created · updated · completed</th><td>{{time .Job.CreatedAt}} · {{time .Job.UpdatedAt}} · {{time .Job.CompletedAt}}</td></tr>
+<tr><th>asynq task</th><td>{{if or (eq (print .Job.State) "complete") (eq (print .Job.State) "failed")}}none: asynq deletes a job's task once it ends{{else}}<a id="asynq-task" href="{{taskURL .Job}}">{{queueOf .Job}} · {{.Job.Key}}</a> (asynqmon; its lists show a task ID only up to its first "-"){{end}}</td></tr>
 </table>
 
 <h2>Attempts</h2>
