@@ -122,7 +122,9 @@ type Config struct {
 	// when a node fails, as cmd/worker's does). Required.
 	Redis redis.UniversalClient
 	// RedisConnOpt connects the asynq server and asynqmon (each opens its own
-	// connections): the same server or cluster as Redis. Required.
+	// connections): the same server or cluster as Redis. Defaults to Redis's own options
+	// (a *redis.Client's or *redis.ClusterClient's: address or nodes, credentials, TLS,
+	// database), so the server is named once; required only with another kind of client.
 	RedisConnOpt asynq.RedisConnOpt
 	// Queues are the asynq queues served, with their priority weights. Defaults to one
 	// queue per registered kind, tasks.QueueFor(kind) (the kind's name), weight 1: where the
@@ -208,8 +210,9 @@ func (c *Config) Validate() error {
 		return errors.New("service: Config.Store is required")
 	case c.Redis == nil:
 		return errors.New("service: Config.Redis is required")
-	case c.RedisConnOpt == nil:
-		return errors.New("service: Config.RedisConnOpt is required")
+	case c.RedisConnOpt == nil && !derivesConnOpt(c.Redis):
+		_, err := connOptOf(c.Redis)
+		return err
 	case c.Concurrency < 0:
 		return fmt.Errorf("service: Config.Concurrency %d is negative", c.Concurrency)
 	case c.ShutdownTimeout < 0:
@@ -259,6 +262,9 @@ func (c *Config) Validate() error {
 // withDefaults returns a copy of c with every default filled in. c must be valid.
 func (c *Config) withDefaults() Config {
 	o := *c
+	if o.RedisConnOpt == nil {
+		o.RedisConnOpt, _ = connOptOf(o.Redis) // Validate checked it can
+	}
 	if len(o.Queues) == 0 {
 		o.Queues = map[string]int{}
 		for _, k := range o.Registry.Kinds() {

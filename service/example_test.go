@@ -7,7 +7,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -50,13 +49,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	svc, err := service.New(service.Config{
-		Registry:     reg,
-		Store:        store.New(pool),
-		Redis:        rdb,
-		RedisConnOpt: asynq.RedisClientOpt{Addr: "127.0.0.1:6379"},
-		Queues:       map[string]int{catalog.Kind: 1}, // one queue per kind, named like it
-		HTTPAddr:     "127.0.0.1:8080",                // /metrics /healthz /readyz /monitoring /jobs
-		BasicAuth:    auth,
+		Registry:  reg,
+		Store:     store.New(pool),
+		Redis:     rdb,                             // asynq's server and asynqmon connect with its options
+		Queues:    map[string]int{catalog.Kind: 1}, // one queue per kind, named like it
+		HTTPAddr:  "127.0.0.1:8080",                // /metrics /healthz /readyz /monitoring /jobs
+		BasicAuth: auth,
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -20,7 +20,7 @@
 //	reg, _ := handlers.NewRegistry(handlers.Config{...})
 //	_ = reg.Register("catalog", workflow, parser)
 //	svc, err := service.New(service.Config{Registry: reg, Store: st, Redis: rdb,
-//		RedisConnOpt: asynq.RedisClientOpt{Addr: addr}, Queues: map[string]int{"catalog": 1}})
+//		Queues: map[string]int{"catalog": 1}})
 //	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 //	defer stop()
 //	err = svc.Run(ctx) // returns nil after a clean shutdown

@@ -679,3 +679,47 @@ func TestJobListFiltersAndWindows(t *testing.T) {
 	href, _ := rows.Eq(1).Find("td a").Attr("href")
 	assert.Equal(t, "/jobs?kind=catalog&window=2026-04-23&state=any", href)
 }
+
+// TestRedisNamedOnce: with Config.RedisConnOpt left out, the asynq server and asynqmon
+// connect with Config.Redis's own options: a task is processed and asynqmon lists its
+// queue; a client whose options can not be read needs the option, said by name.
+func TestRedisNamedOnce(t *testing.T) {
+	ctx := context.Background()
+	ns := testutil.Redis(t)
+	st := store.New(testutil.PG(t))
+	provider, err := sessions.Oxylabs("user", "secret-password")
+	require.NoError(t, err)
+	reg, err := handlers.NewRegistry(handlers.Config{Store: st, Redis: ns.Client, Provider: provider, KeyPrefix: ns.Prefix,
+		Logger: quietLogger(), Collector: sessions.CollectorConfig{Guard: sessions.LoopbackGuard()}})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Register(catalog.Kind, catalog.Workflow("http://127.0.0.1:9"), catalog.Parse))
+	svc, err := service.New(service.Config{Registry: reg, Store: st, Redis: ns.Client, Queues: map[string]int{ns.Queue: 1},
+		HTTPAddr: "127.0.0.1:0", NoDispatcher: true, ShutdownTimeout: time.Second, Logger: quietLogger(), AsynqLogLevel: asynq.FatalLevel})
+	require.NoError(t, err)
+	require.NoError(t, svc.Start(ctx))
+	t.Cleanup(func() { assert.NoError(t, svc.Shutdown(context.Background())) })
+
+	// A task of a kind nobody registered is archived by the asynq server: it took it from
+	// the queue through its own connection.
+	client := asynq.NewClientFromRedisClient(ns.Client)
+	_, err = client.Enqueue(asynq.NewTask("nobody", nil), asynq.Queue(ns.Queue), asynq.TaskID("probe"), asynq.MaxRetry(0))
+	require.NoError(t, err)
+	insp := asynq.NewInspectorFromRedisClient(ns.Client)
+	require.Eventually(t, func() bool {
+		info, err := insp.GetTaskInfo(ns.Queue, "probe")
+		return err == nil && info.State == asynq.TaskStateArchived
+	}, time.Minute, 20*time.Millisecond, "the asynq server never took the task")
+
+	res, err := http.Get("http://" + svc.HTTPAddr() + "/monitoring/api/queues")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode, string(body))
+	assert.Contains(t, string(body), ns.Queue, "asynqmon reads the same Redis")
+
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	defer ring.Close()
+	_, err = service.New(service.Config{Registry: reg, Store: st, Redis: ring})
+	require.ErrorContains(t, err, "Config.RedisConnOpt is required with a *redis.Ring")
+}
