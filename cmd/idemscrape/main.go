@@ -288,6 +288,21 @@ func redisConfig() (envflag.RedisConfig, error) {
 	return rc, nil
 }
 
+// redisHint adds to err, a Redis command's failure, what an operator most likely got
+// wrong: a server that closes a plain connection at once (EOF, reset) is usually a TLS
+// server, which wants a rediss:// URL.
+func redisHint(err error, rc envflag.RedisConfig) error {
+	if err == nil || rc.TLS != nil {
+		return err
+	}
+	msg := err.Error()
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || strings.HasSuffix(msg, "EOF") || strings.Contains(msg, "connection reset by peer") {
+		return fmt.Errorf("%w (the Redis server closed the connection at once: if it expects TLS, "+
+			"write IDEMSCRAPE_REDIS as a rediss:// URL, e.g. rediss://host:6380, with IDEMSCRAPE_REDIS_TLS_CA for a private CA)", err)
+	}
+	return err
+}
+
 // sortedKeys returns m's keys in order.
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))

@@ -330,6 +330,9 @@ func parseQueues(s string) (map[string]int, error) {
 		if name == "" {
 			return nil, fmt.Errorf("-queues: %q: empty queue name", part)
 		}
+		if err := tasks.CheckQueue(name); err != nil {
+			return nil, fmt.Errorf("-queues ($IDEMSCRAPE_QUEUES): %q: %w", part, err)
+		}
 		out[name] = w
 	}
 	return out, nil
