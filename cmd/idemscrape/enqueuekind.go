@@ -81,6 +81,7 @@ type kindChecker struct {
 	queue        string // -queue: the queue the new jobs go to ("" the kind's)
 	lookup       func(ctx context.Context, kind, queue string) (kindInfo, error)
 	kinds        map[string]kindInfo
+	reported     map[string]bool // unknown kinds already explained in full
 }
 
 // check returns what is wrong with s's kind or window ("" when nothing is), with the
@@ -98,6 +99,13 @@ func (k *kindChecker) check(ctx context.Context, s tasks.Spec, names map[string]
 		k.kinds[s.Kind] = info
 	}
 	if !info.known && !k.allowUnknown {
+		if k.reported[s.Kind] {
+			return fmt.Sprintf("field %s: unknown kind %q (see above)", names["Kind"], s.Kind), nil
+		}
+		if k.reported == nil {
+			k.reported = map[string]bool{}
+		}
+		k.reported[s.Kind] = true
 		return fmt.Sprintf("field %s: unknown kind %q: no job of it is stored, no worker serves its queue and this binary does not know it "+
 			"(a typo?); -allow-unknown-kind enqueues it anyway", names["Kind"], s.Kind), nil
 	}
