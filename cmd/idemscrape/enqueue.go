@@ -120,6 +120,11 @@ var enqueueCmd = command{
 					return usageError{"-queue ($IDEMSCRAPE_QUEUE): " + err.Error()}
 				}
 			}
+			// Every setting before the database: a bad IDEMSCRAPE_REDIS is a usage error
+			// (exit 2) whether or not PostgreSQL answers.
+			if _, err := redisConfig(); err != nil {
+				return err
+			}
 			dest := tasks.StrictDestinationPolicy()
 			if *allowLoopback {
 				dest = tasks.LoopbackPolicy()
