@@ -213,3 +213,25 @@ func TestUnclearMessages(t *testing.T) {
 		})
 	}
 }
+
+// TestEnqueueAllowLoopback: a URL on loopback is refused (the strict destination policy)
+// unless -allow-loopback, as the worker's flag of the same name allows it — for local
+// development against a shop on this machine.
+func TestEnqueueAllowLoopback(t *testing.T) {
+	pool := testutil.PG(t)
+	ns := testutil.Redis(t)
+	cliEnv(t, dsnOf(t, pool), ns.Addr)
+	args := []string{"enqueue", "-kind", catalog.Kind, "-url", "http://127.0.0.1:8080/product/sku-1", "-country", "US",
+		"-window", "2026-04-23", "-parser-version", "1", "-queue", ns.Queue}
+	var stderr bytes.Buffer
+	_, code := runInProcess(nil, &stderr, args...)
+	assert.Equal(t, 2, code, stderr.String())
+	assert.Contains(t, stderr.String(), "loopback")
+	assert.Zero(t, countJobs(t, pool))
+
+	stderr.Reset()
+	stdout, code := runInProcess(nil, &stderr, append(args, "-allow-loopback")...)
+	require.Equal(t, 0, code, stderr.String())
+	assert.Contains(t, stdout, "created catalog:")
+	assert.Equal(t, 1, countJobs(t, pool))
+}
