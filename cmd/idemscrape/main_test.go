@@ -380,7 +380,7 @@ func TestCLI(t *testing.T) {
 		golden(t, "stats.golden", normalise(measures, kind))
 		assert.Regexp(t, `(?m)^jobs +\d+ +\d+(\.\d)? (B|kB|MB)$`, sto)
 		assert.Regexp(t, `(?m)^quarantine +\d+`, sto)
-		assert.Contains(t, sto, "retention deletes next: 0 terminal jobs with all their rows (job_retention 2160h0m0s), 0 quarantine rows (quarantine_retention 168h0m0s), 0 schedule windows")
+		assert.Contains(t, sto, "retention deletes next: 0 terminal jobs with all their rows (job_retention 90d), 0 quarantine rows (quarantine_retention 7d), 0 schedule windows")
 		r = run(t, "", "stats", "-json")
 		require.Equal(t, 0, r.code, r.stderr)
 		var st map[string]any
