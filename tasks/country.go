@@ -54,7 +54,7 @@ var countryHints = map[string]string{
 // 3166-1 list. The returned reason never contains more of the input than two ASCII letters.
 func normalizeCountry(c string) (string, string) {
 	if c == "" {
-		return "", "required, want an ISO 3166-1 alpha-2 code such as \"US\""
+		return "", "required (a job is for the exits of one country; there is no \"any\"), want an ISO 3166-1 alpha-2 code such as \"US\""
 	}
 	if len(c) != 2 || !isASCIILetter(c[0]) || !isASCIILetter(c[1]) {
 		return "", "want exactly two ASCII letters (ISO 3166-1 alpha-2, e.g. \"US\")"

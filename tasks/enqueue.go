@@ -219,7 +219,8 @@ type EnqueuerConfig struct {
 	// Queue is the asynq queue of the jobs this enqueuer creates; it is recorded with the
 	// job (jobs.queue), and every later enqueue of the job, by any enqueuer, uses the
 	// recorded queue (asynq checks task ids per queue: a second queue would hold a second
-	// task). Defaults to "": its kind's queue, QueueFor(kind).
+	// task). Defaults to "": its kind's queue, QueueFor(kind). A name must match
+	// [A-Za-z0-9._-]{1,128} (CheckQueue); NewEnqueuer refuses another.
 	Queue string
 	// Normalizer derives keys (URL canonicalisation, tracking parameters). Every process
 	// that enqueues the same kinds must use the same one. Defaults to DefaultNormalizer.
@@ -297,6 +298,11 @@ func (c *EnqueuerConfig) Validate() error {
 	}
 	if c.Concurrency < 0 {
 		return fmt.Errorf("tasks: EnqueuerConfig.Concurrency %d is negative", c.Concurrency)
+	}
+	if c.Queue != "" {
+		if err := CheckQueue(c.Queue); err != nil {
+			return fmt.Errorf("tasks: EnqueuerConfig.Queue: %w", err)
+		}
 	}
 	if c.Destinations == nil {
 		c.Destinations = StrictDestinationPolicy()

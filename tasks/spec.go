@@ -41,7 +41,8 @@ type Spec struct {
 	// bytes without leading or trailing space. Exactly one of URL and SourceID is set.
 	SourceID string
 	// Country is the requested country as an ISO 3166-1 alpha-2 code. Input is
-	// case-insensitive; Normalize upper-cases it. Required.
+	// case-insensitive; Normalize upper-cases it. Required: a job is always for the exits
+	// of one country (it is part of the key), there is no "any country" value.
 	Country string
 	// Window is the collection window, e.g. "2026-04-23", "2026-W17" or
 	// "2026-04-23T15". Required; it must match [A-Za-z0-9._:+-]{1,40}.
@@ -175,6 +176,9 @@ func (n *Normalizer) normalize(s Spec, url func(string) (string, error)) (Spec, 
 	s.Country = c
 	if err := checkPattern("Window", s.Window, 1, maxWindowLen, isWindowByte, "[A-Za-z0-9._:+-]"); err != nil {
 		return Spec{}, err
+	}
+	if s.ParserVersion == 0 {
+		return Spec{}, fieldErr("ParserVersion", "required (the zero value is no version), want 1..%d", maxParserVersion)
 	}
 	if s.ParserVersion < 1 || s.ParserVersion > maxParserVersion {
 		return Spec{}, fieldErr("ParserVersion", "%d out of range, want 1..%d", s.ParserVersion, maxParserVersion)

@@ -204,11 +204,12 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		return err
 	}
 	defer func() {
-		pool.Close()
 		if o.Keep {
-			fmt.Fprintf(out, "kept: database %s, Redis keys %s and asynq queue %s\n", n.Database, strings.Join(redisPatterns(n), ", "), n.Queue)
+			printKept(out, o, n, sampleKey(context.WithoutCancel(ctx), pool))
+			pool.Close()
 			return
 		}
+		pool.Close()
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer ccancel()
 		err = errors.Join(err, cleanupRedis(cctx, rdb, n), dropDatabase(cctx, o.AdminDSN, n))
@@ -229,8 +230,12 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	defer insp.Close()
 
 	fmt.Fprintf(out, "idemscrape demo, run %s\n", n.RunID)
-	fmt.Fprintf(out, "  database    %s on %s (created for this run, dropped at exit)\n", n.Database, redactDSN(o.AdminDSN))
-	fmt.Fprintf(out, "  redis       %s, keys %s* and asynq queue %s (deleted at exit)\n", strings.TrimPrefix(o.Redis.String(), "redis "), n.Prefix, n.Queue)
+	dropped, deleted := "dropped at exit", "deleted at exit"
+	if o.Keep {
+		dropped, deleted = "kept at exit (-keep)", "kept at exit"
+	}
+	fmt.Fprintf(out, "  database    %s on %s (created for this run, %s)\n", n.Database, redactDSN(o.AdminDSN), dropped)
+	fmt.Fprintf(out, "  redis       %s, keys %s* and asynq queue %s (%s)\n", strings.TrimPrefix(o.Redis.String(), "redis "), n.Prefix, n.Queue, deleted)
 	fmt.Fprintf(out, "  fake shop   %s (its first %d requests answer 429, Retry-After %v)\n", site.URL, o.Throttled, o.RetryAfter)
 	fmt.Fprintf(out, "  fake proxy  %s, %s username format, %.0f%% of requests lose their device", provider.Gateway(), provider.Name(), o.Disconnect*100)
 	if len(unavailable) > 0 {

@@ -101,6 +101,42 @@ func TestDemo(t *testing.T) {
 		assertRunGone(t, *n)
 	})
 
+	t.Run("KeptRunSaysHowToUseAndDeleteIt", func(t *testing.T) {
+		o, out, n := setup(t)
+		// Fewer faults: this run only has to leave something to look at.
+		o.UnavailableJobs, o.Rendered = 0, 0
+		o.Keep = true
+		t.Cleanup(func() { // a failed assertion must not leave the run behind
+			if n.RunID != "" {
+				_ = dropRun(context.Background(), testutil.PGAdminDSN(), o.Redis, n.RunID)
+			}
+		})
+		err := run(ctx, t, o)
+		t.Log("\n" + out.String())
+		require.NoError(t, err)
+		text := out.String()
+		assert.NotContains(t, text, "dropped at exit", "the header says what -keep does")
+		assert.Contains(t, text, "(created for this run, kept at exit (-keep))")
+		dsn, _, ok := runDSN(testutil.PGAdminDSN(), n.Database)
+		require.True(t, ok)
+		assert.Contains(t, text, "export IDEMSCRAPE_PG='"+dsn+"'")
+		assert.Contains(t, text, "IDEMSCRAPE_QUEUE="+n.Queue)
+		m := regexp.MustCompile(`go run ./cmd/idemscrape status '([^']+)'`).FindStringSubmatch(text)
+		require.NotNil(t, m, "a key to try")
+		assert.True(t, databaseExists(t, n.Database), "kept")
+		pool, err := pgxpool.New(ctx, dsn)
+		require.NoError(t, err)
+		var state string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM jobs WHERE key = $1`, m[1]).Scan(&state))
+		pool.Close()
+		assert.Equal(t, "complete", state, "the key printed is a job of the run")
+		assert.Contains(t, text, "go run ./cmd/demo -drop "+n.RunID)
+
+		require.Error(t, dropRun(ctx, testutil.PGAdminDSN(), o.Redis, "../x"), "not a run id")
+		require.NoError(t, dropRun(ctx, testutil.PGAdminDSN(), o.Redis, n.RunID))
+		assertRunGone(t, *n)
+	})
+
 	t.Run("DropRefusesDatabaseWithoutItsMark", func(t *testing.T) {
 		n := newNames(testutil.RandomID(4))
 		admin := adminConn(t)

@@ -27,6 +27,9 @@
 //
 //	make demo                 (starts PostgreSQL and Redis if needed)
 //	make demo UI=1            (keeps the worker's HTTP server up: asynqmon, job pages)
+//	make demo KEEP=1          (keeps the run's database and keys, and prints the CLI's
+//	                           environment for them, a job key and how to delete them)
+//	go run ./cmd/demo -drop RUNID   (deletes a kept run)
 //	go run ./cmd/demo [-ui] [-pg postgres://postgres@127.0.0.1:5432/postgres] [-redis 127.0.0.1:6379]
 //	go run ./cmd/demo -redis-cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
 //
@@ -64,7 +67,8 @@ func main() {
 	flag.StringVar(&o.Price, "proxy-price", o.Price, `the fake proxy's price, "<amount> <CUR>/GB" ("" for none): each attempt's cost`)
 	flag.BoolVar(&o.UI, "ui", envBool(envUI), "keep the HTTP server (asynqmon, job pages) up after the summary until Ctrl-C (or set "+envUI+"=1)")
 	flag.StringVar(&o.HTTPAddr, "http", o.HTTPAddr, "listen address of the worker's HTTP server")
-	flag.BoolVar(&o.Keep, "keep", false, "keep the demo's database and Redis keys at exit (prints their names)")
+	flag.BoolVar(&o.Keep, "keep", false, "keep the demo's database and Redis keys at exit (prints their names, the CLI's environment for them and how to delete them)")
+	drop := flag.String("drop", "", "delete the kept run `RUNID` (its database, if it carries the run's mark, and its Redis keys and queue), then exit")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: demo [flags]\n\nRuns idemscrape end to end against a fake shop and a fake residential proxy with faults.\n\n")
 		flag.PrintDefaults()
@@ -79,6 +83,17 @@ func main() {
 	if o.Redis, err = rf.Config(); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(2)
+	}
+	if *drop != "" {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := dropRun(dctx, o.AdminDSN, o.Redis, *drop)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("demo run %s deleted: database %s, Redis keys %s*, asynq queue %s\n", *drop, newNames(*drop).Database, newNames(*drop).Prefix, newNames(*drop).Queue)
+		return
 	}
 	o.Out = os.Stdout
 	o.Progress = progressPlain

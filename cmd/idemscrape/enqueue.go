@@ -45,9 +45,9 @@ func specFlags(fs *flag.FlagSet, s *tasks.Spec) {
 	fs.StringVar(&s.Kind, "kind", "", "job kind (workflow type)")
 	fs.StringVar(&s.URL, "url", "", "source URL (or -source-id)")
 	fs.StringVar(&s.SourceID, "source-id", "", "source record id (or -url)")
-	fs.StringVar(&s.Country, "country", "", "ISO 3166-1 alpha-2 exit country")
-	fs.StringVar(&s.Window, "window", "", "collection window, e.g. 2026-04-23")
-	fs.IntVar(&s.ParserVersion, "parser-version", 0, "parser version (>= 1)")
+	fs.StringVar(&s.Country, "country", "", "exit country, ISO 3166-1 alpha-2, e.g. US (required: a job is for the exits of one country; there is no \"any exit\" value)")
+	fs.StringVar(&s.Window, "window", "", "collection window in the kind's format, e.g. 2026-04-23 (daily), 2026-04-23T14, 2026-W17, 2026-04 (required)")
+	fs.IntVar(&s.ParserVersion, "parser-version", 0, "parser version, 1 or more (required)")
 	fs.StringVar(&s.Scope, "scope", "", "customer / data product scope (optional)")
 }
 
@@ -75,13 +75,19 @@ var enqueueCmd = command{
 		"A file is stored in batches of -batch lines (one PostgreSQL statement, the tasks enqueued side by side), with a\n" +
 		"progress line on stderr; if it stops midway it says which lines are stored, and running the same file again\n" +
 		"resumes it (stored lines are recognised as duplicates).\n" +
-		"Tasks go to the kind's queue (tasks.QueueFor) unless -queue or IDEMSCRAPE_QUEUE names one.",
+		"Tasks go to the kind's queue (tasks.QueueFor) unless -queue or IDEMSCRAPE_QUEUE names one ([A-Za-z0-9._-]{1,128}).\n" +
+		"A kind must be known (built in, a job of it stored, or a worker serving its queue) unless -allow-unknown-kind,\n" +
+		"and a window must be a real date in the kind's format (" + windowFormsText + ";\n" +
+		"any format for a kind whose stored jobs use another, or for an unknown kind allowed).",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		var s tasks.Spec
 		specFlags(fs, &s)
 		file := fs.String("f", "", "read JSON-lines specs from `FILE` (- for stdin) instead of the spec flags")
-		queue := fs.String("queue", os.Getenv("IDEMSCRAPE_QUEUE"), "asynq queue of new jobs (default: the kind's, where cmd/worker listens; a job keeps the queue it was created with)")
+		// Not the variable's value as the default: -h would print whatever it holds.
+		queue := fs.String("queue", "", "asynq queue of new jobs, [A-Za-z0-9._-]{1,128} (default: $IDEMSCRAPE_QUEUE, else the kind's, where cmd/worker listens; a job keeps the queue it was created with)")
 		asJSON := fs.Bool("json", false, "print one JSON object per spec instead of text")
+		allowUnknown := fs.Bool("allow-unknown-kind", false, "enqueue a kind no worker serves and no stored job has (its window is then only checked for its characters)")
+		allowLoopback := fs.Bool("allow-loopback", false, "allow source URLs on 127.0.0.0/8, ::1 and localhost (local development and tests only, like the worker's -allow-loopback)")
 		// Both are checked as they are parsed, so that a bad value is a usage error before
 		// any database is reached.
 		batch, progress := new(int), new(time.Duration)
@@ -103,7 +109,31 @@ var enqueueCmd = command{
 			return nil
 		})
 		return func(ctx context.Context, c *cli, _ []string) error {
-			fileOnly := map[string]bool{"f": true, "queue": true, "json": true, "batch": true, "progress": true}
+			fileOnly := map[string]bool{"f": true, "queue": true, "json": true, "batch": true, "progress": true,
+				"allow-unknown-kind": true, "allow-loopback": true}
+			if *queue == "" {
+				*queue = os.Getenv("IDEMSCRAPE_QUEUE")
+			}
+			if *queue != "" {
+				// Before anything is stored: a job keeps its queue for life.
+				if err := tasks.CheckQueue(*queue); err != nil {
+					return usageError{"-queue ($IDEMSCRAPE_QUEUE): " + err.Error()}
+				}
+			}
+			// Every setting before the database: a bad IDEMSCRAPE_REDIS is a usage error
+			// (exit 2) whether or not PostgreSQL answers.
+			if _, err := redisConfig(); err != nil {
+				return err
+			}
+			dest := tasks.StrictDestinationPolicy()
+			if *allowLoopback {
+				dest = tasks.LoopbackPolicy()
+			}
+			newRun := func() *enqueueRun {
+				r := &enqueueRun{c: c, queue: *queue, asJSON: *asJSON, batch: *batch, progress: *progress, dest: dest}
+				r.kindCheck = &kindChecker{allowUnknown: *allowUnknown, queue: *queue, lookup: r.lookupKind}
+				return r
+			}
 			if *file == "" {
 				var set []string
 				fs.Visit(func(f *flag.Flag) {
@@ -114,13 +144,20 @@ var enqueueCmd = command{
 				if len(set) > 0 {
 					return usageError{"flag(s) " + strings.Join(set, " ") + " apply to -f FILE only"}
 				}
-				if err := checkSpec(s); err != nil {
+				if err := checkSpec(s, dest); err != nil {
 					return flagSpecError(err)
 				}
-				r := &enqueueRun{c: c, queue: *queue, asJSON: *asJSON}
+				r := newRun()
 				defer r.close()
-				if _, err := r.enqueue(ctx, []tasks.Spec{s}, []int{0}); err != nil {
+				msg, err := r.kindCheck.check(ctx, s, flagField)
+				if err != nil {
 					return err
+				}
+				if msg != "" {
+					return usageError{"invalid spec: " + msg}
+				}
+				if _, err := r.enqueue(ctx, []tasks.Spec{s}, []int{0}); err != nil {
+					return r.reportOne(err)
 				}
 				r.warnUnserved()
 				return nil
@@ -134,7 +171,7 @@ var enqueueCmd = command{
 			if set != "" {
 				return usageError{"-f reads the specs from a file: the spec flag(s)" + set + " can not be combined with it"}
 			}
-			r := &enqueueRun{c: c, queue: *queue, asJSON: *asJSON, batch: *batch, progress: *progress}
+			r := newRun()
 			defer r.close()
 			return r.file(ctx, *file)
 		}
@@ -189,7 +226,7 @@ var flagField = map[string]string{
 
 // checkSpec validates s as Enqueue would (normalisation, key, destination policy), so that
 // nothing reaches the store unless it would be accepted.
-func checkSpec(s tasks.Spec) error {
+func checkSpec(s tasks.Spec, dest *tasks.DestinationPolicy) error {
 	norm, err := s.Normalize()
 	if err != nil {
 		return err
@@ -198,7 +235,7 @@ func checkSpec(s tasks.Spec) error {
 		return err
 	}
 	if norm.URL != "" {
-		return tasks.StrictDestinationPolicy().CheckURL(norm.URL)
+		return dest.CheckURL(norm.URL)
 	}
 	return nil
 }
@@ -211,9 +248,26 @@ func fieldMessage(err error, names map[string]string) string {
 		if name == "" {
 			name = fe.Field
 		}
-		return fmt.Sprintf("field %s: %s", name, fe.Reason)
+		reason := fe.Reason
+		if fe.Field == "URL" && strings.Contains(reason, "URL or SourceID") {
+			// Neither or both of the two: the message names both, as the user spells them.
+			name = names["URL"] + " / " + names["SourceID"]
+			reason = strings.Replace(reason, "URL or SourceID", names["URL"]+" or "+names["SourceID"], 1)
+		}
+		return fmt.Sprintf("field %s: %s", name, reason)
 	}
 	return err.Error()
+}
+
+// jsonKind is the JSON name of a Go reflect kind in a type error.
+func jsonKind(k string) string {
+	switch k {
+	case "int", "int64", "float64":
+		return "number"
+	case "struct", "map":
+		return "object"
+	}
+	return k
 }
 
 func flagSpecError(err error) error {
@@ -292,8 +346,9 @@ func checkKeys(line []byte) string {
 // specFields are the keys of a JSON spec line.
 var specFields = map[string]bool{"kind": true, "url": true, "source_id": true, "country": true, "window": true, "parser_version": true, "scope": true}
 
-// parseSpecLine decodes and checks one line; msg names the field that is wrong.
-func parseSpecLine(line []byte) (tasks.Spec, string) {
+// parseSpecLine decodes and checks one line (a URL against dest); msg names the field that
+// is wrong.
+func parseSpecLine(line []byte, dest *tasks.DestinationPolicy) (tasks.Spec, string) {
 	if msg := checkKeys(line); msg != "" {
 		return tasks.Spec{}, msg
 	}
@@ -304,8 +359,12 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 		var te *json.UnmarshalTypeError
 		var se *json.SyntaxError
 		switch {
+		case errors.As(err, &te) && te.Field == "":
+			// The line itself is not an object (an array, a string, a number).
+			return tasks.Spec{}, fmt.Sprintf("a JSON %s, not a spec: each line is one JSON object, e.g. "+
+				`{"kind":"catalog","source_id":"sku-1","country":"US","window":"2026-04-23","parser_version":1}`, te.Value)
 		case errors.As(err, &te):
-			return tasks.Spec{}, fmt.Sprintf("field %s: must be a JSON %s, not %s", te.Field, te.Type.Kind(), te.Value)
+			return tasks.Spec{}, fmt.Sprintf("field %s: must be a JSON %s, not %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
 		case errors.As(err, &se):
 			return tasks.Spec{}, fmt.Sprintf("not a JSON object: %v", err)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -316,7 +375,12 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 		}
 	}
 	if dec.More() {
-		return tasks.Spec{}, "more than one JSON value on the line"
+		if bytes.ContainsRune(line, '\r') {
+			// A file whose lines end in CR alone (classic Mac) reads as one line.
+			return tasks.Spec{}, "more than one JSON value on the line, separated by a carriage return (CR): " +
+				"lines must end in LF or CRLF, not CR alone (convert the file, e.g. tr '\\r' '\\n')"
+		}
+		return tasks.Spec{}, "more than one JSON value on the line (one spec per line)"
 	}
 	s := tasks.Spec{Kind: l.Kind, URL: l.URL, SourceID: l.SourceID, Country: l.Country, Window: l.Window,
 		ParserVersion: l.ParserVersion, Scope: l.Scope}
@@ -329,7 +393,7 @@ func parseSpecLine(line []byte) (tasks.Spec, string) {
 			}
 		}
 	}
-	if err := checkSpec(s); err != nil {
+	if err := checkSpec(s, dest); err != nil {
 		return tasks.Spec{}, fieldMessage(err, jsonField)
 	}
 	return s, ""

@@ -47,7 +47,7 @@ func BenchmarkEnqueueFile20k(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		if code := run(context.Background(), []string{"enqueue", "-f", file}, nil, io.Discard, io.Discard); code != 0 {
+		if code := run(context.Background(), []string{"enqueue", "-allow-unknown-kind", "-f", file}, nil, io.Discard, io.Discard); code != 0 {
 			b.Fatalf("enqueue -f: exit %d", code)
 		}
 	}

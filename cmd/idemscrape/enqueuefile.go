@@ -34,6 +34,9 @@ type enqueueRun struct {
 	asJSON   bool
 	batch    int           // -batch
 	progress time.Duration // -progress
+	dest     *tasks.DestinationPolicy
+	// kindCheck refuses an unknown kind and a window not in the kind's format.
+	kindCheck *kindChecker
 
 	enq      *tasks.Enqueuer
 	insp     *asynq.Inspector
@@ -58,7 +61,7 @@ func (r *enqueueRun) close() {
 // in place). A failure after the batch was validated is a *tasks.BatchError.
 func (r *enqueueRun) enqueue(ctx context.Context, specs []tasks.Spec, lines []int) ([]tasks.Result, error) {
 	if r.enq == nil {
-		enq, insp, closeAll, err := newEnqueuerWith(ctx, r.c, tasks.EnqueuerConfig{Queue: r.queue, Concurrency: enqueueConcurrency})
+		enq, insp, closeAll, err := newEnqueuerWith(ctx, r.c, tasks.EnqueuerConfig{Queue: r.queue, Concurrency: enqueueConcurrency, Destinations: r.dest})
 		if err != nil {
 			return nil, err
 		}
@@ -130,6 +133,8 @@ func (r *enqueueRun) file(ctx context.Context, file string) error {
 	if err != nil {
 		return err
 	}
+	sr.dest = r.dest
+	sr.check = func(s tasks.Spec) (string, error) { return r.kindCheck.check(ctx, s, jsonField) }
 	defer closeFile()
 	bad := func(b lineError) {
 		r.refused++
@@ -298,6 +303,10 @@ type specReader struct {
 	name string
 	n    int  // lines read
 	eof  bool // the input has ended
+	dest *tasks.DestinationPolicy
+	// check, when set, checks a spec's kind and window (kindChecker): a message for a
+	// refused line, an error when they could not be checked.
+	check func(tasks.Spec) (string, error)
 }
 
 // openSpecs opens file (- for stdin) and returns a reader and the func that closes it.
@@ -341,7 +350,13 @@ func (r *specReader) next(max int, bad func(lineError)) (specs []tasks.Spec, lin
 		case !utf8.Valid(line):
 			bad(lineError{r.n, fmt.Sprintf("not valid UTF-8 (at byte %d): specs are UTF-8 text", invalidUTF8At(line))})
 		default:
-			s, msg := parseSpecLine(line)
+			s, msg := parseSpecLine(line, r.dest)
+			if msg == "" && r.check != nil {
+				var err error
+				if msg, err = r.check(s); err != nil {
+					return specs, lines, fmt.Errorf("line %d: %w", r.n, err)
+				}
+			}
 			if msg != "" {
 				bad(lineError{r.n, msg})
 				break
@@ -351,4 +366,34 @@ func (r *specReader) next(max int, bad func(lineError)) (specs []tasks.Spec, lin
 		}
 	}
 	return specs, lines, nil
+}
+
+// reportOne is the error of a single enqueue (the spec flags): when its jobs row was
+// recorded but its task could not be enqueued (Redis failed), it says what is stored and
+// what happens to it, as a file's report does, and exits 1.
+func (r *enqueueRun) reportOne(err error) error {
+	var be *tasks.BatchError
+	if !errors.As(err, &be) || len(be.Results) != 1 {
+		return err
+	}
+	if be.Recorded {
+		if rc, rerr := redisConfig(); rerr == nil {
+			err = redisHint(err, rc)
+		}
+	}
+	w := r.c.stderr
+	fmt.Fprintf(w, "idemscrape enqueue: %v\n", err)
+	res := be.Results[0]
+	switch {
+	case res.Outcome != 0:
+		fmt.Fprintf(w, "  stored: %s is in place (%s, state %s)\n", res.Key, res.Outcome, res.State)
+	case be.Recorded:
+		fmt.Fprintf(w, "  stored: the jobs row of %s (state %s); not enqueued: its task.\n"+
+			"  Run the same enqueue again to enqueue it (reported as requeued); otherwise the scheduler's reconciler\n"+
+			"  enqueues it (it enqueues runnable jobs that have no task).\n", res.Key, res.State)
+	default:
+		fmt.Fprintf(w, "  stored: not known (the jobs statement failed, or its answer was lost and it may have committed)\n"+
+			"  for %s. Run the same enqueue again: a stored job is recognised, a missing one is stored.\n", res.Key)
+	}
+	return exitError{1}
 }

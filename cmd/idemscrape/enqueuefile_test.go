@@ -136,7 +136,7 @@ func TestEnqueueFileBatches(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
 
 	stderr := newWatchedStderr()
-	stdout, code := runInProcess(nil, stderr, "enqueue", "-f", file, "-batch", "50", "-progress", "0", "-json")
+	stdout, code := runInProcess(nil, stderr, "enqueue", "-allow-unknown-kind", "-f", file, "-batch", "50", "-progress", "0", "-json")
 	assert.Equal(t, 1, code, "a refused line: exit 1\n%s", stderr)
 	assert.Contains(t, stderr.String(), "line 122: field parser_version")
 	assert.Contains(t, stderr.String(), fmt.Sprintf("1 line(s) refused, %d stored", specs))
@@ -170,7 +170,7 @@ func TestEnqueueFileBatches(t *testing.T) {
 
 	// The same file again: every spec found in place, nothing written.
 	stderr = newWatchedStderr()
-	stdout, code = runInProcess(nil, stderr, "enqueue", "-f", file, "-batch", "50", "-progress", "0")
+	stdout, code = runInProcess(nil, stderr, "enqueue", "-allow-unknown-kind", "-f", file, "-batch", "50", "-progress", "0")
 	assert.Equal(t, 1, code, stderr.String())
 	assert.Equal(t, specs, strings.Count(stdout, ": already_queued "), stdout)
 	prog = progressLines(t, stderr.String())
@@ -181,7 +181,7 @@ func TestEnqueueFileBatches(t *testing.T) {
 
 	// One batch: no progress line. Flag rules.
 	stderr = newWatchedStderr()
-	_, code = runInProcess(strings.NewReader(strings.Join(specLines(kind, 0, 3), "\n")), stderr, "enqueue", "-f", "-", "-progress", "0")
+	_, code = runInProcess(strings.NewReader(strings.Join(specLines(kind, 0, 3), "\n")), stderr, "enqueue", "-allow-unknown-kind", "-f", "-", "-progress", "0")
 	assert.Equal(t, 0, code, stderr.String())
 	assert.NotContains(t, stderr.String(), "progress:")
 	for args, want := range map[string]string{
@@ -193,7 +193,7 @@ func TestEnqueueFileBatches(t *testing.T) {
 		"-f - -kind k":       "-kind can not be combined",
 	} {
 		stderr = newWatchedStderr()
-		_, code = runInProcess(strings.NewReader(""), stderr, append([]string{"enqueue"}, strings.Fields(args)...)...)
+		_, code = runInProcess(strings.NewReader(""), stderr, append([]string{"enqueue", "-allow-unknown-kind"}, strings.Fields(args)...)...)
 		assert.Equal(t, 2, code, "%s: %s", args, stderr)
 		assert.Contains(t, stderr.String(), want, args)
 	}
@@ -240,7 +240,7 @@ VALUES ($1, $2, $3, 'US', '2026-04-23', 1, '', $2, 'complete', now())`, keyOfSrc
 			}
 			done := make(chan result, 1)
 			go func() {
-				stdout, code := runInProcess(in, stderr, "enqueue", "-f", "-", "-batch", "50", "-progress", "0", "-json")
+				stdout, code := runInProcess(in, stderr, "enqueue", "-allow-unknown-kind", "-f", "-", "-batch", "50", "-progress", "0", "-json")
 				_ = in.CloseWithError(io.ErrClosedPipe) // unblock the feeder if the run ended early
 				done <- result{stdout, code}
 			}()
@@ -299,7 +299,7 @@ VALUES ($1, $2, $3, 'US', '2026-04-23', 1, '', $2, 'complete', now())`, keyOfSrc
 			// The server is back: the same file again completes the run.
 			proxy.Accept()
 			stderr = newWatchedStderr()
-			stdout, code := runInProcess(strings.NewReader(strings.Join(lines, "\n")), stderr, "enqueue", "-f", "-", "-batch", "50", "-json")
+			stdout, code := runInProcess(strings.NewReader(strings.Join(lines, "\n")), stderr, "enqueue", "-allow-unknown-kind", "-f", "-", "-batch", "50", "-json")
 			require.Equal(t, 0, code, stderr.String())
 			got = outcomes(t, stdout)
 			require.Len(t, got, 175)

@@ -18,7 +18,9 @@
 // 127.0.0.1:6379) or IDEMSCRAPE_REDIS_CLUSTER (cluster seed nodes, host:port,host:port,...); IDEMSCRAPE_QUEUE overrides the asynq queue (default: the kind's,
 // tasks.QueueFor, where cmd/worker listens).
 //
-// Exit status: 0 success, 1 failure (or a broken invariant for audit), 2 a usage error.
+// Exit status: 0 success, 1 failure (or a broken invariant for audit), 2 a usage error
+// (a bad IDEMSCRAPE_* setting included). IDEMSCRAPE_LOG_FORMAT=json makes every line the
+// command writes on stderr a JSON object (stdout is the command's output, -json for JSON).
 package main
 
 import (
@@ -27,6 +29,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
@@ -69,6 +72,10 @@ func (c *cli) db(ctx context.Context) (*pgxpool.Pool, error) {
 		return c.pool, nil
 	}
 	pool, err := connect(ctx)
+	var ue usageError
+	if errors.As(err, &ue) {
+		return nil, err // IDEMSCRAPE_PG or its password setting is bad: exit 2, as for IDEMSCRAPE_REDIS
+	}
 	if err != nil {
 		return nil, dbError{err}
 	}
@@ -89,7 +96,8 @@ func (c *cli) close() {
 }
 
 // dbError is a database that could not be opened or is not migrated: exit 1, never a
-// usage error (IDEMSCRAPE_PG's own parse errors included, as before).
+// usage error. A bad IDEMSCRAPE_PG (it does not parse, its password file is missing) is
+// no dbError but a usageError (exit 2), as a bad IDEMSCRAPE_REDIS is.
 type dbError struct{ err error }
 
 func (e dbError) Error() string { return e.err.Error() }
@@ -107,19 +115,51 @@ func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// IDEMSCRAPE_LOG_FORMAT, as the worker and the scheduler read it: json makes every line
+	// on stderr a JSON object, go-redis's own lines included.
+	var stderr io.Writer = os.Stderr
+	var format string
+	switch format = os.Getenv("IDEMSCRAPE_LOG_FORMAT"); format {
+	case "", "text":
+		envflag.RouteRedisLogs(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{ReplaceAttr: dropTime})))
+	case "json":
+		jl := newJSONLines(os.Stderr)
+		defer jl.Flush()
+		stderr, jsonStderr = jl, true
+		envflag.RouteRedisLogs(jl.log)
+	default:
+		fmt.Fprintf(os.Stderr, "idemscrape: $IDEMSCRAPE_LOG_FORMAT %q: want text or json\n", format)
+		os.Exit(2)
+	}
 	// Traces, when the OTEL_* environment asks for them: an enqueue's span is the root of
 	// its jobs' traces (internal/telemetry).
 	flushTraces, _, err := telemetry.Setup(ctx, "idemscrape-cli")
 	if err != nil {
 		// Traces never stop a command: say why there are none and go on.
-		fmt.Fprintln(os.Stderr, "idemscrape: tracing off:", err)
+		fmt.Fprintln(stderr, "idemscrape: tracing off:", err)
 	}
-	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, stderr)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	_ = flushTraces(fctx)
 	cancel()
 	stop()
+	if jl, ok := stderr.(*jsonLines); ok {
+		jl.Flush() // os.Exit skips the deferred one
+	}
 	os.Exit(code)
+}
+
+// jsonStderr: stderr is JSON lines (IDEMSCRAPE_LOG_FORMAT=json); usage errors then say
+// where the usage is instead of printing it.
+var jsonStderr bool
+
+// dropTime is a ReplaceAttr that leaves out the time of a text log line (the CLI's lines
+// are read as they come).
+func dropTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
 }
 
 func mainUsage(w io.Writer) {
@@ -131,12 +171,16 @@ func mainUsage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "`idemscrape COMMAND -h` shows a command's flags.")
-	fmt.Fprintln(w, "environment: IDEMSCRAPE_PG (PostgreSQL URL), IDEMSCRAPE_PG_PASSWORD[_FILE], IDEMSCRAPE_REDIS (host:port or redis[s]://[user@]host:port[/db]) or IDEMSCRAPE_REDIS_CLUSTER (host:port,host:port,... or a URL), IDEMSCRAPE_REDIS_PASSWORD[_FILE], IDEMSCRAPE_REDIS_TLS_CA/_CERT/_KEY/_SERVER_NAME, IDEMSCRAPE_QUEUE (asynq queue override)")
+	fmt.Fprintln(w, "environment: IDEMSCRAPE_PG (PostgreSQL URL), IDEMSCRAPE_PG_PASSWORD[_FILE], IDEMSCRAPE_REDIS (host:port or redis[s]://[user@]host:port[/db]) or IDEMSCRAPE_REDIS_CLUSTER (host:port,host:port,... or a URL), IDEMSCRAPE_REDIS_PASSWORD[_FILE], IDEMSCRAPE_REDIS_TLS_CA/_CERT/_KEY/_SERVER_NAME, IDEMSCRAPE_QUEUE (asynq queue override), IDEMSCRAPE_LOG_FORMAT (json: every line on stderr is a JSON object)")
 }
 
 // run executes one command line and returns the exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
+		if jsonStderr {
+			fmt.Fprintln(stderr, "idemscrape: no command; usage: idemscrape -h")
+			return 2
+		}
 		mainUsage(stderr)
 		return 2
 	}
@@ -155,8 +199,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 	}
 	if cmd == nil {
-		fmt.Fprintf(stderr, "idemscrape: unknown command %q\n\n", args[0])
-		mainUsage(stderr)
+		fmt.Fprintf(stderr, "idemscrape: unknown command %q\n", args[0])
+		if jsonStderr {
+			fmt.Fprintln(stderr, "usage: idemscrape -h")
+		} else {
+			fmt.Fprintln(stderr)
+			mainUsage(stderr)
+		}
 		return 2
 	}
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
@@ -169,7 +218,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
-		cmdUsage(stderr, cmd, fs)
+		usageAfterError(stderr, cmd, fs)
 		return 2
 	}
 
@@ -187,12 +236,22 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return ee.code
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
-		cmdUsage(stderr, cmd, fs)
+		usageAfterError(stderr, cmd, fs)
 		return 2
 	default:
 		fmt.Fprintf(stderr, "idemscrape %s: %v\n", cmd.name, err)
 		return 1
 	}
+}
+
+// usageAfterError prints the usage after a usage error, or with JSON lines on stderr,
+// where to read it.
+func usageAfterError(w io.Writer, cmd *command, fs *flag.FlagSet) {
+	if jsonStderr {
+		fmt.Fprintf(w, "usage: idemscrape %s -h\n", cmd.name)
+		return
+	}
+	cmdUsage(w, cmd, fs)
 }
 
 func cmdUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
@@ -288,6 +347,21 @@ func redisConfig() (envflag.RedisConfig, error) {
 		return envflag.RedisConfig{}, usageError{err.Error()}
 	}
 	return rc, nil
+}
+
+// redisHint adds to err, a Redis command's failure, what an operator most likely got
+// wrong: a server that closes a plain connection at once (EOF, reset) is usually a TLS
+// server, which wants a rediss:// URL.
+func redisHint(err error, rc envflag.RedisConfig) error {
+	if err == nil || rc.TLS != nil {
+		return err
+	}
+	msg := err.Error()
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || strings.HasSuffix(msg, "EOF") || strings.Contains(msg, "connection reset by peer") {
+		return fmt.Errorf("%w (the Redis server closed the connection at once: if it expects TLS, "+
+			"write IDEMSCRAPE_REDIS as a rediss:// URL, e.g. rediss://host:6380, with IDEMSCRAPE_REDIS_TLS_CA for a private CA)", err)
+	}
+	return err
 }
 
 // sortedKeys returns m's keys in order.

@@ -190,7 +190,7 @@ func TestCLI(t *testing.T) {
 		// naming both, and nothing enqueued.
 		before := jobs(t)
 		r := runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsn, "IDEMSCRAPE_REDIS=" + ns.Addr, "IDEMSCRAPE_REDIS_CLUSTER=127.0.0.1:1,127.0.0.1:2"}, "",
-			"enqueue", "-kind", kind, "-source-id", "sku-conflict", "-country", "US", "-window", "2026-04-23", "-parser-version", "3")
+			"enqueue", "-allow-unknown-kind", "-kind", kind, "-source-id", "sku-conflict", "-country", "US", "-window", "2026-04-23", "-parser-version", "3")
 		assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
 		assert.Contains(t, r.stderr, "IDEMSCRAPE_REDIS_CLUSTER")
 		assert.Contains(t, r.stderr, "IDEMSCRAPE_REDIS")
@@ -204,7 +204,7 @@ func TestCLI(t *testing.T) {
 			args  []string
 			stray string
 		}{
-			{"EnqueueTrailing", append(append([]string{"enqueue"}, spec...), "extra", "words"), `"extra" "words"`},
+			{"EnqueueTrailing", append(append([]string{"enqueue", "-allow-unknown-kind"}, spec...), "extra", "words"), `"extra" "words"`},
 			{"EnqueueBeforeFlags", append([]string{"enqueue", "stray"}, spec...), `"stray"`},
 			{"StatusTwoKeys", []string{"status", k1, "other"}, `"other"`},
 			{"Stats", []string{"stats", "now"}, `"now"`},
@@ -226,11 +226,11 @@ func TestCLI(t *testing.T) {
 	})
 
 	t.Run("OneSpecErrorNamesTheFlag", func(t *testing.T) {
-		r := run(t, "", "enqueue", "-kind", kind, "-source-id", "s", "-country", "US", "-window", "2026-04-23", "-parser-version", "0")
+		r := run(t, "", "enqueue", "-allow-unknown-kind", "-kind", kind, "-source-id", "s", "-country", "US", "-window", "2026-04-23", "-parser-version", "0")
 		assert.Equal(t, 2, r.code)
 		assert.Contains(t, r.stderr, "field -parser-version")
 		assert.NotContains(t, r.stderr, "spec 0")
-		r = run(t, "", "enqueue", "-f", "-", "-kind", kind)
+		r = run(t, "", "enqueue", "-allow-unknown-kind", "-f", "-", "-kind", kind)
 		assert.Equal(t, 2, r.code)
 		assert.Contains(t, r.stderr, "-kind can not be combined")
 		assert.Zero(t, jobs(t))
@@ -250,10 +250,10 @@ func TestCLI(t *testing.T) {
 			`{"kind":"` + kind + `","sourceid":"sku-6"}`,
 			line("sku-4"),
 		}, "\n")
-		r := run(t, input, "enqueue", "-f", "-")
+		r := run(t, input, "enqueue", "-allow-unknown-kind", "-f", "-")
 		assert.Equal(t, 1, r.code, r.stderr)
 		assert.Contains(t, r.stderr, "line 3: field parser_version")
-		assert.Contains(t, r.stderr, "line 6: field parser_version: must be a JSON int")
+		assert.Contains(t, r.stderr, "line 6: field parser_version: must be a JSON number")
 		assert.Contains(t, r.stderr, `line 7: unknown field "sourceid"`)
 		assert.Contains(t, r.stderr, "3 line(s) refused, 4 stored")
 		assert.NotContains(t, r.stderr, "line 1:")
@@ -266,7 +266,7 @@ func TestCLI(t *testing.T) {
 		// The same file again: nothing new, every line reported.
 		f := filepath.Join(t.TempDir(), "specs.jsonl")
 		require.NoError(t, os.WriteFile(f, []byte(line("sku-1")+"\n"), 0o644))
-		r = run(t, "", "enqueue", "-f", f)
+		r = run(t, "", "enqueue", "-allow-unknown-kind", "-f", f)
 		assert.Equal(t, 0, r.code, r.stderr)
 		assert.Equal(t, "line 1: already_queued "+k1+" (state pending)\n", r.stdout)
 	})
@@ -380,7 +380,7 @@ func TestCLI(t *testing.T) {
 		golden(t, "stats.golden", normalise(measures, kind))
 		assert.Regexp(t, `(?m)^jobs +\d+ +\d+(\.\d)? (B|kB|MB)$`, sto)
 		assert.Regexp(t, `(?m)^quarantine +\d+`, sto)
-		assert.Contains(t, sto, "retention deletes next: 0 terminal jobs with all their rows (job_retention 2160h0m0s), 0 quarantine rows (quarantine_retention 168h0m0s), 0 schedule windows")
+		assert.Contains(t, sto, "retention deletes next: 0 terminal jobs with all their rows (job_retention 90d), 0 quarantine rows (quarantine_retention 7d), 0 schedule windows")
 		r = run(t, "", "stats", "-json")
 		require.Equal(t, 0, r.code, r.stderr)
 		var st map[string]any
@@ -457,7 +457,7 @@ func TestCLI(t *testing.T) {
 		_, err := other.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = (SELECT max(version_id) FROM goose_db_version)`)
 		require.NoError(t, err)
 		for _, args := range [][]string{{"stats"}, {"status", k1}, {"audit"}, {"requeue", k1},
-			{"enqueue", "-kind", kind, "-source-id", "s", "-country", "US", "-window", "w", "-parser-version", "1"}} {
+			{"enqueue", "-allow-unknown-kind", "-kind", kind, "-source-id", "s", "-country", "US", "-window", "w", "-parser-version", "1"}} {
 			r := runIn(t, dsnOf(t, other), "", args...)
 			assert.Equal(t, 1, r.code, "%v", args)
 			assert.Contains(t, r.stderr, "run `idemscrape migrate`", "%v", args)
@@ -567,7 +567,7 @@ func TestEnqueueFileBadLines(t *testing.T) {
 		t.Helper()
 		return runCLI(t, bin, []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=" + ns.Addr}, stdin, args...)
 	}
-	r := run(input, "enqueue", "-f", "-")
+	r := run(input, "enqueue", "-allow-unknown-kind", "-f", "-")
 	assert.Equal(t, 1, r.code, r.stderr)
 	assert.Contains(t, r.stderr, "line 2: not valid UTF-8 (at byte ")
 	assert.Contains(t, r.stderr, "line 3: field kind is given twice")
@@ -613,7 +613,7 @@ func TestCLIOverRedisTLS(t *testing.T) {
 		return []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=rediss://app@" + srv.Addr,
 			"IDEMSCRAPE_REDIS_PASSWORD_FILE=" + pw, "IDEMSCRAPE_REDIS_TLS_CA=" + ca}
 	}
-	args := []string{"enqueue", "-kind", "tlskind", "-source-id", "sku-1", "-country", "US", "-window", "2026-04-23", "-parser-version", "1"}
+	args := []string{"enqueue", "-allow-unknown-kind", "-kind", "tlskind", "-source-id", "sku-1", "-country", "US", "-window", "2026-04-23", "-parser-version", "1"}
 	r := runCLI(t, bin, env(srv.TLS.CAFile), "", args...)
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "created tlskind:sku-1:US:2026-04-23:v1")
@@ -621,8 +621,16 @@ func TestCLIOverRedisTLS(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n, "the task is in the TLS Redis")
 
-	r = runCLI(t, bin, env(srv.TLS.OtherCAFile), "", append(args[:4:4], "sku-2", "-country", "US", "-window", "2026-04-23", "-parser-version", "1")...)
+	r = runCLI(t, bin, env(srv.TLS.OtherCAFile), "", append(args[:5:5], "sku-2", "-country", "US", "-window", "2026-04-23", "-parser-version", "1")...)
 	assert.Equal(t, 1, r.code, r.stderr)
 	assert.Contains(t, r.stderr, "certificate signed by unknown authority")
+	assert.NotContains(t, r.stderr+r.stdout, password)
+
+	// A plain connection to the TLS server: the error says what was stored and hints rediss://.
+	plain := []string{"IDEMSCRAPE_PG=" + dsnOf(t, pool), "IDEMSCRAPE_REDIS=redis://app@" + srv.Addr, "IDEMSCRAPE_REDIS_PASSWORD_FILE=" + pw}
+	r = runCLI(t, bin, plain, "", append(args[:5:5], "sku-3", "-country", "US", "-window", "2026-04-23", "-parser-version", "1")...)
+	assert.Equal(t, 1, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "rediss://")
+	assert.Contains(t, r.stderr, "stored: the jobs row of tlskind:sku-3:US:2026-04-23:v1")
 	assert.NotContains(t, r.stderr+r.stdout, password)
 }

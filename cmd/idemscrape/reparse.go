@@ -25,6 +25,12 @@ func builtinParsers() *handlers.Parsers {
 	return new(handlers.Parsers).Add(catalog.Kind, 0, "", catalog.Parse)
 }
 
+// hasParser reports whether parsers has a parser for kind, for any version.
+func hasParser(parsers *handlers.Parsers, kind string) bool {
+	_, ok := parsers.Parser(kind, 0)
+	return ok || len(parsers.ParserVersions(kind)) > 0
+}
+
 var reparseCmd = command{
 	name: "reparse",
 	summary: "Run a parser version over saved inputs with no network: select jobs (by kind, parser version, window,\n" +
@@ -48,6 +54,13 @@ var reparseCmd = command{
 				return usageError{err.Error()}
 			}
 			parsers := builtinParsers()
+			if k := opts.Selection.Kind; k != "" && !hasParser(parsers, k) {
+				// Every job would end parser_version_unavailable: refused, as a usage error.
+				return usageError{fmt.Sprintf("-kind %q: this binary has no parser for the kind (it has: %s). "+
+					"A kind is reparsed by a binary that registers its parser: your own worker binary's reparse "+
+					"command, calling reparse.Run with the handlers.Registry its kinds are registered on "+
+					"(docs/PARSERS.md, \"Your own parsers\")", k, catalog.Kind)}
+			}
 			if !opts.DryRun && opts.Version > 0 && opts.Selection.ParserVersion != opts.Version {
 				// Before anything is read or written: a typo must not create jobs, results and
 				// events of a version nobody wrote a parser for.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/reparse"
+	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -83,4 +85,32 @@ func TestReparseCLI(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "committed 0, already done 1")
 	assert.Equal(t, 1, results())
+}
+
+// TestReparseUnknownKindRefused: `reparse -kind K` for a kind this binary has no parser
+// for is a usage error (exit 2) saying where the kind must be registered, before anything
+// is read or written — not a run whose every job ends parser_version_unavailable (exit 0).
+func TestReparseUnknownKindRefused(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	ns := testutil.Redis(t)
+	cliEnv(t, dsnOf(t, pool), ns.Addr)
+	st := store.New(pool)
+	spec, err := tasks.Spec{Kind: "shop", SourceID: "sku-1", Country: "US", Window: "2026-04-23", ParserVersion: 1}.Normalize()
+	require.NoError(t, err)
+	key, err := spec.Key()
+	require.NoError(t, err)
+	recordFailedJob(ctx, t, st, key, spec, "w")
+	_, err = inputs.New(pool).Save(ctx, inputs.SaveParams{Key: key, Fence: 1, Kind: "shop", ParserVersion: 1,
+		Outcome: "parse_error", Staged: map[string]json.RawMessage{"p": json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	for _, args := range [][]string{{"-kind", "shop"}, {"-kind", "shop", "-dry-run"}} {
+		var stderr bytes.Buffer
+		stdout, code := runInProcess(nil, &stderr, append([]string{"reparse"}, args...)...)
+		assert.Equal(t, 2, code, stdout+stderr.String())
+		assert.Contains(t, stderr.String(), `-kind "shop": this binary has no parser for the kind`)
+		assert.Contains(t, stderr.String(), "reparse.Run")
+		assert.NotContains(t, stdout, "parser_version_unavailable")
+	}
+	assert.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM attempts`), "nothing written")
 }

@@ -43,6 +43,9 @@ var statsCmd = command{
 			if sto.Tables, err = pg.TableSizes(ctx); err != nil {
 				return err
 			}
+			if err := countUnanalysed(ctx, pool, sto.Tables); err != nil {
+				return err
+			}
 			if sto.RetentionDue, err = pg.RetentionDue(ctx, rc.JobRetention, rc.QuarantineRetention, rc.WindowRetention); err != nil {
 				return err
 			}
@@ -186,7 +189,7 @@ func writeStorage(w io.Writer, s storage) error {
 		return err
 	}
 	fmt.Fprintf(w, "\nretention deletes next: %d terminal jobs with all their rows (job_retention %s), %d quarantine rows (quarantine_retention %s), %d schedule windows\n",
-		s.RetentionDue.TerminalJobs, s.JobRetention, s.RetentionDue.Quarantine, s.QuarantineRetention, s.RetentionDue.Windows)
+		s.RetentionDue.TerminalJobs, retentionText(s.JobRetention), s.RetentionDue.Quarantine, retentionText(s.QuarantineRetention), s.RetentionDue.Windows)
 	return nil
 }
 

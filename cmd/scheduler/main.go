@@ -88,6 +88,11 @@ Flags (each also read from the environment variable shown; the flag wins):
 	if c.configPath == "" {
 		return c, errors.New("-config ($IDEMSCRAPE_SCHEDULER_CONFIG) is required")
 	}
+	if c.httpAddr != "" {
+		if err := envflag.CheckListenAddr("http", envPrefix+"SCHEDULER_HTTP_ADDR", c.httpAddr); err != nil {
+			return c, err
+		}
+	}
 	var err error
 	if c.redisCfg, err = c.redis.Config(); err != nil {
 		return c, err
@@ -97,7 +102,7 @@ Flags (each also read from the environment variable shown; the flag wins):
 
 func main() {
 	c, err := parseFlags(os.Args[1:], os.Stderr)
-	if code, exit := boot.FlagsExit("scheduler", err, os.Stderr); exit {
+	if code, exit := boot.FlagsExit("scheduler", err, os.Stderr, envflag.LogFormatOf(os.Args[1:], envPrefix)); exit {
 		os.Exit(code)
 	}
 	log := boot.Logger(c.log, os.Stderr)

@@ -212,6 +212,12 @@ func (c *config) validate() error {
 	if _, err := parseQueues(c.queues); err != nil {
 		return err
 	}
+	if err := envflag.CheckListenAddr("http", envPrefix+"HTTP_ADDR", c.httpAddr); err != nil {
+		return err
+	}
+	if err := c.validateLeases(); err != nil {
+		return err
+	}
 	if err := c.validateBudgets(); err != nil {
 		return err
 	}
@@ -226,6 +232,22 @@ func (c *config) validate() error {
 		return err
 	}
 	return c.log.Validate()
+}
+
+// validateLeases checks the lease flags as the registry will (handlers.LeaseLengthConfig),
+// naming the flags, so that a bad pair is a bad setting before anything is opened.
+func (c *config) validateLeases() error {
+	lc := handlers.LeaseLengthConfig{Default: c.leaseDefault, Min: c.leaseMin, Max: c.leaseMax, Margin: c.leaseMargin}
+	err := lc.Validate() // fills in the defaults of zero values
+	switch {
+	case err == nil:
+		return nil
+	case lc.Min <= 0 || lc.Max < lc.Min:
+		return fmt.Errorf("-lease-min %v ($IDEMSCRAPE_LEASE_MIN) must be above 0 and at most -lease-max %v ($IDEMSCRAPE_LEASE_MAX)", lc.Min, lc.Max)
+	case lc.Default < lc.Min || lc.Default > lc.Max:
+		return fmt.Errorf("-lease-default %v ($IDEMSCRAPE_LEASE_DEFAULT) must be between -lease-min %v and -lease-max %v", lc.Default, lc.Min, lc.Max)
+	}
+	return fmt.Errorf("-lease-default, -lease-min, -lease-max, -lease-margin: %w", err)
 }
 
 // validateBudgets checks the example kind's budget flags, naming the flag that is wrong.
@@ -330,6 +352,9 @@ func parseQueues(s string) (map[string]int, error) {
 		if name == "" {
 			return nil, fmt.Errorf("-queues: %q: empty queue name", part)
 		}
+		if err := tasks.CheckQueue(name); err != nil {
+			return nil, fmt.Errorf("-queues ($IDEMSCRAPE_QUEUES): %q: %w", part, err)
+		}
 		out[name] = w
 	}
 	return out, nil
@@ -337,7 +362,7 @@ func parseQueues(s string) (map[string]int, error) {
 
 func main() {
 	c, err := parseFlags(os.Args[1:], os.Stderr)
-	if code, exit := boot.FlagsExit("worker", err, os.Stderr); exit {
+	if code, exit := boot.FlagsExit("worker", err, os.Stderr, envflag.LogFormatOf(os.Args[1:], envPrefix)); exit {
 		os.Exit(code)
 	}
 	log := boot.Logger(c.log, os.Stderr)

@@ -378,6 +378,10 @@ func TestFlags(t *testing.T) {
 			"StrayArgument": {"-catalog-base", "https://s.example", "extra"},
 			"BadLogFormat":  {"-catalog-base", "https://s.example", "-log-format", "xml"},
 			"BadQueues":     {"-catalog-base", "https://s.example", "-queues", "a:x"},
+			"QueueName":     {"-catalog-base", "https://s.example", "-queues", "asynq:{x}"},
+			"BadHTTP":       {"-catalog-base", "https://s.example", "-http", "notanaddr"},
+			"LeaseMinMax":   {"-catalog-base", "https://s.example", "-lease-min", "10m", "-lease-max", "1m"},
+			"LeaseDefault":  {"-catalog-base", "https://s.example", "-lease-default", "100h"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				_, err := parseFlags(args, &bytes.Buffer{})

@@ -155,7 +155,7 @@ func TestRedisACLAndTLS(t *testing.T) {
 			env  []string
 			want string
 		}{
-			"NotARedisURL":    {[]string{"IDEMSCRAPE_REDIS=http://" + srv.Addr}, `-redis ($IDEMSCRAPE_REDIS): URL scheme "http"`},
+			"NotARedisURL":    {[]string{"IDEMSCRAPE_REDIS=http://" + srv.Addr}, `-redis ($IDEMSCRAPE_REDIS): URL scheme \"http\"`}, // a JSON log line (-log-format json)
 			"CAWithoutTLS":    {[]string{"IDEMSCRAPE_REDIS=redis://" + srv.Addr, "IDEMSCRAPE_REDIS_TLS_CA=" + srv.TLS.CAFile}, "is a TLS setting"},
 			"PasswordTwice":   {[]string{"IDEMSCRAPE_REDIS=rediss://app:" + redisAppPassword + "@" + srv.Addr, "IDEMSCRAPE_REDIS_PASSWORD_FILE=" + secretFile(t, "pw2", redisAppPassword)}, "give it one way"},
 			"MissingProxyPW":  {[]string{"IDEMSCRAPE_REDIS=" + url, "IDEMSCRAPE_PROXY_PASSWORD_FILE=/nonexistent/proxy-pw"}, "IDEMSCRAPE_PROXY_PASSWORD_FILE: secret file /nonexistent/proxy-pw"},

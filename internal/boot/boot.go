@@ -29,15 +29,21 @@ func (e *SettingError) Unwrap() error { return e.Err }
 
 // FlagsExit is what a binary does with the error of its flags' parse: none (exit false)
 // starts it; -h (flag.ErrHelp, the usage is printed) exits 0; a bad flag or environment
-// value is printed as "<prog>: <err>" on stderr and exits 2.
-func FlagsExit(prog string, err error, stderr io.Writer) (code int, exit bool) {
+// value is reported on stderr and exits 2 — as one JSON log line ("bad setting") when the
+// command line or the environment asks for -log-format json (format, envflag.LogFormatOf),
+// else as "<prog>: <err>" and where to find the flags.
+func FlagsExit(prog string, err error, stderr io.Writer, format string) (code int, exit bool) {
 	switch {
 	case err == nil:
 		return 0, false
 	case errors.Is(err, flag.ErrHelp):
 		return 0, true
 	}
-	fmt.Fprintln(stderr, prog+":", err)
+	if format == "json" {
+		envflag.Log{Format: "json", Level: "info"}.Logger(stderr).Error("bad setting", "err", err.Error(), "help", prog+" -h lists the flags")
+		return 2, true
+	}
+	fmt.Fprintf(stderr, "%s: %v\n(%s -h lists the flags)\n", prog, err, prog)
 	return 2, true
 }
 

@@ -49,11 +49,11 @@ func TestFlagsExit(t *testing.T) {
 	}{
 		"None":    {nil, 0, false, ""},
 		"Help":    {flag.ErrHelp, 0, true, ""},
-		"BadFlag": {errors.New("-concurrency 0 must be >= 1"), 2, true, "worker: -concurrency 0 must be >= 1\n"},
+		"BadFlag": {errors.New("-concurrency 0 must be >= 1"), 2, true, "worker: -concurrency 0 must be >= 1\n(worker -h lists the flags)\n"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			code, exit := FlagsExit("worker", tt.err, &stderr)
+			code, exit := FlagsExit("worker", tt.err, &stderr, "text")
 			assert.Equal(t, tt.code, code)
 			assert.Equal(t, tt.exit, exit)
 			assert.Equal(t, tt.stderr, stderr.String())

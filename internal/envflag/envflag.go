@@ -13,8 +13,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -86,9 +88,24 @@ func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, us
 }
 
 // Parse parses args. Positional arguments are refused (every setting is a flag), and the
-// environment's parse errors are returned together. flag.ErrHelp is returned for -h.
+// environment's parse errors are returned together. flag.ErrHelp is returned for -h, after
+// the usage is printed. A bad flag prints nothing here: the binary reports the returned
+// error once, in its log format (boot.FlagsExit), where package flag would print it and
+// the whole usage as plain text.
 func (s *Set) Parse(args []string) error {
-	if err := s.FS.Parse(args); err != nil {
+	out := s.FS.Output()
+	s.FS.SetOutput(io.Discard)
+	err := s.FS.Parse(args)
+	s.FS.SetOutput(out)
+	if errors.Is(err, flag.ErrHelp) {
+		if s.FS.Usage != nil {
+			s.FS.Usage()
+		} else {
+			s.FS.PrintDefaults()
+		}
+		return err
+	}
+	if err != nil {
 		return err
 	}
 	if s.FS.NArg() > 0 {
@@ -121,13 +138,67 @@ func (l Log) Validate() error {
 }
 
 // Logger returns a slog logger writing to w in the format and from the level chosen (both
-// validated first; invalid values fall back to text and info).
+// validated first; invalid values fall back to text and info). In JSON a duration is a
+// string ("1m30s"), as in text, not slog's integer of nanoseconds.
 func (l Log) Logger(w io.Writer) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(l.Level))
 	opts := &slog.HandlerOptions{Level: lvl}
 	if l.Format == "json" {
+		opts.ReplaceAttr = durationsAsText
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// durationsAsText is a ReplaceAttr that writes a time.Duration as its String.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
+// LogFormatOf is the -log-format a command line asks for — the flag's last value in args
+// (-log-format json, -log-format=json, with one or two dashes, before any "--"), else
+// $<prefix>LOG_FORMAT — without parsing the other flags: a binary whose flags do not parse
+// still reports that in the format asked for.
+func LogFormatOf(args []string, prefix string) string {
+	format, found := "", false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "log-format" {
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				break
+			}
+			i++
+			value = args[i]
+		}
+		format, found = value, true
+	}
+	if found {
+		return format
+	}
+	return os.Getenv(prefix + "LOG_FORMAT")
+}
+
+// CheckListenAddr checks an HTTP listen address of flag name (environment variable env)
+// as net.Listen will need it, host:port with a port number (0: any free port), so that
+// a typo is a bad setting at start rather than a failure after the database was migrated.
+func CheckListenAddr(name, env, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-%s ($%s) %q: want host:port, e.g. 127.0.0.1:8080 (%v)", name, env, addr, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("-%s ($%s) %q: the port must be a number in 0..65535", name, env, addr)
+	}
+	return nil
 }
