@@ -160,7 +160,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.String(&c.windowBudget, "window-budget", "WINDOW_BUDGET", "", "money the example kind may spend per collection window, fleet-wide, e.g. \"25.50 USD\" (in the proxies' currency; needs $IDEMSCRAPE_PROXY_PRICE); default none")
 	s.String(&c.windowAction, "window-budget-action", "WINDOW_BUDGET_ACTION", handlers.WindowFail.String(), "what happens to a window's remaining jobs once its budget is spent: fail (budget_exceeded) or defer (handed back for -window-defer-for)")
 	s.Duration(&c.windowDeferFor, "window-defer-for", "WINDOW_DEFER_FOR", handlers.DefaultWindowDeferFor, "with -window-budget-action defer: how long a delivery of a spent window waits")
-	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes (required)")
+	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes for -source-id jobs; a -url job fetches its own URL (required)")
 
 	s.FS.Usage = func() {
 		fmt.Fprintf(s.FS.Output(), `usage: worker [flags]
@@ -516,8 +516,18 @@ func newService(c config, set settings, queues map[string]int, reg *handlers.Reg
 		MonitoringWritable: c.writable,
 		HTTPInsecure:       c.httpInsecure,
 		BasicAuth:          set.auth,
+		WindowBudgets:      c.windowBudgets(),
 		Logger:             log,
 	})
+}
+
+// windowBudgets is the example kind's money budget per window (-window-budget), for the
+// job pages and /windows (spend against budget, deferred jobs).
+func (c config) windowBudgets() map[string]store.Cost {
+	if c.windowMoney == 0 {
+		return nil
+	}
+	return map[string]store.Cost{catalog.Kind: {Micros: c.windowMoney, Currency: c.windowCurrency}}
 }
 
 // logStart is the step that logs the start-up line: what the worker serves and with what.

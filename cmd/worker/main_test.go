@@ -539,6 +539,11 @@ func TestWindowMoneyBudget(t *testing.T) {
 	workers := []*worker{startWorker(t, bin, args, env), startWorker(t, bin, args, env)}
 	waitTerminal(t, 30, workers...)
 	require.Equal(t, 30, testutil.Count(t, w.pool, `SELECT count(*) FROM jobs WHERE state IN ('complete', 'failed')`))
+	// The worker's job pages show the window's spend against -window-budget.
+	var failedKey string
+	require.NoError(t, w.pool.QueryRow(ctx, `SELECT key FROM jobs WHERE state = 'failed' LIMIT 1`).Scan(&failedKey))
+	page := get(t, "http://"+listenAddr(t, workers[0].log())+"/jobs/"+url.PathEscape(failedKey))
+	assert.Regexp(t, `window budget spent \([0-9.]+ USD of 0\.020000 USD\)`, page, "the budget is on the job page")
 	for _, wk := range workers {
 		require.NoError(t, wk.cmd.Process.Signal(syscall.SIGTERM))
 		assert.Equal(t, 0, wk.wait(t, 90*time.Second))
