@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
@@ -145,7 +146,9 @@ type Bound struct {
 	tunnelOnce sync.Once
 	tunnel     *http.Transport // this session's own, for https:// (CONNECT) destinations
 	closed     atomic.Bool
-	bytes      atomic.Int64
+	bytes      atomic.Int64 // wire bytes of the job's traffic (see Bytes)
+	sent       atomic.Int64 // the part of bytes this side wrote to the gateway
+	job        *wireOwner   // charges the job's connection bytes to bytes, under the budget
 	served     atomic.Bool  // the session answered at least one request
 	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
 	resent     atomic.Int64 // requests sent again after a short Retry-After (ThrottleWaitMax)
@@ -163,6 +166,10 @@ const responseKey = "idemscrape.response"
 func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
 	c := cfg.withDefaults()
 	b := &Bound{Session: s, cfg: c, ctx: ctx}
+	b.job = &wireOwner{n: &b.bytes, sent: &b.sent, budget: -1}
+	if c.budgetSet {
+		b.job.budget = c.budget
+	}
 	b.plainKey = plainKey{endpoint: s.Endpoint, dial: c.DialTimeout, header: c.RequestTimeout}
 	if c.IsolatePlainHTTP {
 		b.plain = &plainTransport{t: newPlainTransport(b.plainKey, 4), refs: 1} // not in plains: only this Bound
@@ -240,9 +247,13 @@ func (b *Bound) Get(rawURL string) (*colly.Response, error) {
 	return b.Fetch(http.MethodGet, rawURL, nil, nil)
 }
 
-// Bytes is the number of bytes this collector moved through the proxy: request lines and
-// headers (estimated), response headers (estimated) and response bodies as sent on the wire
-// (compressed, if they were).
+// Bytes is the number of bytes this collector moved through the proxy for the job, as
+// they went over the connections to the gateway, both ways: the CONNECT exchange, TLS
+// handshakes and records, request and response headers (those the transport adds, such as
+// Proxy-Authorization and Host, included) and bodies as sent (compressed, if they were);
+// plus the bytes of its renders. Robots.txt fetches are not in it (they are the fleet's:
+// politeness.RobotsConfig.OnFetch), except that a tunnel's CONNECT and TLS handshake are
+// the job's even when a robots.txt fetch happened to open it.
 func (b *Bound) Bytes() int64 { return b.bytes.Load() }
 
 // LastStatus is the HTTP status of the last response this collector received — every
@@ -324,10 +335,12 @@ func (b *Bound) tunnelTransport() (*http.Transport, error) {
 			Proxy:                  http.ProxyURL(&url.URL{Scheme: "http", Host: b.Session.Endpoint}), // no user info, ever
 			ProxyConnectHeader:     http.Header{"Proxy-Authorization": {b.Session.proxyAuthorization()}},
 			OnProxyConnectResponse: b.onConnectResponse,
-			DialContext:            dialer.DialContext,
-			TLSClientConfig:        c.TLSConfig,
-			TLSHandshakeTimeout:    DefaultTLSHandshakeTimeout,
-			ResponseHeaderTimeout:  c.RequestTimeout,
+			// The tunnel is the session's own: its CONNECT exchange and TLS handshake are the
+			// job's bytes, whichever request opened it.
+			DialContext:           wireDial(dialer, func(context.Context) *wireOwner { return b.job }),
+			TLSClientConfig:       c.TLSConfig,
+			TLSHandshakeTimeout:   DefaultTLSHandshakeTimeout,
+			ResponseHeaderTimeout: c.RequestTimeout,
 			// Keep-alives stay on (colly's SetProxyFunc turns them off): one session reuses
 			// its tunnel. Compression is ours, so the byte count sees wire bytes and the cap
 			// sees decompressed ones.
@@ -387,8 +400,10 @@ func acquirePlain(k plainKey) *plainTransport {
 func newPlainTransport(k plainKey, idle int) *http.Transport {
 	dialer := &net.Dialer{Timeout: k.dial, KeepAlive: 30 * time.Second}
 	return &http.Transport{
-		Proxy:                 http.ProxyURL(&url.URL{Scheme: "http", Host: k.endpoint}), // no user info, ever
-		DialContext:           dialer.DialContext,
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: k.endpoint}), // no user info, ever
+		// Shared by sessions: a connection's bytes are charged to the request using it
+		// (exchange's GotConn); dialing one moves none.
+		DialContext:           wireDial(dialer, ownerOf),
 		ResponseHeaderTimeout: k.header,
 		DisableCompression:    true, // see tunnelTransport
 		MaxIdleConns:          idle,
@@ -412,12 +427,37 @@ func releasePlain(k plainKey, p *plainTransport) {
 }
 
 func (b *Bound) onConnectResponse(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
-	b.bytes.Add(headerBytes(res.Header) + 64)
 	b.lastStatus.Store(int32(res.StatusCode))
 	if res.StatusCode == http.StatusOK {
 		return nil
 	}
+	drainRefusal(res)
 	return &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
+}
+
+// refusalDrainWait bounds how long drainRefusal waits for a refusal's body.
+const refusalDrainWait = 2 * time.Second
+
+// drainRefusal reads the short body of a proxy's refusal of a CONNECT (a 407's text), as
+// a forwarding proxy's refusal is read: the gateway sent it and bills it, and the
+// transport would close the connection with it unread, so the wire count would miss it.
+// A body that does not come within refusalDrainWait is left: the transport's close of
+// the connection then ends the read.
+func drainRefusal(res *http.Response) {
+	if res.Body == nil || res.ContentLength < 0 || res.ContentLength > 4096 {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(io.Discard, res.Body)
+	}()
+	t := time.NewTimer(refusalDrainWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // sessionTransport is the RoundTripper of a bound collector. Every hop — redirects and
@@ -507,16 +547,31 @@ func (c capIsEOF) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// exchange sends req through the session's proxy and returns the response with a counted,
-// capped, decompressed body. Bytes go to counter; job says it is the job's traffic (the
-// budget applies) rather than the fleet's (robots.txt). It checks the exit and tells the
-// limiter of a Retry-After.
+// exchange sends req through the session's proxy and returns the response with a capped,
+// decompressed body. The bytes of the connection it runs on — from when the transport hands
+// it over until the next request takes it — go to counter; job says it is the job's
+// traffic (counter is b.bytes and the budget applies) rather than the fleet's (robots.txt).
+// It checks the exit and tells the limiter of a Retry-After.
 func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*http.Response, error) {
 	if b.closed.Load() {
 		// Its connections are (being) closed: a new one would outlive the collector.
 		return nil, errCollectorClosed
 	}
-	out := req.Clone(req.Context())
+	owner := b.job
+	if !job {
+		owner = &wireOwner{n: counter, budget: -1}
+	}
+	// An HTTP/1 connection serves one request at a time (neither transport speaks HTTP/2:
+	// both set DialContext and not ForceAttemptHTTP2), so the request that got it owns its
+	// bytes until the next one gets it.
+	ctx := httptrace.WithClientTrace(context.WithValue(req.Context(), wireOwnerKey{}, owner), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if wc := asWireConn(info.Conn); wc != nil {
+				wc.owner.Store(owner)
+			}
+		},
+	})
+	out := req.Clone(ctx)
 	var rt http.RoundTripper
 	switch req.URL.Scheme {
 	case "http":
@@ -537,16 +592,17 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 	if out.Header.Get("Accept-Encoding") == "" {
 		out.Header.Set("Accept-Encoding", "gzip")
 	}
-	counter.Add(int64(len(req.Method)+len(req.URL.String())+16) + headerBytes(req.Header))
 	res, err := rt.RoundTrip(out)
 	if err != nil {
+		if job && b.overBudget() {
+			return nil, b.budgetError() // the connection ended the read at the budget
+		}
 		return nil, err
 	}
 	// The response must point at the caller's request, not our copy that carries the
 	// credentials: colly takes the response's request as the final one and exposes its
 	// headers to every callback.
 	res.Request = req
-	counter.Add(headerBytes(res.Header) + 32)
 	b.lastStatus.Store(int32(res.StatusCode))
 	if req.URL.Scheme == "http" && isProxyRefusal(res) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
@@ -562,7 +618,10 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 			b.cfg.Limiter.Pause(req.Context(), politeness.HostKey(req.URL), d)
 		}
 	}
-	var body io.Reader = &countingReader{r: res.Body, bound: b, counter: counter, job: job}
+	var body io.Reader = res.Body
+	if job && b.cfg.budgetSet {
+		body = &budgetReader{r: res.Body, bound: b}
+	}
 	if strings.EqualFold(strings.TrimSpace(res.Header.Get("Content-Encoding")), "gzip") {
 		gz, err := gzip.NewReader(body)
 		if err != nil {
@@ -596,45 +655,110 @@ func isProxyRefusal(res *http.Response) bool {
 	return providerErrorCode(res.Header) != "" && res.StatusCode >= 500
 }
 
-func headerBytes(h http.Header) int64 {
-	var n int64
-	for k, vs := range h {
-		for _, v := range vs {
-			n += int64(len(k) + len(v) + 4)
-		}
-	}
-	return n
+// budgetReader ends the read of a job's response with the budget error once the
+// collector's wire bytes exceed its budget. The connection (wireConn) counts the bytes and
+// reads at most one byte past the budget, so the abort comes at the budget and not a
+// socket buffer later.
+type budgetReader struct {
+	r     io.Reader
+	bound *Bound
 }
 
-// countingReader counts wire bytes and, for the job's own traffic, aborts the read once
-// the collector's bandwidth budget is spent.
-type countingReader struct {
-	r       io.Reader
-	bound   *Bound
-	counter *atomic.Int64
-	job     bool // the job's traffic: the budget applies
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	if !c.job {
-		n, err := c.r.Read(p)
-		c.counter.Add(int64(n))
-		return n, err
-	}
+func (c *budgetReader) Read(p []byte) (int, error) {
 	if c.bound.overBudget() {
 		return 0, c.bound.budgetError()
 	}
-	if c.bound.cfg.budgetSet {
-		// Read at most one byte past the budget, so the abort comes at the budget and
-		// not a socket buffer later.
-		if left := c.bound.cfg.budget - c.bound.bytes.Load(); int64(len(p)) > left+1 {
-			p = p[:max(left+1, 1)]
-		}
-	}
 	n, err := c.r.Read(p)
-	c.counter.Add(int64(n))
 	if c.bound.overBudget() {
 		return n, c.bound.budgetError()
+	}
+	return n, err
+}
+
+// wireOwner is whom a connection's bytes are charged to.
+type wireOwner struct {
+	n    *atomic.Int64 // both ways
+	sent *atomic.Int64 // written only; nil: not kept apart
+	// budget: reads are cut so that n goes at most one byte past it; < 0: no budget.
+	budget int64
+}
+
+// wireOwnerKey carries the *wireOwner of a request in its context, which the transport's
+// dial context keeps.
+type wireOwnerKey struct{}
+
+// ownerOf is the owner a request's context names, nil if none.
+func ownerOf(ctx context.Context) *wireOwner {
+	o, _ := ctx.Value(wireOwnerKey{}).(*wireOwner)
+	return o
+}
+
+// wireDial dials the gateway with d and counts the connection's bytes; owner names who
+// pays for the bytes moved before a request gets the connection (the CONNECT exchange
+// and TLS handshake).
+func wireDial(d *net.Dialer, owner func(context.Context) *wireOwner) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		wc := &wireConn{Conn: c}
+		wc.owner.Store(owner(ctx))
+		return wc, nil
+	}
+}
+
+// wireConn counts every byte read from and written to a connection to the gateway into
+// its current owner: what the proxy bills, as no estimate of headers can.
+type wireConn struct {
+	net.Conn
+	owner atomic.Pointer[wireOwner]
+}
+
+// asWireConn finds the wireConn under c (a TLS connection inside a CONNECT tunnel wraps
+// it), nil if there is none.
+func asWireConn(c net.Conn) *wireConn {
+	for c != nil {
+		switch v := c.(type) {
+		case *wireConn:
+			return v
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+func (c *wireConn) Read(p []byte) (int, error) {
+	if o := c.owner.Load(); o != nil && o.budget >= 0 {
+		left := o.budget - o.n.Load()
+		if left < 0 {
+			// Spent: reading on (a TLS record needs all of its bytes before any reach the
+			// reader) would only move more. The connection is dropped.
+			return 0, ErrBudgetExceeded
+		}
+		if int64(len(p)) > left+1 {
+			p = p[:left+1]
+		}
+	}
+	n, err := c.Conn.Read(p)
+	// The owner when the bytes arrived: an idle connection's read, started for the last
+	// request, returns the next one's response.
+	if o := c.owner.Load(); o != nil && n > 0 {
+		o.n.Add(int64(n))
+	}
+	return n, err
+}
+
+func (c *wireConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if o := c.owner.Load(); o != nil && n > 0 {
+		o.n.Add(int64(n))
+		if o.sent != nil {
+			o.sent.Add(int64(n))
+		}
 	}
 	return n, err
 }

@@ -1,0 +1,176 @@
+package sessions_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/politeness"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// wireSite is a destination with pages of the sizes and encodings the wire count must get
+// right: /small (1 KB), /large (2 MiB), /gz (gzip on the wire), /redirect (to /small) and
+// /robots.txt.
+func wireSite(t *testing.T, useTLS bool) *httptest.Server {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(37, 1))
+	text := func(n int) []byte {
+		words := []string{"price", "sku", "widget", "catalog", "red", "blue", "size", "in stock", "ships", "today"}
+		var b bytes.Buffer
+		for b.Len() < n {
+			b.WriteString(words[rng.IntN(len(words))])
+			b.WriteByte(' ')
+		}
+		return b.Bytes()[:n]
+	}
+	small, large, plain := text(1<<10), text(2<<20), text(256<<10)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(plain)
+	require.NoError(t, zw.Close())
+	mux := http.NewServeMux()
+	mux.HandleFunc("/small", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(small) })
+	mux.HandleFunc("/large", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(large) })
+	mux.HandleFunc("/gz", func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			_, _ = w.Write(plain)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(gz.Bytes())
+	})
+	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/small", http.StatusFound) })
+	mux.HandleFunc("/robots.txt", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write(append([]byte("User-agent: *\nDisallow: /private/\n# "), text(8<<10)...))
+	})
+	var srv *httptest.Server
+	if useTLS {
+		srv = httptest.NewTLSServer(mux)
+	} else {
+		srv = httptest.NewServer(mux)
+	}
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// wireRun is one collector's traffic through its own proxy: what the collector recorded
+// and what the proxy exchanged with it.
+type wireRun struct {
+	recorded, recordedSent int64
+	robots                 int64 // robots.txt bytes reported to the fleet (OnFetch)
+	fromClient, toClient   int64
+}
+
+// runWire fetches paths (in order) from srv through a fresh FakeProxy on one session,
+// closes the collector and waits until the proxy has closed every client connection, so
+// that both counts are final. refuse makes the proxy answer 407. robots, if set, is the
+// fleet robots.txt cache the collector checks.
+func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetch func(int64)) *politeness.RobotsCache, paths ...string) wireRun {
+	t.Helper()
+	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, Seed: 37})
+	proxy.SetRefusing(refuse)
+	p, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
+	require.NoError(t, err)
+	sess, err := p.NewSession("US", time.Hour, time.Now())
+	require.NoError(t, err)
+	cfg := &sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 10 * time.Second, IgnoreRobotsTxt: true}
+	if srv.Certificate() != nil {
+		pool := x509.NewCertPool()
+		pool.AddCert(srv.Certificate())
+		cfg.TLSConfig = &tls.Config{RootCAs: pool}
+	}
+	var run wireRun
+	var robotsBytes atomic.Int64
+	if robots != nil {
+		cfg.IgnoreRobotsTxt = false
+		cfg.Robots = robots(func(n int64) { robotsBytes.Add(n) })
+	}
+	b, err := sessions.NewCollector(context.Background(), sess, cfg)
+	require.NoError(t, err)
+	for _, path := range paths {
+		res, err := b.Get(srv.URL + path)
+		if refuse {
+			require.Error(t, err, path)
+			assert.Equal(t, http.StatusProxyAuthRequired, b.LastStatus())
+			continue
+		}
+		require.NoError(t, err, path)
+		require.Equal(t, http.StatusOK, res.StatusCode, path)
+		require.NotEmpty(t, res.Body, path)
+	}
+	b.Close()
+	require.Eventually(t, func() bool { return proxy.OpenClients() == 0 }, 10*time.Second, 5*time.Millisecond,
+		"the proxy closes its client connections once the collector closed its idle ones")
+	run.recorded, run.recordedSent, run.robots = b.Bytes(), sessions.BytesSent(b), robotsBytes.Load()
+	run.fromClient, run.toClient = proxy.ClientBytes()
+	return run
+}
+
+// within2 asserts that got is within 2 % of want.
+func within2(t *testing.T, want, got int64, what string) {
+	t.Helper()
+	require.Positive(t, want, what)
+	diff := float64(got-want) / float64(want)
+	assert.InDelta(t, 0, diff, 0.02, "%s: recorded %d, the proxy counted %d (%+.1f %%)", what, got, want, 100*diff)
+}
+
+// TestWireBytesMatchProxy: what a collector records (Bound.Bytes, hence Result.Bytes, the
+// bandwidth and money budgets and the cost in stats) is what the proxy moved for it on the
+// wire, both directions, within 2 %: headers the transport adds (Proxy-Authorization,
+// Host, Accept-Encoding), the CONNECT exchange and TLS included; robots.txt bytes are the
+// fleet's and not the job's.
+func TestWireBytesMatchProxy(t *testing.T) {
+	for _, useTLS := range []bool{false, true} {
+		srv := wireSite(t, useTLS)
+		for _, tc := range []struct {
+			name   string
+			paths  []string
+			refuse bool
+		}{
+			{"Small", []string{"/small", "/small", "/small"}, false},
+			{"Large", []string{"/large"}, false},
+			{"Gzip", []string{"/gz", "/gz"}, false},
+			{"Redirect", []string{"/redirect", "/redirect"}, false},
+			{"Refused407", []string{"/small", "/small"}, true},
+		} {
+			t.Run(fmt.Sprintf("TLS=%v/%s", useTLS, tc.name), func(t *testing.T) {
+				run := runWire(t, srv, tc.refuse, nil, tc.paths...)
+				t.Logf("recorded %d (sent %d); proxy read %d from the client, wrote %d to it",
+					run.recorded, run.recordedSent, run.fromClient, run.toClient)
+				within2(t, run.fromClient, run.recordedSent, "client → proxy")
+				within2(t, run.toClient, run.recorded-run.recordedSent, "proxy → client")
+				within2(t, run.fromClient+run.toClient, run.recorded, "both ways")
+			})
+		}
+		t.Run(fmt.Sprintf("TLS=%v/RobotsAreTheFleets", useTLS), func(t *testing.T) {
+			ns := testutil.Redis(t)
+			robots := func(onFetch func(int64)) *politeness.RobotsCache {
+				rc, err := politeness.NewRobotsCache(politeness.RobotsConfig{Redis: ns.Client, KeyPrefix: ns.Prefix,
+					OnFetch: func(_ string, _ int, n int64) { onFetch(n) }})
+				require.NoError(t, err)
+				return rc
+			}
+			run := runWire(t, srv, false, robots, "/small", "/large")
+			t.Logf("job %d, robots.txt %d; proxy read %d from the client, wrote %d to it",
+				run.recorded, run.robots, run.fromClient, run.toClient)
+			require.Greater(t, run.robots, int64(8<<10), "the robots.txt fetch is counted, for the fleet")
+			within2(t, run.fromClient+run.toClient, run.recorded+run.robots, "job and fleet together")
+			within2(t, run.fromClient+run.toClient-run.robots, run.recorded, "the job alone")
+		})
+	}
+}
