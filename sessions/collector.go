@@ -149,6 +149,9 @@ type Bound struct {
 	bytes      atomic.Int64 // wire bytes of the job's traffic (see Bytes)
 	sent       atomic.Int64 // the part of bytes this side wrote to the gateway
 	job        *wireOwner   // charges the job's connection bytes to bytes, under the budget
+	refused    atomic.Int64 // wire bytes of the proxy's refusals (see RefusedBytes)
+	refSent    atomic.Int64 // the part of refused this side wrote
+	refusals   *wireOwner   // where a refused exchange's bytes go (refused, refSent)
 	served     atomic.Bool  // the session answered at least one request
 	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
 	resent     atomic.Int64 // requests sent again after a short Retry-After (ThrottleWaitMax)
@@ -167,6 +170,7 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 	c := cfg.withDefaults()
 	b := &Bound{Session: s, cfg: c, ctx: ctx}
 	b.job = &wireOwner{n: &b.bytes, sent: &b.sent, budget: -1}
+	b.refusals = &wireOwner{n: &b.refused, sent: &b.refSent, budget: -1}
 	if c.budgetSet {
 		b.job.budget = c.budget
 	}
@@ -251,10 +255,21 @@ func (b *Bound) Get(rawURL string) (*colly.Response, error) {
 // they went over the connections to the gateway, both ways: the CONNECT exchange, TLS
 // handshakes and records, request and response headers (those the transport adds, such as
 // Proxy-Authorization and Host, included) and bodies as sent (compressed, if they were);
-// plus the bytes of its renders. Robots.txt fetches are not in it (they are the fleet's:
-// politeness.RobotsConfig.OnFetch), except that a tunnel's CONNECT and TLS handshake are
-// the job's even when a robots.txt fetch happened to open it.
+// plus the bytes of its renders, counted the same way by the render's forwarder. It is
+// what the job is charged for (Result.Bytes, the budgets, the attempt's cost).
+//
+// Not in it: the proxy's own refusals (RefusedBytes), which providers do not bill, and
+// robots.txt fetches, which are the fleet's (politeness.RobotsConfig.OnFetch) — except
+// that a tunnel's CONNECT and TLS handshake are the job's even when a robots.txt fetch
+// happened to open it.
 func (b *Bound) Bytes() int64 { return b.bytes.Load() }
+
+// RefusedBytes is the number of bytes of the exchanges the proxy refused (isProxyRefusal:
+// 407, 402 with the provider's error header, 502 and the other "no exit" answers), counted
+// on the wire as Bytes is, both ways, the request that was refused included. They are not
+// in Bytes: a provider bills the traffic it carried to and from an exit, and a refused
+// request reached none (docs/OPERATIONS.md, "What an attempt costs").
+func (b *Bound) RefusedBytes() int64 { return b.refused.Load() }
 
 // LastStatus is the HTTP status of the last response this collector received — every
 // hop counts, redirects and robots.txt included, and a proxy's refusal — or 0 if none.
@@ -337,7 +352,13 @@ func (b *Bound) tunnelTransport() (*http.Transport, error) {
 			OnProxyConnectResponse: b.onConnectResponse,
 			// The tunnel is the session's own: its CONNECT exchange and TLS handshake are the
 			// job's bytes, whichever request opened it.
-			DialContext:           wireDial(dialer, func(context.Context) *wireOwner { return b.job }),
+			DialContext: wireDial(dialer, func(ctx context.Context) *wireOwner {
+				o := b.job.child()
+				if slot, ok := ctx.Value(dialSlotKey{}).(*dialSlot); ok {
+					slot.owner.Store(o)
+				}
+				return o
+			}),
 			TLSClientConfig:       c.TLSConfig,
 			TLSHandshakeTimeout:   DefaultTLSHandshakeTimeout,
 			ResponseHeaderTimeout: c.RequestTimeout,
@@ -426,14 +447,27 @@ func releasePlain(k plainKey, p *plainTransport) {
 	p.t.CloseIdleConnections()
 }
 
-func (b *Bound) onConnectResponse(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
+func (b *Bound) onConnectResponse(ctx context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
 	b.lastStatus.Store(int32(res.StatusCode))
 	if res.StatusCode == http.StatusOK {
 		return nil
 	}
 	drainRefusal(res)
+	// The dial's bytes — the CONNECT and its refusal — are the proxy's refusal, not the
+	// job's traffic (ctx is the dial's, with the values of the request that caused it).
+	if slot, ok := ctx.Value(dialSlotKey{}).(*dialSlot); ok {
+		if o := slot.owner.Load(); o != nil {
+			o.refuse(b.refusals)
+		}
+	}
 	return &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
 }
+
+// dialSlot receives the owner of the tunnel a request's dial opens, so that a refused
+// CONNECT's bytes can be told apart (onConnectResponse).
+type dialSlot struct{ owner atomic.Pointer[wireOwner] }
+
+type dialSlotKey struct{}
 
 // refusalDrainWait bounds how long drainRefusal waits for a refusal's body.
 const refusalDrainWait = 2 * time.Second
@@ -557,14 +591,18 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 		// Its connections are (being) closed: a new one would outlive the collector.
 		return nil, errCollectorClosed
 	}
-	owner := b.job
+	// This exchange's own owner, under the job's (or the fleet's counter for robots.txt),
+	// so that a refusal's bytes can be taken out of the job's.
+	owner := b.job.child()
 	if !job {
-		owner = &wireOwner{n: counter, budget: -1}
+		owner = &wireOwner{n: counter, sent: new(atomic.Int64), budget: -1}
 	}
 	// An HTTP/1 connection serves one request at a time (neither transport speaks HTTP/2:
 	// both set DialContext and not ForceAttemptHTTP2), so the request that got it owns its
 	// bytes until the next one gets it.
-	ctx := httptrace.WithClientTrace(context.WithValue(req.Context(), wireOwnerKey{}, owner), &httptrace.ClientTrace{
+	ctx := context.WithValue(req.Context(), wireOwnerKey{}, owner)
+	ctx = context.WithValue(ctx, dialSlotKey{}, &dialSlot{})
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
 			if wc := asWireConn(info.Conn); wc != nil {
 				wc.owner.Store(owner)
@@ -607,6 +645,9 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 	if req.URL.Scheme == "http" && isProxyRefusal(res) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
 		res.Body.Close()
+		if job {
+			owner.refuse(b.refusals)
+		}
 		return nil, &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
 	}
 	if err := b.checkExit(res.Header); err != nil {
@@ -675,12 +716,71 @@ func (c *budgetReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// wireOwner is whom a connection's bytes are charged to.
+// wireOwner is whom a connection's bytes are charged to: one exchange (a request and its
+// answer, a tunnel's dial, a render), which charges every owner above it too, up to the
+// job's (Bound.job) or the fleet's (robots.txt).
 type wireOwner struct {
 	n    *atomic.Int64 // both ways
 	sent *atomic.Int64 // written only; nil: not kept apart
-	// budget: reads are cut so that n goes at most one byte past it; < 0: no budget.
+	// budget: reads are cut so that n goes at most one byte past it; < 0: no budget. The
+	// first owner up the chain with a budget sets the limit.
 	budget int64
+	up     *wireOwner
+	// moved: the owner's bytes were refused (refuse); what it moves from now on goes there.
+	moved atomic.Pointer[wireOwner]
+}
+
+// child is a new owner whose bytes are o's too.
+func (o *wireOwner) child() *wireOwner {
+	return &wireOwner{n: new(atomic.Int64), sent: new(atomic.Int64), budget: -1, up: o}
+}
+
+// add charges n bytes to o and every owner above it (to the one o's bytes were moved to,
+// once refused); written: this side wrote them.
+func (o *wireOwner) add(n int64, written bool) {
+	if m := o.moved.Load(); m != nil {
+		o = m
+	}
+	for ; o != nil; o = o.up {
+		o.n.Add(n)
+		if written && o.sent != nil {
+			o.sent.Add(n)
+		}
+	}
+}
+
+// left is how many bytes the first budget up the chain still allows; ok is false when
+// there is none.
+func (o *wireOwner) left() (n int64, ok bool) {
+	if o == nil {
+		return 0, false
+	}
+	if m := o.moved.Load(); m != nil {
+		o = m
+	}
+	for ; o != nil; o = o.up {
+		if o.budget >= 0 {
+			return o.budget - o.n.Load(), true
+		}
+	}
+	return 0, false
+}
+
+// refuse moves what o moved so far, and what it moves from now on, out of the owners above
+// it and into to: the exchange was the proxy's refusal, which is not the job's traffic.
+func (o *wireOwner) refuse(to *wireOwner) {
+	if !o.moved.CompareAndSwap(nil, to) {
+		return
+	}
+	n, sent := o.n.Swap(0), o.sent.Swap(0)
+	for p := o.up; p != nil; p = p.up {
+		p.n.Add(-n)
+		if p.sent != nil {
+			p.sent.Add(-sent)
+		}
+	}
+	to.add(n-sent, false)
+	to.add(sent, true)
 }
 
 // wireOwnerKey carries the *wireOwner of a request in its context, which the transport's
@@ -732,8 +832,7 @@ func asWireConn(c net.Conn) *wireConn {
 }
 
 func (c *wireConn) Read(p []byte) (int, error) {
-	if o := c.owner.Load(); o != nil && o.budget >= 0 {
-		left := o.budget - o.n.Load()
+	if left, ok := c.owner.Load().left(); ok {
 		if left < 0 {
 			// Spent: reading on (a TLS record needs all of its bytes before any reach the
 			// reader) would only move more. The connection is dropped.
@@ -747,7 +846,7 @@ func (c *wireConn) Read(p []byte) (int, error) {
 	// The owner when the bytes arrived: an idle connection's read, started for the last
 	// request, returns the next one's response.
 	if o := c.owner.Load(); o != nil && n > 0 {
-		o.n.Add(int64(n))
+		o.add(int64(n), false)
 	}
 	return n, err
 }
@@ -755,10 +854,7 @@ func (c *wireConn) Read(p []byte) (int, error) {
 func (c *wireConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	if o := c.owner.Load(); o != nil && n > 0 {
-		o.n.Add(int64(n))
-		if o.sent != nil {
-			o.sent.Add(int64(n))
-		}
+		o.add(int64(n), true)
 	}
 	return n, err
 }

@@ -55,6 +55,35 @@ func wireSite(t *testing.T, useTLS bool) *httptest.Server {
 		_, _ = w.Write(gz.Bytes())
 	})
 	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/small", http.StatusFound) })
+	// /page is rendered: its script fetches /api/data (XHR, 64 KB, gzip on the wire) and
+	// /api/small, then marks #out ready. /go redirects to it.
+	api := text(64 << 10)
+	var apiGz bytes.Buffer
+	zw = gzip.NewWriter(&apiGz)
+	_, _ = zw.Write(api)
+	require.NoError(t, zw.Close())
+	mux.HandleFunc("/page", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = fmt.Fprintf(w, `<!doctype html><title>wire</title><p>%s</p><div id="out"></div>
+<script>
+Promise.all([fetch("/api/data").then(r => r.text()), fetch("/api/small").then(r => r.text())]).then(([a, b]) => {
+  const out = document.getElementById("out");
+  out.textContent = a.length + " " + b.length;
+  out.className = "ready";
+});
+</script>`, small)
+	})
+	mux.HandleFunc("/go", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/page", http.StatusFound) })
+	mux.HandleFunc("/api/data", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			_, _ = w.Write(apiGz.Bytes())
+			return
+		}
+		_, _ = w.Write(api)
+	})
+	mux.HandleFunc("/api/small", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(small) })
 	mux.HandleFunc("/robots.txt", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write(append([]byte("User-agent: *\nDisallow: /private/\n# "), text(8<<10)...))
 	})
@@ -72,15 +101,18 @@ func wireSite(t *testing.T, useTLS bool) *httptest.Server {
 // and what the proxy exchanged with it.
 type wireRun struct {
 	recorded, recordedSent int64
+	refused, refusedSent   int64 // the proxy's refusals (RefusedBytes), not in recorded
 	robots                 int64 // robots.txt bytes reported to the fleet (OnFetch)
 	fromClient, toClient   int64
+	rendered               []*sessions.Rendered
 }
 
 // runWire fetches paths (in order) from srv through a fresh FakeProxy on one session,
 // closes the collector and waits until the proxy has closed every client connection, so
 // that both counts are final. refuse makes the proxy answer 407. robots, if set, is the
-// fleet robots.txt cache the collector checks.
-func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetch func(int64)) *politeness.RobotsCache, paths ...string) wireRun {
+// fleet robots.txt cache the collector checks. A path "render:<path>" is rendered with
+// pool (its #out filled by its XHRs) instead of fetched.
+func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetch func(int64)) *politeness.RobotsCache, pool *sessions.BrowserPool, paths ...string) wireRun {
 	t.Helper()
 	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, Seed: 37})
 	proxy.SetRefusing(refuse)
@@ -88,7 +120,7 @@ func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetc
 	require.NoError(t, err)
 	sess, err := p.NewSession("US", time.Hour, time.Now())
 	require.NoError(t, err)
-	cfg := &sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 10 * time.Second, IgnoreRobotsTxt: true}
+	cfg := &sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 10 * time.Second, IgnoreRobotsTxt: true, Browsers: pool}
 	if srv.Certificate() != nil {
 		pool := x509.NewCertPool()
 		pool.AddCert(srv.Certificate())
@@ -103,6 +135,18 @@ func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetc
 	b, err := sessions.NewCollector(context.Background(), sess, cfg)
 	require.NoError(t, err)
 	for _, path := range paths {
+		if page, ok := strings.CutPrefix(path, "render:"); ok {
+			rendered, err := b.Render(srv.URL+page, sessions.RenderOptions{WaitFor: "#out.ready", Capture: []string{"/api/"}})
+			if refuse {
+				require.Error(t, err, path)
+				continue
+			}
+			require.NoError(t, err, path)
+			require.Contains(t, rendered.HTML, `<div id="out" class="ready">65536 1024</div>`, "the page's XHRs ran")
+			require.Len(t, rendered.Captured, 2, "both XHRs were captured")
+			run.rendered = append(run.rendered, rendered)
+			continue
+		}
 		res, err := b.Get(srv.URL + path)
 		if refuse {
 			require.Error(t, err, path)
@@ -117,6 +161,7 @@ func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetc
 	require.Eventually(t, func() bool { return proxy.OpenClients() == 0 }, 10*time.Second, 5*time.Millisecond,
 		"the proxy closes its client connections once the collector closed its idle ones")
 	run.recorded, run.recordedSent, run.robots = b.Bytes(), sessions.BytesSent(b), robotsBytes.Load()
+	run.refused, run.refusedSent = b.RefusedBytes(), sessions.RefusedSent(b)
 	run.fromClient, run.toClient = proxy.ClientBytes()
 	return run
 }
@@ -132,9 +177,20 @@ func within2(t *testing.T, want, got int64, what string) {
 // TestWireBytesMatchProxy: what a collector records (Bound.Bytes, hence Result.Bytes, the
 // bandwidth and money budgets and the cost in stats) is what the proxy moved for it on the
 // wire, both directions, within 2 %: headers the transport adds (Proxy-Authorization,
-// Host, Accept-Encoding), the CONNECT exchange and TLS included; robots.txt bytes are the
+// Host, Accept-Encoding), the CONNECT exchange and TLS included, and for a render what
+// Chromium and its forwarder exchanged with the gateway (the document, a redirect, its
+// XHRs). The proxy's refusals (a 407 round trip) are on the wire too but recorded apart
+// (RefusedBytes), not as the job's: providers do not bill them. Robots.txt bytes are the
 // fleet's and not the job's.
 func TestWireBytesMatchProxy(t *testing.T) {
+	check := func(t *testing.T, run wireRun) {
+		t.Helper()
+		t.Logf("recorded %d (sent %d), refused %d (sent %d); proxy read %d from the client, wrote %d to it",
+			run.recorded, run.recordedSent, run.refused, run.refusedSent, run.fromClient, run.toClient)
+		within2(t, run.fromClient, run.recordedSent+run.refusedSent, "client → proxy")
+		within2(t, run.toClient, run.recorded-run.recordedSent+run.refused-run.refusedSent, "proxy → client")
+		within2(t, run.fromClient+run.toClient, run.recorded+run.refused, "both ways")
+	}
 	for _, useTLS := range []bool{false, true} {
 		srv := wireSite(t, useTLS)
 		for _, tc := range []struct {
@@ -149,12 +205,13 @@ func TestWireBytesMatchProxy(t *testing.T) {
 			{"Refused407", []string{"/small", "/small"}, true},
 		} {
 			t.Run(fmt.Sprintf("TLS=%v/%s", useTLS, tc.name), func(t *testing.T) {
-				run := runWire(t, srv, tc.refuse, nil, tc.paths...)
-				t.Logf("recorded %d (sent %d); proxy read %d from the client, wrote %d to it",
-					run.recorded, run.recordedSent, run.fromClient, run.toClient)
-				within2(t, run.fromClient, run.recordedSent, "client → proxy")
-				within2(t, run.toClient, run.recorded-run.recordedSent, "proxy → client")
-				within2(t, run.fromClient+run.toClient, run.recorded, "both ways")
+				run := runWire(t, srv, tc.refuse, nil, nil, tc.paths...)
+				check(t, run)
+				if tc.refuse {
+					assert.Zero(t, run.recorded, "a refusal is not the job's traffic")
+				} else {
+					assert.Zero(t, run.refused, "nothing was refused")
+				}
 			})
 		}
 		t.Run(fmt.Sprintf("TLS=%v/RobotsAreTheFleets", useTLS), func(t *testing.T) {
@@ -165,7 +222,7 @@ func TestWireBytesMatchProxy(t *testing.T) {
 				require.NoError(t, err)
 				return rc
 			}
-			run := runWire(t, srv, false, robots, "/small", "/large")
+			run := runWire(t, srv, false, robots, nil, "/small", "/large")
 			t.Logf("job %d, robots.txt %d; proxy read %d from the client, wrote %d to it",
 				run.recorded, run.robots, run.fromClient, run.toClient)
 			require.Greater(t, run.robots, int64(8<<10), "the robots.txt fetch is counted, for the fleet")
@@ -173,4 +230,22 @@ func TestWireBytesMatchProxy(t *testing.T) {
 			within2(t, run.fromClient+run.toClient-run.robots, run.recorded, "the job alone")
 		})
 	}
+	// Renders: plain-HTTP pages (Chromium does not trust the test server's certificate),
+	// a redirect, two XHRs (one gzip), a colly fetch on the same session before them.
+	srv := wireSite(t, false)
+	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
+	t.Run("Render/XHR", func(t *testing.T) {
+		run := runWire(t, srv, false, nil, pool, "/small", "render:/go", "render:/page")
+		check(t, run)
+		require.Len(t, run.rendered, 2)
+		assert.Zero(t, run.refused, "nothing was refused")
+		for _, r := range run.rendered {
+			assert.Greater(t, r.Bytes, int64(10<<10), "the render's bytes are its own too (Rendered.Bytes)")
+		}
+	})
+	t.Run("Render/Refused407", func(t *testing.T) {
+		run := runWire(t, srv, true, nil, pool, "render:/page")
+		check(t, run)
+		assert.Zero(t, run.recorded, "a refusal is not the job's traffic")
+	})
 }
