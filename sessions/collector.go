@@ -851,10 +851,17 @@ func (c *wireConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Write counts p before it is sent, and takes back what was not: the answer to a request
+// may be read (and the exchange settled, refused) before the writing goroutine would
+// count bytes it had already sent.
 func (c *wireConn) Write(p []byte) (int, error) {
+	o := c.owner.Load()
+	if o != nil && len(p) > 0 {
+		o.add(int64(len(p)), true)
+	}
 	n, err := c.Conn.Write(p)
-	if o := c.owner.Load(); o != nil && n > 0 {
-		o.add(int64(n), true)
+	if o != nil && n < len(p) {
+		o.add(int64(n-len(p)), true)
 	}
 	return n, err
 }
