@@ -152,6 +152,8 @@ type Bound struct {
 	refused    atomic.Int64 // wire bytes of the proxy's refusals (see RefusedBytes)
 	refSent    atomic.Int64 // the part of refused this side wrote
 	refusals   *wireOwner   // where a refused exchange's bytes go (refused, refSent)
+	robots     atomic.Int64 // wire bytes of the robots.txt fetches it made (see RobotsBytes)
+	robotsOwn  *wireOwner   // charges robots
 	served     atomic.Bool  // the session answered at least one request
 	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
 	resent     atomic.Int64 // requests sent again after a short Retry-After (ThrottleWaitMax)
@@ -171,6 +173,7 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 	b := &Bound{Session: s, cfg: c, ctx: ctx}
 	b.job = &wireOwner{n: &b.bytes, sent: &b.sent, budget: -1}
 	b.refusals = &wireOwner{n: &b.refused, sent: &b.refSent, budget: -1}
+	b.robotsOwn = &wireOwner{n: &b.robots, budget: -1}
 	if c.budgetSet {
 		b.job.budget = c.budget
 	}
@@ -263,6 +266,12 @@ func (b *Bound) Get(rawURL string) (*colly.Response, error) {
 // that a tunnel's CONNECT and TLS handshake are the job's even when a robots.txt fetch
 // happened to open it.
 func (b *Bound) Bytes() int64 { return b.bytes.Load() }
+
+// RobotsBytes is the number of bytes of the robots.txt fetches this collector made for the
+// fleet's cache (politeness.RobotsCache), counted on the wire as Bytes is. They are not in
+// Bytes: robots.txt is fetched once for the whole fleet, by whichever job first needed it,
+// and is no job's cost (docs/OPERATIONS.md, "What an attempt costs").
+func (b *Bound) RobotsBytes() int64 { return b.robots.Load() }
 
 // RefusedBytes is the number of bytes of the exchanges the proxy refused (isProxyRefusal:
 // 407, 402 with the provider's error header, 502 and the other "no exit" answers), counted
@@ -595,7 +604,7 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 	// so that a refusal's bytes can be taken out of the job's.
 	owner := b.job.child()
 	if !job {
-		owner = &wireOwner{n: counter, sent: new(atomic.Int64), budget: -1}
+		owner = &wireOwner{n: counter, sent: new(atomic.Int64), budget: -1, up: b.robotsOwn}
 	}
 	// An HTTP/1 connection serves one request at a time (neither transport speaks HTTP/2:
 	// both set DialContext and not ForceAttemptHTTP2), so the request that got it owns its

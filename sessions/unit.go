@@ -159,6 +159,9 @@ type Result struct {
 	// sessions: on the wire, but not billed by providers, so not in Bytes nor in the
 	// attempt's cost (Bound.RefusedBytes).
 	RefusedBytes int64
+	// RobotsBytes are the bytes of the robots.txt fetches the run made for the fleet's
+	// cache, all sessions: not the job's, not in Bytes nor in its cost (Bound.RobotsBytes).
+	RobotsBytes int64
 	// Resent counts requests sent again on their session after a short Retry-After
 	// (CollectorConfig.ThrottleWaitMax), all sessions.
 	Resent int64
@@ -318,6 +321,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		bound.Close()
 		res.Bytes += bound.Bytes()
 		res.RefusedBytes += bound.RefusedBytes()
+		res.RobotsBytes += bound.RobotsBytes()
 		res.Resent += bound.Resent()
 		if st := bound.LastStatus(); st != 0 {
 			res.LastStatus = st

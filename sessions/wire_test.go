@@ -162,6 +162,7 @@ func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetc
 		"the proxy closes its client connections once the collector closed its idle ones")
 	run.recorded, run.recordedSent, run.robots = b.Bytes(), sessions.BytesSent(b), robotsBytes.Load()
 	run.refused, run.refusedSent = b.RefusedBytes(), sessions.RefusedSent(b)
+	assert.Equal(t, run.robots, b.RobotsBytes(), "the collector's robots.txt bytes are what the fleet was told of")
 	run.fromClient, run.toClient = proxy.ClientBytes()
 	return run
 }
