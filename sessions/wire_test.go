@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -109,13 +110,19 @@ type wireRun struct {
 
 // runWire fetches paths (in order) from srv through a fresh FakeProxy on one session,
 // closes the collector and waits until the proxy has closed every client connection, so
-// that both counts are final. refuse makes the proxy answer 407. robots, if set, is the
+// that both counts are final. refuse makes the proxy refuse every request: "407" (the
+// account's credentials) or "502" (no peer in the session's country, with Bright-Data-style
+// error headers); "" serves them. robots, if set, is the
 // fleet robots.txt cache the collector checks. A path "render:<path>" is rendered with
 // pool (its #out filled by its XHRs) instead of fetched.
-func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetch func(int64)) *politeness.RobotsCache, pool *sessions.BrowserPool, paths ...string) wireRun {
+func runWire(t *testing.T, srv *httptest.Server, refuse string, robots func(onFetch func(int64)) *politeness.RobotsCache, pool *sessions.BrowserPool, paths ...string) wireRun {
 	t.Helper()
-	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, Seed: 37})
-	proxy.SetRefusing(refuse)
+	pcfg := testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, Seed: 37}
+	if refuse == "502" {
+		pcfg.UnavailableCountries, pcfg.ErrorHeaders = []string{"US"}, true
+	}
+	proxy := testutil.NewFakeProxy(t, pcfg)
+	proxy.SetRefusing(refuse == "407")
 	p, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
 	require.NoError(t, err)
 	sess, err := p.NewSession("US", time.Hour, time.Now())
@@ -136,11 +143,13 @@ func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetc
 	require.NoError(t, err)
 	for _, path := range paths {
 		if page, ok := strings.CutPrefix(path, "render:"); ok {
-			rendered, err := b.Render(srv.URL+page, sessions.RenderOptions{WaitFor: "#out.ready", Capture: []string{"/api/"}})
-			if refuse {
+			if refuse != "" {
+				// The page is the proxy's refusal: nothing to wait for.
+				_, err := b.Render(srv.URL+page, sessions.RenderOptions{})
 				require.Error(t, err, path)
 				continue
 			}
+			rendered, err := b.Render(srv.URL+page, sessions.RenderOptions{WaitFor: "#out.ready", Capture: []string{"/api/"}})
 			require.NoError(t, err, path)
 			require.Contains(t, rendered.HTML, `<div id="out" class="ready">65536 1024</div>`, "the page's XHRs ran")
 			require.Len(t, rendered.Captured, 2, "both XHRs were captured")
@@ -148,9 +157,9 @@ func runWire(t *testing.T, srv *httptest.Server, refuse bool, robots func(onFetc
 			continue
 		}
 		res, err := b.Get(srv.URL + path)
-		if refuse {
+		if refuse != "" {
 			require.Error(t, err, path)
-			assert.Equal(t, http.StatusProxyAuthRequired, b.LastStatus())
+			assert.Equal(t, refuse, strconv.Itoa(b.LastStatus()))
 			continue
 		}
 		require.NoError(t, err, path)
@@ -197,18 +206,19 @@ func TestWireBytesMatchProxy(t *testing.T) {
 		for _, tc := range []struct {
 			name   string
 			paths  []string
-			refuse bool
+			refuse string
 		}{
-			{"Small", []string{"/small", "/small", "/small"}, false},
-			{"Large", []string{"/large"}, false},
-			{"Gzip", []string{"/gz", "/gz"}, false},
-			{"Redirect", []string{"/redirect", "/redirect"}, false},
-			{"Refused407", []string{"/small", "/small"}, true},
+			{"Small", []string{"/small", "/small", "/small"}, ""},
+			{"Large", []string{"/large"}, ""},
+			{"Gzip", []string{"/gz", "/gz"}, ""},
+			{"Redirect", []string{"/redirect", "/redirect"}, ""},
+			{"Refused407", []string{"/small", "/small"}, "407"},
+			{"NoPeers502", []string{"/small", "/small"}, "502"},
 		} {
 			t.Run(fmt.Sprintf("TLS=%v/%s", useTLS, tc.name), func(t *testing.T) {
 				run := runWire(t, srv, tc.refuse, nil, nil, tc.paths...)
 				check(t, run)
-				if tc.refuse {
+				if tc.refuse != "" {
 					assert.Zero(t, run.recorded, "a refusal is not the job's traffic")
 				} else {
 					assert.Zero(t, run.refused, "nothing was refused")
@@ -223,7 +233,7 @@ func TestWireBytesMatchProxy(t *testing.T) {
 				require.NoError(t, err)
 				return rc
 			}
-			run := runWire(t, srv, false, robots, nil, "/small", "/large")
+			run := runWire(t, srv, "", robots, nil, "/small", "/large")
 			t.Logf("job %d, robots.txt %d; proxy read %d from the client, wrote %d to it",
 				run.recorded, run.robots, run.fromClient, run.toClient)
 			require.Greater(t, run.robots, int64(8<<10), "the robots.txt fetch is counted, for the fleet")
@@ -236,7 +246,7 @@ func TestWireBytesMatchProxy(t *testing.T) {
 	srv := wireSite(t, false)
 	pool := newPool(t, sessions.BrowserConfig{MaxBrowsers: 1})
 	t.Run("Render/XHR", func(t *testing.T) {
-		run := runWire(t, srv, false, nil, pool, "/small", "render:/go", "render:/page")
+		run := runWire(t, srv, "", nil, pool, "/small", "render:/go", "render:/page")
 		check(t, run)
 		require.Len(t, run.rendered, 2)
 		assert.Zero(t, run.refused, "nothing was refused")
@@ -245,7 +255,12 @@ func TestWireBytesMatchProxy(t *testing.T) {
 		}
 	})
 	t.Run("Render/Refused407", func(t *testing.T) {
-		run := runWire(t, srv, true, nil, pool, "render:/page")
+		run := runWire(t, srv, "407", nil, pool, "render:/page")
+		check(t, run)
+		assert.Zero(t, run.recorded, "a refusal is not the job's traffic")
+	})
+	t.Run("Render/NoPeers502", func(t *testing.T) {
+		run := runWire(t, srv, "502", nil, pool, "render:/page")
 		check(t, run)
 		assert.Zero(t, run.recorded, "a refusal is not the job's traffic")
 	})
