@@ -265,3 +265,45 @@ func TestWireBytesMatchProxy(t *testing.T) {
 		assert.Zero(t, run.recorded, "a refusal is not the job's traffic")
 	})
 }
+
+// TestWireBytesSharedConnections: plain-HTTP requests of different sessions share the
+// gateway's kept-alive connections (plainTransport); each byte is charged to the session
+// whose request it belonged to — an idle connection's pending read, started for one
+// session's request, returns the next session's response — so that each session records
+// what it would have recorded alone, and together what the proxy moved.
+func TestWireBytesSharedConnections(t *testing.T) {
+	srv := wireSite(t, false)
+	soloA := runWire(t, srv, "", nil, nil, "/small", "/small", "/small")
+	soloB := runWire(t, srv, "", nil, nil, "/gz", "/redirect")
+
+	proxy := testutil.NewFakeProxy(t, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary, Seed: 37})
+	p, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
+	require.NoError(t, err)
+	bound := func() *sessions.Bound {
+		sess, err := p.NewSession("US", time.Hour, time.Now())
+		require.NoError(t, err)
+		b, err := sessions.NewCollector(context.Background(), sess,
+			&sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), RequestTimeout: 10 * time.Second, IgnoreRobotsTxt: true})
+		require.NoError(t, err)
+		return b
+	}
+	a, b := bound(), bound()
+	for _, step := range []struct {
+		b    *sessions.Bound
+		path string
+	}{{a, "/small"}, {b, "/gz"}, {a, "/small"}, {b, "/redirect"}, {a, "/small"}} {
+		res, err := step.b.Get(srv.URL + step.path)
+		require.NoError(t, err, step.path)
+		require.Equal(t, http.StatusOK, res.StatusCode, step.path)
+	}
+	assert.Equal(t, 1, proxy.OpenClients(), "the two sessions' requests went over one kept-alive connection")
+	a.Close()
+	b.Close()
+	require.Eventually(t, func() bool { return proxy.OpenClients() == 0 }, 10*time.Second, 5*time.Millisecond)
+	from, to := proxy.ClientBytes()
+	t.Logf("session A %d (alone %d), session B %d (alone %d); the proxy moved %d", a.Bytes(), soloA.recorded, b.Bytes(), soloB.recorded, from+to)
+	within2(t, soloA.recorded, a.Bytes(), "session A")
+	within2(t, soloB.recorded, b.Bytes(), "session B")
+	within2(t, from+to, a.Bytes()+b.Bytes(), "both sessions")
+	within2(t, from, sessions.BytesSent(a)+sessions.BytesSent(b), "client → proxy")
+}
