@@ -15,6 +15,7 @@ import (
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
 )
 
 // TestCostPerAttempt: a worker whose provider has a price (8.40 USD/GB, 10.00 for US exits)
@@ -119,6 +120,47 @@ func TestCostRoundedOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, costs, 1)
 	require.Equal(t, micros, costs[0].TotalMicros)
+}
+
+// TestRefusalsNotCharged: the proxy's own refusals — a 407 for the account, a 502 "no peer
+// in the country" (three sessions: the unit replays twice) — move bytes on the wire but
+// carry no exit's traffic, which is what providers bill: their attempts record no bytes
+// and no cost.
+func TestRefusalsNotCharged(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		proxy   testutil.FakeProxyConfig
+		refuse  bool
+		outcome string
+	}{
+		{"ProxyAuth407", testutil.FakeProxyConfig{}, true, store.OutcomeRetryable},
+		{"NoPeers502", testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary,
+			UnavailableCountries: []string{"US"}, ErrorHeaders: true}, false, store.OutcomeRetryable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, rigOpts{proxy: tc.proxy})
+			r.proxy.SetRefusing(tc.refuse)
+			reg := r.registry(t, func(c *handlers.Config) {
+				var err error
+				c.Provider, err = c.Provider.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: 8_400_000})
+				require.NoError(t, err)
+				// The job's own request meets the refusal, not a robots.txt fetch (whose bytes
+				// are the fleet's anyway).
+				c.Collector.IgnoreRobotsTxt = true
+			})
+			key, task := r.job(t, "sku-48")
+			require.True(t, decisionOf(reg.ProcessTask(ctx, task)).Retry)
+			atts, err := r.st.AttemptList(ctx, key)
+			require.NoError(t, err)
+			require.Len(t, atts, 1)
+			require.Equal(t, tc.outcome, atts[0].Outcome)
+			require.Zero(t, atts[0].Bytes, "the refusals' bytes are not the job's")
+			require.Zero(t, atts[0].CostMicros, "nor is their cost")
+			from, to := r.proxy.ClientBytes()
+			require.Positive(t, from+to, "the refusals did move bytes on the wire")
+		})
+	}
 }
 
 // TestJobMoneyBudget: a kind's money budget is the bytes it buys at the exit's price. A
