@@ -249,12 +249,13 @@ func (r *render) signal() {
 }
 
 // renderSettleMax bounds how long a render waits, once its page is ready, for the
-// requests still loading: their bytes are the attempt's too.
+// requests still loading.
 const renderSettleMax = 5 * time.Second
 
 // settle waits until every request the page made has finished or failed (at most
-// renderSettleMax): what is still loading when the tab closes is billed by the provider
-// but never reported by Chromium.
+// renderSettleMax): a response still loading is paid for all the same (its forwarder
+// counts what moved until the tab closes) and a captured one can only be read once it
+// has finished.
 func (r *render) settle(ctx context.Context) {
 	t := time.NewTimer(renderSettleMax)
 	defer t.Stop()
