@@ -141,8 +141,10 @@ func TestRefusalsNotCharged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, rigOpts{proxy: tc.proxy})
 			r.proxy.SetRefusing(tc.refuse)
+			metrics := prometheus.NewRegistry()
 			reg := r.registry(t, func(c *handlers.Config) {
 				var err error
+				c.Registerer = metrics
 				c.Provider, err = c.Provider.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: 8_400_000})
 				require.NoError(t, err)
 				// The job's own request meets the refusal, not a robots.txt fetch (whose bytes
@@ -157,8 +159,18 @@ func TestRefusalsNotCharged(t *testing.T) {
 			require.Equal(t, tc.outcome, atts[0].Outcome)
 			require.Zero(t, atts[0].Bytes, "the refusals' bytes are not the job's")
 			require.Zero(t, atts[0].CostMicros, "nor is their cost")
-			from, to := r.proxy.ClientBytes()
-			require.Positive(t, from+to, "the refusals did move bytes on the wire")
+			var refused float64
+			for _, m := range metricFamily(t, metrics, "idemscrape_proxy_refused_bytes_total") {
+				require.True(t, labelled(m, "kind", "catalog") && labelled(m, "provider", "generic"))
+				refused += m.GetCounter().GetValue()
+			}
+			require.Positive(t, refused, "the refusals did move bytes on the wire, counted apart")
+			// All of them: what the proxy exchanged with the worker (its count of its last
+			// write may land after the worker read it).
+			require.Eventually(t, func() bool {
+				from, to := r.proxy.ClientBytes()
+				return float64(from+to) == refused
+			}, 10*time.Second, 5*time.Millisecond, "the refused bytes are what the proxy moved")
 		})
 	}
 }

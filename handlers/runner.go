@@ -140,6 +140,9 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	w = r.work(jobCtx, k, job, acq, log)
 	w.probe = adm.probe
 	w.cost = r.attemptCost(slot.prov, k, job, w.unit.Bytes)
+	if n := w.unit.RefusedBytes; n > 0 {
+		r.metrics.refusedBytes.WithLabelValues(k.name, slot.prov.Name()).Add(float64(n))
+	}
 	if k.saved.Enabled() {
 		r.saveInputs(jobCtx, k, job, acq, &w, log)
 	}
