@@ -38,6 +38,7 @@ type metrics struct {
 	hostsPaused       prometheus.GaugeFunc
 	robotsFetches     *prometheus.CounterVec // status class
 	robotsBytes       prometheus.Counter
+	refusedBytes      *prometheus.CounterVec // kind, provider
 	robotsLockWaits   *prometheus.CounterVec // outcome
 	savedInputs       *prometheus.CounterVec // kind, result (saved, truncated, error)
 }
@@ -164,6 +165,10 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_robots_bytes_total",
 			Help: "Bytes robots.txt fetches moved through the proxy: the fleet's overhead, not counted against any job's budget.",
 		}),
+		refusedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_proxy_refused_bytes_total",
+			Help: "Bytes of the proxy's own refusals (407, 402 no balance, 502 no peers, …), by kind and provider: on the wire, but no exit's traffic, so in no job's bytes, budget or cost.",
+		}, []string{"kind", "provider"}),
 	}
 	m.robotsLockWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemscrape_robots_lock_waits_total",
@@ -175,7 +180,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 	if err := reg.Register(m.robotsLockWaits); err != nil {
 		return nil, err
 	}
-	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
+	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.refusedBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
 		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -140,6 +140,9 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	w = r.work(jobCtx, k, job, acq, log)
 	w.probe = adm.probe
 	w.cost = r.attemptCost(slot.prov, k, job, w.unit.Bytes)
+	if n := w.unit.RefusedBytes; n > 0 {
+		r.metrics.refusedBytes.WithLabelValues(k.name, slot.prov.Name()).Add(float64(n))
+	}
 	if k.saved.Enabled() {
 		r.saveInputs(jobCtx, k, job, acq, &w, log)
 	}
@@ -469,10 +472,12 @@ func deadlineMargin(left time.Duration) time.Duration { return min(left/10, 5*ti
 // attemptCost is what an attempt's bytes cost at the provider's price (zero without one),
 // counted in idemscrape_proxy_cost_total once per attempt: the provider bills the bytes
 // whatever becomes of the attempt. The attempt's record (commit, failure, superseded
-// evidence) stores the same figure.
+// evidence) stores the same figure. It is the attempt's share of the process's running
+// total at that price, rounded once (sessions.Price.Charge), so that the attempts of a
+// window or a job add up to their bytes' cost, not to a rounding error per attempt.
 func (r *Registry) attemptCost(prov *sessions.Provider, k *kind, job tasks.Payload, bytes int64) store.Cost {
 	price := prov.Price()
-	micros := price.Cost(bytes, job.Spec.Country)
+	micros := price.Charge(bytes, job.Spec.Country)
 	if micros == 0 {
 		return store.Cost{}
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
@@ -145,7 +146,14 @@ type Bound struct {
 	tunnelOnce sync.Once
 	tunnel     *http.Transport // this session's own, for https:// (CONNECT) destinations
 	closed     atomic.Bool
-	bytes      atomic.Int64
+	bytes      atomic.Int64 // wire bytes of the job's traffic (see Bytes)
+	sent       atomic.Int64 // the part of bytes this side wrote to the gateway
+	job        *wireOwner   // charges the job's connection bytes to bytes, under the budget
+	refused    atomic.Int64 // wire bytes of the proxy's refusals (see RefusedBytes)
+	refSent    atomic.Int64 // the part of refused this side wrote
+	refusals   *wireOwner   // where a refused exchange's bytes go (refused, refSent)
+	robots     atomic.Int64 // wire bytes of the robots.txt fetches it made (see RobotsBytes)
+	robotsOwn  *wireOwner   // charges robots
 	served     atomic.Bool  // the session answered at least one request
 	lastStatus atomic.Int32 // status of the last response (destination's or proxy's)
 	resent     atomic.Int64 // requests sent again after a short Retry-After (ThrottleWaitMax)
@@ -163,6 +171,12 @@ const responseKey = "idemscrape.response"
 func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
 	c := cfg.withDefaults()
 	b := &Bound{Session: s, cfg: c, ctx: ctx}
+	b.job = &wireOwner{n: &b.bytes, sent: &b.sent, budget: -1}
+	b.refusals = &wireOwner{n: &b.refused, sent: &b.refSent, budget: -1}
+	b.robotsOwn = &wireOwner{n: &b.robots, budget: -1}
+	if c.budgetSet {
+		b.job.budget = c.budget
+	}
 	b.plainKey = plainKey{endpoint: s.Endpoint, dial: c.DialTimeout, header: c.RequestTimeout}
 	if c.IsolatePlainHTTP {
 		b.plain = &plainTransport{t: newPlainTransport(b.plainKey, 4), refs: 1} // not in plains: only this Bound
@@ -240,10 +254,31 @@ func (b *Bound) Get(rawURL string) (*colly.Response, error) {
 	return b.Fetch(http.MethodGet, rawURL, nil, nil)
 }
 
-// Bytes is the number of bytes this collector moved through the proxy: request lines and
-// headers (estimated), response headers (estimated) and response bodies as sent on the wire
-// (compressed, if they were).
+// Bytes is the number of bytes this collector moved through the proxy for the job, as
+// they went over the connections to the gateway, both ways: the CONNECT exchange, TLS
+// handshakes and records, request and response headers (those the transport adds, such as
+// Proxy-Authorization and Host, included) and bodies as sent (compressed, if they were);
+// plus the bytes of its renders, counted the same way by the render's forwarder. It is
+// what the job is charged for (Result.Bytes, the budgets, the attempt's cost).
+//
+// Not in it: the proxy's own refusals (RefusedBytes), which providers do not bill, and
+// robots.txt fetches, which are the fleet's (politeness.RobotsConfig.OnFetch) — except
+// that a tunnel's CONNECT and TLS handshake are the job's even when a robots.txt fetch
+// happened to open it.
 func (b *Bound) Bytes() int64 { return b.bytes.Load() }
+
+// RobotsBytes is the number of bytes of the robots.txt fetches this collector made for the
+// fleet's cache (politeness.RobotsCache), counted on the wire as Bytes is. They are not in
+// Bytes: robots.txt is fetched once for the whole fleet, by whichever job first needed it,
+// and is no job's cost (docs/OPERATIONS.md, "What an attempt costs").
+func (b *Bound) RobotsBytes() int64 { return b.robots.Load() }
+
+// RefusedBytes is the number of bytes of the exchanges the proxy refused (isProxyRefusal:
+// 407, 402 with the provider's error header, 502 and the other "no exit" answers), counted
+// on the wire as Bytes is, both ways, the request that was refused included. They are not
+// in Bytes: a provider bills the traffic it carried to and from an exit, and a refused
+// request reached none (docs/OPERATIONS.md, "What an attempt costs").
+func (b *Bound) RefusedBytes() int64 { return b.refused.Load() }
 
 // LastStatus is the HTTP status of the last response this collector received — every
 // hop counts, redirects and robots.txt included, and a proxy's refusal — or 0 if none.
@@ -324,10 +359,18 @@ func (b *Bound) tunnelTransport() (*http.Transport, error) {
 			Proxy:                  http.ProxyURL(&url.URL{Scheme: "http", Host: b.Session.Endpoint}), // no user info, ever
 			ProxyConnectHeader:     http.Header{"Proxy-Authorization": {b.Session.proxyAuthorization()}},
 			OnProxyConnectResponse: b.onConnectResponse,
-			DialContext:            dialer.DialContext,
-			TLSClientConfig:        c.TLSConfig,
-			TLSHandshakeTimeout:    DefaultTLSHandshakeTimeout,
-			ResponseHeaderTimeout:  c.RequestTimeout,
+			// The tunnel is the session's own: its CONNECT exchange and TLS handshake are the
+			// job's bytes, whichever request opened it.
+			DialContext: wireDial(dialer, func(ctx context.Context) *wireOwner {
+				o := b.job.child()
+				if slot, ok := ctx.Value(dialSlotKey{}).(*dialSlot); ok {
+					slot.owner.Store(o)
+				}
+				return o
+			}),
+			TLSClientConfig:       c.TLSConfig,
+			TLSHandshakeTimeout:   DefaultTLSHandshakeTimeout,
+			ResponseHeaderTimeout: c.RequestTimeout,
 			// Keep-alives stay on (colly's SetProxyFunc turns them off): one session reuses
 			// its tunnel. Compression is ours, so the byte count sees wire bytes and the cap
 			// sees decompressed ones.
@@ -387,8 +430,10 @@ func acquirePlain(k plainKey) *plainTransport {
 func newPlainTransport(k plainKey, idle int) *http.Transport {
 	dialer := &net.Dialer{Timeout: k.dial, KeepAlive: 30 * time.Second}
 	return &http.Transport{
-		Proxy:                 http.ProxyURL(&url.URL{Scheme: "http", Host: k.endpoint}), // no user info, ever
-		DialContext:           dialer.DialContext,
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: k.endpoint}), // no user info, ever
+		// Shared by sessions: a connection's bytes are charged to the request using it
+		// (exchange's GotConn); dialing one moves none.
+		DialContext:           wireDial(dialer, ownerOf),
 		ResponseHeaderTimeout: k.header,
 		DisableCompression:    true, // see tunnelTransport
 		MaxIdleConns:          idle,
@@ -411,13 +456,51 @@ func releasePlain(k plainKey, p *plainTransport) {
 	p.t.CloseIdleConnections()
 }
 
-func (b *Bound) onConnectResponse(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
-	b.bytes.Add(headerBytes(res.Header) + 64)
+func (b *Bound) onConnectResponse(ctx context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
 	b.lastStatus.Store(int32(res.StatusCode))
 	if res.StatusCode == http.StatusOK {
 		return nil
 	}
+	drainRefusal(res)
+	// The dial's bytes — the CONNECT and its refusal — are the proxy's refusal, not the
+	// job's traffic (ctx is the dial's, with the values of the request that caused it).
+	if slot, ok := ctx.Value(dialSlotKey{}).(*dialSlot); ok {
+		if o := slot.owner.Load(); o != nil {
+			o.refuse(b.refusals)
+		}
+	}
 	return &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
+}
+
+// dialSlot receives the owner of the tunnel a request's dial opens, so that a refused
+// CONNECT's bytes can be told apart (onConnectResponse).
+type dialSlot struct{ owner atomic.Pointer[wireOwner] }
+
+type dialSlotKey struct{}
+
+// refusalDrainWait bounds how long drainRefusal waits for a refusal's body.
+const refusalDrainWait = 2 * time.Second
+
+// drainRefusal reads the short body of a proxy's refusal of a CONNECT (a 407's text), as
+// a forwarding proxy's refusal is read: the gateway sent it and bills it, and the
+// transport would close the connection with it unread, so the wire count would miss it.
+// A body that does not come within refusalDrainWait is left: the transport's close of
+// the connection then ends the read.
+func drainRefusal(res *http.Response) {
+	if res.Body == nil || res.ContentLength < 0 || res.ContentLength > 4096 {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(io.Discard, res.Body)
+	}()
+	t := time.NewTimer(refusalDrainWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // sessionTransport is the RoundTripper of a bound collector. Every hop — redirects and
@@ -507,16 +590,35 @@ func (c capIsEOF) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// exchange sends req through the session's proxy and returns the response with a counted,
-// capped, decompressed body. Bytes go to counter; job says it is the job's traffic (the
-// budget applies) rather than the fleet's (robots.txt). It checks the exit and tells the
-// limiter of a Retry-After.
+// exchange sends req through the session's proxy and returns the response with a capped,
+// decompressed body. The bytes of the connection it runs on — from when the transport hands
+// it over until the next request takes it — go to counter; job says it is the job's
+// traffic (counter is b.bytes and the budget applies) rather than the fleet's (robots.txt).
+// It checks the exit and tells the limiter of a Retry-After.
 func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*http.Response, error) {
 	if b.closed.Load() {
 		// Its connections are (being) closed: a new one would outlive the collector.
 		return nil, errCollectorClosed
 	}
-	out := req.Clone(req.Context())
+	// This exchange's own owner, under the job's (or the fleet's counter for robots.txt),
+	// so that a refusal's bytes can be taken out of the job's.
+	owner := b.job.child()
+	if !job {
+		owner = &wireOwner{n: counter, sent: new(atomic.Int64), budget: -1, up: b.robotsOwn}
+	}
+	// An HTTP/1 connection serves one request at a time (neither transport speaks HTTP/2:
+	// both set DialContext and not ForceAttemptHTTP2), so the request that got it owns its
+	// bytes until the next one gets it.
+	ctx := context.WithValue(req.Context(), wireOwnerKey{}, owner)
+	ctx = context.WithValue(ctx, dialSlotKey{}, &dialSlot{})
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if wc := asWireConn(info.Conn); wc != nil {
+				wc.owner.Store(owner)
+			}
+		},
+	})
+	out := req.Clone(ctx)
 	var rt http.RoundTripper
 	switch req.URL.Scheme {
 	case "http":
@@ -537,20 +639,24 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 	if out.Header.Get("Accept-Encoding") == "" {
 		out.Header.Set("Accept-Encoding", "gzip")
 	}
-	counter.Add(int64(len(req.Method)+len(req.URL.String())+16) + headerBytes(req.Header))
 	res, err := rt.RoundTrip(out)
 	if err != nil {
+		if job && b.overBudget() {
+			return nil, b.budgetError() // the connection ended the read at the budget
+		}
 		return nil, err
 	}
 	// The response must point at the caller's request, not our copy that carries the
 	// credentials: colly takes the response's request as the final one and exposes its
 	// headers to every callback.
 	res.Request = req
-	counter.Add(headerBytes(res.Header) + 32)
 	b.lastStatus.Store(int32(res.StatusCode))
 	if req.URL.Scheme == "http" && isProxyRefusal(res) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
 		res.Body.Close()
+		if job {
+			owner.refuse(b.refusals)
+		}
 		return nil, &proxyStatusError{status: res.StatusCode, header: res.Header.Clone()}
 	}
 	if err := b.checkExit(res.Header); err != nil {
@@ -562,7 +668,10 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 			b.cfg.Limiter.Pause(req.Context(), politeness.HostKey(req.URL), d)
 		}
 	}
-	var body io.Reader = &countingReader{r: res.Body, bound: b, counter: counter, job: job}
+	var body io.Reader = res.Body
+	if job && b.cfg.budgetSet {
+		body = &budgetReader{r: res.Body, bound: b}
+	}
 	if strings.EqualFold(strings.TrimSpace(res.Header.Get("Content-Encoding")), "gzip") {
 		gz, err := gzip.NewReader(body)
 		if err != nil {
@@ -596,45 +705,172 @@ func isProxyRefusal(res *http.Response) bool {
 	return providerErrorCode(res.Header) != "" && res.StatusCode >= 500
 }
 
-func headerBytes(h http.Header) int64 {
-	var n int64
-	for k, vs := range h {
-		for _, v := range vs {
-			n += int64(len(k) + len(v) + 4)
-		}
-	}
-	return n
+// budgetReader ends the read of a job's response with the budget error once the
+// collector's wire bytes exceed its budget. The connection (wireConn) counts the bytes and
+// reads at most one byte past the budget, so the abort comes at the budget and not a
+// socket buffer later.
+type budgetReader struct {
+	r     io.Reader
+	bound *Bound
 }
 
-// countingReader counts wire bytes and, for the job's own traffic, aborts the read once
-// the collector's bandwidth budget is spent.
-type countingReader struct {
-	r       io.Reader
-	bound   *Bound
-	counter *atomic.Int64
-	job     bool // the job's traffic: the budget applies
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	if !c.job {
-		n, err := c.r.Read(p)
-		c.counter.Add(int64(n))
-		return n, err
-	}
+func (c *budgetReader) Read(p []byte) (int, error) {
 	if c.bound.overBudget() {
 		return 0, c.bound.budgetError()
 	}
-	if c.bound.cfg.budgetSet {
-		// Read at most one byte past the budget, so the abort comes at the budget and
-		// not a socket buffer later.
-		if left := c.bound.cfg.budget - c.bound.bytes.Load(); int64(len(p)) > left+1 {
-			p = p[:max(left+1, 1)]
-		}
-	}
 	n, err := c.r.Read(p)
-	c.counter.Add(int64(n))
 	if c.bound.overBudget() {
 		return n, c.bound.budgetError()
+	}
+	return n, err
+}
+
+// wireOwner is whom a connection's bytes are charged to: one exchange (a request and its
+// answer, a tunnel's dial, a render), which charges every owner above it too, up to the
+// job's (Bound.job) or the fleet's (robots.txt).
+type wireOwner struct {
+	n    *atomic.Int64 // both ways
+	sent *atomic.Int64 // written only; nil: not kept apart
+	// budget: reads are cut so that n goes at most one byte past it; < 0: no budget. The
+	// first owner up the chain with a budget sets the limit.
+	budget int64
+	up     *wireOwner
+	// moved: the owner's bytes were refused (refuse); what it moves from now on goes there.
+	moved atomic.Pointer[wireOwner]
+}
+
+// child is a new owner whose bytes are o's too.
+func (o *wireOwner) child() *wireOwner {
+	return &wireOwner{n: new(atomic.Int64), sent: new(atomic.Int64), budget: -1, up: o}
+}
+
+// add charges n bytes to o and every owner above it (to the one o's bytes were moved to,
+// once refused); written: this side wrote them.
+func (o *wireOwner) add(n int64, written bool) {
+	if m := o.moved.Load(); m != nil {
+		o = m
+	}
+	for ; o != nil; o = o.up {
+		o.n.Add(n)
+		if written && o.sent != nil {
+			o.sent.Add(n)
+		}
+	}
+}
+
+// left is how many bytes the first budget up the chain still allows; ok is false when
+// there is none.
+func (o *wireOwner) left() (n int64, ok bool) {
+	if o == nil {
+		return 0, false
+	}
+	if m := o.moved.Load(); m != nil {
+		o = m
+	}
+	for ; o != nil; o = o.up {
+		if o.budget >= 0 {
+			return o.budget - o.n.Load(), true
+		}
+	}
+	return 0, false
+}
+
+// refuse moves what o moved so far, and what it moves from now on, out of the owners above
+// it and into to: the exchange was the proxy's refusal, which is not the job's traffic.
+func (o *wireOwner) refuse(to *wireOwner) {
+	if !o.moved.CompareAndSwap(nil, to) {
+		return
+	}
+	n, sent := o.n.Swap(0), o.sent.Swap(0)
+	for p := o.up; p != nil; p = p.up {
+		p.n.Add(-n)
+		if p.sent != nil {
+			p.sent.Add(-sent)
+		}
+	}
+	to.add(n-sent, false)
+	to.add(sent, true)
+}
+
+// wireOwnerKey carries the *wireOwner of a request in its context, which the transport's
+// dial context keeps.
+type wireOwnerKey struct{}
+
+// ownerOf is the owner a request's context names, nil if none.
+func ownerOf(ctx context.Context) *wireOwner {
+	o, _ := ctx.Value(wireOwnerKey{}).(*wireOwner)
+	return o
+}
+
+// wireDial dials the gateway with d and counts the connection's bytes; owner names who
+// pays for the bytes moved before a request gets the connection (the CONNECT exchange
+// and TLS handshake).
+func wireDial(d *net.Dialer, owner func(context.Context) *wireOwner) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		wc := &wireConn{Conn: c}
+		wc.owner.Store(owner(ctx))
+		return wc, nil
+	}
+}
+
+// wireConn counts every byte read from and written to a connection to the gateway into
+// its current owner: what the proxy bills, as no estimate of headers can.
+type wireConn struct {
+	net.Conn
+	owner atomic.Pointer[wireOwner]
+}
+
+// asWireConn finds the wireConn under c (a TLS connection inside a CONNECT tunnel wraps
+// it), nil if there is none.
+func asWireConn(c net.Conn) *wireConn {
+	for c != nil {
+		switch v := c.(type) {
+		case *wireConn:
+			return v
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+func (c *wireConn) Read(p []byte) (int, error) {
+	if left, ok := c.owner.Load().left(); ok {
+		if left < 0 {
+			// Spent: reading on (a TLS record needs all of its bytes before any reach the
+			// reader) would only move more. The connection is dropped.
+			return 0, ErrBudgetExceeded
+		}
+		if int64(len(p)) > left+1 {
+			p = p[:left+1]
+		}
+	}
+	n, err := c.Conn.Read(p)
+	// The owner when the bytes arrived: an idle connection's read, started for the last
+	// request, returns the next one's response.
+	if o := c.owner.Load(); o != nil && n > 0 {
+		o.add(int64(n), false)
+	}
+	return n, err
+}
+
+// Write counts p before it is sent, and takes back what was not: the answer to a request
+// may be read (and the exchange settled, refused) before the writing goroutine would
+// count bytes it had already sent.
+func (c *wireConn) Write(p []byte) (int, error) {
+	o := c.owner.Load()
+	if o != nil && len(p) > 0 {
+		o.add(int64(len(p)), true)
+	}
+	n, err := c.Conn.Write(p)
+	if o != nil && n < len(p) {
+		o.add(int64(n-len(p)), true)
 	}
 	return n, err
 }

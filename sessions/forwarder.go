@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -27,7 +26,15 @@ import (
 // 407), and it listens for as long as the render runs. The session's credentials never
 // reach Chromium. Every destination passes the guard again here (what CDP's Fetch domain
 // does not see — a WebRTC TCP candidate, a request it missed — is refused all the same).
-// It counts the bytes it exchanges with the gateway and logs nothing.
+// It logs nothing.
+//
+// Its connections to the gateway are where a render's bytes are counted: every byte
+// either way (the CONNECT exchanges, TLS inside the tunnels, request and response headers
+// as Chromium sent them plus the session's Proxy-Authorization, bodies as sent) goes to
+// its owner, the render's, which is the job's (Bound.Bytes) and under the attempt's
+// budget as it arrives; an exchange the gateway refused goes to the refusals instead
+// (Bound.RefusedBytes). Chromium's own figures (encodedDataLength) miss the proxy
+// headers, the CONNECTs and the TLS overhead.
 type renderProxy struct {
 	ln       net.Listener
 	gateway  string // the session's gateway host:port
@@ -40,10 +47,11 @@ type renderProxy struct {
 	refused  func() // a destination the guard refused
 	authFail func() // the gateway refused the session's credentials
 
-	ctx    context.Context // ends with the render
-	cancel context.CancelFunc
-	bytes  atomic.Int64 // bytes exchanged with the gateway, both ways
-	wg     sync.WaitGroup
+	ctx      context.Context // ends with the render
+	cancel   context.CancelFunc
+	owner    *wireOwner // the render's: bytes exchanged with the gateway, both ways
+	refusals *wireOwner // the bytes of the gateway's refusals
+	wg       sync.WaitGroup
 
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{}
@@ -59,8 +67,10 @@ const renderProxyRealm = "idemscrape-render"
 var forwarderHopHeaders = []string{"Proxy-Authorization", "Proxy-Connection", "Connection", "Keep-Alive", "Te", "Trailer", "Upgrade"}
 
 // newRenderProxy starts a forwarder for session s; close ends it. check is the
-// destination guard, refused and authFail report to the render.
-func newRenderProxy(ctx context.Context, s *Session, dialTimeout time.Duration, check func(context.Context, string) error, refused, authFail func()) (*renderProxy, error) {
+// destination guard, refused and authFail report to the render. owner is charged with the
+// bytes exchanged with the gateway and refusals with those of its refusals (nil: counters
+// of the forwarder's own).
+func newRenderProxy(ctx context.Context, s *Session, dialTimeout time.Duration, check func(context.Context, string) error, refused, authFail func(), owner, refusals *wireOwner) (*renderProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -73,6 +83,13 @@ func newRenderProxy(ctx context.Context, s *Session, dialTimeout time.Duration, 
 		tokUser: "render", tokPass: hex.EncodeToString(tok),
 		dial: d.DialContext, check: check, refused: refused, authFail: authFail,
 		conns: map[net.Conn]struct{}{}, allowed: map[string]bool{},
+		owner: owner, refusals: refusals,
+	}
+	if p.owner == nil {
+		p.owner = (*wireOwner)(nil).child()
+	}
+	if p.refusals == nil {
+		p.refusals = (*wireOwner)(nil).child()
 	}
 	p.tokAuth = basicAuth(p.tokUser, p.tokPass)
 	p.ctx, p.cancel = context.WithCancel(ctx)
@@ -141,8 +158,15 @@ func (p *renderProxy) accept() {
 // upstream is a connection to the gateway.
 type upstream struct {
 	raw  net.Conn      // as dialled (tracked for close)
-	conn net.Conn      // raw, counting its bytes
+	conn *wireConn     // raw, counting its bytes into the exchange that uses it
 	r    *bufio.Reader // reads conn
+}
+
+// exchange gives up's bytes from now on to a new exchange of the render.
+func (p *renderProxy) exchange(up *upstream) *wireOwner {
+	ex := p.owner.child()
+	up.conn.owner.Store(ex)
+	return ex
 }
 
 // serve answers the requests of one Chromium connection, one at a time (Chromium does
@@ -190,6 +214,7 @@ func (p *renderProxy) serve(c net.Conn) {
 			}
 		}
 		req.Header.Set("Proxy-Authorization", p.upAuth)
+		ex := p.exchange(up)
 		if err := req.WriteProxy(up.conn); err != nil {
 			return // Chromium sees the connection close, as if the gateway had closed it
 		}
@@ -197,8 +222,12 @@ func (p *renderProxy) serve(c net.Conn) {
 		if err != nil {
 			return // no (whole) answer: the connection closes, nothing written
 		}
+		refusal := isProxyRefusal(resp)
 		keep := p.relay(c, req, resp)
 		_ = resp.Body.Close()
+		if refusal {
+			ex.refuse(p.refusals) // the gateway's answer, not the destination's: not billed
+		}
 		if !keep {
 			return
 		}
@@ -244,6 +273,7 @@ func (p *renderProxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 		return
 	}
 	defer p.untrack(up.raw)
+	ex := p.exchange(up)
 	out := &http.Request{Method: http.MethodConnect, URL: req.URL, Host: target, Header: http.Header{"Proxy-Authorization": {p.upAuth}}}
 	if ua := req.Header.Get("User-Agent"); ua != "" {
 		out.Header.Set("User-Agent", ua)
@@ -259,6 +289,7 @@ func (p *renderProxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 		resp.Close = true
 		p.relay(c, out, resp)
 		_ = resp.Body.Close()
+		ex.refuse(p.refusals) // a refused CONNECT reached no exit: not billed
 		return
 	}
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
@@ -287,7 +318,8 @@ func (p *renderProxy) dialGateway() *upstream {
 	if !p.track(raw) {
 		return nil
 	}
-	conn := &countingConn{Conn: raw, n: &p.bytes}
+	conn := &wireConn{Conn: raw}
+	conn.owner.Store(p.owner)
 	return &upstream{raw: raw, conn: conn, r: bufio.NewReader(conn)}
 }
 
@@ -314,24 +346,6 @@ func (p *renderProxy) guard(ctx context.Context, rawURL string) bool {
 	p.allowed[key] = true
 	p.mu.Unlock()
 	return true
-}
-
-// countingConn counts the bytes read and written into n.
-type countingConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c *countingConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	c.n.Add(int64(n))
-	return n, err
-}
-
-func (c *countingConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	c.n.Add(int64(n))
-	return n, err
 }
 
 // writeForwarderError answers Chromium with the forwarder's own status; the connection

@@ -40,7 +40,7 @@ func newForwarderEnv(t *testing.T, pc testutil.FakeProxyConfig, guard *Guard) *f
 	e.sess, err = p.NewSession("US", 0, time.Now())
 	require.NoError(t, err)
 	e.fwd, err = newRenderProxy(context.Background(), e.sess, 5*time.Second, guard.Check,
-		func() { e.refused.Add(1) }, func() { e.authFail.Add(1) })
+		func() { e.refused.Add(1) }, func() { e.authFail.Add(1) }, nil, nil)
 	require.NoError(t, err)
 	t.Cleanup(e.fwd.close)
 	return e
@@ -101,7 +101,7 @@ func TestRenderProxyAddsSessionCredentials(t *testing.T) {
 		assert.Equal(t, e.sess.ID, q.Session, "%s %s%s", q.Method, q.Target, q.Path)
 	}
 	assert.Equal(t, []string{"GET", "GET", "CONNECT"}, []string{seen[0].Method, seen[1].Method, seen[2].Method})
-	assert.Greater(t, e.fwd.bytes.Load(), int64(bodies), "the bytes exchanged with the gateway are counted")
+	assert.Greater(t, e.fwd.owner.n.Load(), int64(bodies), "the bytes exchanged with the gateway are counted")
 	assert.Zero(t, e.refused.Load())
 	assert.Zero(t, e.authFail.Load())
 }

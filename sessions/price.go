@@ -7,15 +7,18 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Price is what a proxy provider bills for traffic: micro-units of Currency (1 USD =
 // 1,000,000) per decimal gigabyte (10^9 bytes, as providers bill), optionally a different
 // price per exit country. The zero Price is "no price": attempts cost nothing.
 //
-// Integers throughout: an attempt's cost is its bytes × the price ÷ 10^9, rounded half up
-// to a whole micro-unit, so a cost never depends on a float's rounding and the attempts'
-// costs add up exactly in PostgreSQL.
+// Integers throughout: a cost is bytes × the price ÷ 10^9, rounded half up to a whole
+// micro-unit (Cost), so a cost never depends on a float's rounding and the attempts'
+// costs add up exactly in PostgreSQL. An attempt is charged its share of a running total
+// rounded once (Charge), not its own bytes rounded, so that small attempts do not add a
+// rounding error each.
 type Price struct {
 	Currency    string           // ISO 4217 code, e.g. "USD"
 	MicrosPerGB int64            // the default price
@@ -147,6 +150,66 @@ func (p Price) Cost(bytes int64, country string) int64 {
 		return math.MaxInt64
 	}
 	return int64(q)
+}
+
+// Charge is what an attempt of bytes through an exit in country is charged, in
+// micro-units of p.Currency: its share of the cost of all the bytes this process charged at
+// the same price, rounded once (DefaultCostMeter). Cost rounds each attempt on its own,
+// which on small pages adds up to a systematic error: 1,750 bytes at 8.40 USD/GB cost
+// 14.7 micro-units, charged 15 every time (+2 %). Charges add up to Cost of the bytes
+// together; each is within one micro-unit of its exact share. Zero for the zero Price or no
+// bytes.
+func (p Price) Charge(bytes int64, country string) int64 {
+	return DefaultCostMeter.Charge(p, bytes, country)
+}
+
+// CostMeter charges attempts so that their charges add up to the cost of their bytes
+// together, rounded once per price: it keeps, per currency and price per GB, the bytes
+// charged so far and what they were charged, and charges each attempt the cost of the new
+// total less what was charged already. The zero CostMeter is ready; it is safe for
+// concurrent use.
+type CostMeter struct {
+	mu      sync.Mutex
+	byPrice map[meterKey]*meterTotal
+}
+
+// DefaultCostMeter is the process's meter (Price.Charge).
+var DefaultCostMeter = &CostMeter{}
+
+type meterKey struct {
+	currency string
+	perGB    int64
+}
+
+type meterTotal struct{ bytes, charged int64 }
+
+// meterRebase: past this many bytes at one price a meter starts its sums again (the
+// running cost stays far from overflowing; restarting costs at most one rounding).
+const meterRebase = 1 << 50
+
+// Charge is Price.Charge on m.
+func (m *CostMeter) Charge(p Price, bytes int64, country string) int64 {
+	per := p.PerGB(country)
+	if p.IsZero() || bytes <= 0 || per <= 0 {
+		return 0
+	}
+	at := Price{Currency: p.Currency, MicrosPerGB: per}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byPrice == nil {
+		m.byPrice = map[meterKey]*meterTotal{}
+	}
+	k := meterKey{p.Currency, per}
+	t := m.byPrice[k]
+	if t == nil || t.bytes > meterRebase || bytes > meterRebase {
+		t = &meterTotal{}
+		m.byPrice[k] = t
+	}
+	t.bytes += bytes
+	total := at.Cost(t.bytes, "")
+	c := total - t.charged
+	t.charged = total
+	return c
 }
 
 // Bytes is how many bytes micros buys through an exit in country: micros × 10^9 ÷

@@ -118,7 +118,8 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (_ *Rendered, rerr error)
 		return nil, renderError(rctx, err, false)
 	}
 	defer release()
-	r := &render{b: b, o: o, pool: pool, page: rawURL, rendered: &Rendered{}, ids: map[network.RequestID]*renderReq{}}
+	r := &render{b: b, o: o, pool: pool, page: rawURL, rendered: &Rendered{}, ids: map[network.RequestID]*renderReq{},
+		wire: b.job.child()}
 	_, span := startSpan(b.spanContext(), "render")
 	defer func() {
 		if !span.IsRecording() {
@@ -136,8 +137,7 @@ func (b *Bound) Render(rawURL string, o RenderOptions) (_ *Rendered, rerr error)
 		}
 		endSpan(span, fe)
 	}()
-	res, err := r.run(rctx, br)
-	b.bytes.Add(r.bytesTotal())
+	res, err := r.run(rctx, br) // its bytes are in b.bytes already, as they moved
 	if res != nil {
 		res.Bytes = r.bytesTotal()
 	}
@@ -192,10 +192,10 @@ type render struct {
 	docHeader http.Header // the document's response headers
 	rendered  *Rendered
 
+	wire *wireOwner // the render's bytes, counted by its forwarder on the gateway connections
+
 	mu       sync.Mutex
 	ids      map[network.RequestID]*renderReq
-	reqBytes int64        // request lines and headers, estimated as the colly path estimates them
-	hops     int64        // the responses of redirect hops
 	lost     error        // a network failure of the session
 	budget   error        // the attempt's budget ran out
 	authFail int          // proxy authentication challenges answered without success
@@ -207,53 +207,21 @@ type render struct {
 
 // renderReq is one request of the page.
 type renderReq struct {
-	url    string
-	typ    network.ResourceType
-	status int
-	// received is the request's bytes on the wire so far: the response headers
-	// (Response.encodedDataLength) and the body chunks (Network.dataReceived, their
-	// encoded length, or their decoded length when Chromium reports no encoded one, as it
-	// does for intercepted requests), raised to loadingFinished's total if that is more.
-	received int64
-	hdr      int64 // response header bytes (Response.encodedDataLength)
-	enc, dec int64 // body chunks so far: encoded and decoded lengths (Chromium batches them apart)
-	capture  bool
-	done     bool
+	url     string
+	typ     network.ResourceType
+	status  int
+	capture bool
+	done    bool
 }
 
-func (r *render) bytesTotal() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.bytesLocked()
-}
-
-// bytesLocked is the render's bytes: what Chromium reported, or what the render's proxy
-// exchanged with the gateway if that is more (traffic Chromium reports no event for).
-// r.mu is held.
-func (r *render) bytesLocked() int64 {
-	n := r.reqBytes + r.hops
-	for _, q := range r.ids {
-		n += q.received
-	}
-	if r.fwd != nil {
-		n = max(n, r.fwd.bytes.Load())
-	}
-	return n
-}
+// bytesTotal is the render's bytes so far: what its forwarder exchanged with the gateway,
+// both ways, the gateway's refusals apart (Bound.Bytes counts them as they move).
+func (r *render) bytesTotal() int64 { return r.wire.n.Load() }
 
 func (r *render) lostSession() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lost != nil
-}
-
-// requestHeaderBytes counts request headers as the colly path does (headerBytes).
-func requestHeaderBytes(h network.Headers) int64 {
-	var n int64
-	for k, v := range h {
-		n += int64(len(k)+len(fmt.Sprint(v))) + 4
-	}
-	return n
 }
 
 // cdpHeader turns CDP's headers into an http.Header.
@@ -281,12 +249,13 @@ func (r *render) signal() {
 }
 
 // renderSettleMax bounds how long a render waits, once its page is ready, for the
-// requests still loading: their bytes are the attempt's too.
+// requests still loading.
 const renderSettleMax = 5 * time.Second
 
 // settle waits until every request the page made has finished or failed (at most
-// renderSettleMax): what is still loading when the tab closes is billed by the provider
-// but never reported by Chromium.
+// renderSettleMax): a response still loading is paid for all the same (its forwarder
+// counts what moved until the tab closes) and a captured one can only be read once it
+// has finished.
 func (r *render) settle(ctx context.Context) {
 	t := time.NewTimer(renderSettleMax)
 	defer t.Stop()
@@ -334,12 +303,7 @@ func (r *render) listen(ev any) {
 			q = &renderReq{}
 			r.ids[ev.RequestID] = q
 		}
-		if ev.RedirectResponse != nil {
-			// A redirect hop: Chromium reports no responseReceived for it, only this.
-			r.hops += int64(ev.RedirectResponse.EncodedDataLength)
-		}
 		q.url, q.typ = ev.Request.URL, ev.Type
-		r.reqBytes += int64(len(ev.Request.Method)+len(ev.Request.URL)+16) + requestHeaderBytes(ev.Request.Headers)
 	case *runtime.EventBindingCalled:
 		if ev.Name == refusedBinding { // a WebSocket, WebTransport, WebRTC peer connection, worker or service worker refused
 			r.rendered.Refused++
@@ -355,8 +319,6 @@ func (r *render) listen(ev any) {
 		}
 		if q := r.ids[ev.RequestID]; q != nil && ev.Response != nil {
 			q.status = int(ev.Response.Status)
-			q.hdr = int64(ev.Response.EncodedDataLength)
-			q.received = max(q.received, q.hdr)
 			if ev.Type == network.ResourceTypeXHR || ev.Type == network.ResourceTypeFetch {
 				for _, c := range r.o.Capture {
 					if strings.Contains(ev.Response.URL, c) {
@@ -366,14 +328,9 @@ func (r *render) listen(ev any) {
 			}
 		}
 	case *network.EventDataReceived:
-		if q := r.ids[ev.RequestID]; q != nil {
-			q.enc += ev.EncodedDataLength
-			q.dec += ev.DataLength
-			q.received = max(q.received, q.hdr+max(q.enc, q.dec))
-		}
+		// Bytes arrived: the budget check below sees them (the forwarder's wire count).
 	case *network.EventLoadingFinished:
 		if q := r.ids[ev.RequestID]; q != nil {
-			q.received = max(q.received, int64(ev.EncodedDataLength))
 			q.done = true
 		}
 		r.signal()
@@ -402,7 +359,7 @@ func (r *render) listen(ev any) {
 		return
 	}
 	if b := r.b; b.cfg.budgetSet {
-		if b.bytes.Load()+r.bytesLocked() > b.cfg.budget && r.budget == nil {
+		if b.overBudget() && r.budget == nil {
 			r.budget = b.budgetError()
 			go r.halt()
 		}
@@ -449,7 +406,8 @@ func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 	// forwarder, which puts the session's credentials on every request and CONNECT.
 	fwd, err := newRenderProxy(ctx, r.b.Session, r.b.cfg.DialTimeout, r.b.cfg.Guard.Check,
 		func() { r.mu.Lock(); r.rendered.Refused++; r.mu.Unlock() },
-		func() { r.mu.Lock(); r.authFail++; r.mu.Unlock(); go r.halt() })
+		func() { r.mu.Lock(); r.authFail++; r.mu.Unlock(); go r.halt() },
+		r.wire, r.b.refusals)
 	if err != nil {
 		return nil, fmt.Errorf("sessions: render proxy: %w", err)
 	}

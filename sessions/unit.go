@@ -154,7 +154,14 @@ type Result struct {
 	Restarts int      // sessions restarted after loss
 	// RestartReasons holds the category of each session loss that caused a restart.
 	RestartReasons []tasks.Category
-	Bytes          int64 // bytes moved through the proxy, all sessions
+	Bytes          int64 // bytes moved through the proxy for the job, all sessions (Bound.Bytes)
+	// RefusedBytes are the bytes of the proxy's own refusals (407, 502 no peers, …), all
+	// sessions: on the wire, but not billed by providers, so not in Bytes nor in the
+	// attempt's cost (Bound.RefusedBytes).
+	RefusedBytes int64
+	// RobotsBytes are the bytes of the robots.txt fetches the run made for the fleet's
+	// cache, all sessions: not the job's, not in Bytes nor in its cost (Bound.RobotsBytes).
+	RobotsBytes int64
 	// Resent counts requests sent again on their session after a short Retry-After
 	// (CollectorConfig.ThrottleWaitMax), all sessions.
 	Resent int64
@@ -310,13 +317,16 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		return nil, &FetchError{Category: tasks.CategoryInternal, Err: err}, false
 	}
 	defer func() {
+		// Closed first: closing the session's tunnels moves bytes too (TLS close_notify).
+		bound.Close()
 		res.Bytes += bound.Bytes()
+		res.RefusedBytes += bound.RefusedBytes()
+		res.RobotsBytes += bound.RobotsBytes()
 		res.Resent += bound.Resent()
 		if st := bound.LastStatus(); st != 0 {
 			res.LastStatus = st
 		}
 		res.Exit, res.ExitVerified = bound.Exit(), bound.ExitVerified()
-		bound.Close()
 	}()
 	staging := newStaging()
 	sc := &StepContext{Session: sess, Staging: staging, bound: bound}

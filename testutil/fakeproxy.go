@@ -152,6 +152,8 @@ type FakeProxy struct {
 
 	bytes         atomic.Int64
 	rotatingBytes atomic.Int64
+	fromClients   atomic.Int64 // bytes read from clients, every connection, CONNECT and tunnels included
+	toClients     atomic.Int64 // bytes written to clients
 	requests      atomic.Int64
 	disconnects   atomic.Int64
 	refusing      atomic.Bool  // SetRefusing: every request answered 407
@@ -265,6 +267,27 @@ func (p *FakeProxy) BytesFor(sessionID string) int64 {
 		return s.bytes.Load()
 	}
 	return 0
+}
+
+// ClientBytes is what the proxy exchanged with its clients on every connection so far:
+// the bytes it read from them and the bytes it wrote to them — request and response lines
+// and headers as sent, CONNECT exchanges, tunnelled TLS, its own refusals — i.e. what a
+// provider bills. A connection's last bytes are in once OpenClients no longer counts it.
+func (p *FakeProxy) ClientBytes() (fromClients, toClients int64) {
+	return p.fromClients.Load(), p.toClients.Load()
+}
+
+// OpenClients is the number of client connections the proxy has open.
+func (p *FakeProxy) OpenClients() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, upstream := range p.conns {
+		if !upstream {
+			n++
+		}
+	}
+	return n
 }
 
 // Authenticated is the number of requests that carried valid credentials (a browser's
@@ -398,10 +421,11 @@ func (p *FakeProxy) untrack(c net.Conn) {
 func (p *FakeProxy) acceptLoop() {
 	defer p.wg.Done()
 	for {
-		c, err := p.ln.Accept()
+		raw, err := p.ln.Accept()
 		if err != nil {
 			return // listener closed
 		}
+		c := &fpClientConn{Conn: raw, p: p}
 		if !p.track(c, false) {
 			continue
 		}
@@ -779,6 +803,24 @@ func (c *fpCountConn) Read(b []byte) (int, error) {
 func (c *fpCountConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	c.add(n)
+	return n, err
+}
+
+// fpClientConn counts the bytes exchanged with a client (ClientBytes).
+type fpClientConn struct {
+	net.Conn
+	p *FakeProxy
+}
+
+func (c *fpClientConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.p.fromClients.Add(int64(max(n, 0)))
+	return n, err
+}
+
+func (c *fpClientConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.p.toClients.Add(int64(max(n, 0)))
 	return n, err
 }
 
