@@ -468,14 +468,19 @@ func TestConfig(t *testing.T) {
 	t.Run("Validate", func(t *testing.T) {
 		b := setup(t, setupOpts{})
 		_ = b
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+		t.Cleanup(func() { _ = ring.Close() })
 		for name, tc := range map[string]struct {
 			mut  func(*service.Config)
 			want string
 		}{
-			"NoRegistry":       {func(c *service.Config) { c.Registry = nil }, "Config.Registry is required"},
-			"NoStore":          {func(c *service.Config) { c.Store = nil }, "Config.Store is required"},
-			"NoRedis":          {func(c *service.Config) { c.Redis = nil }, "Config.Redis is required"},
-			"NoConnOpt":        {func(c *service.Config) { c.RedisConnOpt = nil }, "Config.RedisConnOpt is required"},
+			"NoRegistry": {func(c *service.Config) { c.Registry = nil }, "Config.Registry is required"},
+			"NoStore":    {func(c *service.Config) { c.Store = nil }, "Config.Store is required"},
+			"NoRedis":    {func(c *service.Config) { c.Redis = nil }, "Config.Redis is required"},
+			"NoConnOptRing": {func(c *service.Config) {
+				c.RedisConnOpt = nil
+				c.Redis = ring
+			}, "Config.RedisConnOpt is required with a *redis.Ring"},
 			"NegativeTimeout":  {func(c *service.Config) { c.ShutdownTimeout = -1 }, "Config.ShutdownTimeout"},
 			"ZeroWeight":       {func(c *service.Config) { c.Queues = map[string]int{"q": 0} }, `queue "q" has weight 0`},
 			"BraceInQueue":     {func(c *service.Config) { c.Queues = map[string]int{"{q}": 1} }, "without braces"},
