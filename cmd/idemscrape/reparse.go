@@ -106,6 +106,9 @@ var reparseCmd = command{
 				for _, e := range sum.Errs {
 					fmt.Fprintf(c.stdout, "  error: %s\n", e)
 				}
+				for _, e := range sum.FailingExamples {
+					fmt.Fprintf(c.stdout, "  still failing: %s\n", e)
+				}
 			}
 			if err != nil {
 				return err

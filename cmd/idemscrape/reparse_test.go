@@ -85,6 +85,20 @@ func TestReparseCLI(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "committed 0, already done 1")
 	assert.Equal(t, 1, results())
+
+	// A job whose saved input still does not parse: the summary says which and why.
+	spec8 := spec
+	spec8.SourceID = "sku-8"
+	key8, err := spec8.Key()
+	require.NoError(t, err)
+	recordFailedJob(ctx, t, st, key8, spec8, "w")
+	_, err = inputs.New(pool).Save(ctx, inputs.SaveParams{Key: key8, Fence: 1, Kind: catalog.Kind, ParserVersion: 1,
+		Outcome: "parse_error", Staged: map[string]json.RawMessage{"product": staged["product"]}})
+	require.NoError(t, err)
+	r = run(t, "reparse", "-dry-run", "-keys", key8)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "  still failing: "+key8+": ")
+	assert.Contains(t, r.stdout, `staging has no "price"`)
 }
 
 // TestReparseUnknownKindRefused: `reparse -kind K` for a kind this binary has no parser
