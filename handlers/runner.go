@@ -108,7 +108,7 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 		Key:    job.Key,
 		Owner:  owner,
 		TTL:    r.lengths.For(k.name),
-		Start:  store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway()},
+		Start:  store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway(), Reserved: hold.reserved()},
 		Unsure: &r.unsure,
 	})
 	if err != nil {

@@ -58,7 +58,11 @@ const windowWaitMax = 5 * time.Second
 // next worker restores it from PostgreSQL, which records every finished attempt's cost
 // (store.PG.WindowCost); attempts in flight at that moment are the only ones that can
 // then pass the budget, each by at most its own cap. A worker that dies holding a
-// reservation gives it back when its delivery's deadline passes.
+// reservation is charged all of it when its delivery's deadline passes (the attempt may
+// have spent that much; the proxy bills a killed worker's traffic too), and its attempt's
+// row, written as lost when the job is taken over, carries the same cost (the start
+// records the reservation on the job); a report from the worker, if it ever comes,
+// replaces the charge by the attempt's real cost.
 type WindowBudget struct {
 	// Money per window, in micro-units of the providers' currency (all providers must
 	// have a price, in one currency). Required.
@@ -110,6 +114,15 @@ type windowHold struct {
 	// capped: the reservation, not the job's own budgets, set the attempt's byte cap
 	// (work): an attempt stopped at it was stopped by the window.
 	capped bool
+}
+
+// reserved is what the hold reserved, recorded with the attempt's start (store.
+// AttemptStartParams.Reserved): zero without a window budget.
+func (h *windowHold) reserved() store.Cost {
+	if h == nil {
+		return store.Cost{}
+	}
+	return store.Cost{Micros: h.amount, Currency: h.price.Currency}
 }
 
 // byteCap lowers an attempt's byte cap to what its reservation buys.

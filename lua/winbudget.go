@@ -77,7 +77,8 @@ func NewWindowBudgets(rdb redis.Cmdable, prefix string) (*WindowBudgets, error) 
 }
 
 // Reserve asks for wanted micro-units of the window's budget for the attempt of owner
-// (unique per delivery), held at most hold if it is never settled (its worker died). It
+// (unique per delivery), held at most hold if it is never settled (its worker died): then
+// it lapses and is charged in full, the most its attempt may have cost. It
 // returns ErrBudgetUnknown when Redis has no spent amount for the window.
 func (b *WindowBudgets) Reserve(ctx context.Context, kind, window, owner string, budget, wanted int64, hold time.Duration) (Grant, error) {
 	switch {
@@ -111,7 +112,8 @@ func (b *WindowBudgets) Reserve(ctx context.Context, kind, window, owner string,
 }
 
 // Settle replaces the reservation of owner by what its attempt cost (0 for an attempt
-// that never started). Call it after the attempt's cost is in PostgreSQL: when Redis lost
+// that never started). A reservation that lapsed before its settlement was charged in full
+// then (winbudget.lua): the settlement replaces that charge by the cost. Call it after the attempt's cost is in PostgreSQL: when Redis lost
 // the window meanwhile, the settlement is dropped (reported false) and the restore counts
 // the cost from there.
 func (b *WindowBudgets) Settle(ctx context.Context, kind, window, owner string, cost int64) (bool, error) {

@@ -7,6 +7,10 @@
 -- KEYS[1] -> <prefix>{budget:<kind>/<window>}  HASH
 --              spent      integer micro-units the window's finished attempts cost
 --              r:<owner>  "<micro-units> <deadline ms>": one in-flight attempt's reservation
+--              l:<owner>  "<micro-units> <lapsed at ms>": a reservation that lapsed (its
+--                         worker was killed, or never settled by its deadline) and was
+--                         charged in full to spent; its settlement, if it ever comes,
+--                         charges the difference (dropped after keep ms)
 -- The hash exists only with its spent field. A hash without it — Redis lost its data, or the
 -- key expired after ARGV[last] ms unused — is restored from PostgreSQL by the caller
 -- ("restore"), which is the system of record for what attempts cost.
@@ -25,18 +29,31 @@
 --                                           attempts in flight; settlements may give some back
 --            {0, 0, spent, reserved}        spent: nothing is left (spent >= budget)
 --            {-1, 0, 0, 0}                  unknown: restore first
---   settle:  spent after adding the cost (the reservation goes), or -1 if the hash is
---            unknown (the cost is in PostgreSQL already: the restore counts it)
+--   settle:  spent after adding the cost (the reservation goes; a lapsed one, charged
+--            already, is replaced by the cost), or -1 if the hash is unknown (the cost is
+--            in PostgreSQL already: the restore counts it)
 --   restore: the spent amount Redis holds (another worker's restore, if it came first)
--- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL per lapsed reservation);
--- HEXISTS, HDEL, HINCRBY, PEXPIRE (settle); HSETNX, HGET, PEXPIRE (restore).
+-- A reservation that lapses is charged, not given back: its attempt may have spent up to
+-- it (a killed worker's proxy traffic is billed all the same), and the attempt's row in
+-- PostgreSQL, written as lost by whoever takes the job over, carries the same amount.
+-- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL, HINCRBY, HSET per lapsed
+-- reservation, HDEL per old lapse); HEXISTS, HGET, HDEL, HINCRBY, PEXPIRE (settle);
+-- HSETNX, HGET, PEXPIRE (restore).
 local op = ARGV[1]
 if op == "settle" then
   if redis.call("HEXISTS", KEYS[1], "spent") == 0 then
     return -1
   end
-  redis.call("HDEL", KEYS[1], "r:" .. ARGV[2])
-  local spent = redis.call("HINCRBY", KEYS[1], "spent", ARGV[3])
+  local cost = tonumber(ARGV[3])
+  if redis.call("HDEL", KEYS[1], "r:" .. ARGV[2]) == 0 then
+    local lapsed = redis.call("HGET", KEYS[1], "l:" .. ARGV[2])
+    if lapsed then
+      -- Charged in full when it lapsed: the real cost replaces that charge.
+      cost = cost - tonumber(string.sub(lapsed, 1, string.find(lapsed, " ", 1, true) - 1))
+      redis.call("HDEL", KEYS[1], "l:" .. ARGV[2])
+    end
+  end
+  local spent = redis.call("HINCRBY", KEYS[1], "spent", cost)
   redis.call("PEXPIRE", KEYS[1], ARGV[4])
   return spent
 elseif op == "restore" then
@@ -54,6 +71,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local all = redis.call("HGETALL", KEYS[1])
 local spent
 local reserved = 0
+local charged = 0
+local lapsed = {}
 for i = 1, #all, 2 do
   local f, v = all[i], all[i + 1]
   if f == "spent" then
@@ -62,14 +81,33 @@ for i = 1, #all, 2 do
     local sp = string.find(v, " ", 1, true)
     local amount, deadline = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
     if deadline <= now then
-      redis.call("HDEL", KEYS[1], f) -- its worker died: the reservation lapses
+      -- Its worker died (or never settled by its deadline): the reservation lapses and
+      -- is charged in full, the most its attempt may have cost.
+      charged = charged + amount
+      lapsed[#lapsed + 1] = {f, amount}
     else
       reserved = reserved + amount
+    end
+  elseif string.sub(f, 1, 2) == "l:" then
+    local sp = string.find(v, " ", 1, true)
+    if tonumber(string.sub(v, sp + 1)) + tonumber(ARGV[6]) <= now then
+      redis.call("HDEL", KEYS[1], f) -- no settlement comes this late
     end
   end
 end
 if spent == nil then
+  -- Unknown: the restore reads PostgreSQL, where lost attempts carry their reservations.
+  for _, l in ipairs(lapsed) do
+    redis.call("HDEL", KEYS[1], l[1])
+  end
   return {-1, 0, 0, 0}
+end
+for _, l in ipairs(lapsed) do
+  redis.call("HDEL", KEYS[1], l[1])
+  redis.call("HSET", KEYS[1], "l:" .. string.sub(l[1], 3), string.format("%d %d", l[2], now))
+end
+if charged > 0 then
+  spent = redis.call("HINCRBY", KEYS[1], "spent", charged)
 end
 if spent >= budget then
   return {0, 0, spent, reserved}

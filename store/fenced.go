@@ -264,11 +264,13 @@ LEFT JOIN jobs j ON j.key = i.key`, key, token, obs, ev)
 // (retryable, CategoryRestarted), not as lost: nobody else took it over.
 const startSQL = `
 WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $8::text[])
-		AS t(key, token, worker, session_id, country, endpoint, owner)
+	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $8::text[],
+		$9::bigint[], $10::text[])
+		AS t(key, token, worker, session_id, country, endpoint, owner, reserved, currency)
 ), locked AS MATERIALIZED (
 	SELECT j.key, j.state, j.fence, j.attempts, j.country, j.attempt_worker, j.attempt_session,
-		j.attempt_endpoint, j.attempt_started_at, j.attempt_owner, j.created_at, j.bytes_total,
+		j.attempt_endpoint, j.attempt_started_at, j.attempt_owner, j.attempt_reserved_micros, j.attempt_currency,
+		j.created_at, j.bytes_total,
 		j.budget_attempts, j.budget_bytes, j.budget_since
 	FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %[1]s
 ), mine AS (
@@ -282,7 +284,7 @@ WITH input AS (
 		attempts = j.attempts + 1,
 		next_attempt_at = NULL, updated_at = now(), attempt_worker = i.worker,
 		attempt_session = i.session_id, attempt_endpoint = i.endpoint, attempt_started_at = now(),
-		attempt_owner = i.owner
+		attempt_owner = i.owner, attempt_reserved_micros = i.reserved, attempt_currency = NULLIF(i.currency, '')
 	FROM input i JOIN locked l USING (key) LEFT JOIN mine m USING (key)
 	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND l.state = ANY($7::text[])
 		AND (i.token = 0 OR l.fence < i.token) AND m.again IS NOT TRUE
@@ -298,10 +300,14 @@ WITH input AS (
 	FROM locked l JOIN mine m USING (key) WHERE m.again
 ), lost AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, outcome, category, evidence_due)
+		started_at, finished_at, outcome, category, evidence_due, cost_micros, currency)
 	SELECT l.key, l.attempts, l.fence, l.attempt_worker, l.attempt_session, l.country, l.attempt_endpoint,
 		COALESCE(l.attempt_started_at, now()), now(), CASE WHEN m.key IS NULL THEN 'lost' ELSE 'retryable' END,
-		CASE WHEN m.key IS NULL THEN 'superseded' ELSE '%[2]s' END, m.key IS NULL
+		CASE WHEN m.key IS NULL THEN 'superseded' ELSE '%[2]s' END, m.key IS NULL,
+		-- A lost attempt is charged what it reserved (its worker may never report); one
+		-- restarted by its own start was not taken over: its worker settles it.
+		CASE WHEN m.key IS NULL THEN l.attempt_reserved_micros ELSE 0 END,
+		CASE WHEN m.key IS NULL AND l.attempt_reserved_micros > 0 THEN l.attempt_currency END
 	FROM locked l JOIN upd USING (key) LEFT JOIN mine m USING (key)
 	WHERE l.state = 'running' AND l.attempts > 0
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
@@ -365,13 +371,14 @@ func (r startRow) started() StartedAttempt {
 func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock lockMode) ([]rowOutcome[StartedAttempt], error) {
 	n := len(batch)
 	keys, workers, sessions, countries, endpoints := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	owners := make([]string, n)
-	tokens := make([]int64, n)
+	owners, currencies := make([]string, n), make([]string, n)
+	tokens, reserved := make([]int64, n), make([]int64, n)
 	for i, p := range batch {
 		keys[i], tokens[i], workers[i], sessions[i], countries[i], endpoints[i] = p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint
-		owners[i] = p.Owner
+		owners[i], reserved[i], currencies[i] = p.Owner, p.Reserved.Micros, p.Reserved.Currency
 	}
-	rows, err := s.queryGeneric(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates, owners)
+	rows, err := s.queryGeneric(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates, owners,
+		reserved, currencies)
 	if err != nil {
 		return nil, err
 	}

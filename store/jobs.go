@@ -234,6 +234,11 @@ type AttemptStartParams struct {
 	// (CategoryRestarted). Neither is a takeover. Without an Owner, a lost start that
 	// issued its token is sent again and takes the first over.
 	Owner string
+	// Reserved is what the attempt reserved of its window's money budget (zero: none),
+	// recorded on the jobs row: the attempt, if written as lost by whoever raises the fence
+	// past it (a takeover's start, the reconciler's rescue), carries it as its cost, since
+	// a killed worker never reports what it spent (migration 00019).
+	Reserved Cost
 }
 
 // StartedAttempt is what JobStart reports about the attempt it started.
@@ -277,6 +282,9 @@ type StartedAttempt struct {
 func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {
 	if p.Token < 0 {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d is negative (0 issues one)", p.Key, p.Token)
+	}
+	if err := p.Reserved.check("JobStart", p.Key); err != nil {
+		return StartedAttempt{}, err
 	}
 	out, err := s.startRows(ctx, []AttemptStartParams{p}, lockWait)
 	if err != nil {
