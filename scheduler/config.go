@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemscrape/idemscrape/store/inputs"
+	"github.com/idemscrape/idemscrape/store/outbox"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -47,6 +48,10 @@ const (
 	DefaultJobRetention = 90 * 24 * time.Hour
 	// MinJobRetention is the shortest job_retention accepted.
 	MinJobRetention = 24 * time.Hour
+	// DefaultWindowRetentionMargin is how much longer than job_retention the window ledger
+	// (schedule_windows) is kept by default: window_retention defaults to job_retention
+	// plus this.
+	DefaultWindowRetentionMargin = 48 * time.Hour
 	// DefaultQuarantineRetention is how long quarantined staging (the staged data of
 	// abandoned sessions, the bulk of what a job leaves behind) is kept, whatever the
 	// job's state.
@@ -83,7 +88,10 @@ type Template struct {
 	Name string `yaml:"name"`
 	// Cron is a cron expression: 5 fields (minute hour dom month dow), or 6 with seconds
 	// first, or a descriptor (@hourly, @daily, @weekly, @monthly, @yearly; @every is
-	// refused: windows need wall-clock ticks). It may start with CRON_TZ=<zone>.
+	// refused: windows need wall-clock ticks). It may start with CRON_TZ=<zone>. It matches
+	// wall times of Timezone: one a spring-forward gap skips fires at the gap's end with its
+	// own window, one that occurs twice fires once (both real hours for a schedule that
+	// matches every hour); see wallclock.go.
 	Cron string `yaml:"cron"`
 	// Timezone is the IANA zone of the cron expression and of the window. Defaults to
 	// CRON_TZ when the expression has one, otherwise UTC. Both given must agree.
@@ -105,11 +113,13 @@ type Template struct {
 	CatchUp string `yaml:"catchup"`
 	// RetryUntil is how long after its scheduled time a window whose tick failed is tried
 	// again (with backoff) before it is given up as a gap (idemscrape_scheduler_window_gaps,
-	// `idemscrape windows -gaps`, filled by `idemscrape windows -fill`). Defaults to the
-	// time until the template's next scheduled tick.
+	// `idemscrape windows -gaps`, filled by `idemscrape windows -fill`); the last try is at
+	// the deadline itself, and the template's later windows are ticked meanwhile. Defaults
+	// to the time until the template's next scheduled tick. With job_retention it bounds
+	// how long one window is ticked (see ReconcilerFile.JobRetention).
 	RetryUntil time.Duration `yaml:"retry_until"`
 
-	sched    cron.Schedule
+	sched    *wallSchedule // the expression on the zone's wall clock (wallclock.go)
 	loc      *time.Location
 	filePath string // Sources.File resolved against the config file's directory
 }
@@ -159,12 +169,21 @@ type ReconcilerFile struct {
 	// inputs.MinRetention (2h). Defaults to DefaultSavedInputRetention.
 	SavedInputRetention time.Duration `yaml:"saved_input_retention"`
 	// JobRetention: terminal jobs (complete, failed) last changed longer ago than this are
-	// deleted with their attempts, results, quarantine, notes and saved inputs, and so are
-	// schedule_windows rows due longer ago. A key enqueued again after that is a new job.
-	// At least MinJobRetention and at least every other retention here (a result is kept
+	// deleted with their attempts, results, quarantine, notes and saved inputs. A key
+	// enqueued again after that is a new job, so no template may tick one window for this
+	// long (from its first tick to its last tick's retry_until: a weekly window with a daily
+	// cron needs more than 6 days), and a window first ticked longer ago is never ticked
+	// again (store.ErrWindowExpired) unless filled with force. At least MinJobRetention and
+	// at least every other retention here except window_retention (a result is kept
 	// longest; a consumer's inbox must not take a new job's event for a replay of the pruned
 	// one's). Defaults to DefaultJobRetention.
 	JobRetention time.Duration `yaml:"job_retention"`
+	// WindowRetention: schedule_windows rows (the window ledger) due longer ago than this
+	// are deleted. Longer than job_retention: a window is recorded for as long as any of its
+	// jobs can be, so a tick of a window whose jobs may have been pruned is refused, and a
+	// window due longer ago than this, without a record, is ticked only by a forced fill.
+	// Defaults to job_retention + DefaultWindowRetentionMargin.
+	WindowRetention time.Duration `yaml:"window_retention"`
 	// QuarantineRetention: quarantined staging older than this is deleted, whatever the
 	// job's state. At least MinQuarantineRetention, at most JobRetention. Defaults to
 	// DefaultQuarantineRetention.
@@ -369,6 +388,12 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 			*d.v = d.def
 		}
 	}
+	switch {
+	case r.WindowRetention < 0:
+		return &ConfigError{Section: "reconciler", Field: "window_retention", Reason: "negative"}
+	case r.WindowRetention == 0:
+		r.WindowRetention = r.JobRetention + DefaultWindowRetentionMargin
+	}
 	if r.SavedInputRetention < inputs.MinRetention {
 		return &ConfigError{Section: "reconciler", Field: "saved_input_retention", Reason: fmt.Sprintf(
 			"%v is below the minimum %v (a save refreshes a shared body's last use at most hourly, so a shorter retention could delete a body in use)",
@@ -389,6 +414,13 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 			*c.v = c.def
 		}
 	}
+	// A Redis loss is recovered by publishing again the rows sent within the dispatchers'
+	// recover window: rows pruned sooner could not be.
+	if r.OutboxRetention < outbox.DefaultRecoverWindow {
+		return &ConfigError{Section: "reconciler", Field: "outbox_retention", Reason: fmt.Sprintf(
+			"%v is shorter than the outbox dispatchers' Redis-loss recover window (outbox.DispatcherConfig.RecoverWindow, %v): sent rows pruned sooner could not be published again after a Redis loss",
+			r.OutboxRetention, outbox.DefaultRecoverWindow)}
+	}
 	// An event can be published again (a lost mark, a Redis loss) as long as its outbox row
 	// is kept: the inbox must still know it then.
 	if r.InboxRetention <= r.OutboxRetention {
@@ -396,7 +428,10 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 			"%v must exceed outbox_retention %v: an event can be published again while its outbox row is kept, and a consumer's inbox must still recognise it",
 			r.InboxRetention, r.OutboxRetention)}
 	}
-	return r.validateRetention()
+	if err := r.validateRetention(); err != nil {
+		return err
+	}
+	return f.validateWindowSpans()
 }
 
 // validateRetention checks the job and quarantine retentions against their minimums and
@@ -412,6 +447,10 @@ func (r *ReconcilerFile) validateRetention() error {
 	case r.QuarantineRetention > r.JobRetention:
 		return &ConfigError{Section: "reconciler", Field: "quarantine_retention", Reason: fmt.Sprintf(
 			"%v exceeds job_retention %v: a job's quarantine is deleted with the job", r.QuarantineRetention, r.JobRetention)}
+	case r.WindowRetention <= r.JobRetention:
+		return &ConfigError{Section: "reconciler", Field: "window_retention", Reason: fmt.Sprintf(
+			"%v must exceed job_retention %v: the window ledger must outlive a window's jobs, or a window whose jobs were pruned would be ticked again and its jobs created anew",
+			r.WindowRetention, r.JobRetention)}
 	}
 	for _, o := range []struct {
 		name string
@@ -572,7 +611,7 @@ func (t *Template) compileSchedule() error {
 	if ss.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
 		return templateFail("cron", "the expression never fires")
 	}
-	t.sched, t.loc, t.Timezone = ss, loc, zone
+	t.sched, t.loc, t.Timezone = newWallSchedule(ss, loc, t.Window), loc, zone
 	return nil
 }
 
@@ -662,4 +701,72 @@ func readSourceFile(path string) ([]source, error) {
 type source struct {
 	url, id string
 	line    int // line in the source file, 0 for inline sources
+}
+
+// spanSampleFires and spanSampleDays bound the fires windowSpan examines.
+const (
+	spanSampleFires = 20_000
+	spanSampleDays  = 400
+)
+
+// windowSpan is the longest time t ticks one window on schedule: from a window's first
+// fire to its last, plus retry_until. It is measured over a year of fires from 2026
+// (every month and DST change); a template firing more often than the sample holds is
+// taken to tick its windows from their start to their end (ruleSpan).
+func (t *Template) windowSpan() time.Duration {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	end := start.AddDate(0, 0, spanSampleDays)
+	first := map[string]time.Time{}
+	var span time.Duration
+	n := 0
+	f := t.sched.nextFire(start, nil)
+	for ; !f.IsZero() && f.At.Before(end) && n < spanSampleFires; f = t.sched.nextFire(f.At, &f) {
+		n++
+		if at, ok := first[f.Window]; ok {
+			span = max(span, f.At.Sub(at))
+		} else {
+			first[f.Window] = f.At
+		}
+	}
+	if n == spanSampleFires {
+		span = max(span, t.Window.ruleSpan())
+	}
+	return span + t.RetryUntil
+}
+
+// ruleSpan is the longest a window of rule r lasts (a day of 25 hours, a month of 31 days
+// and one).
+func (r WindowRule) ruleSpan() time.Duration {
+	switch r {
+	case Secondly:
+		return time.Second
+	case Minutely:
+		return time.Minute
+	case Hourly:
+		return time.Hour
+	case Daily:
+		return 25 * time.Hour
+	case Weekly:
+		return 7*24*time.Hour + time.Hour
+	case Monthly:
+		return 31*24*time.Hour + time.Hour
+	}
+	return 0
+}
+
+// validateWindowSpans refuses a template that ticks one window for as long as
+// job_retention or longer: once the window's first jobs were pruned, a later tick would
+// create them again (fetched, committed and published again under the same event keys,
+// after consumers' inboxes forgot them).
+func (f *File) validateWindowSpans() error {
+	jr := f.Reconciler.JobRetention
+	for i := range f.Templates {
+		t := &f.Templates[i]
+		if span := t.windowSpan(); span >= jr {
+			return &ConfigError{Section: "reconciler", Field: "job_retention", Reason: fmt.Sprintf(
+				"%v is not longer than the %v over which template %q ticks one %s window (cron %q, from the window's first tick to its last tick's retry_until %v): once the window's first jobs are pruned a later tick would create them again, fetched, committed and published again under the same event keys; raise job_retention above %v or tick the template once per window",
+				jr, span, t.Name, t.Window, t.Cron, t.RetryUntil, span)}
+		}
+	}
+	return nil
 }

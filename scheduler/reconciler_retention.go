@@ -17,8 +17,10 @@ import (
 //   - quarantined staging older than reconciler.quarantine_retention;
 //   - terminal jobs (complete, failed) unchanged for reconciler.job_retention, with their
 //     attempts, results, quarantine, notes and saved inputs (ON DELETE CASCADE);
-//   - schedule_windows rows due longer than job_retention ago (a window's jobs changed
-//     after it was due, so they go by the rule above in their own time, possibly later).
+//   - schedule_windows rows (the window ledger) due longer than window_retention ago,
+//     which is longer than job_retention: a window is recorded as long as any of its jobs
+//     can be, so a tick of a window whose jobs may have been pruned is refused
+//     (store.ErrWindowExpired) instead of creating them again.
 //
 // Jobs in any other state are never deleted. What the next sweeps will delete is
 // store.PG.RetentionDue (shown by `idemscrape stats -config`).
@@ -83,7 +85,7 @@ func (r *Reconciler) pruneRetention(ctx context.Context, rep *SweepReport) error
 	return r.prune(ctx, rep,
 		pruneStep{ActionQuarantinePruned, r.cfg.Retention.QuarantinePrune, rc.QuarantineRetention},
 		pruneStep{ActionJobsPruned, r.cfg.Retention.JobsPruneTerminal, rc.JobRetention},
-		pruneStep{ActionWindowsPruned, r.cfg.Retention.WindowsPrune, rc.JobRetention})
+		pruneStep{ActionWindowsPruned, r.cfg.Retention.WindowsPrune, rc.WindowRetention})
 }
 
 // pruneStep is one kind of row a sweep prunes: what it counts under, how, and from what age.

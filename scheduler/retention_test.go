@@ -94,7 +94,7 @@ func TestRetentionPrunes(t *testing.T) {
 	assert.EqualValues(t, 8, stats.Maintenance[scheduler.ActionJobsPruned], "shown by idemscrape stats")
 
 	// Nothing is due any more; a second sweep deletes nothing.
-	due, err := b.st.RetentionDue(ctx, scheduler.DefaultJobRetention, scheduler.DefaultQuarantineRetention)
+	due, err := b.st.RetentionDue(ctx, scheduler.DefaultJobRetention, scheduler.DefaultQuarantineRetention, scheduler.DefaultJobRetention+scheduler.DefaultWindowRetentionMargin)
 	require.NoError(t, err)
 	assert.Equal(t, store.RetentionPreview{}, due)
 	rep = r.Sweep(ctx)
@@ -127,7 +127,7 @@ func TestRetentionDue(t *testing.T) {
 	}
 	_, err := b.st.Pool().Exec(ctx, `UPDATE jobs SET updated_at = now() - interval '91 days' WHERE key <> $1`, recs[2].Key)
 	require.NoError(t, err)
-	due, err := b.st.RetentionDue(ctx, scheduler.DefaultJobRetention, scheduler.DefaultQuarantineRetention)
+	due, err := b.st.RetentionDue(ctx, scheduler.DefaultJobRetention, scheduler.DefaultQuarantineRetention, scheduler.DefaultJobRetention+scheduler.DefaultWindowRetentionMargin)
 	require.NoError(t, err)
 	assert.Equal(t, store.RetentionPreview{TerminalJobs: 2}, due)
 	assert.Equal(t, 3, countRows(t, b, `SELECT count(*) FROM jobs`), "nothing deleted")

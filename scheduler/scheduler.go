@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -153,6 +155,9 @@ type Scheduler struct {
 	metrics *metrics
 	gath    prometheus.Gatherer
 
+	lostMu sync.Mutex
+	lost   map[[2]string]*lostTries // template, window → tries PostgreSQL could not record
+
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -164,7 +169,7 @@ func New(cfg Config) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Scheduler{cfg: cfg}
+	s := &Scheduler{cfg: cfg, lost: map[[2]string]*lostTries{}}
 	var err error
 	if s.metrics, s.gath, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -215,28 +220,47 @@ func (s *Scheduler) Stop() {
 	s.running = false
 }
 
+// loop ticks t's fires in order, each at its time, and tries failed windows again
+// (tryWindow) in between: a window retried past the next fire (retry_until longer than
+// the period) does not hold the next windows back, and no window is skipped.
 func (s *Scheduler) loop(ctx context.Context, t *Template) {
 	now := s.cfg.Now()
-	next := t.sched.Next(now)
+	next := t.sched.nextFire(now, nil)
+	var retries []*pendingTry // by time of the next try
+	retry := func(p *pendingTry) {
+		if p == nil {
+			return
+		}
+		i := sort.Search(len(retries), func(i int) bool { return retries[i].at.After(p.at) })
+		retries = slices.Insert(retries, i, p)
+	}
 	if t.CatchUp == CatchUpLast {
-		if last := lastFire(t, now); !last.IsZero() {
-			s.runWindow(ctx, t, last, true)
+		if last := t.sched.lastFire(now); !last.IsZero() {
+			retry(s.tryWindow(ctx, t, pendingTry{f: last, try: 1, until: s.deadline(t, last.At), catchUp: true}))
 		}
 	}
-	for {
-		if !sleepUntil(ctx, next, s.cfg.Now) {
+	for ctx.Err() == nil {
+		if len(retries) > 0 && (next.IsZero() || retries[0].at.Before(next.At)) {
+			p := retries[0]
+			if !sleepUntil(ctx, p.at, s.cfg.Now) {
+				return
+			}
+			retries = retries[1:]
+			retry(s.tryWindow(ctx, t, *p))
+			continue
+		}
+		if next.IsZero() || !sleepUntil(ctx, next.At, s.cfg.Now) {
 			return
 		}
-		s.runWindow(ctx, t, next, false)
-		at := next
-		next = t.sched.Next(at)
-		if now := s.cfg.Now(); !next.After(now) {
-			// The tick outlasted the period: run the latest missed window next, not every one.
-			next = lastFire(t, now)
+		p := pendingTry{f: next, try: 1, until: s.deadline(t, next.At)}
+		// A later fire of a window still being retried is its next try, with the later
+		// deadline.
+		if i := slices.IndexFunc(retries, func(r *pendingTry) bool { return r.f.Window == next.Window }); i >= 0 {
+			p.try, p.catchUp = retries[i].try, retries[i].catchUp
+			retries = slices.Delete(retries, i, i+1)
 		}
-		if next.IsZero() {
-			return
-		}
+		next = t.sched.following(next, s.cfg.Now())
+		retry(s.tryWindow(ctx, t, p))
 	}
 }
 
@@ -251,8 +275,10 @@ func (s *Scheduler) signal(ctx context.Context, rep TickReport) {
 }
 
 // Tick runs one tick of the named template for the scheduled instant at, synchronously,
-// and reports what it did. It is what the loop calls; tests and benchmarks call it
-// directly. Sources that make no valid spec (a bad line in the source file) are logged and
+// and reports what it did: the window of the fire due at at (the first, when a DST gap
+// makes several windows due at one instant: see wallclock.go), or the window of the
+// instant at when nothing is scheduled then. The loop ticks each fire; tests and
+// benchmarks call Tick directly. Sources that make no valid spec (a bad line in the source file) are logged and
 // counted; the rest of the tick goes on.
 func (s *Scheduler) Tick(ctx context.Context, name string, at time.Time) TickReport {
 	t := s.template(name)
@@ -261,9 +287,16 @@ func (s *Scheduler) Tick(ctx context.Context, name string, at time.Time) TickRep
 		rep.Err = fmt.Errorf("scheduler: no template %q", name)
 		return rep
 	}
+	return s.tickFire(ctx, t, t.sched.fireAt(at))
+}
+
+// tickFire runs one tick of the scheduled fire f of t.
+func (s *Scheduler) tickFire(ctx context.Context, t *Template, f fire) TickReport {
+	name, at := t.Name, f.At
+	rep := TickReport{Template: name, At: at, Window: f.Window, Outcomes: map[string]int{}}
 	begun := time.Now()
 	log := s.cfg.Logger.With("template", name, "at", at)
-	rep.Err = s.tick(ctx, t, at, &rep)
+	rep.Err = s.tick(ctx, t, f, &rep)
 	s.metrics.tickSeconds.WithLabelValues(name).Observe(time.Since(begun).Seconds())
 	for o, n := range rep.Outcomes {
 		s.metrics.jobs.WithLabelValues(name, o).Add(float64(n))
@@ -293,19 +326,30 @@ func (s *Scheduler) template(name string) *Template {
 	return nil
 }
 
-func (s *Scheduler) tick(ctx context.Context, t *Template, at time.Time, rep *TickReport) (err error) {
-	win, err := t.Window.Window(at, t.loc)
-	if err != nil {
-		return err
+func (s *Scheduler) tick(ctx context.Context, t *Template, f fire, rep *TickReport) (err error) {
+	win, at := f.Window, f.At
+	if win == "" {
+		return fmt.Errorf("scheduler: template %q: no window for %v", t.Name, at)
 	}
-	rep.Window = win
 	// The window is recorded before anything of it is enqueued: a tick that fails after
 	// this leaves a row that says so, and one that fails before it leaves a due window
 	// without a row; both are gaps until a tick succeeds.
+	// Tries PostgreSQL could not record while it did not answer are kept in memory and
+	// written first (the window's own before this try is counted).
+	// A window whose jobs may have been pruned (first ticked longer ago than job_retention,
+	// or due before the ledger's retention without a row) is refused unless forced: a tick
+	// would create its jobs again.
+	rc := s.cfg.File.Reconciler
+	wp := store.WindowParams{Template: t.Name, Window: win, Kind: t.Kind, Due: at, JobHorizon: rc.JobRetention,
+		NoNewRow: rc.WindowRetention > 0 && at.Before(s.cfg.Now().Add(-rc.WindowRetention)), Force: f.force}
 	bctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	err = s.cfg.Windows.WindowBegin(bctx, store.WindowParams{Template: t.Name, Window: win, Kind: t.Kind, Due: at})
+	s.flushLost(bctx)
+	err = s.cfg.Windows.WindowBegin(bctx, wp)
 	cancel()
 	if err != nil {
+		if ctx.Err() == nil && !errors.Is(err, store.ErrWindowExpired) {
+			s.keepLost(wp, 1, err)
+		}
 		return err
 	}
 	defer func() {
@@ -314,7 +358,8 @@ func (s *Scheduler) tick(ctx context.Context, t *Template, at time.Time, rep *Ti
 		defer cancel()
 		if err != nil {
 			if rerr := s.cfg.Windows.WindowFailed(rctx, t.Name, win, err); rerr != nil {
-				s.cfg.Logger.WarnContext(ctx, "could not record the failed tick", "template", t.Name, "window", win, "err", rerr)
+				s.keepLost(wp, 0, err)
+				s.cfg.Logger.WarnContext(ctx, "could not record the failed tick; kept until PostgreSQL answers", "template", t.Name, "window", win, "err", rerr)
 			}
 			return
 		}
@@ -467,25 +512,6 @@ func taskStates(ctx context.Context, rdb redis.UniversalClient, queue string, id
 		}
 	}
 	return out, nil
-}
-
-// lastFire returns the latest scheduled instant of t at or before now (zero if none in the
-// last five years).
-func lastFire(t *Template, now time.Time) time.Time {
-	for d := time.Minute; d <= 5*366*24*time.Hour; d *= 4 {
-		at := t.sched.Next(now.Add(-d))
-		if at.IsZero() || at.After(now) {
-			continue
-		}
-		for {
-			n := t.sched.Next(at)
-			if n.IsZero() || n.After(now) {
-				return at
-			}
-			at = n
-		}
-	}
-	return time.Time{}
 }
 
 // sleepUntil waits until the clock reaches at; false when ctx ended first. It re-reads the

@@ -185,8 +185,8 @@ kinds:
   catalog: {queue: `+b.ns.Queue+`}
 `), dir, nil)
 	require.NoError(t, err)
-	s := b.scheduler(t, f, nil, nil)
 	at := time.Date(2026, 4, 23, 14, 0, 0, 0, time.UTC)
+	s := b.scheduler(t, f, testutil.NewClock(at).Now, nil)
 	ctx := context.Background()
 
 	t.Run("FileReadAgainEveryTick", func(t *testing.T) {

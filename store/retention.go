@@ -34,7 +34,8 @@ DELETE FROM quarantine WHERE id IN (
 	ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, olderThan, limit)
 }
 
-// WindowsPrune deletes at most limit schedule_windows rows due more than olderThan ago.
+// WindowsPrune deletes at most limit schedule_windows rows due more than olderThan ago
+// (the reconciler's window_retention, longer than its job_retention).
 func (s *PG) WindowsPrune(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
 	return s.prune(ctx, "WindowsPrune", `
 DELETE FROM schedule_windows WHERE (template, "window") IN (
@@ -64,16 +65,16 @@ type RetentionPreview struct {
 	Windows      int64 `json:"windows"`
 }
 
-// RetentionDue counts what the given retentions would delete now (zero retention: not
-// counted).
-func (s *PG) RetentionDue(ctx context.Context, jobs, quarantine time.Duration) (RetentionPreview, error) {
+// RetentionDue counts what the given retentions (job_retention, quarantine_retention,
+// window_retention) would delete now (zero retention: not counted).
+func (s *PG) RetentionDue(ctx context.Context, jobs, quarantine, windows time.Duration) (RetentionPreview, error) {
 	var p RetentionPreview
 	err := s.pool.QueryRow(ctx, `
 SELECT
 	CASE WHEN $1 > 0 THEN (SELECT count(*) FROM jobs WHERE state IN ('complete', 'failed') AND updated_at < now() - make_interval(secs => $1)) ELSE 0 END,
 	CASE WHEN $2 > 0 THEN (SELECT count(*) FROM quarantine WHERE created_at < now() - make_interval(secs => $2)) ELSE 0 END,
-	CASE WHEN $1 > 0 THEN (SELECT count(*) FROM schedule_windows WHERE due_at < now() - make_interval(secs => $1)) ELSE 0 END`,
-		jobs.Seconds(), quarantine.Seconds()).Scan(&p.TerminalJobs, &p.Quarantine, &p.Windows)
+	CASE WHEN $3 > 0 THEN (SELECT count(*) FROM schedule_windows WHERE due_at < now() - make_interval(secs => $3)) ELSE 0 END`,
+		jobs.Seconds(), quarantine.Seconds(), windows.Seconds()).Scan(&p.TerminalJobs, &p.Quarantine, &p.Windows)
 	if err != nil {
 		return p, fmt.Errorf("store: RetentionDue: %w", err)
 	}

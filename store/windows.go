@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Window states (schedule_windows.state).
@@ -27,6 +29,17 @@ type WindowParams struct {
 	Window   string
 	Kind     string
 	Due      time.Time // the scheduled instant
+	// JobHorizon, when positive, makes WindowBegin refuse (ErrWindowExpired) a window first
+	// ticked longer ago than this by the database's clock: the reconciler's job_retention,
+	// after which the window's jobs may have been pruned, and ticking it again would create
+	// them anew. (WindowBegin only.)
+	JobHorizon time.Duration
+	// NoNewRow makes WindowBegin refuse (ErrWindowExpired) a window that has no row: one
+	// due longer ago than the ledger's retention, whose row may have been pruned.
+	// (WindowBegin only.)
+	NoNewRow bool
+	// Force ticks the window whatever JobHorizon and NoNewRow say (a forced fill).
+	Force bool
 }
 
 // Window is one template × window row.
@@ -48,20 +61,57 @@ type Window struct {
 // WindowBegin records that a tick of the window starts, before anything of it is
 // enqueued: a new row (running), or one more try of an existing one. A window already
 // enqueued stays enqueued (a second scheduler or a fill ticks it again: nothing new is
-// enqueued, the keys exist).
+// enqueued, the keys exist). Unless p.Force, a window first ticked longer ago than
+// p.JobHorizon, or (p.NoNewRow) one without a row, is refused with ErrWindowExpired and
+// nothing is written: its jobs may have been pruned, and a tick would create them anew.
 func (s *PG) WindowBegin(ctx context.Context, p WindowParams) error {
 	if p.Template == "" || p.Window == "" || p.Kind == "" || p.Due.IsZero() {
 		return fmt.Errorf("store: WindowBegin: template %q, window %q, kind %q and due time are required", p.Template, p.Window, p.Kind)
 	}
-	_, err := s.pool.Exec(ctx, `
-INSERT INTO schedule_windows (template, "window", kind, due_at) VALUES ($1, $2, $3, $4)
+	horizon := p.JobHorizon.Seconds()
+	if p.Force {
+		horizon = 0
+	}
+	var started time.Time
+	err := s.pool.QueryRow(ctx, `
+INSERT INTO schedule_windows (template, "window", kind, due_at)
+SELECT $1, $2, $3, $4
+WHERE NOT $6 OR EXISTS (SELECT 1 FROM schedule_windows WHERE template = $1 AND "window" = $2)
 ON CONFLICT (template, "window") DO UPDATE SET tries = schedule_windows.tries + 1, updated_at = now(),
-	state = CASE WHEN schedule_windows.state = 'enqueued' THEN 'enqueued' ELSE 'running' END`,
-		p.Template, p.Window, p.Kind, p.Due)
+	state = CASE WHEN schedule_windows.state = 'enqueued' THEN 'enqueued' ELSE 'running' END
+WHERE $5 <= 0 OR schedule_windows.started_at >= now() - make_interval(secs => $5)
+RETURNING started_at`,
+		p.Template, p.Window, p.Kind, p.Due, horizon, p.NoNewRow && !p.Force).Scan(&started)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.windowExpired(ctx, p)
+	}
 	if err != nil {
 		return fmt.Errorf("store: WindowBegin %s/%s: %w", p.Template, p.Window, err)
 	}
 	return nil
+}
+
+// ErrWindowExpired: a tick of a window whose jobs may have been pruned (first ticked
+// longer ago than the job retention, or due longer ago than the ledger keeps rows and
+// without one), refused because it would create them again as new jobs: fetched,
+// committed and published again under the same event keys.
+var ErrWindowExpired = errors.New("store: window too old to tick again")
+
+// windowExpired explains why WindowBegin refused p's window.
+func (s *PG) windowExpired(ctx context.Context, p WindowParams) error {
+	var started time.Time
+	var state string
+	err := s.pool.QueryRow(ctx, `SELECT started_at, state FROM schedule_windows WHERE template = $1 AND "window" = $2`,
+		p.Template, p.Window).Scan(&started, &state)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: %s/%s (due %s) has no record, and windows due that long ago may have had theirs pruned: whether its jobs ran is unknown",
+			ErrWindowExpired, p.Template, p.Window, p.Due.UTC().Format(time.RFC3339))
+	case err != nil:
+		return fmt.Errorf("store: WindowBegin %s/%s: %w", p.Template, p.Window, err)
+	}
+	return fmt.Errorf("%w: %s/%s (%s) was first ticked at %s, longer ago than the job retention %v: its jobs may have been pruned",
+		ErrWindowExpired, p.Template, p.Window, state, started.UTC().Format(time.RFC3339), p.JobHorizon)
 }
 
 // WindowEnqueued records a tick that enqueued every spec of the window: specs in all,
@@ -96,6 +146,32 @@ UPDATE schedule_windows SET last_error = $3, updated_at = now(),
 WHERE template = $1 AND "window" = $2`, template, window, msg)
 	if err != nil {
 		return fmt.Errorf("store: WindowFailed %s/%s: %w", template, window, err)
+	}
+	return nil
+}
+
+// WindowTriesLost records tries of the window that happened while PostgreSQL did not
+// answer, so could not be recorded then (the scheduler keeps them in memory and writes
+// them with its next statement that reaches PostgreSQL): tries more tries (0 for none:
+// only the error of a try WindowBegin recorded), and lastErr (cut to 500 bytes) as the last
+// error of a window not enqueued, which is then failed. A window without a row gets one,
+// failed, with tries tries.
+func (s *PG) WindowTriesLost(ctx context.Context, p WindowParams, tries int, lastErr string) error {
+	if p.Template == "" || p.Window == "" || p.Kind == "" || p.Due.IsZero() || tries < 0 {
+		return fmt.Errorf("store: WindowTriesLost: template %q, window %q, kind %q, due time and tries %d >= 0 are required", p.Template, p.Window, p.Kind, tries)
+	}
+	if len(lastErr) > maxWindowError {
+		lastErr = lastErr[:maxWindowError]
+	}
+	_, err := s.pool.Exec(ctx, `
+INSERT INTO schedule_windows (template, "window", kind, due_at, state, tries, last_error)
+VALUES ($1, $2, $3, $4, 'failed', greatest($5, 1), NULLIF($6, ''))
+ON CONFLICT (template, "window") DO UPDATE SET tries = schedule_windows.tries + $5, updated_at = now(),
+	last_error = CASE WHEN schedule_windows.state = 'enqueued' OR $6 = '' THEN schedule_windows.last_error ELSE $6 END,
+	state = CASE WHEN schedule_windows.state = 'enqueued' THEN 'enqueued' ELSE 'failed' END`,
+		p.Template, p.Window, p.Kind, p.Due, tries, lastErr)
+	if err != nil {
+		return fmt.Errorf("store: WindowTriesLost %s/%s: %w", p.Template, p.Window, err)
 	}
 	return nil
 }

@@ -68,6 +68,57 @@ func TestWindows(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, due.Equal(first["daily"]))
 	})
+	t.Run("ExpiredRefusedUnlessForced", func(t *testing.T) {
+		s := setup(t)
+		old := p
+		old.JobHorizon = 48 * time.Hour
+		require.NoError(t, s.WindowBegin(ctx, old), "a new window within the horizon")
+		_, err := s.Pool().Exec(ctx, `UPDATE schedule_windows SET started_at = now() - interval '72 hours'`)
+		require.NoError(t, err)
+		err = s.WindowBegin(ctx, old)
+		assert.ErrorIs(t, err, store.ErrWindowExpired)
+		assert.ErrorContains(t, err, "first ticked at")
+		assert.Equal(t, 1, row(t, s, p.Window).Tries, "a refused tick writes nothing")
+		noHorizon := p
+		require.NoError(t, s.WindowBegin(ctx, noHorizon), "no horizon: no check")
+		old.Force = true
+		require.NoError(t, s.WindowBegin(ctx, old))
+		assert.Equal(t, 3, row(t, s, p.Window).Tries)
+
+		// Without a row, NoNewRow refuses (and writes nothing) unless forced; with one, the
+		// horizon decides.
+		other := store.WindowParams{Template: "daily", Window: "2025-01-01", Kind: "catalog", Due: due.AddDate(-1, 0, 0), NoNewRow: true}
+		err = s.WindowBegin(ctx, other)
+		assert.ErrorIs(t, err, store.ErrWindowExpired)
+		assert.ErrorContains(t, err, "no record")
+		ws, err := s.WindowsList(ctx, store.WindowsListParams{Template: "daily"})
+		require.NoError(t, err)
+		assert.Len(t, ws, 1)
+		other.Force = true
+		require.NoError(t, s.WindowBegin(ctx, other))
+		other.Force = false
+		require.NoError(t, s.WindowBegin(ctx, other), "recorded now: a recent first tick")
+	})
+	t.Run("TriesLost", func(t *testing.T) {
+		s := setup(t)
+		// Three tries PostgreSQL could not record: a failed row with them and the error.
+		require.NoError(t, s.WindowTriesLost(ctx, p, 3, "dial tcp: connection refused"))
+		w := row(t, s, p.Window)
+		assert.Equal(t, 3, w.Tries)
+		assert.Equal(t, store.WindowFailed, w.State)
+		assert.Equal(t, "dial tcp: connection refused", w.LastError)
+		// The next try is counted on top, and succeeds.
+		require.NoError(t, s.WindowBegin(ctx, p))
+		require.NoError(t, s.WindowEnqueued(ctx, "daily", p.Window, 1, 1))
+		// A lost error of an enqueued window leaves it enqueued, without the error.
+		require.NoError(t, s.WindowTriesLost(ctx, p, 1, "late"))
+		w = row(t, s, p.Window)
+		assert.Equal(t, 5, w.Tries)
+		assert.Equal(t, store.WindowEnqueued, w.State)
+		assert.Empty(t, w.LastError)
+		assert.ErrorContains(t, s.WindowTriesLost(ctx, p, -1, "x"), "tries")
+		assert.ErrorContains(t, s.WindowTriesLost(ctx, store.WindowParams{Template: "daily", Kind: "catalog", Due: due}, 1, "x"), "window")
+	})
 	t.Run("Refused", func(t *testing.T) {
 		s := setup(t)
 		assert.ErrorContains(t, s.WindowBegin(ctx, store.WindowParams{Template: "daily", Kind: "catalog", Due: due}), "window")

@@ -41,8 +41,10 @@ func TestChaos(t *testing.T) {
 			InvStale, InvStaleRefused, InvFences, InvAttemptRows, InvTwoSessions, InvBudget, InvCanary, InfoBytes, InfoBytesChaos} {
 			assert.True(t, names[n], "invariant %q not checked", n)
 		}
-		// A stale commit reached PostgreSQL and was refused (the check reads PostgreSQL).
+		// A stale commit reached PostgreSQL and was refused (the check reads PostgreSQL),
+		// sent while another attempt held its job running: refused by the fence predicate.
 		assert.Contains(t, lineOf(out.String(), InvStaleRefused), "1 refused of k = 1 ")
+		assert.Contains(t, lineOf(out.String(), InvStaleRefused), "1 of 1 meant to be sent while another attempt held the job running were")
 		// The faults were injected, not just configured.
 		faults := map[string]string{}
 		for _, f := range rep.Faults {
@@ -53,7 +55,7 @@ func TestChaos(t *testing.T) {
 			"failpoint after_commit (SIGKILL)":                   "fired",
 			"failpoint after_xadd (dispatcher SIGKILL)":          "fired",
 			"redis-server killed, restarted empty":               "1",
-			"failpoint before_commit (SIGSTOP until taken over)": "1 continued after a takeover",
+			"failpoint before_commit (SIGSTOP until taken over)": "1 continued after a takeover (1 while another attempt held the job running, 1 of whose commits met it so",
 		} {
 			assert.Contains(t, faults[name], want, name)
 			assert.NotRegexp(t, `^0 `, faults[name], "%s: nothing injected", name)
@@ -78,25 +80,34 @@ func TestChaos(t *testing.T) {
 }
 
 // TestChaosCatchesMissingFence runs the workers as builds without PostgreSQL's last line
-// of defence and shows that the harness fails and names the invariant: a stale commit
-// (a worker stopped just before its commit statement until another finished its job)
-// reaches PostgreSQL in every run, so a commit without its fence check is accepted, and
-// one whose result also bypasses the unique index leaves a second result.
+// of defence and shows that the harness fails and names the invariant. A stale commit (a
+// worker stopped just before its commit statement) reaches PostgreSQL in every run: the
+// first one while another attempt holds its job running under a higher fence (that attempt
+// held at the shop meanwhile), where only the fence predicate refuses it, so a commit
+// without its fence check (chaos_nofence) or with the state check alone (chaos_nofencepred)
+// is accepted: a result under a fence below its job's. The second stale commit of a
+// two-commit case is continued at the takeover (the job retryable) or, with -stale-wait,
+// after another worker finished the job (complete), where the state check alone refuses
+// it; with the fence and the state check both gone and results that bypass the unique
+// index, it leaves a second result.
 func TestChaosCatchesMissingFence(t *testing.T) {
 	for _, tc := range []struct {
-		name, tags string
-		seed       int64
-		// staleWait: the second case keeps the stale worker stopped until another worker
-		// committed the job, so that its commit comes second and writes a second result.
+		name, tags    string
+		seed          int64
+		workers, kill int // kill: before_commit firings (each stops one worker)
+		// staleWait keeps a stopped worker of the second round stopped until another
+		// worker committed the job, so that its commit comes second.
 		staleWait time.Duration
 		want      []string
 	}{
-		{"NoFenceCheck", tagNoFence, 11, 0, []string{InvStale, InvStaleRefused}},
-		{"NoFenceCheckNoUniqueIndex", tagNoFence + "," + tagNoUnique, 12, 4 * time.Minute, []string{InvStale, InvStaleRefused, InvDupResults}},
+		{"NoFenceCheck", tagNoFence, 11, 2, 1, 0, []string{InvStale, InvStaleRefused}},
+		{"NoFenceCheckNoUniqueIndex", tagNoFence + "," + tagNoUnique, 12, 3, 2, 4 * time.Minute, []string{InvStale, InvStaleRefused, InvDupResults}},
+		{"StateCheckWithoutFence", tagNoFencePred, 13, 2, 1, 0, []string{InvStale, InvStaleRefused}},
+		{"StateCheckWithoutFenceStaleWait", tagNoFencePred, 14, 3, 2, 4 * time.Minute, []string{InvStale, InvStaleRefused}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := Config{Jobs: 12, Workers: 2, Concurrency: 3, Lease: 3 * time.Second, BeforeCommit: 1, ArmAtStart: true,
+			cfg := Config{Jobs: 12, Workers: tc.workers, Concurrency: 3, Lease: 3 * time.Second, BeforeCommit: tc.kill, ArmAtStart: true,
 				StaleWait: tc.staleWait, BuildTags: tc.tags, Seed: tc.seed, Timeout: 8 * time.Minute}
 			var out bytes.Buffer
 			code := runMain(context.Background(), cfg, &out)
@@ -109,6 +120,10 @@ func TestChaosCatchesMissingFence(t *testing.T) {
 				assert.Contains(t, line, "catalog:sku-", "the offending job keys are named: %s", inv)
 			}
 			assert.Contains(t, lineOf(out.String(), "FAIL: "), InvStale)
+			// The stale commit sent while another attempt held the job running was
+			// accepted: its result's fence is below the job's.
+			assert.Regexp(t, `[1-9]\d* results with result fence < job fence, e\.g\. catalog:sku-\S+ \(result fence \d+, job fence \d+\)`, lineOf(out.String(), InvStale))
+			assert.Contains(t, lineOf(out.String(), InvStaleRefused), "1 of 1 meant to be sent while another attempt held the job running were")
 		})
 	}
 }
@@ -155,6 +170,7 @@ func TestFlags(t *testing.T) {
 		for name, args := range map[string][]string{
 			"UnknownBreak":   {"-break", "no_fence:1"},
 			"UnknownTag":     {"-build-tags", "chaos_nofence,race"},
+			"TwoCommits":     {"-build-tags", "chaos_nofence,chaos_nofencepred"},
 			"StaleOneWorker": {"-before-commit", "1", "-workers", "1"},
 			"ZeroJobs":       {"-jobs", "0"},
 			"ShortLease":     {"-lease", "10ms"},

@@ -501,23 +501,47 @@ SELECT count(*) FILTER (WHERE a.outcome <> 'complete'), count(*) FILTER (WHERE a
 	count(*) FILTER (WHERE a.outcome = 'complete' AND EXISTS (SELECT 1 FROM attempts b WHERE b.job_key = a.job_key AND b.fence > a.fence)),
 	COALESCE(string_agg(DISTINCT a.outcome || '/' || COALESCE(a.category, '-'), ',') FILTER (WHERE a.outcome <> 'complete'), '')
 FROM unnest($1::text[], $2::int[]) AS p(k, n) JOIN attempts a ON a.job_key = p.k AND a.attempt_no = p.n`, []any{pk, pn}, []any{&pRefused, &pComplete, &pNewer, &how}, InvStale)
+	// A result under a fence below its job's is the mark of a stale commit accepted while
+	// another attempt held the job (a commit that checks the job's state but not its fence).
+	var below int
+	var belowEg string
+	k.scan(ctx, `SELECT count(*), COALESCE(min(r.job_key || ' (result fence ' || r.fence || ', job fence ' || j.fence || ')'), '')
+FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1 AND r.fence < j.fence`, []any{windowChaos}, []any{&below, &belowEg}, InvStale)
 	sAcc, sRef, sOff, serr := h.staleVerdicts(ctx, k.stale)
 	if serr != nil {
 		k.fail(InvStale, serr)
 		return
 	}
-	k.add(Row{Name: InvStale, Observed: fmt.Sprintf("%d accepted; stale commits sent after a takeover: %d accepted; paused attempts: %d held, %d ended without committing [%s], %d committed (%d with a newer fence); all: %d superseded, %d lease lost/expired",
-		n+pNewer+sAcc, sAcc, len(k.pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost),
-		Result: passIf(n == 0 && pNewer == 0 && sAcc == 0), Offenders: union(off, sOff)})
+	obs := fmt.Sprintf("%d accepted; stale commits sent after a takeover: %d accepted; %d results with result fence < job fence%s; paused attempts: %d held, %d ended without committing [%s], %d committed (%d with a newer fence); all: %d superseded, %d lease lost/expired",
+		n+pNewer+sAcc, sAcc, below, eg(belowEg), len(k.pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost)
+	k.add(Row{Name: InvStale, Observed: obs, Result: passIf(n == 0 && pNewer == 0 && sAcc == 0 && below == 0), Offenders: union(off, sOff)})
 	// PostgreSQL's fence is the last line of defence: every commit that reached
 	// it after its job was taken over must have been refused.
 	stale := sRef + sAcc
-	row := Row{Name: InvStaleRefused, Observed: fmt.Sprintf("%d refused of k = %d stale commits that reached PostgreSQL after a takeover (%d stopped before committing)", sRef, stale, len(k.stale)),
-		Result: passIf(sRef >= stale), Offenders: sOff}
-	if k.c.BeforeCommit > 0 && stale == 0 {
+	var wanted, met int
+	for _, sc := range k.stale {
+		if sc.WhileRunning {
+			wanted++
+		}
+		if sc.MetRunning {
+			met++
+		}
+	}
+	row := Row{Name: InvStaleRefused, Observed: fmt.Sprintf("%d refused of k = %d stale commits that reached PostgreSQL after a takeover (%d stopped before committing; %d of %d meant to be sent while another attempt held the job running were)",
+		sRef, stale, len(k.stale), met, wanted), Result: passIf(sRef >= stale), Offenders: sOff}
+	switch {
+	case k.c.BeforeCommit > 0 && stale == 0:
 		row.Result = resultIncomplete
 		row.Observed += "; none reached it"
 		k.incomplete(fmt.Sprintf("no stale commit reached PostgreSQL after a takeover (%d wanted)", k.c.BeforeCommit))
+	case wanted > 0 && met == 0:
+		// Only the fence predicate refuses a commit that meets a running job: a run that
+		// never sent one so could not tell a build that lost it.
+		if row.Result == resultPass {
+			row.Result = resultIncomplete
+		}
+		row.Observed += "; none was sent while another attempt held the job running"
+		k.incomplete("no stale commit reached PostgreSQL while another attempt held its job running (the case only the commit's fence predicate refuses)")
 	}
 	k.add(row)
 }
@@ -801,9 +825,17 @@ func redisValue(ctx context.Context, rdb *redis.Client, key string) string {
 	return sb.String()
 }
 
+// eg is ", e.g. s", or "" when s is.
+func eg(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ", e.g. " + s
+}
+
 // staleObserved is the before_commit fault row's observation.
 func staleObserved(stale []staleCommit, notArmed int) string {
-	var took, fin int
+	var took, fin, running, met int
 	outcomes := map[string]int{}
 	for _, sc := range stale {
 		if sc.TookOver {
@@ -811,6 +843,12 @@ func staleObserved(stale []staleCommit, notArmed int) string {
 		}
 		if sc.Finished {
 			fin++
+		}
+		if sc.RunningFence > 0 {
+			running++
+		}
+		if sc.MetRunning {
+			met++
 		}
 		o := sc.Outcome
 		if o == "" {
@@ -829,8 +867,8 @@ func staleObserved(stale []staleCommit, notArmed int) string {
 			parts = append(parts, fmt.Sprintf("%s token %d: %s", sc.Key, sc.Token, sc.Err))
 		}
 	}
-	return fmt.Sprintf("%d fired (%d not armed in time), %d continued after a takeover (%d after another worker finished the job); worker says: %s",
-		len(stale), notArmed, took, fin, strings.Join(parts, ", "))
+	return fmt.Sprintf("%d fired (%d not armed in time), %d continued after a takeover (%d while another attempt held the job running, %d of whose commits met it so; %d after another worker finished the job); worker says: %s",
+		len(stale), notArmed, took, running, met, fin, strings.Join(parts, ", "))
 }
 
 // staleVerdicts reads from PostgreSQL what became of the stale commits that were sent

@@ -45,8 +45,9 @@ const (
 	fpAfterXadd    = "after_xadd"
 	fpBeforeCommit = "before_commit"
 	fpDupResult    = "dup_result"
-	tagNoFence     = "chaos_nofence"  // store/commit_nofence.go
-	tagNoUnique    = "chaos_nounique" // store/commit_nounique.go
+	tagNoFence     = "chaos_nofence"     // store/commit_nofence.go: neither fence nor state checked
+	tagNoFencePred = "chaos_nofencepred" // store/commit_nofencepred.go: state checked, fence not
+	tagNoUnique    = "chaos_nounique"    // store/commit_nounique.go
 	// takeoverWait bounds how long a worker stopped at before_commit stays stopped when
 	// nobody takes its job over (the reconciler rescues it within about two leases).
 	takeoverWait = 60 * time.Second
@@ -112,6 +113,7 @@ type harness struct {
 
 	redis *testutil.RedisServer
 	site  *testutil.FakeSite
+	front *siteFront // between the proxy and the shop in the chaos phase (holds a stale job's SKU)
 	proxy *testutil.FakeProxy
 
 	dbName   string
@@ -350,8 +352,12 @@ func (s *slot) start() error {
 	defer s.mu.Unlock()
 	s.gen++
 	s.id = fmt.Sprintf("chaos-w%d.g%d", s.i, s.gen)
+	base := h.site.URL
+	if h.phase.Load() == phaseChaos {
+		base = h.front.URL
+	}
 	args := []string{
-		"-http", fmt.Sprintf("127.0.0.1:%d", s.port), "-catalog-base", h.site.URL, "-allow-loopback",
+		"-http", fmt.Sprintf("127.0.0.1:%d", s.port), "-catalog-base", base, "-allow-loopback",
 		"-concurrency", strconv.Itoa(h.cfg.Concurrency), "-worker-id", s.id, "-log-format", "json",
 		"-lease-default", h.cfg.Lease.String(), "-lease-min", h.cfg.Lease.String(), "-lease-max", h.cfg.Lease.String(),
 		"-shutdown-timeout", "3s", "-drain-timeout", "10s", "-request-timeout", "10s",
@@ -397,7 +403,7 @@ func (s *slot) start() error {
 					}
 					s.mu.Unlock()
 					h.staleWG.Add(1)
-					go h.resumeStale(s, cmd.Process, fl)
+					go h.resumeStale(s, cmd.Process, done, fl)
 				case fpBeforeCommit + "_sent":
 					h.staleSent(fl)
 					s.mu.Lock()
@@ -485,20 +491,73 @@ type staleCommit struct {
 	Finished bool   // … and the job was complete or failed: another worker finished it
 	Outcome  string // what the worker said PostgreSQL did with the commit: refused, accepted, error; "" if it never said
 	Err      string // the worker's error text for a refused or failed commit
+	// WhileRunning: this firing's worker is to be continued while another attempt holds
+	// the job running under a higher fence (every other firing, from the first; see
+	// resumeStale), the one moment at which only the commit's fence predicate can refuse it.
+	WhileRunning bool
+	// RunningFence is the fence of the attempt that held the job running when the worker
+	// was continued (0: it was not continued so).
+	RunningFence int64
+	// MetRunning: the job's fence was still RunningFence, and the job running or complete,
+	// once the stale commit returned (read before the other attempt was let go): the
+	// stale commit reached PostgreSQL while that attempt held the job running.
+	MetRunning bool
+	// Held is how many of the other attempts' requests the front held meanwhile.
+	Held int
+	sent chan struct{} // closed when the worker reported the commit's outcome
 }
 
-// resumeStale continues a worker stopped at before_commit once its job was taken over
-// (its fence raised: the reconciler rescued it) and, with Config.StaleWait, once another
-// worker finished it or StaleWait passed; or when the run's phase ends, or nobody took
-// the job over within takeoverWait. It waits on the job's row.
-func (h *harness) resumeStale(s *slot, proc *os.Process, fl failpointFields) {
+// staleRunningRound says which before_commit firings are continued while another attempt
+// holds their job running: the first, then every other one (the rest keep the release at
+// a takeover, or with Config.StaleWait after another worker finished the job).
+func staleRunningRound(firing int) bool { return firing%2 == 0 }
+
+// resumeStale continues a worker stopped at before_commit. It waits on the job's row:
+//
+//   - on a firing of the running round (staleRunningRound; the first of every run), until
+//     another attempt holds the job running under a higher fence. That attempt is held
+//     meanwhile at its first request to the shop (siteFront), so it cannot commit before the
+//     stale commit is sent; the stale commit then reaches a running job whose fence is not
+//     its token, which only the fence predicate refuses (a build with the state check alone
+//     accepts it: result fence < job fence). The hold is let go once the worker reported
+//     its commit's outcome and the job's row was read again.
+//   - otherwise, until the job was taken over (its fence raised: the reconciler rescued it)
+//     and, with Config.StaleWait, until another worker finished it or StaleWait passed.
+//
+// Either way it continues the worker when the run's phase ends, or when nobody took the
+// job over within takeoverWait.
+func (h *harness) resumeStale(s *slot, proc *os.Process, exited <-chan struct{}, fl failpointFields) {
 	defer h.staleWG.Done()
-	sc := &staleCommit{Key: fl.detail, Token: fl.token}
+	sc := &staleCommit{Key: fl.detail, Token: fl.token, sent: make(chan struct{})}
 	h.mu.Lock()
+	sc.WhileRunning = staleRunningRound(len(h.stale))
 	h.stale = append(h.stale, sc)
 	ctx := h.runCtx
 	h.mu.Unlock()
-	h.logf("worker stopped before committing %s under token %d; continued once the job is taken over", sc.Key, sc.Token)
+	release, held := func() {}, func() int { return 0 }
+	if sc.WhileRunning {
+		// The hold is set before the job's fence moves past the token (the job's lease has
+		// to run out first), so every later attempt meets it; if the fence already moved, it
+		// may come too late, and MetRunning says whether the commit met a running job.
+		var sku string
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := h.pool.QueryRow(qctx, `SELECT source_id FROM jobs WHERE key = $1`, sc.Key).Scan(&sku)
+		cancel()
+		if err != nil {
+			h.logf("stale commit of %s: the job's SKU not read (%v); continued at a takeover instead", sc.Key, err)
+			h.mu.Lock()
+			sc.WhileRunning = false
+			h.mu.Unlock()
+		} else {
+			release, held = h.front.Hold(sku)
+		}
+	}
+	defer release()
+	how := "once the job is taken over"
+	if sc.WhileRunning {
+		how = "while another attempt holds the job running"
+	}
+	h.logf("worker stopped before committing %s under token %d; continued %s", sc.Key, sc.Token, how)
 	began := time.Now()
 	for {
 		var fence int64
@@ -508,13 +567,28 @@ func (h *harness) resumeStale(s *slot, proc *os.Process, fl failpointFields) {
 		cancel()
 		took := err == nil && fence > sc.Token
 		fin := took && (state == string(tasks.StateComplete) || state == string(tasks.StateFailed))
+		running := took && state == string(tasks.StateRunning)
 		if err == nil {
 			h.mu.Lock()
 			sc.TookOver, sc.Finished = took, fin
+			if sc.WhileRunning && running {
+				sc.RunningFence = fence
+			}
 			h.mu.Unlock()
 		}
 		waited := time.Since(began)
-		if fin || (took && waited >= h.cfg.StaleWait) || (!took && waited > takeoverWait) || ctx.Err() != nil {
+		var cont bool
+		switch {
+		case ctx.Err() != nil || (!took && waited > takeoverWait):
+			cont = true
+		case sc.WhileRunning:
+			// No bound but the phase's: the job can only end through another attempt,
+			// which runs (held) before it can end.
+			cont = running || fin
+		default:
+			cont = fin || (took && waited >= h.cfg.StaleWait)
+		}
+		if cont {
 			break
 		}
 		select {
@@ -528,8 +602,33 @@ func (h *harness) resumeStale(s *slot, proc *os.Process, fl failpointFields) {
 		s.paused = false
 	}
 	s.mu.Unlock()
-	h.logf("worker continued before committing %s (taken over: %v, finished by another: %v, after %v)",
-		sc.Key, sc.TookOver, sc.Finished, time.Since(began).Round(time.Second))
+	h.mu.Lock()
+	sc2 := *sc
+	h.mu.Unlock()
+	h.logf("worker continued before committing %s (taken over: %v, finished by another: %v, running under fence %d, after %v)",
+		sc.Key, sc2.TookOver, sc2.Finished, sc2.RunningFence, time.Since(began).Round(time.Second))
+	if sc2.RunningFence == 0 {
+		return
+	}
+	// The other attempt stays held until the stale commit returned and the row was read.
+	select {
+	case <-sc.sent:
+	case <-exited:
+	case <-time.After(takeoverWait):
+	}
+	var fence int64
+	var state string
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	err := h.pool.QueryRow(qctx, `SELECT fence, state FROM jobs WHERE key = $1`, sc.Key).Scan(&fence, &state)
+	cancel()
+	h.mu.Lock()
+	sc.Held = held()
+	sc.MetRunning = err == nil && sc.Outcome != "" && fence == sc.RunningFence &&
+		(state == string(tasks.StateRunning) || state == string(tasks.StateComplete))
+	met, n := sc.MetRunning, sc.Held
+	h.mu.Unlock()
+	h.logf("stale commit of %s under token %d met the job running under fence %d: %v (job now %s, fence %d; %d requests of that attempt held)",
+		sc.Key, sc.Token, sc2.RunningFence, met, state, fence, n)
 }
 
 // waitStaleSent waits until every worker stopped at before_commit was continued and
@@ -562,10 +661,13 @@ func (h *harness) staleSent(fl failpointFields) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, sc := range h.stale {
-		if sc.Key == fl.detail && sc.Token == fl.token {
+		if sc.Key == fl.detail && sc.Token == fl.token && sc.Outcome == "" {
 			sc.Outcome, sc.Err = fl.outcome, fl.err
 			if fl.diag != "" {
 				sc.Err = strings.TrimSpace(fl.err + " (" + fl.diag + ")")
+			}
+			if sc.sent != nil {
+				close(sc.sent)
 			}
 		}
 	}
@@ -1210,6 +1312,9 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 	}
 	h.redis = testutil.StartRedis(tb)
 	h.site = testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: cfg.Seed, Products: max(cfg.Jobs+extraRounds*cfg.Workers*cfg.Concurrency, cfg.Baseline), StrictExit: true})
+	if h.front, err = newSiteFront(tb, h.site.URL); err != nil {
+		return nil, err
+	}
 	h.proxy = testutil.NewFakeProxy(tb, testutil.FakeProxyConfig{Seed: cfg.Seed, Format: testutil.ProxyFormatOxylabs,
 		User: proxyUser, Password: h.password, UnavailableCountries: []string{unavailableCC}})
 	if err := h.createDB(ctx); err != nil {

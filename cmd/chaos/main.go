@@ -26,9 +26,12 @@
 // every Redis key and value, the stream and /metrics.
 //
 // A stale commit (-before-commit) stops a worker after its last lease check, just before
-// its commit statement, until another worker finished the job; the commit then reaches
-// PostgreSQL, and "PostgreSQL refused ≥ k stale commits" checks that its fence refused
-// every one of them.
+// its commit statement. The first one of a run, and every other one after it, is continued
+// while another attempt holds its job running under a higher fence (that attempt held at
+// its first request to the shop meanwhile, by a relay between the proxy and the shop), the
+// case only the commit's fence predicate refuses; the others once the job was taken over
+// or, with -stale-wait, once another worker finished it. Each commit then reaches
+// PostgreSQL, and "PostgreSQL refused ≥ k stale commits" checks that every one was refused.
 //
 // At the end it prints what it injected and, per invariant, what it observed, PASS or
 // FAIL and the first offending job keys, and exits 1 if any invariant failed, 4 if the run
@@ -37,8 +40,9 @@
 // could not be carried out.
 //
 // -build-tags chaos_nofence[,chaos_nounique] builds the workers without the commit's fence
-// check (and with results that bypass the unique index): the harness must fail naming
-// "0 stale commits accepted" (and "0 duplicate results"); see TestChaosCatchesMissingFence.
+// and state check (and with results that bypass the unique index), -build-tags
+// chaos_nofencepred with the state check alone: the harness must fail naming "0 stale
+// commits accepted" (and "0 duplicate results"); see TestChaosCatchesMissingFence.
 //
 // -break dup_result:P runs the workers as a deliberately broken build (a second result row
 // per job with probability P) to show that the harness fails and names the invariant.
@@ -52,6 +56,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -86,19 +91,24 @@ type Config struct {
 	// come after the last job. Defaults to false.
 	ArmAtStart bool
 	// BeforeCommit are stale commits: a worker stops itself (SIGSTOP) after its last lease
-	// check, just before its commit statement (cmd/worker's before_commit failpoint); the
-	// harness continues it once the job was taken over (its fence raised), so that the
-	// stale commit reaches PostgreSQL, whose fence must refuse it.
+	// check, just before its commit statement (cmd/worker's before_commit failpoint). The
+	// harness continues the first one, and every other one after it, while another attempt
+	// holds the job running under a higher fence (that attempt held at the shop until the
+	// stale commit returned), and the others once the job was taken over (its fence
+	// raised), so that the stale commit reaches PostgreSQL, whose fence must refuse it.
 	BeforeCommit int
-	// StaleWait keeps a worker stopped at before_commit until another worker finished its
-	// job, for at most this long, so that the stale commit comes after a newer one (the
-	// case that writes a second result when the unique index is bypassed). asynq hands a
-	// stopped worker's task to another only after its 30 s lease and a recoverer sweep, so
-	// this takes one to two minutes. Defaults to 0: continued once taken over.
+	// StaleWait keeps a worker stopped at before_commit, of the firings not continued
+	// while another attempt runs the job, until another worker finished its job, for at
+	// most this long, so that the stale commit comes after a newer one (the case that
+	// writes a second result when the unique index is bypassed). asynq hands a stopped
+	// worker's task to another only after its 30 s lease and a recoverer sweep, so this
+	// takes one to two minutes. Defaults to 0: continued once taken over.
 	StaleWait time.Duration
 	// BuildTags builds the workers as a deliberately broken build: "chaos_nofence" (the
-	// commit checks no fence), "chaos_nounique" (results bypass the unique index), or both,
-	// comma-separated. Defaults to none (the shipped build).
+	// commit checks neither the job's fence nor its state), "chaos_nofencepred" (the commit
+	// checks the state alone), "chaos_nounique" (results bypass the unique index), or one
+	// of the first two with the third, comma-separated. Defaults to none (the shipped
+	// build).
 	BuildTags string
 	// Pauses are SIGSTOP/SIGCONT of a random worker for 2.5 × Lease.
 	Pauses int
@@ -157,10 +167,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("-before-commit %d needs -workers >= 2 (another worker takes the stopped one's job over)", c.BeforeCommit)
 	}
 	if c.BuildTags != "" {
-		for _, t := range strings.Split(c.BuildTags, ",") {
-			if t != tagNoFence && t != tagNoUnique {
-				return fmt.Errorf("-build-tags %q: %q is not a broken build (known: %s, %s)", c.BuildTags, t, tagNoFence, tagNoUnique)
+		tags := strings.Split(c.BuildTags, ",")
+		for _, t := range tags {
+			if t != tagNoFence && t != tagNoFencePred && t != tagNoUnique {
+				return fmt.Errorf("-build-tags %q: %q is not a broken build (known: %s, %s, %s)", c.BuildTags, t, tagNoFence, tagNoFencePred, tagNoUnique)
 			}
+		}
+		if slices.Contains(tags, tagNoFence) && slices.Contains(tags, tagNoFencePred) {
+			return fmt.Errorf("-build-tags %q: %s and %s are two versions of the same commit: pick one", c.BuildTags, tagNoFence, tagNoFencePred)
 		}
 	}
 	return nil
@@ -201,9 +215,9 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&f.AfterFetch, "after-fetch", -1, "kills at the after_fetch failpoint")
 	fs.IntVar(&f.AfterCommit, "after-commit", -1, "kills at the after_commit failpoint (after the commit, before the ack)")
 	fs.IntVar(&f.AfterXadd, "after-xadd", -1, "dispatcher kills between XADD and mark-sent")
-	fs.IntVar(&f.BeforeCommit, "before-commit", -1, "stale commits: a worker stopped just before its commit statement until its job is taken over")
-	fs.DurationVar(&f.StaleWait, "stale-wait", -1, "keep a worker stopped before its commit until another finished the job, at most this long (0: until taken over)")
-	fs.StringVar(&f.BuildTags, "build-tags", "", "build the workers BROKEN: chaos_nofence, chaos_nounique (comma-separated)")
+	fs.IntVar(&f.BeforeCommit, "before-commit", -1, "stale commits: a worker stopped just before its commit statement until another attempt runs its job (the 1st, 3rd, …) or it is taken over")
+	fs.DurationVar(&f.StaleWait, "stale-wait", -1, "keep a worker stopped before its commit (the 2nd, 4th, …) until another finished the job, at most this long (0: until taken over)")
+	fs.StringVar(&f.BuildTags, "build-tags", "", "build the workers BROKEN: chaos_nofence or chaos_nofencepred, chaos_nounique (comma-separated)")
 	fs.IntVar(&f.Pauses, "pauses", -1, "SIGSTOP pauses of 2.5 leases")
 	fs.IntVar(&f.RedisWipes, "redis-wipes", -1, "redis-server kills and empty restarts")
 	fs.IntVar(&f.PGRounds, "pg-terminate", -1, "pg_terminate_backend rounds on the workers' connections")

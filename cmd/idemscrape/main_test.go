@@ -516,8 +516,22 @@ VALUES ('daily-prices', $1, $2, $3, 'enqueued', $3)`, day.AddDate(0, 0, -4).Form
 			assert.NotEqual(t, gap, g["window"])
 		}
 
+		// A window first ticked longer ago than job_retention (its jobs may have been pruned)
+		// is filled only with -force, the refusal saying what -force does.
+		first := day.AddDate(0, 0, -4).Format("2006-01-02")
+		_, err = wpool.Exec(ctx, `UPDATE schedule_windows SET started_at = now() - interval '100 days' WHERE "window" = $1`, first)
+		require.NoError(t, err)
+		r = runIn(t, wdsn, "", "windows", "-config", cfg, "-fill", "daily-prices", first)
+		assert.Equal(t, 1, r.code, r.stdout)
+		assert.Contains(t, r.stderr, "-force")
+		assert.Contains(t, r.stderr, "same event keys")
+		assert.Zero(t, testutil.Count(t, wpool, `SELECT count(*) FROM jobs WHERE "window" = '`+first+`'`))
+		r = runIn(t, wdsn, "", "windows", "-config", cfg, "-fill", "-force", "daily-prices", first)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Equal(t, 2, testutil.Count(t, wpool, `SELECT count(*) FROM jobs WHERE "window" = '`+first+`'`))
+
 		for _, args := range [][]string{{"windows", "-gaps"}, {"windows", "-fill", "a"}, {"windows", "-gaps", "-fill", "a", "b"},
-			{"windows", "extra"}, {"windows", "-limit", "0"}} {
+			{"windows", "extra"}, {"windows", "-limit", "0"}, {"windows", "-force"}} {
 			r = runIn(t, wdsn, "", args...)
 			assert.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
 		}

@@ -43,7 +43,7 @@ var statsCmd = command{
 			if sto.Tables, err = pg.TableSizes(ctx); err != nil {
 				return err
 			}
-			if sto.RetentionDue, err = pg.RetentionDue(ctx, rc.JobRetention, rc.QuarantineRetention); err != nil {
+			if sto.RetentionDue, err = pg.RetentionDue(ctx, rc.JobRetention, rc.QuarantineRetention, rc.WindowRetention); err != nil {
 				return err
 			}
 			costs, err := pg.StatsCost(ctx)

@@ -20,11 +20,15 @@ var windowsCmd = command{
 	summary: "The scheduler's windows (template × window: due, state, tries, specs enqueued, last error), newest first.\n" +
 		"-gaps lists, from the scheduler's configuration (-config), every due window that was never enqueued and is no\n" +
 		"longer being retried (exit 1 when there is one); -fill TEMPLATE WINDOW enqueues one window now: jobs that exist\n" +
-		"are found, not enqueued again, so a fill is safe beside running schedulers and safe to repeat.",
+		"are found, not enqueued again, so a fill is safe beside running schedulers and safe to repeat. A window whose\n" +
+		"jobs may have been pruned (first ticked longer ago than job_retention, or due longer ago than window_retention\n" +
+		"without a record) is refused: -force fills it anyway, creating its pruned jobs again as new jobs (fetched,\n" +
+		"committed and published again under the same event keys).",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		config := fs.String("config", env("IDEMSCRAPE_SCHEDULER_CONFIG", ""), "the scheduler's YAML configuration (for -gaps and -fill; env IDEMSCRAPE_SCHEDULER_CONFIG)")
 		gaps := fs.Bool("gaps", false, "list the gaps: due windows never enqueued (needs -config)")
 		fill := fs.Bool("fill", false, "enqueue the window TEMPLATE WINDOW given as the two arguments (needs -config)")
+		force := fs.Bool("force", false, "with -fill: fill a window whose jobs may have been pruned, creating them again as new jobs")
 		template := fs.String("template", "", "only this template")
 		limit := fs.Int("limit", 100, "at most this many windows (without -gaps)")
 		allowLoopback := fs.Bool("allow-loopback", false, "allow loopback source URLs when filling (demos and tests only)")
@@ -33,6 +37,8 @@ var windowsCmd = command{
 			switch {
 			case *gaps && *fill:
 				return usageError{"-gaps and -fill can not be combined"}
+			case *force && !*fill:
+				return usageError{"-force only goes with -fill"}
 			case *fill && len(pos) != 2:
 				return usageError{"-fill needs two arguments: TEMPLATE WINDOW"}
 			case !*fill && len(pos) != 0:
@@ -64,7 +70,11 @@ var windowsCmd = command{
 			}
 			defer closeAll()
 			if *fill {
-				rep, err := s.Fill(ctx, pos[0], pos[1])
+				fillFn := s.Fill
+				if *force {
+					fillFn = s.ForceFill
+				}
+				rep, err := fillFn(ctx, pos[0], pos[1])
 				if err != nil {
 					return err
 				}
