@@ -21,6 +21,8 @@
 --          ARGV[6] -> keep (ms the key lives unused)
 -- settle:  ARGV[2] -> owner; ARGV[3] -> cost (micro-units, >= 0); ARGV[4] -> keep
 -- restore: ARGV[2] -> spent (from PostgreSQL); ARGV[3] -> keep
+-- topup:   ARGV[2] -> owner; ARGV[3] -> budget; ARGV[4] -> more (micro-units, > 0);
+--          ARGV[5] -> keep
 --
 -- Returns
 --   reserve: {1, granted, spent, reserved}  reserved: granted = wanted, or what is left of
@@ -33,12 +35,16 @@
 --            already, is replaced by the cost), or -1 if the hash is unknown (the cost is
 --            in PostgreSQL already: the restore counts it)
 --   restore: the spent amount Redis holds (another worker's restore, if it came first)
+--   topup:   {granted, spent, reserved}: an attempt that outgrew its reservation asks for
+--            more; granted is more, or what is left of the budget (0: nothing), added to its
+--            reservation (to its charge if it lapsed meanwhile); {-1, 0, 0} if the hash is
+--            unknown, {0, spent, reserved} if owner holds nothing (settled already)
 -- A reservation that lapses is charged, not given back: its attempt may have spent up to
 -- it (a killed worker's proxy traffic is billed all the same), and the attempt's row in
 -- PostgreSQL, written as lost by whoever takes the job over, carries the same amount.
 -- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL, HINCRBY, HSET per lapsed
 -- reservation, HDEL per old lapse); HEXISTS, HGET, HDEL, HINCRBY, PEXPIRE (settle);
--- HSETNX, HGET, PEXPIRE (restore).
+-- HSETNX, HGET, PEXPIRE (restore); HGETALL, HSET, HINCRBY, PEXPIRE (topup).
 local op = ARGV[1]
 if op == "settle" then
   if redis.call("HEXISTS", KEYS[1], "spent") == 0 then
@@ -60,6 +66,44 @@ elseif op == "restore" then
   redis.call("HSETNX", KEYS[1], "spent", ARGV[2])
   redis.call("PEXPIRE", KEYS[1], ARGV[3])
   return tonumber(redis.call("HGET", KEYS[1], "spent"))
+elseif op == "topup" then
+  local all = redis.call("HGETALL", KEYS[1])
+  local spent, reserved, mine, lapsed
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    if f == "spent" then
+      spent = tonumber(v)
+    elseif string.sub(f, 1, 2) == "r:" then
+      local sp = string.find(v, " ", 1, true)
+      reserved = (reserved or 0) + tonumber(string.sub(v, 1, sp - 1))
+      if f == "r:" .. ARGV[2] then
+        mine = {tonumber(string.sub(v, 1, sp - 1)), string.sub(v, sp + 1)}
+      end
+    elseif f == "l:" .. ARGV[2] then
+      local sp = string.find(v, " ", 1, true)
+      lapsed = {tonumber(string.sub(v, 1, sp - 1)), string.sub(v, sp + 1)}
+    end
+  end
+  reserved = reserved or 0
+  if spent == nil then
+    return {-1, 0, 0}
+  end
+  if mine == nil and lapsed == nil then
+    return {0, spent, reserved}
+  end
+  local granted = math.min(tonumber(ARGV[4]), tonumber(ARGV[3]) - spent - reserved)
+  if granted <= 0 then
+    return {0, spent, reserved}
+  end
+  if mine then
+    redis.call("HSET", KEYS[1], "r:" .. ARGV[2], string.format("%d %s", mine[1] + granted, mine[2]))
+  else
+    -- It lapsed (charged in full) while its attempt ran on: the top-up is charged too.
+    redis.call("HSET", KEYS[1], "l:" .. ARGV[2], string.format("%d %s", lapsed[1] + granted, lapsed[2]))
+    spent = redis.call("HINCRBY", KEYS[1], "spent", granted)
+  end
+  redis.call("PEXPIRE", KEYS[1], ARGV[5])
+  return {granted, spent, reserved}
 elseif op ~= "reserve" then
   return redis.error_reply("winbudget: unknown operation " .. tostring(op))
 end
