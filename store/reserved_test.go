@@ -1,0 +1,134 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// TestLostAttemptCarriesReservation: an attempt's start records what it reserved of its
+// window's money budget; whoever raises the fence past it — a takeover's start (lone or
+// grouped), the reconciler's rescue (lone or batched) — writes its row as lost with that
+// reservation as its cost, since a killed worker never reports. The worker's own report,
+// if it comes, replaces the charge by the real cost. The window's cost, which restores
+// Redis's total after a loss, counts each attempt once. A bad reservation is refused
+// before anything is written.
+func TestLostAttemptCarriesReservation(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	usd := func(m int64) store.Cost { return store.Cost{Micros: m, Currency: "USD"} }
+	startR := func(st interface {
+		JobStart(context.Context, store.AttemptStartParams) (store.StartedAttempt, error)
+	}, key string, token int64, reserved store.Cost) {
+		t.Helper()
+		_, err := st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: "w1", Country: "US",
+			ProxyEndpoint: "gw.example:7777", Owner: fmt.Sprintf("w1/%s/%d", key, token), Reserved: reserved})
+		require.NoError(t, err)
+	}
+	costOf := func(key string, no int) (store.Cost, string) {
+		t.Helper()
+		atts, err := s.AttemptList(ctx, key)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, len(atts), no)
+		return store.Cost{Micros: atts[no-1].CostMicros, Currency: atts[no-1].Currency}, atts[no-1].Outcome
+	}
+	windowCost := func() int64 {
+		t.Helper()
+		c, err := s.WindowCost(ctx, "catalog", "2026-04-23", "USD")
+		require.NoError(t, err)
+		return c
+	}
+
+	// Taken over by the next start: the lost row costs the reservation.
+	record(t, s, "take")
+	startR(s, "take", 1, usd(100))
+	startR(s, "take", 2, usd(40))
+	c, outcome := costOf("take", 1)
+	assert.Equal(t, usd(100), c)
+	assert.Equal(t, "lost", outcome)
+	assert.EqualValues(t, 100, windowCost(), "the running attempt costs nothing yet; the lost one its reservation")
+
+	// Its worker was not dead: its report replaces the charge, once.
+	for range 2 {
+		require.NoError(t, s.AttemptSupersede(ctx, store.AttemptSupersedeParams{Key: "take", Token: 1, Bytes: 30, Cost: usd(30)}))
+		c, outcome = costOf("take", 1)
+		assert.Equal(t, usd(30), c)
+		assert.Equal(t, "superseded", outcome)
+		assert.EqualValues(t, 30, windowCost(), "replaced, not added")
+	}
+
+	// Grouped starts do the same.
+	g := s.NewGroupCommitter(0, 0)
+	defer g.Close()
+	record(t, s, "group")
+	startR(g, "group", 1, usd(7))
+	startR(g, "group", 2, store.Cost{})
+	c, _ = costOf("group", 1)
+	assert.Equal(t, usd(7), c)
+	assert.EqualValues(t, 37, windowCost())
+
+	// Rescued by the reconciler, lone and batched.
+	record(t, s, "rescue")
+	startR(s, "rescue", 1, usd(500))
+	require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: "rescue", ExpectFence: 1, Token: 2}))
+	c, outcome = costOf("rescue", 1)
+	assert.Equal(t, usd(500), c)
+	assert.Equal(t, "lost", outcome)
+	record(t, s, "rescue-b")
+	startR(s, "rescue-b", 1, usd(1000))
+	errs, err := s.JobsRescue(ctx, []store.JobRescueParams{{Key: "rescue-b", ExpectFence: 1, Token: 2}})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	c, _ = costOf("rescue-b", 1)
+	assert.Equal(t, usd(1000), c)
+	assert.EqualValues(t, 1537, windowCost())
+	// A report of 0 (nothing fetched) leaves no cost and no currency.
+	require.NoError(t, s.AttemptSupersede(ctx, store.AttemptSupersedeParams{Key: "rescue", Token: 1}))
+	c, _ = costOf("rescue", 1)
+	assert.Equal(t, store.Cost{}, c)
+	assert.EqualValues(t, 1037, windowCost())
+
+	// Without a window budget nothing is reserved: the lost row costs 0, without currency.
+	record(t, s, "free")
+	startR(s, "free", 1, store.Cost{})
+	startR(s, "free", 2, store.Cost{})
+	c, _ = costOf("free", 1)
+	assert.Equal(t, store.Cost{}, c)
+
+	// A finished attempt's later successor writes no lost row: the reservation of an
+	// attempt that ended is never charged again.
+	record(t, s, "done")
+	startR(s, "done", 1, usd(90))
+	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "done", Token: 1, Category: "throttled", Bytes: 3, Cost: usd(3), NextAttemptAt: time.Now()}))
+	startR(s, "done", 2, usd(90))
+	c, outcome = costOf("done", 1)
+	assert.Equal(t, usd(3), c)
+	assert.Equal(t, "retryable", outcome)
+	assert.EqualValues(t, 1040, windowCost())
+
+	// Bad reservations are refused, naming what is wrong; nothing is written.
+	record(t, s, "bad")
+	before := testutil.TableSnapshot(t, pool, "jobs")
+	for cost, want := range map[store.Cost]string{
+		{Micros: -1, Currency: "USD"}: "cost -1 micro-units is negative",
+		{Micros: 5}:                   "cost 5 micro-units has no currency",
+		{Micros: 5, Currency: "usd"}:  `currency "usd" is not an ISO 4217 code`,
+	} {
+		for _, st := range []interface {
+			JobStart(context.Context, store.AttemptStartParams) (store.StartedAttempt, error)
+		}{s, g} {
+			_, err := st.JobStart(ctx, store.AttemptStartParams{Key: "bad", Token: 1, Worker: "w1", Reserved: cost})
+			require.ErrorContains(t, err, want)
+			require.ErrorContains(t, err, `"bad"`)
+		}
+	}
+	require.Equal(t, before, testutil.TableSnapshot(t, pool, "jobs"), "nothing written")
+}
