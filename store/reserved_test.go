@@ -3,8 +3,8 @@ package store_test
 import (
 	"context"
 	"fmt"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
