@@ -104,6 +104,12 @@ func (e *WindowSpentError) Error() string {
 		e.Window, e.Kind, store.Cost{Micros: e.Spent, Currency: e.Currency}, store.Cost{Micros: e.Money, Currency: e.Currency})
 }
 
+// windowHoldSlack is how long after the delivery's deadline its reservation is held: the
+// attempt's record and settlement run on a detached context that long. A reservation
+// still held then lapses and is charged in full (lua.WindowBudgets.Reserve). A variable
+// for tests only.
+var windowHoldSlack = detachedTimeout
+
 // windowHold is an attempt's reservation against its window's budget.
 type windowHold struct {
 	window string
@@ -154,7 +160,7 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 	wanted := max(1, price.Cost(capBytes, job.Spec.Country))
 	hold := time.Hour
 	if d, ok := ctx.Deadline(); ok {
-		hold = time.Until(d) + detachedTimeout // the settlement may come that late
+		hold = time.Until(d) + windowHoldSlack // the settlement may come that late
 	}
 	window := job.Spec.Window
 	g, err := r.windows.Reserve(ctx, k.name, window, owner, k.window.Money, wanted, hold)
