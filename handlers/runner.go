@@ -93,14 +93,14 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	ctx, cancel := beforeDeadline(ctx)
 	defer cancel()
 
-	// 1. The window's money budget (a kind with one): reserve the most the attempt may
-	// cost, given back with its real cost once the attempt is recorded (window.go).
+	// 1. The window's money budget (a kind with one): reserve what the attempt is expected
+	// to cost, replaced by its real cost once the attempt is recorded (window.go).
 	owner := r.owner()
 	hold, spent, err := r.reserveWindow(ctx, k, job, slot, owner, log)
 	if err != nil {
 		return err
 	}
-	defer func() { r.settleWindow(ctx, k, hold, w.cost.Micros, log) }()
+	defer func() { r.settleWindow(ctx, k, hold, &w, log) }()
 
 	// 1. Lease, then the attempt under its token.
 	r.acquireAfterRelease(ctx, job.Key)
