@@ -155,6 +155,19 @@ type byteSamples struct {
 	ring   []int64
 	next   int
 	sorted []int64 // ring sorted, nil when stale
+	seeded bool    // PostgreSQL was asked (seedWindowSamples)
+}
+
+// seedDue reports, once, whether the samples should be seeded from PostgreSQL: fewer than
+// min measured yet.
+func (s *byteSamples) seedDue(min int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seeded {
+		return false
+	}
+	s.seeded = true
+	return len(s.ring) < min
 }
 
 func (s *byteSamples) observe(bytes int64) {
@@ -262,6 +275,7 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 		return nil, nil, nil
 	}
 	price := slot.prov.Price()
+	r.seedWindowSamples(ctx, k, log)
 	wanted, capCost, measured := k.windowWanted(price, job.Spec.Country)
 	hold := time.Hour
 	if d, ok := ctx.Deadline(); ok {
@@ -306,6 +320,25 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 	}
 	r.metrics.windowStops.WithLabelValues(k.name, "failed").Inc()
 	return nil, &sessions.FetchError{Category: tasks.CategoryBudgetExceeded, Err: spent}, nil
+}
+
+// seedWindowSamples fills the kind's measurements from PostgreSQL's record of its recent
+// attempts, once per process, when fewer than MinSamples were measured here: a worker that
+// starts (or restarts) reserves what the kind's attempts cost, not their byte caps. A
+// failure leaves the measurements to this process's attempts.
+func (r *Registry) seedWindowSamples(ctx context.Context, k *kind, log *slog.Logger) {
+	s := k.window.samples
+	if !s.seedDue(k.window.MinSamples) {
+		return
+	}
+	recent, err := r.cfg.Store.AttemptBytesRecent(ctx, k.name, windowSampleWindow)
+	if err != nil {
+		log.WarnContext(ctx, "the kind's recent attempts not read: window reservations are byte caps until measured", "err", err)
+		return
+	}
+	for i := len(recent) - 1; i >= 0; i-- { // oldest first: the newest are kept longest
+		s.observe(recent[i])
+	}
 }
 
 // windowCoverage logs, once per kind × window and process, how many reservations the

@@ -442,3 +442,30 @@ func truncateUTF8(s string, max int) string {
 	}
 	return strings.ToValidUTF8(s, "")
 }
+
+// AttemptBytesRecent returns the bytes of up to limit attempts of kind's most recently
+// finished jobs (complete or failed; newest first), for an estimate of what an attempt of
+// the kind moves (handlers' window reservations, at a worker's start). Lost attempts are
+// left out: their bytes were never reported. One backward scan of the terminal jobs'
+// index, bounded: a kind without recent jobs among the last 50,000 finished returns none.
+func (s *PG) AttemptBytesRecent(ctx context.Context, kind string, limit int) ([]int64, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("store: AttemptBytesRecent %q: limit %d must be positive", kind, limit)
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT a.bytes
+FROM (SELECT key, kind, updated_at FROM jobs WHERE state IN ('complete', 'failed')
+	ORDER BY updated_at DESC LIMIT 50000) j
+JOIN attempts a ON a.job_key = j.key
+WHERE j.kind = $1 AND a.outcome <> 'lost'
+ORDER BY j.updated_at DESC, a.fence DESC
+LIMIT $2`, kind, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: AttemptBytesRecent %q: %w", kind, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("store: AttemptBytesRecent %q: %w", kind, err)
+	}
+	return out, nil
+}

@@ -132,3 +132,37 @@ func TestLostAttemptCarriesReservation(t *testing.T) {
 	}
 	require.Equal(t, before, testutil.TableSnapshot(t, pool, "jobs"), "nothing written")
 }
+
+// TestAttemptBytesRecent: the bytes of a kind's recent attempts of finished jobs, newest
+// first, lost attempts left out; a bad limit is refused.
+func TestAttemptBytesRecent(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+	for i, key := range []string{"r1", "r2", "r3"} {
+		record(t, s, key)
+		_, err := start(ctx, s, key, 1)
+		require.NoError(t, err)
+		if key == "r2" {
+			_, err = start(ctx, s, key, 2) // attempt 1 lost
+			require.NoError(t, err)
+			require.NoError(t, s.JobFail(ctx, store.AttemptFinishParams{Key: key, Token: 2, Category: "parse_error", Bytes: 7}))
+			continue
+		}
+		p := commitParams(key, 1)
+		p.Bytes = int64(100 * (i + 1))
+		_, err = s.Commit(ctx, p)
+		require.NoError(t, err)
+	}
+	record(t, s, "r4") // pending: not finished
+	got, err := s.AttemptBytesRecent(ctx, "catalog", 10)
+	require.NoError(t, err)
+	assert.Equal(t, []int64{300, 7, 100}, got)
+	got, err = s.AttemptBytesRecent(ctx, "catalog", 2)
+	require.NoError(t, err)
+	assert.Equal(t, []int64{300, 7}, got)
+	got, err = s.AttemptBytesRecent(ctx, "other", 10)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	_, err = s.AttemptBytesRecent(ctx, "catalog", 0)
+	require.ErrorContains(t, err, "limit 0 must be positive")
+}
