@@ -105,10 +105,11 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	// 1. Lease, then the attempt under its token.
 	r.acquireAfterRelease(ctx, job.Key)
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
-		Key:    job.Key,
-		Owner:  owner,
-		TTL:    r.lengths.For(k.name),
-		Start:  store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway(), Reserved: hold.reserved()},
+		Key:   job.Key,
+		Owner: owner,
+		TTL:   r.lengths.For(k.name),
+		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway(),
+			Provider: slot.prov.Name(), Tier: string(slot.prov.Tier()), Reserved: hold.reserved()},
 		Unsure: &r.unsure,
 	})
 	if err != nil {
@@ -273,7 +274,8 @@ func (r *Registry) undecodable(ctx context.Context, k *kind, decodeErr error) er
 	job := tasks.Payload{Key: key, Spec: ops.SpecOf(row)}
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
 		Key: key, Owner: r.owner(), TTL: r.lengths.For(k.name),
-		Start:  store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: row.Country, ProxyEndpoint: r.cfg.Provider.Gateway()},
+		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: row.Country, ProxyEndpoint: r.providers[0].prov.Gateway(),
+			Provider: r.providers[0].prov.Name(), Tier: string(r.providers[0].prov.Tier())},
 		Unsure: &r.unsure,
 	})
 	if err != nil {

@@ -51,8 +51,16 @@ type Attempt struct {
 	Outcome       string     `db:"outcome"`
 	Category      string     `db:"category"`
 	Error         string     `db:"error"`
-	CostMicros    int64      `db:"cost_micros"` // what Bytes cost, micro-units of Currency (0: no price)
-	Currency      string     `db:"currency"`
+	// CostMicros is what Bytes cost, micro-units of Currency (0: no price). A lost attempt
+	// costs what it reserved of its window's money budget until its worker reports, and a
+	// running one shows its reservation.
+	CostMicros int64  `db:"cost_micros"`
+	Currency   string `db:"currency"`
+	// Provider is the configured name of the proxy account the attempt ran on, Tier its
+	// tier (sessions.Tier): two accounts or tiers on one gateway differ here, not in
+	// ProxyEndpoint. "" for attempts before migration 00019.
+	Provider string `db:"provider"`
+	Tier     string `db:"tier"`
 }
 
 // Attempt outcomes recorded in attempts.outcome.
@@ -77,7 +85,8 @@ const jobColumns = `key, kind, COALESCE(url, '') AS url, COALESCE(source_id, '')
 
 const attemptColumns = `job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
 	started_at, finished_at, COALESCE(http_status, 0) AS http_status, bytes, outcome,
-	COALESCE(category, '') AS category, COALESCE(error, '') AS error, cost_micros, COALESCE(currency, '') AS currency`
+	COALESCE(category, '') AS category, COALESCE(error, '') AS error, cost_micros, COALESCE(currency, '') AS currency,
+	provider, tier`
 
 // JobGet returns the jobs row with key, or ErrJobNotFound.
 func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
@@ -99,7 +108,8 @@ func (s *PG) AttemptList(ctx context.Context, key string) ([]Attempt, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_key = $1
 UNION ALL
 SELECT j.key, j.attempts, j.fence, j.attempt_worker, j.attempt_session, j.country, j.attempt_endpoint,
-	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', '', 0, ''
+	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', '',
+	j.attempt_reserved_micros, COALESCE(j.attempt_currency, ''), j.attempt_provider, j.attempt_tier
 FROM jobs j WHERE j.key = $1 AND j.state = 'running'
 	AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence)
 ORDER BY attempt_no`, key)
@@ -239,6 +249,28 @@ type AttemptStartParams struct {
 	// past it (a takeover's start, the reconciler's rescue), carries it as its cost, since
 	// a killed worker never reports what it spent (migration 00019).
 	Reserved Cost
+	// Provider and Tier name the proxy account and tier the attempt runs on (sessions.
+	// Provider.Name, Tier), recorded with it: several accounts may share a gateway.
+	// Optional; at most 64 bytes each.
+	Provider, Tier string
+}
+
+// maxProviderName bounds AttemptStartParams.Provider and Tier.
+const maxProviderName = 64
+
+// check refuses a start's reservation, provider or tier that its row would not hold,
+// naming the job.
+func (p AttemptStartParams) check() error {
+	if err := p.Reserved.check("JobStart", p.Key); err != nil {
+		return err
+	}
+	switch {
+	case len(p.Provider) > maxProviderName:
+		return fmt.Errorf("store: JobStart %q: provider name of %d bytes is longer than %d", p.Key, len(p.Provider), maxProviderName)
+	case len(p.Tier) > maxProviderName:
+		return fmt.Errorf("store: JobStart %q: tier of %d bytes is longer than %d", p.Key, len(p.Tier), maxProviderName)
+	}
+	return nil
 }
 
 // StartedAttempt is what JobStart reports about the attempt it started.
@@ -283,7 +315,7 @@ func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt
 	if p.Token < 0 {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d is negative (0 issues one)", p.Key, p.Token)
 	}
-	if err := p.Reserved.check("JobStart", p.Key); err != nil {
+	if err := p.check(); err != nil {
 		return StartedAttempt{}, err
 	}
 	out, err := s.startRows(ctx, []AttemptStartParams{p}, lockWait)
@@ -362,13 +394,14 @@ WITH cur AS (
 		bytes_total = bytes_total + $8, updated_at = now(),
 		completed_at = CASE WHEN $3 = 'complete' THEN now() END
 	WHERE key = $1 AND state = 'running' AND fence = $2
-	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at
+	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at,
+		attempt_provider, attempt_tier
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, http_status, bytes, outcome, category, error, cost_micros, currency)
+		started_at, finished_at, http_status, bytes, outcome, category, error, cost_micros, currency, provider, tier)
 	SELECT $1, u.attempts, $2, u.attempt_worker, COALESCE(NULLIF($9, ''), u.attempt_session), u.country,
 		COALESCE(NULLIF($10, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()), now(),
-		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, ''), $11, NULLIF($12, '')
+		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, ''), $11, NULLIF($12, ''), u.attempt_provider, u.attempt_tier
 	FROM upd u
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
 		error = EXCLUDED.error, http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes, finished_at = now(),

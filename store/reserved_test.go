@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,4 +166,56 @@ func TestAttemptBytesRecent(t *testing.T) {
 	assert.Empty(t, got)
 	_, err = s.AttemptBytesRecent(ctx, "catalog", 0)
 	require.ErrorContains(t, err, "limit 0 must be positive")
+}
+
+// TestAttemptProviderTier: the start records the provider and tier an attempt runs on;
+// every writer of its row copies them — the worker's commit and failure record, a
+// takeover's start, the rescue — and the running attempt shows them. A name too long is
+// refused, naming it.
+func TestAttemptProviderTier(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	startAs := func(key string, token int64, provider, tier string) {
+		t.Helper()
+		_, err := s.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: "w1", Country: "US",
+			ProxyEndpoint: "gw.example:7777", Owner: fmt.Sprintf("w1/%s/%d", key, token), Provider: provider, Tier: tier,
+			Reserved: store.Cost{Micros: 9, Currency: "USD"}})
+		require.NoError(t, err)
+	}
+	type pt struct{ Provider, Tier, Outcome string }
+	of := func(key string) []pt {
+		t.Helper()
+		atts, err := s.AttemptList(ctx, key)
+		require.NoError(t, err)
+		out := make([]pt, len(atts))
+		for i, a := range atts {
+			out[i] = pt{a.Provider, a.Tier, a.Outcome}
+		}
+		return out
+	}
+	record(t, s, "p")
+	startAs("p", 1, "acct-a", "residential")
+	atts, err := s.AttemptList(ctx, "p")
+	require.NoError(t, err)
+	require.Len(t, atts, 1)
+	assert.Equal(t, pt{"acct-a", "residential", "running"}, pt{atts[0].Provider, atts[0].Tier, atts[0].Outcome})
+	assert.Equal(t, store.Cost{Micros: 9, Currency: "USD"}, store.Cost{Micros: atts[0].CostMicros, Currency: atts[0].Currency},
+		"the running attempt shows its reservation")
+	startAs("p", 2, "acct-b", "datacenter") // takes over: attempt 1 lost
+	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "p", Token: 2, Category: "throttled", NextAttemptAt: time.Now()}))
+	startAs("p", 3, "acct-b", "isp")
+	_, err = s.Commit(ctx, commitParams("p", 3))
+	require.NoError(t, err)
+	record(t, s, "q")
+	startAs("q", 1, "acct-c", "mobile")
+	require.NoError(t, s.JobRescue(ctx, store.JobRescueParams{Key: "q", ExpectFence: 1, Token: 2}))
+	assert.Equal(t, []pt{{"acct-a", "residential", "lost"}, {"acct-b", "datacenter", "retryable"}, {"acct-b", "isp", "complete"}}, of("p"))
+	assert.Equal(t, []pt{{"acct-c", "mobile", "lost"}}, of("q"))
+
+	record(t, s, "long")
+	_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "long", Worker: "w1", Provider: strings.Repeat("x", 65)})
+	require.ErrorContains(t, err, `store: JobStart "long": provider name of 65 bytes is longer than 64`)
+	_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "long", Worker: "w1", Tier: strings.Repeat("x", 65)})
+	require.ErrorContains(t, err, `tier of 65 bytes is longer than 64`)
 }
