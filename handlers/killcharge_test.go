@@ -183,6 +183,10 @@ func TestKilledAttemptCharged(t *testing.T) {
 	assert.Equal(t, store.Cost{Micros: capBytes, Currency: "USD"}, store.Cost{Micros: atts[0].CostMicros, Currency: atts[0].Currency},
 		"the lost row carries the reservation")
 	assert.Zero(t, atts[1].Bytes, "B fetched nothing")
+	for _, a := range atts {
+		assert.Equal(t, "generic", a.Provider, "the runner records the provider")
+		assert.Equal(t, string(priced.Tier()), a.Tier)
+	}
 	inPG, err := r.st.WindowCost(ctx, catalog.Kind, "2026-04-23", "USD")
 	require.NoError(t, err)
 	assert.Equal(t, spent, inPG, "PostgreSQL, the restore's source, agrees with Redis")

@@ -219,3 +219,46 @@ func TestAttemptProviderTier(t *testing.T) {
 	_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "long", Worker: "w1", Tier: strings.Repeat("x", 65)})
 	require.ErrorContains(t, err, `tier of 65 bytes is longer than 64`)
 }
+
+// TestStatsByProvider: two accounts on one gateway, one of them on two tiers, are told
+// apart; costs are per currency, and per completed attempt in whole micro-units.
+func TestStatsByProvider(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+	run := func(key, provider, tier string, costs ...int64) {
+		t.Helper()
+		record(t, s, key)
+		for i, c := range costs {
+			token := int64(i + 1)
+			_, err := s.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: "w1", Country: "US",
+				ProxyEndpoint: "gw.example:7777", Provider: provider, Tier: tier})
+			require.NoError(t, err)
+			cost := store.Cost{Micros: c, Currency: "USD"}
+			if c == 0 {
+				cost = store.Cost{}
+			}
+			if i < len(costs)-1 {
+				require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: key, Token: token, Category: "throttled",
+					NextAttemptAt: time.Now(), Bytes: c, Cost: cost}))
+				continue
+			}
+			p := commitParams(key, token)
+			p.Bytes, p.Cost = c, cost
+			_, err = s.Commit(ctx, p)
+			require.NoError(t, err)
+		}
+	}
+	run("a1", "acct-a", "residential", 10, 11)
+	run("a2", "acct-a", "residential", 12)
+	run("a3", "acct-a", "datacenter", 0)
+	run("b1", "acct-b", "residential", 7)
+	got, err := s.StatsByProvider(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []store.ProviderStats{
+		{Provider: "acct-a", Tier: "datacenter", Attempts: 1, Complete: 1, Bytes: 0, Costs: []store.ProviderCost{}},
+		{Provider: "acct-a", Tier: "residential", Attempts: 3, Complete: 2, Bytes: 33,
+			Costs: []store.ProviderCost{{Currency: "USD", Micros: 33, PerCompleteMicros: 17}}},
+		{Provider: "acct-b", Tier: "residential", Attempts: 1, Complete: 1, Bytes: 7,
+			Costs: []store.ProviderCost{{Currency: "USD", Micros: 7, PerCompleteMicros: 7}}},
+	}, got)
+}
