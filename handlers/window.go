@@ -50,10 +50,11 @@ const windowWaitMax = 5 * time.Second
 // Money while Redis keeps its running total.
 //
 // Every attempt reserves, before it starts, what it is expected to cost: once MinSamples
-// attempts of the kind were measured by this process, Percentile of their bytes times
-// Margin, at the exit's price (a few times what a typical attempt costs); before that, its
-// whole byte cap (what is left of the job's bandwidth and money budgets), as the most it
-// may cost. Its real cost replaces the reservation once its record is written
+// attempts of the kind are known — measured by this process, and at its first reservation
+// read from PostgreSQL's record of the kind's recent attempts — Percentile of their bytes
+// times Margin, at the exit's price (a few times what a typical attempt costs); before
+// that, its whole byte cap (what is left of the job's bandwidth and money budgets), as the
+// most it may cost. Its real cost replaces the reservation once its record is written
 // (lua.WindowBudgets). So the fleet's concurrency is bounded by Money over the expected
 // cost of an attempt, not over its byte cap: a 1 USD budget with a 50 MiB cap at
 // 8.40 USD/GB (0.44 USD a cap) once let two attempts run at a time.
@@ -89,8 +90,9 @@ type WindowBudget struct {
 	Percentile float64
 	// Margin multiplies the percentile, >= 1. Defaults to DefaultWindowMargin.
 	Margin float64
-	// MinSamples is how many attempts of the kind this process measures before their
-	// cost replaces the byte cap as the reservation. Defaults to DefaultWindowMinSamples.
+	// MinSamples is how many attempts of the kind must be known (measured, or read from
+	// PostgreSQL at the first reservation) before their cost replaces the byte cap as the
+	// reservation. Defaults to DefaultWindowMinSamples.
 	MinSamples int
 	// Concurrency is how many attempts of the kind the fleet runs at once (e.g. the
 	// workers' asynq concurrency, summed): the first reservation of each window warns when
