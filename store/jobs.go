@@ -103,7 +103,8 @@ func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
 
 // AttemptList returns the attempts of the job with key, oldest first. An attempt still
 // running has no attempts row yet (it is written when the attempt ends): it is read from
-// the jobs row, with outcome OutcomeRunning.
+// the jobs row, with outcome OutcomeRunning and, as its cost, what it reserved of its
+// window's money budget.
 func (s *PG) AttemptList(ctx context.Context, key string) ([]Attempt, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_key = $1
 UNION ALL
