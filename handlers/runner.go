@@ -26,8 +26,11 @@ import (
 
 // ProcessTask runs one delivery of a job, top to bottom:
 //
+//  0. pick the provider; for a kind with a window money budget, reserve what the attempt
+//     is expected to cost (window.go), settled with its real cost once the attempt is
+//     recorded (the last step, whatever the outcome);
 //  1. take the job's lease and start the attempt, which issues the fencing token
-//     (jobs.fence = N, the old fence + 1);
+//     (jobs.fence = N, the old fence + 1) and records the reservation;
 //  2. keep the lease renewed; losing it cancels the job context;
 //  3. run the workflow unit on a sticky session (replayed on session loss);
 //  4. parse the staged data into the observation;
@@ -93,8 +96,9 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	ctx, cancel := beforeDeadline(ctx)
 	defer cancel()
 
-	// 1. The window's money budget (a kind with one): reserve what the attempt is expected
-	// to cost, replaced by its real cost once the attempt is recorded (window.go).
+	// 0b. Reserve: the window's money budget (a kind with one) holds what the attempt is
+	// expected to cost; settle, deferred, replaces it by the real cost once the attempt's
+	// record is written (the commit, or the failure record after the release).
 	owner := r.owner()
 	hold, spent, err := r.reserveWindow(ctx, k, job, slot, owner, log)
 	if err != nil {
