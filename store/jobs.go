@@ -503,3 +503,25 @@ LIMIT $2`, kind, limit)
 	}
 	return out, nil
 }
+
+// JobAttemptReserve raises what the running attempt of token has reserved of its window's
+// money budget to total (a top-up in mid-attempt, lua.WindowBudgets.TopUp): the attempt,
+// if it is written as lost, carries it as its cost. It reports false, writing nothing,
+// when the job no longer runs under token (taken over, finished), or when total is not
+// above what is recorded: a reservation only grows.
+func (s *PG) JobAttemptReserve(ctx context.Context, key string, token int64, total Cost) (bool, error) {
+	if token < 1 {
+		return false, fmt.Errorf("store: JobAttemptReserve %q: token %d must be >= 1", key, token)
+	}
+	if err := total.check("JobAttemptReserve", key); err != nil {
+		return false, err
+	}
+	tag, err := s.pool.Exec(ctx, `
+UPDATE jobs SET attempt_reserved_micros = $3, attempt_currency = NULLIF($4, '')
+WHERE key = $1 AND state = 'running' AND fence = $2 AND attempt_reserved_micros < $3
+	AND COALESCE(attempt_currency, $4) = $4`, key, token, total.Micros, total.Currency)
+	if err != nil {
+		return false, fmt.Errorf("store: JobAttemptReserve %q: %w", key, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

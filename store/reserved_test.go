@@ -262,3 +262,34 @@ func TestStatsByProvider(t *testing.T) {
 			Costs: []store.ProviderCost{{Currency: "USD", Micros: 7, PerCompleteMicros: 7}}},
 	}, got)
 }
+
+// TestJobAttemptReserve: a top-up raises the running attempt's recorded reservation, which
+// its lost row then carries; a stale token, a smaller total, another currency or a bad
+// cost write nothing.
+func TestJobAttemptReserve(t *testing.T) {
+	ctx := context.Background()
+	pool := testutil.PG(t)
+	s := store.New(pool)
+	usd := func(m int64) store.Cost { return store.Cost{Micros: m, Currency: "USD"} }
+	record(t, s, "t")
+	_, err := s.JobStart(ctx, store.AttemptStartParams{Key: "t", Token: 1, Worker: "w1", Owner: "o1", Reserved: usd(10)})
+	require.NoError(t, err)
+	ok, err := s.JobAttemptReserve(ctx, "t", 1, usd(25))
+	require.NoError(t, err)
+	assert.True(t, ok)
+	for _, c := range []store.Cost{usd(20), {Micros: 30, Currency: "EUR"}} {
+		ok, err = s.JobAttemptReserve(ctx, "t", 1, c)
+		require.NoError(t, err)
+		assert.False(t, ok, "%v", c)
+	}
+	ok, err = s.JobAttemptReserve(ctx, "t", 2, usd(40))
+	require.NoError(t, err)
+	assert.False(t, ok, "not the running attempt")
+	_, err = s.JobAttemptReserve(ctx, "t", 1, store.Cost{Micros: 5})
+	require.ErrorContains(t, err, `store: JobAttemptReserve "t": cost 5 micro-units has no currency`)
+	_, err = s.JobStart(ctx, store.AttemptStartParams{Key: "t", Token: 2, Worker: "w2", Owner: "o2"})
+	require.NoError(t, err)
+	atts, err := s.AttemptList(ctx, "t")
+	require.NoError(t, err)
+	assert.Equal(t, usd(25), store.Cost{Micros: atts[0].CostMicros, Currency: atts[0].Currency}, "the lost row carries the topped-up total")
+}
