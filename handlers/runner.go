@@ -26,8 +26,11 @@ import (
 
 // ProcessTask runs one delivery of a job, top to bottom:
 //
+//  0. pick the provider; for a kind with a window money budget, reserve what the attempt
+//     is expected to cost (window.go), settled with its real cost once the attempt is
+//     recorded (the last step, whatever the outcome);
 //  1. take the job's lease and start the attempt, which issues the fencing token
-//     (jobs.fence = N, the old fence + 1);
+//     (jobs.fence = N, the old fence + 1) and records the reservation;
 //  2. keep the lease renewed; losing it cancels the job context;
 //  3. run the workflow unit on a sticky session (replayed on session loss);
 //  4. parse the staged data into the observation;
@@ -93,22 +96,24 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	ctx, cancel := beforeDeadline(ctx)
 	defer cancel()
 
-	// 1. The window's money budget (a kind with one): reserve the most the attempt may
-	// cost, given back with its real cost once the attempt is recorded (window.go).
+	// 0b. Reserve: the window's money budget (a kind with one) holds what the attempt is
+	// expected to cost; settle, deferred, replaces it by the real cost once the attempt's
+	// record is written (the commit, or the failure record after the release).
 	owner := r.owner()
 	hold, spent, err := r.reserveWindow(ctx, k, job, slot, owner, log)
 	if err != nil {
 		return err
 	}
-	defer func() { r.settleWindow(ctx, k, hold, w.cost.Micros, log) }()
+	defer func() { r.settleWindow(ctx, k, hold, &w, log) }()
 
 	// 1. Lease, then the attempt under its token.
 	r.acquireAfterRelease(ctx, job.Key)
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
-		Key:    job.Key,
-		Owner:  owner,
-		TTL:    r.lengths.For(k.name),
-		Start:  store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway()},
+		Key:   job.Key,
+		Owner: owner,
+		TTL:   r.lengths.For(k.name),
+		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway(),
+			Provider: slot.prov.Name(), Tier: string(slot.prov.Tier()), Reserved: hold.reserved()},
 		Unsure: &r.unsure,
 	})
 	if err != nil {
@@ -276,7 +281,8 @@ func (r *Registry) undecodable(ctx context.Context, k *kind, decodeErr error) er
 	job := tasks.Payload{Key: key, Spec: ops.SpecOf(row)}
 	acq, err := acquire(ctx, r.leases, r.starter, acquireParams{
 		Key: key, Owner: r.owner(), TTL: r.lengths.For(k.name),
-		Start:  store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: row.Country, ProxyEndpoint: r.cfg.Provider.Gateway()},
+		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: row.Country, ProxyEndpoint: r.providers[0].prov.Gateway(),
+			Provider: r.providers[0].prov.Name(), Tier: string(r.providers[0].prov.Tier())},
 		Unsure: &r.unsure,
 	})
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -44,21 +46,37 @@ const windowWaitMax = 5 * time.Second
 
 // WindowBudget is a money budget for each collection window of a kind (tasks.Spec.Window;
 // jobs without one share the window ""), shared by every worker of the fleet: what the
-// window's attempts cost — at the exit's price, wasted attempts included — never passes
+// window's attempts cost — at the exit's price, wasted attempts included — is held to
 // Money while Redis keeps its running total.
 //
-// Every attempt reserves, before it starts, the most it may cost: its byte cap (what is
-// left of the job's bandwidth and money budgets) at its exit's price, or what is left of
-// the window when nothing else is reserved; the attempt is capped at what it reserved, and
-// its real cost replaces the reservation once its record is written (lua.WindowBudgets).
-// Reservations are as large as the kind's byte budget: a small BandwidthBudget (what one
-// job needs) lets more attempts of a window run at once near its end.
+// Every attempt reserves, before it starts, what it is expected to cost: once MinSamples
+// attempts of the kind are known — measured by this process, and at its first reservation
+// read from PostgreSQL's record of the kind's recent attempts — Percentile of their bytes
+// times Margin, at the exit's price (a few times what a typical attempt costs); before
+// that, its whole byte cap (what is left of the job's bandwidth and money budgets), as the
+// most it may cost. Its real cost replaces the reservation once its record is written
+// (lua.WindowBudgets). So the fleet's concurrency is bounded by Money over the expected
+// cost of an attempt, not over its byte cap: a 1 USD budget with a 50 MiB cap at
+// 8.40 USD/GB (0.44 USD a cap) once let two attempts run at a time.
+//
+// The window's last money is granted as it is (what is left, when nothing else is
+// reserved), and caps that attempt's bytes at what it buys, so the window ends at its
+// budget. An attempt granted its expected cost runs to its own byte cap: one that moves
+// more than it reserved (beyond Percentile × Margin: rare) is charged what it cost when
+// it settles, so the window may pass its budget by what such attempts in flight spent
+// beyond their reservations, each at most its own byte cap. (A top-up in mid-attempt,
+// lua.WindowBudgets.TopUp, removes that once the session layer can raise a running
+// attempt's byte cap.)
 //
 // When Redis loses a window's total (restart without persistence, failover, flush) the
 // next worker restores it from PostgreSQL, which records every finished attempt's cost
 // (store.PG.WindowCost); attempts in flight at that moment are the only ones that can
 // then pass the budget, each by at most its own cap. A worker that dies holding a
-// reservation gives it back when its delivery's deadline passes.
+// reservation is charged all of it when its delivery's deadline passes (the attempt may
+// have spent that much; the proxy bills a killed worker's traffic too), and its attempt's
+// row, written as lost when the job is taken over, carries the same cost (the start
+// records the reservation on the job); a report from the worker, if it ever comes,
+// replaces the charge by the attempt's real cost.
 type WindowBudget struct {
 	// Money per window, in micro-units of the providers' currency (all providers must
 	// have a price, in one currency). Required.
@@ -67,7 +85,31 @@ type WindowBudget struct {
 	OnSpent WindowAction
 	// DeferFor is how long a deferred delivery waits. Defaults to DefaultWindowDeferFor.
 	DeferFor time.Duration
+	// Percentile of the kind's measured bytes per attempt that an attempt reserves, in
+	// (0, 1]. Defaults to DefaultWindowPercentile.
+	Percentile float64
+	// Margin multiplies the percentile, >= 1. Defaults to DefaultWindowMargin.
+	Margin float64
+	// MinSamples is how many attempts of the kind must be known (measured, or read from
+	// PostgreSQL at the first reservation) before their cost replaces the byte cap as the
+	// reservation. Defaults to DefaultWindowMinSamples.
+	MinSamples int
+	// Concurrency is how many attempts of the kind the fleet runs at once (e.g. the
+	// workers' asynq concurrency, summed): the first reservation of each window warns when
+	// Money can not cover that many reservations at once. Defaults to 0: no warning.
+	Concurrency int
+
+	samples *byteSamples // the kind's measured bytes per attempt (validate makes it)
 }
+
+// Window reservation defaults.
+const (
+	DefaultWindowPercentile = 0.95
+	DefaultWindowMargin     = 2.0
+	DefaultWindowMinSamples = 20
+	// windowSampleWindow is how many recent attempts per kind the estimate reads.
+	windowSampleWindow = 500
+)
 
 // WithWindowBudget gives the kind a money budget per collection window, shared by the
 // fleet (see WindowBudget).
@@ -85,7 +127,90 @@ func (b *WindowBudget) validate() error {
 	if b.DeferFor == 0 {
 		b.DeferFor = DefaultWindowDeferFor
 	}
+	if b.Percentile == 0 {
+		b.Percentile = DefaultWindowPercentile
+	}
+	if b.Margin == 0 {
+		b.Margin = DefaultWindowMargin
+	}
+	if b.MinSamples == 0 {
+		b.MinSamples = DefaultWindowMinSamples
+	}
+	switch {
+	case b.Percentile <= 0 || b.Percentile > 1:
+		return fmt.Errorf("WithWindowBudget: Percentile %v must be in (0, 1]", b.Percentile)
+	case b.Margin < 1:
+		return fmt.Errorf("WithWindowBudget: Margin %v must be >= 1", b.Margin)
+	case b.MinSamples < 1:
+		return fmt.Errorf("WithWindowBudget: MinSamples %d must be >= 1", b.MinSamples)
+	case b.Concurrency < 0:
+		return fmt.Errorf("WithWindowBudget: Concurrency %d is negative", b.Concurrency)
+	}
+	b.samples = &byteSamples{keep: windowSampleWindow}
 	return nil
+}
+
+// byteSamples holds the bytes of a kind's recent attempts (a ring of at most keep).
+type byteSamples struct {
+	mu     sync.Mutex
+	keep   int
+	ring   []int64
+	next   int
+	sorted []int64 // ring sorted, nil when stale
+	seeded bool    // PostgreSQL was asked (seedWindowSamples)
+}
+
+// seedDue reports, once, whether the samples should be seeded from PostgreSQL: fewer than
+// min measured yet.
+func (s *byteSamples) seedDue(min int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seeded {
+		return false
+	}
+	s.seeded = true
+	return len(s.ring) < min
+}
+
+func (s *byteSamples) observe(bytes int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ring) < s.keep {
+		s.ring = append(s.ring, bytes)
+	} else {
+		s.ring[s.next] = bytes
+		s.next = (s.next + 1) % s.keep
+	}
+	s.sorted = nil
+}
+
+// estimate is pct of the samples times margin (at least 1 byte), or false before min
+// samples.
+func (s *byteSamples) estimate(pct, margin float64, min int) (int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ring) < min {
+		return 0, false
+	}
+	if s.sorted == nil {
+		s.sorted = slices.Clone(s.ring)
+		slices.Sort(s.sorted)
+	}
+	i := int(math.Ceil(pct*float64(len(s.sorted)))) - 1
+	return max(1, int64(math.Ceil(float64(s.sorted[max(i, 0)])*margin))), true
+}
+
+// windowWanted is what an attempt of k reserves at price: the measured estimate
+// (WindowBudget), at most its byte cap, or the cap before enough attempts were measured.
+// measured tells which.
+func (k *kind) windowWanted(price sessions.Price, country string) (wanted, capCost int64, measured bool) {
+	capBytes, _ := k.retry.attemptByteCap(price, country, 0)
+	capCost = max(1, price.Cost(capBytes, country))
+	b, ok := k.window.samples.estimate(k.window.Percentile, k.window.Margin, k.window.MinSamples)
+	if !ok || b >= capBytes {
+		return capCost, capCost, ok
+	}
+	return max(1, price.Cost(b, country)), capCost, true
 }
 
 // WindowSpentError is the failure of a job whose window's money budget is spent.
@@ -100,6 +225,12 @@ func (e *WindowSpentError) Error() string {
 		e.Window, e.Kind, store.Cost{Micros: e.Spent, Currency: e.Currency}, store.Cost{Micros: e.Money, Currency: e.Currency})
 }
 
+// windowHoldSlack is how long after the delivery's deadline its reservation is held: the
+// attempt's record and settlement run on a detached context that long. A reservation
+// still held then lapses and is charged in full (lua.WindowBudgets.Reserve). A variable
+// for tests only.
+var windowHoldSlack = detachedTimeout
+
 // windowHold is an attempt's reservation against its window's budget.
 type windowHold struct {
 	window string
@@ -110,6 +241,15 @@ type windowHold struct {
 	// capped: the reservation, not the job's own budgets, set the attempt's byte cap
 	// (work): an attempt stopped at it was stopped by the window.
 	capped bool
+}
+
+// reserved is what the hold reserved, recorded with the attempt's start (store.
+// AttemptStartParams.Reserved): zero without a window budget.
+func (h *windowHold) reserved() store.Cost {
+	if h == nil {
+		return store.Cost{}
+	}
+	return store.Cost{Micros: h.amount, Currency: h.price.Currency}
 }
 
 // byteCap lowers an attempt's byte cap to what its reservation buys.
@@ -137,11 +277,11 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 		return nil, nil, nil
 	}
 	price := slot.prov.Price()
-	capBytes, _ := k.retry.attemptByteCap(price, job.Spec.Country, 0)
-	wanted := max(1, price.Cost(capBytes, job.Spec.Country))
+	r.seedWindowSamples(ctx, k, log)
+	wanted, capCost, measured := k.windowWanted(price, job.Spec.Country)
 	hold := time.Hour
 	if d, ok := ctx.Deadline(); ok {
-		hold = time.Until(d) + detachedTimeout // the settlement may come that late
+		hold = time.Until(d) + windowHoldSlack // the settlement may come that late
 	}
 	window := job.Spec.Window
 	g, err := r.windows.Reserve(ctx, k.name, window, owner, k.window.Money, wanted, hold)
@@ -162,9 +302,10 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 	if err != nil {
 		// The script may have run and its reply been lost: give back what it may hold
 		// (nothing, if it did not run), so the window need not wait for it to lapse.
-		r.settleWindow(ctx, k, &windowHold{window: window, owner: owner}, 0, log)
+		r.settleWindow(ctx, k, &windowHold{window: window, owner: owner}, &workResult{}, log)
 		return nil, nil, r.unavailable(k, err)
 	}
+	r.windowCoverage(ctx, k, window, wanted, capCost, measured, price.Currency, log)
 	switch g.Admission {
 	case lua.Granted:
 		return &windowHold{window: window, owner: owner, amount: g.Amount, wanted: wanted, price: price}, nil, nil
@@ -183,18 +324,68 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 	return nil, &sessions.FetchError{Category: tasks.CategoryBudgetExceeded, Err: spent}, nil
 }
 
-// settleWindow replaces the attempt's reservation by its cost, once its record is written.
-// A reservation whose attempt never started settles at 0. A failure here leaves the
-// reservation to lapse at its hold: the window runs below its budget meanwhile, never
-// above.
-func (r *Registry) settleWindow(ctx context.Context, k *kind, h *windowHold, cost int64, log *slog.Logger) {
+// seedWindowSamples fills the kind's measurements from PostgreSQL's record of its recent
+// attempts, once per process, when fewer than MinSamples were measured here: a worker that
+// starts (or restarts) reserves what the kind's attempts cost, not their byte caps. A
+// failure leaves the measurements to this process's attempts.
+func (r *Registry) seedWindowSamples(ctx context.Context, k *kind, log *slog.Logger) {
+	s := k.window.samples
+	if !s.seedDue(k.window.MinSamples) {
+		return
+	}
+	recent, err := r.cfg.Store.AttemptBytesRecent(ctx, k.name, windowSampleWindow)
+	if err != nil {
+		log.WarnContext(ctx, "the kind's recent attempts not read: window reservations are byte caps until measured", "err", err)
+		return
+	}
+	for i := len(recent) - 1; i >= 0; i-- { // oldest first: the newest are kept longest
+		s.observe(recent[i])
+	}
+}
+
+// windowCoverage logs, once per kind × window and process, how many reservations the
+// window's budget covers at once, and warns when that is below WindowBudget.Concurrency:
+// the budget, not the workers, then bounds how many attempts run.
+func (r *Registry) windowCoverage(ctx context.Context, k *kind, window string, wanted, capCost int64, measured bool, currency string, log *slog.Logger) {
+	phase := "cap"
+	if measured {
+		phase = "measured"
+	}
+	if !r.windowLogged.first("coverage\x00" + phase + "\x00" + k.name + "\x00" + window) {
+		return
+	}
+	covers := k.window.Money / wanted
+	attrs := []any{"window", window, "reservation", store.Cost{Micros: wanted, Currency: currency}.String(),
+		"byte_cap_cost", store.Cost{Micros: capCost, Currency: currency}.String(),
+		"budget", store.Cost{Micros: k.window.Money, Currency: currency}.String(), "covers", covers,
+		"concurrency", k.window.Concurrency, "measured", measured}
+	switch {
+	case k.window.Concurrency > 0 && covers < int64(k.window.Concurrency) && !measured:
+		log.WarnContext(ctx, "window money budget covers fewer attempts at once than the concurrency: "+
+			"until the kind's cost per attempt is measured each attempt reserves its byte cap", attrs...)
+	case k.window.Concurrency > 0 && covers < int64(k.window.Concurrency):
+		log.WarnContext(ctx, "window money budget covers fewer attempts at once than the concurrency, at the measured cost per attempt", attrs...)
+	default:
+		log.InfoContext(ctx, "window money budget reservations", attrs...)
+	}
+}
+
+// settleWindow is the last step for a kind with a window budget: the attempt's
+// reservation is replaced by its cost, once its record is written, and its bytes join the
+// kind's measurements. A reservation whose attempt never started settles at 0. A failure
+// here leaves the reservation to lapse at its hold, charged in full: the window runs below
+// its budget meanwhile, never above.
+func (r *Registry) settleWindow(ctx context.Context, k *kind, h *windowHold, w *workResult, log *slog.Logger) {
 	if h == nil {
 		return
 	}
+	if w.unit.Session != nil {
+		k.window.samples.observe(w.unit.Bytes)
+	}
 	sctx, cancel := detached(ctx)
 	defer cancel()
-	if _, err := r.windows.Settle(sctx, k.name, h.window, h.owner, cost); err != nil {
-		log.WarnContext(ctx, "window money budget not settled; the reservation lapses later", "window", h.window, "err", err)
+	if _, err := r.windows.Settle(sctx, k.name, h.window, h.owner, w.cost.Micros); err != nil {
+		log.WarnContext(ctx, "window money budget not settled; the reservation lapses later, charged in full", "window", h.window, "err", err)
 	}
 }
 

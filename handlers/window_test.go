@@ -169,6 +169,10 @@ func TestWindowBudgetConfig(t *testing.T) {
 		{handlers.WindowBudget{Money: 5, OnSpent: 7}, "WithWindowBudget: OnSpent 7 is neither WindowFail nor WindowDefer"},
 		{handlers.WindowBudget{Money: 5, DeferFor: -time.Second}, "WithWindowBudget: DeferFor -1s is negative"},
 		{handlers.WindowBudget{Money: 5}, "a window money budget of 5 micro-units needs a price above 0 on provider generic"},
+		{handlers.WindowBudget{Money: 5, Percentile: 1.5}, "WithWindowBudget: Percentile 1.5 must be in (0, 1]"},
+		{handlers.WindowBudget{Money: 5, Margin: 0.5}, "WithWindowBudget: Margin 0.5 must be >= 1"},
+		{handlers.WindowBudget{Money: 5, MinSamples: -1}, "WithWindowBudget: MinSamples -1 must be >= 1"},
+		{handlers.WindowBudget{Money: 5, Concurrency: -2}, "WithWindowBudget: Concurrency -2 is negative"},
 	} {
 		reg := r.registry(t, nil)
 		err := reg.Register("other", catalog.Workflow(r.site.URL), catalog.Parse, handlers.WithWindowBudget(tc.b))

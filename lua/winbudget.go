@@ -77,7 +77,8 @@ func NewWindowBudgets(rdb redis.Cmdable, prefix string) (*WindowBudgets, error) 
 }
 
 // Reserve asks for wanted micro-units of the window's budget for the attempt of owner
-// (unique per delivery), held at most hold if it is never settled (its worker died). It
+// (unique per delivery), held at most hold if it is never settled (its worker died): then
+// it lapses and is charged in full, the most its attempt may have cost. It
 // returns ErrBudgetUnknown when Redis has no spent amount for the window.
 func (b *WindowBudgets) Reserve(ctx context.Context, kind, window, owner string, budget, wanted int64, hold time.Duration) (Grant, error) {
 	switch {
@@ -111,9 +112,12 @@ func (b *WindowBudgets) Reserve(ctx context.Context, kind, window, owner string,
 }
 
 // Settle replaces the reservation of owner by what its attempt cost (0 for an attempt
-// that never started). Call it after the attempt's cost is in PostgreSQL: when Redis lost
-// the window meanwhile, the settlement is dropped (reported false) and the restore counts
-// the cost from there.
+// that never started). A reservation that lapsed before its settlement was charged in full
+// then (winbudget.lua): the settlement replaces that charge by the cost. Call it after the
+// attempt's cost is in PostgreSQL: when Redis lost the window meanwhile, the settlement is
+// dropped (reported false) and the restore counts the cost from there. (A restore that
+// came between the cost's record and its settlement counts it twice: the window then
+// stops early by that much, never late.)
 func (b *WindowBudgets) Settle(ctx context.Context, kind, window, owner string, cost int64) (bool, error) {
 	if cost < 0 {
 		return false, fmt.Errorf("lua: window budget %s/%s: settle: negative cost %d", kind, window, cost)
@@ -124,6 +128,33 @@ func (b *WindowBudgets) Settle(ctx context.Context, kind, window, owner string, 
 		return false, fmt.Errorf("lua: window budget %s/%s: settle: %w", kind, window, err)
 	}
 	return n >= 0, nil
+}
+
+// TopUp asks for more micro-units for the attempt of owner, whose cost outgrew its
+// reservation while it runs: it gets more, or what is left of the budget (0: nothing is
+// left, or owner holds no reservation — it was settled), added to its reservation (to its
+// charge, if the reservation lapsed meanwhile: winbudget.lua). It returns
+// ErrBudgetUnknown when Redis has no spent amount for the window: Redis lost it while the
+// attempt ran, and the restore, from PostgreSQL, can not know what the attempt spends.
+func (b *WindowBudgets) TopUp(ctx context.Context, kind, window, owner string, budget, more int64) (int64, error) {
+	switch {
+	case budget <= 0 || more <= 0:
+		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: budget %d and more %d must be positive", kind, window, budget, more)
+	case owner == "":
+		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: empty owner", kind, window)
+	}
+	reply, err := winBudgetScript.Run(ctx, b.rdb, []string{b.keys.WindowBudget(kind, window)},
+		"topup", owner, budget, more, WindowBudgetKeep.Milliseconds()).Int64Slice()
+	if err != nil {
+		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: %w", kind, window, err)
+	}
+	if len(reply) != 3 || reply[0] < -1 {
+		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: unexpected reply %v", kind, window, reply)
+	}
+	if reply[0] == -1 {
+		return 0, ErrBudgetUnknown
+	}
+	return reply[0], nil
 }
 
 // Restore sets the window's spent amount (from PostgreSQL: store.PG.WindowCost) unless
@@ -140,8 +171,10 @@ func (b *WindowBudgets) Restore(ctx context.Context, kind, window string, spent 
 	return n, nil
 }
 
-// Spent reads what the window's settled attempts cost and what is reserved, without
-// changing anything (lapsed reservations included). ok is false when Redis holds nothing.
+// Spent reads what the window's attempts cost — settled ones, and lapsed reservations
+// charged in full — and what attempts in flight reserve, without changing anything (a
+// reservation past its hold that no reservation has found yet counts as reserved). ok is
+// false when Redis holds nothing.
 func (b *WindowBudgets) Spent(ctx context.Context, kind, window string) (spent, reserved int64, ok bool, err error) {
 	all, err := b.rdb.HGetAll(ctx, b.keys.WindowBudget(kind, window)).Result()
 	if err != nil {

@@ -7,6 +7,10 @@
 -- KEYS[1] -> <prefix>{budget:<kind>/<window>}  HASH
 --              spent      integer micro-units the window's finished attempts cost
 --              r:<owner>  "<micro-units> <deadline ms>": one in-flight attempt's reservation
+--              l:<owner>  "<micro-units> <lapsed at ms>": a reservation that lapsed (its
+--                         worker was killed, or never settled by its deadline) and was
+--                         charged in full to spent; its settlement, if it ever comes,
+--                         charges the difference (dropped after keep ms)
 -- The hash exists only with its spent field. A hash without it — Redis lost its data, or the
 -- key expired after ARGV[last] ms unused — is restored from PostgreSQL by the caller
 -- ("restore"), which is the system of record for what attempts cost.
@@ -17,6 +21,8 @@
 --          ARGV[6] -> keep (ms the key lives unused)
 -- settle:  ARGV[2] -> owner; ARGV[3] -> cost (micro-units, >= 0); ARGV[4] -> keep
 -- restore: ARGV[2] -> spent (from PostgreSQL); ARGV[3] -> keep
+-- topup:   ARGV[2] -> owner; ARGV[3] -> budget; ARGV[4] -> more (micro-units, > 0);
+--          ARGV[5] -> keep
 --
 -- Returns
 --   reserve: {1, granted, spent, reserved}  reserved: granted = wanted, or what is left of
@@ -25,24 +31,79 @@
 --                                           attempts in flight; settlements may give some back
 --            {0, 0, spent, reserved}        spent: nothing is left (spent >= budget)
 --            {-1, 0, 0, 0}                  unknown: restore first
---   settle:  spent after adding the cost (the reservation goes), or -1 if the hash is
---            unknown (the cost is in PostgreSQL already: the restore counts it)
+--   settle:  spent after adding the cost (the reservation goes; a lapsed one, charged
+--            already, is replaced by the cost), or -1 if the hash is unknown (the cost is
+--            in PostgreSQL already: the restore counts it)
 --   restore: the spent amount Redis holds (another worker's restore, if it came first)
--- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL per lapsed reservation);
--- HEXISTS, HDEL, HINCRBY, PEXPIRE (settle); HSETNX, HGET, PEXPIRE (restore).
+--   topup:   {granted, spent, reserved}: an attempt that outgrew its reservation asks for
+--            more; granted is more, or what is left of the budget (0: nothing), added to its
+--            reservation (to its charge if it lapsed meanwhile); {-1, 0, 0} if the hash is
+--            unknown, {0, spent, reserved} if owner holds nothing (settled already)
+-- A reservation that lapses is charged, not given back: its attempt may have spent up to
+-- it (a killed worker's proxy traffic is billed all the same), and the attempt's row in
+-- PostgreSQL, written as lost by whoever takes the job over, carries the same amount.
+-- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL, HINCRBY, HSET per lapsed
+-- reservation, HDEL per old lapse); HEXISTS, HGET, HDEL, HINCRBY, PEXPIRE (settle);
+-- HSETNX, HGET, PEXPIRE (restore); HGETALL, HSET, HINCRBY, PEXPIRE (topup).
 local op = ARGV[1]
 if op == "settle" then
   if redis.call("HEXISTS", KEYS[1], "spent") == 0 then
     return -1
   end
-  redis.call("HDEL", KEYS[1], "r:" .. ARGV[2])
-  local spent = redis.call("HINCRBY", KEYS[1], "spent", ARGV[3])
+  local cost = tonumber(ARGV[3])
+  if redis.call("HDEL", KEYS[1], "r:" .. ARGV[2]) == 0 then
+    local lapsed = redis.call("HGET", KEYS[1], "l:" .. ARGV[2])
+    if lapsed then
+      -- Charged in full when it lapsed: the real cost replaces that charge.
+      cost = cost - tonumber(string.sub(lapsed, 1, string.find(lapsed, " ", 1, true) - 1))
+      redis.call("HDEL", KEYS[1], "l:" .. ARGV[2])
+    end
+  end
+  local spent = redis.call("HINCRBY", KEYS[1], "spent", cost)
   redis.call("PEXPIRE", KEYS[1], ARGV[4])
   return spent
 elseif op == "restore" then
   redis.call("HSETNX", KEYS[1], "spent", ARGV[2])
   redis.call("PEXPIRE", KEYS[1], ARGV[3])
   return tonumber(redis.call("HGET", KEYS[1], "spent"))
+elseif op == "topup" then
+  local all = redis.call("HGETALL", KEYS[1])
+  local spent, reserved, mine, lapsed
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    if f == "spent" then
+      spent = tonumber(v)
+    elseif string.sub(f, 1, 2) == "r:" then
+      local sp = string.find(v, " ", 1, true)
+      reserved = (reserved or 0) + tonumber(string.sub(v, 1, sp - 1))
+      if f == "r:" .. ARGV[2] then
+        mine = {tonumber(string.sub(v, 1, sp - 1)), string.sub(v, sp + 1)}
+      end
+    elseif f == "l:" .. ARGV[2] then
+      local sp = string.find(v, " ", 1, true)
+      lapsed = {tonumber(string.sub(v, 1, sp - 1)), string.sub(v, sp + 1)}
+    end
+  end
+  reserved = reserved or 0
+  if spent == nil then
+    return {-1, 0, 0}
+  end
+  if mine == nil and lapsed == nil then
+    return {0, spent, reserved}
+  end
+  local granted = math.min(tonumber(ARGV[4]), tonumber(ARGV[3]) - spent - reserved)
+  if granted <= 0 then
+    return {0, spent, reserved}
+  end
+  if mine then
+    redis.call("HSET", KEYS[1], "r:" .. ARGV[2], string.format("%d %s", mine[1] + granted, mine[2]))
+  else
+    -- It lapsed (charged in full) while its attempt ran on: the top-up is charged too.
+    redis.call("HSET", KEYS[1], "l:" .. ARGV[2], string.format("%d %s", lapsed[1] + granted, lapsed[2]))
+    spent = redis.call("HINCRBY", KEYS[1], "spent", granted)
+  end
+  redis.call("PEXPIRE", KEYS[1], ARGV[5])
+  return {granted, spent, reserved}
 elseif op ~= "reserve" then
   return redis.error_reply("winbudget: unknown operation " .. tostring(op))
 end
@@ -54,6 +115,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local all = redis.call("HGETALL", KEYS[1])
 local spent
 local reserved = 0
+local charged = 0
+local lapsed = {}
 for i = 1, #all, 2 do
   local f, v = all[i], all[i + 1]
   if f == "spent" then
@@ -62,14 +125,33 @@ for i = 1, #all, 2 do
     local sp = string.find(v, " ", 1, true)
     local amount, deadline = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
     if deadline <= now then
-      redis.call("HDEL", KEYS[1], f) -- its worker died: the reservation lapses
+      -- Its worker died (or never settled by its deadline): the reservation lapses and
+      -- is charged in full, the most its attempt may have cost.
+      charged = charged + amount
+      lapsed[#lapsed + 1] = {f, amount}
     else
       reserved = reserved + amount
+    end
+  elseif string.sub(f, 1, 2) == "l:" then
+    local sp = string.find(v, " ", 1, true)
+    if tonumber(string.sub(v, sp + 1)) + tonumber(ARGV[6]) <= now then
+      redis.call("HDEL", KEYS[1], f) -- no settlement comes this late
     end
   end
 end
 if spent == nil then
+  -- Unknown: the restore reads PostgreSQL, where lost attempts carry their reservations.
+  for _, l in ipairs(lapsed) do
+    redis.call("HDEL", KEYS[1], l[1])
+  end
   return {-1, 0, 0, 0}
+end
+for _, l in ipairs(lapsed) do
+  redis.call("HDEL", KEYS[1], l[1])
+  redis.call("HSET", KEYS[1], "l:" .. string.sub(l[1], 3), string.format("%d %d", l[2], now))
+end
+if charged > 0 then
+  spent = redis.call("HINCRBY", KEYS[1], "spent", charged)
 end
 if spent >= budget then
   return {0, 0, spent, reserved}

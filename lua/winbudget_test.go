@@ -65,14 +65,30 @@ func TestWindowBudgetScript(t *testing.T) {
 	mr.SetTime(now.Add(time.Minute + time.Millisecond))
 	g, err = b.Reserve(ctx, kind, window, "e", 1000, 400, time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, lua.Grant{Admission: lua.Granted, Amount: 300, Spent: 700, Reserved: 0}, g,
-		"b lapsed; nothing else reserved: the last attempt gets what is left")
-	_, err = b.Settle(ctx, kind, window, "e", 300)
+	assert.Equal(t, lua.Grant{Admission: lua.Spent, Spent: 1000, Reserved: 0}, g,
+		"b lapsed and is charged its 300 in full: the proxy bills a killed worker's traffic too")
+	s, r, ok, err := b.Spent(ctx, kind, window)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.EqualValues(t, 1000, s)
+	assert.Zero(t, r)
+	// b's worker was not dead after all: its report replaces the charge by its cost.
+	ok, err = b.Settle(ctx, kind, window, "b", 120)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	s, _, _, err = b.Spent(ctx, kind, window)
+	require.NoError(t, err)
+	assert.EqualValues(t, 820, s, "1000 - 300 charged + 120 cost")
+	g, err = b.Reserve(ctx, kind, window, "e", 1000, 400, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, lua.Grant{Admission: lua.Granted, Amount: 180, Spent: 820, Reserved: 0}, g,
+		"nothing else reserved: the last attempt gets what is left")
+	_, err = b.Settle(ctx, kind, window, "e", 180)
 	require.NoError(t, err)
 	g, err = b.Reserve(ctx, kind, window, "f", 1000, 1, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, lua.Grant{Admission: lua.Spent, Spent: 1000}, g)
-	s, r, ok, err := b.Spent(ctx, kind, window)
+	s, r, ok, err = b.Spent(ctx, kind, window)
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.EqualValues(t, 1000, s)
@@ -137,4 +153,162 @@ func TestWindowBudgetConcurrent(t *testing.T) {
 	assert.Zero(t, reserved)
 	assert.LessOrEqual(t, spent, int64(budget))
 	assert.GreaterOrEqual(t, spent, int64(budget), "Spent is answered only once spent >= budget")
+}
+
+// TestWindowBudgetLapse: an attempt whose worker was killed never settles; its reservation
+// lapses at its hold and is charged in full (the proxy billed its traffic all the same),
+// kept as l:<owner> so that a settlement that comes after all replaces the charge by the
+// real cost, and forgotten after keep. A top-up grows a live reservation, or the charge of
+// a lapsed one, by what is left of the budget. On miniredis (server time moved by hand) and
+// on a real Redis (a hold of 1 ms, waited for by reading the server's TIME).
+func TestWindowBudgetLapse(t *testing.T) {
+	ctx := context.Background()
+	type backend struct {
+		b      *lua.WindowBudgets
+		hold   time.Duration
+		lapse  func() // the server's clock passes every hold given so far
+		expire func() // keep passes (miniredis only)
+	}
+	backends := map[string]func(t *testing.T) backend{
+		"miniredis": func(t *testing.T) backend {
+			c, mr, now := frozenMini(t)
+			b, err := lua.NewWindowBudgets(c, "mini:")
+			require.NoError(t, err)
+			return backend{b: b, hold: time.Minute, lapse: func() {
+				now = now.Add(time.Minute + time.Millisecond)
+				mr.SetTime(now)
+			}, expire: func() {
+				now = now.Add(lua.WindowBudgetKeep)
+				mr.SetTime(now)
+			}}
+		},
+		"redis": func(t *testing.T) backend {
+			ns := testutil.Redis(t)
+			b, err := lua.NewWindowBudgets(ns.Client, ns.Prefix)
+			require.NoError(t, err)
+			return backend{b: b, hold: time.Millisecond, lapse: func() {
+				start, err := ns.Client.Time(ctx).Result()
+				require.NoError(t, err)
+				for {
+					now, err := ns.Client.Time(ctx).Result()
+					require.NoError(t, err)
+					if now.Sub(start) > 2*time.Millisecond {
+						return
+					}
+				}
+			}}
+		},
+	}
+	for name, setup := range backends {
+		t.Run(name, func(t *testing.T) {
+			be := setup(t)
+			b := be.b
+			const kind, window, budget = "k", "w", 100
+			_, err := b.Restore(ctx, kind, window, 0)
+			require.NoError(t, err)
+			spent := func() (int64, int64) {
+				s, r, ok, err := b.Spent(ctx, kind, window)
+				require.NoError(t, err)
+				require.True(t, ok)
+				return s, r
+			}
+
+			// Three attempts in turn are each granted the whole budget, and killed.
+			killed := 0
+			for _, owner := range []string{"a", "b", "c"} {
+				g, err := b.Reserve(ctx, kind, window, owner, budget, budget, be.hold)
+				require.NoError(t, err)
+				if g.Admission != lua.Granted {
+					assert.Equal(t, lua.Grant{Admission: lua.Spent, Spent: budget}, g, "the killed attempt's 100 are spent")
+					continue
+				}
+				killed++
+				be.lapse()
+			}
+			assert.Equal(t, 1, killed, "one attempt killed holding the whole budget spends it: no second one is granted")
+			s, r := spent()
+			assert.EqualValues(t, budget, s, "charged in full")
+			assert.Zero(t, r)
+
+			// a's worker reports after all: 30. The charge becomes the cost.
+			ok, err := b.Settle(ctx, kind, window, "a", 30)
+			require.NoError(t, err)
+			assert.True(t, ok)
+			s, _ = spent()
+			assert.EqualValues(t, 30, s)
+
+			// Top-ups: d reserves 50 and outgrows it.
+			g, err := b.Reserve(ctx, kind, window, "d", budget, 50, time.Hour)
+			require.NoError(t, err)
+			require.Equal(t, lua.Granted, g.Admission)
+			more, err := b.TopUp(ctx, kind, window, "d", budget, 10)
+			require.NoError(t, err)
+			assert.EqualValues(t, 10, more)
+			more, err = b.TopUp(ctx, kind, window, "d", budget, 50)
+			require.NoError(t, err)
+			assert.EqualValues(t, 10, more, "what is left: 100 - 30 spent - 60 reserved")
+			more, err = b.TopUp(ctx, kind, window, "d", budget, 5)
+			require.NoError(t, err)
+			assert.Zero(t, more, "nothing left")
+			s, r = spent()
+			assert.EqualValues(t, 30, s)
+			assert.EqualValues(t, 70, r, "d holds 50 + 10 + 10")
+			more, err = b.TopUp(ctx, kind, window, "nobody", budget, 5)
+			require.NoError(t, err)
+			assert.Zero(t, more, "an owner without a reservation gets nothing")
+			ok, err = b.Settle(ctx, kind, window, "d", 65)
+			require.NoError(t, err)
+			assert.True(t, ok)
+			s, r = spent()
+			assert.EqualValues(t, 95, s)
+			assert.Zero(t, r)
+
+			// A lapsed reservation's top-up is charged at once.
+			g, err = b.Reserve(ctx, kind, window, "e", budget, 2, be.hold)
+			require.NoError(t, err)
+			require.Equal(t, lua.Grant{Admission: lua.Granted, Amount: 2, Spent: 95}, g)
+			be.lapse()
+			g, err = b.Reserve(ctx, kind, window, "f", budget, 1, time.Hour) // finds e lapsed
+			require.NoError(t, err)
+			require.Equal(t, lua.Grant{Admission: lua.Granted, Amount: 1, Spent: 97}, g)
+			more, err = b.TopUp(ctx, kind, window, "e", budget, 1)
+			require.NoError(t, err)
+			assert.EqualValues(t, 1, more)
+			s, r = spent()
+			assert.EqualValues(t, 98, s, "e's 2, charged when it lapsed, and its top-up of 1")
+			assert.EqualValues(t, 1, r)
+			ok, err = b.Settle(ctx, kind, window, "e", 3)
+			require.NoError(t, err)
+			assert.True(t, ok)
+			s, _ = spent()
+			assert.EqualValues(t, 98, s, "its cost, 3, replaces the 3 charged")
+			_, err = b.Settle(ctx, kind, window, "f", 0)
+			require.NoError(t, err)
+			s, _ = spent()
+			require.EqualValues(t, 98, s, "f cost nothing")
+
+			if be.expire != nil {
+				// A settlement later than keep no longer finds the charge: it is added.
+				g, err = b.Reserve(ctx, kind, window, "g", 1000, 1, be.hold)
+				require.NoError(t, err)
+				require.Equal(t, lua.Granted, g.Admission)
+				be.lapse()
+				_, err = b.Reserve(ctx, kind, window, "h", 1000, 1, lua.WindowBudgetKeep*2) // g lapses: 99
+				require.NoError(t, err)
+				be.expire()
+				_, err = b.Reserve(ctx, kind, window, "i", 1000, 1, lua.WindowBudgetKeep*2) // l:g dropped
+				require.NoError(t, err)
+				ok, err = b.Settle(ctx, kind, window, "g", 1)
+				require.NoError(t, err)
+				assert.True(t, ok)
+				s, _ = spent()
+				assert.EqualValues(t, 100, s, "99 + 1: the charge stays, the late cost is added")
+			}
+
+			_, err = b.TopUp(ctx, kind, "unknown", "d", budget, 1)
+			require.ErrorIs(t, err, lua.ErrBudgetUnknown)
+			_, err = b.TopUp(ctx, kind, window, "d", budget, 0)
+			require.ErrorContains(t, err, "budget 100 and more 0 must be positive")
+		})
+	}
 }

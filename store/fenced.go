@@ -96,7 +96,7 @@ WITH input AS (
 	FROM input i JOIN locked USING (key)
 	WHERE j.key = ANY($1::text[]) AND j.key = i.key%[4]s
 	RETURNING j.key, j.attempts, j.country, j.attempt_worker, j.attempt_session, j.attempt_endpoint,
-		j.attempt_started_at
+		j.attempt_started_at, j.attempt_provider, j.attempt_tier
 ), res AS (
 	INSERT INTO results (observation_key, job_key, parser_version, data, response_fingerprint, fence)
 	SELECT %[5]s, i.key, i.pv, i.data, i.fp, i.token FROM input i JOIN upd USING (key)
@@ -111,10 +111,10 @@ WITH input AS (
 	RETURNING event_key
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, http_status, bytes, outcome, cost_micros, currency)
+		started_at, finished_at, http_status, bytes, outcome, cost_micros, currency, provider, tier)
 	SELECT i.key, u.attempts, i.token, u.attempt_worker, COALESCE(NULLIF(i.session_id, ''), u.attempt_session),
 		u.country, COALESCE(NULLIF(i.endpoint, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()),
-		now(), NULLIF(i.status, 0), i.bytes, 'complete', i.cost, NULLIF(i.currency, '')
+		now(), NULLIF(i.status, 0), i.bytes, 'complete', i.cost, NULLIF(i.currency, ''), u.attempt_provider, u.attempt_tier
 	FROM input i JOIN upd u USING (key)
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'complete', finished_at = now(),
 		http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes,
@@ -264,11 +264,13 @@ LEFT JOIN jobs j ON j.key = i.key`, key, token, obs, ev)
 // (retryable, CategoryRestarted), not as lost: nobody else took it over.
 const startSQL = `
 WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $8::text[])
-		AS t(key, token, worker, session_id, country, endpoint, owner)
+	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $8::text[],
+		$9::bigint[], $10::text[], $11::text[], $12::text[])
+		AS t(key, token, worker, session_id, country, endpoint, owner, reserved, currency, provider, tier)
 ), locked AS MATERIALIZED (
 	SELECT j.key, j.state, j.fence, j.attempts, j.country, j.attempt_worker, j.attempt_session,
-		j.attempt_endpoint, j.attempt_started_at, j.attempt_owner, j.created_at, j.bytes_total,
+		j.attempt_endpoint, j.attempt_started_at, j.attempt_owner, j.attempt_reserved_micros, j.attempt_currency,
+		j.attempt_provider, j.attempt_tier, j.created_at, j.bytes_total,
 		j.budget_attempts, j.budget_bytes, j.budget_since
 	FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %[1]s
 ), mine AS (
@@ -282,7 +284,8 @@ WITH input AS (
 		attempts = j.attempts + 1,
 		next_attempt_at = NULL, updated_at = now(), attempt_worker = i.worker,
 		attempt_session = i.session_id, attempt_endpoint = i.endpoint, attempt_started_at = now(),
-		attempt_owner = i.owner
+		attempt_owner = i.owner, attempt_reserved_micros = i.reserved, attempt_currency = NULLIF(i.currency, ''),
+		attempt_provider = i.provider, attempt_tier = i.tier
 	FROM input i JOIN locked l USING (key) LEFT JOIN mine m USING (key)
 	WHERE j.key = ANY($1::text[]) AND j.key = i.key AND l.state = ANY($7::text[])
 		AND (i.token = 0 OR l.fence < i.token) AND m.again IS NOT TRUE
@@ -298,14 +301,20 @@ WITH input AS (
 	FROM locked l JOIN mine m USING (key) WHERE m.again
 ), lost AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, outcome, category, evidence_due)
+		started_at, finished_at, outcome, category, evidence_due, cost_micros, currency, provider, tier)
 	SELECT l.key, l.attempts, l.fence, l.attempt_worker, l.attempt_session, l.country, l.attempt_endpoint,
 		COALESCE(l.attempt_started_at, now()), now(), CASE WHEN m.key IS NULL THEN 'lost' ELSE 'retryable' END,
-		CASE WHEN m.key IS NULL THEN 'superseded' ELSE '%[2]s' END, m.key IS NULL
+		CASE WHEN m.key IS NULL THEN 'superseded' ELSE '%[2]s' END, m.key IS NULL,
+		-- A lost attempt is charged what it reserved (its worker may never report); one
+		-- restarted by its own start was not taken over: its worker settles it.
+		CASE WHEN m.key IS NULL THEN l.attempt_reserved_micros ELSE 0 END,
+		CASE WHEN m.key IS NULL AND l.attempt_reserved_micros > 0 THEN l.attempt_currency END,
+		l.attempt_provider, l.attempt_tier
 	FROM locked l JOIN upd USING (key) LEFT JOIN mine m USING (key)
 	WHERE l.state = 'running' AND l.attempts > 0
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
-		finished_at = now(), evidence_due = EXCLUDED.evidence_due
+		finished_at = now(), evidence_due = EXCLUDED.evidence_due,
+		cost_micros = EXCLUDED.cost_micros, currency = EXCLUDED.currency
 	WHERE a.outcome = 'running'
 )
 SELECT i.key, COALESCE(upd.fence, same.fence), COALESCE(upd.attempts, same.attempts),
@@ -365,13 +374,15 @@ func (r startRow) started() StartedAttempt {
 func (s *PG) startRows(ctx context.Context, batch []AttemptStartParams, lock lockMode) ([]rowOutcome[StartedAttempt], error) {
 	n := len(batch)
 	keys, workers, sessions, countries, endpoints := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	owners := make([]string, n)
-	tokens := make([]int64, n)
+	owners, currencies, providers, tiers := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	tokens, reserved := make([]int64, n), make([]int64, n)
 	for i, p := range batch {
 		keys[i], tokens[i], workers[i], sessions[i], countries[i], endpoints[i] = p.Key, p.Token, p.Worker, p.SessionID, p.Country, p.ProxyEndpoint
-		owners[i] = p.Owner
+		owners[i], reserved[i], currencies[i] = p.Owner, p.Reserved.Micros, p.Reserved.Currency
+		providers[i], tiers[i] = p.Provider, p.Tier
 	}
-	rows, err := s.queryGeneric(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates, owners)
+	rows, err := s.queryGeneric(ctx, startSQLs[lock], keys, tokens, workers, sessions, countries, endpoints, startableStates, owners,
+		reserved, currencies, providers, tiers)
 	if err != nil {
 		return nil, err
 	}

@@ -243,6 +243,9 @@ func (g *GroupCommitter) JobStart(ctx context.Context, p AttemptStartParams) (St
 	if p.Token < 0 {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d is negative (0 issues one)", p.Key, p.Token)
 	}
+	if err := p.check(); err != nil {
+		return StartedAttempt{}, err
+	}
 	return g.starts.do(ctx, p)
 }
 

@@ -51,8 +51,16 @@ type Attempt struct {
 	Outcome       string     `db:"outcome"`
 	Category      string     `db:"category"`
 	Error         string     `db:"error"`
-	CostMicros    int64      `db:"cost_micros"` // what Bytes cost, micro-units of Currency (0: no price)
-	Currency      string     `db:"currency"`
+	// CostMicros is what Bytes cost, micro-units of Currency (0: no price). A lost attempt
+	// costs what it reserved of its window's money budget until its worker reports, and a
+	// running one shows its reservation.
+	CostMicros int64  `db:"cost_micros"`
+	Currency   string `db:"currency"`
+	// Provider is the configured name of the proxy account the attempt ran on, Tier its
+	// tier (sessions.Tier): two accounts or tiers on one gateway differ here, not in
+	// ProxyEndpoint. "" for attempts before migration 00019.
+	Provider string `db:"provider"`
+	Tier     string `db:"tier"`
 }
 
 // Attempt outcomes recorded in attempts.outcome.
@@ -77,7 +85,8 @@ const jobColumns = `key, kind, COALESCE(url, '') AS url, COALESCE(source_id, '')
 
 const attemptColumns = `job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
 	started_at, finished_at, COALESCE(http_status, 0) AS http_status, bytes, outcome,
-	COALESCE(category, '') AS category, COALESCE(error, '') AS error, cost_micros, COALESCE(currency, '') AS currency`
+	COALESCE(category, '') AS category, COALESCE(error, '') AS error, cost_micros, COALESCE(currency, '') AS currency,
+	provider, tier`
 
 // JobGet returns the jobs row with key, or ErrJobNotFound.
 func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
@@ -94,12 +103,14 @@ func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
 
 // AttemptList returns the attempts of the job with key, oldest first. An attempt still
 // running has no attempts row yet (it is written when the attempt ends): it is read from
-// the jobs row, with outcome OutcomeRunning.
+// the jobs row, with outcome OutcomeRunning and, as its cost, what it reserved of its
+// window's money budget.
 func (s *PG) AttemptList(ctx context.Context, key string) ([]Attempt, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT `+attemptColumns+` FROM attempts WHERE job_key = $1
 UNION ALL
 SELECT j.key, j.attempts, j.fence, j.attempt_worker, j.attempt_session, j.country, j.attempt_endpoint,
-	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', '', 0, ''
+	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', '',
+	j.attempt_reserved_micros, COALESCE(j.attempt_currency, ''), j.attempt_provider, j.attempt_tier
 FROM jobs j WHERE j.key = $1 AND j.state = 'running'
 	AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence)
 ORDER BY attempt_no`, key)
@@ -234,6 +245,33 @@ type AttemptStartParams struct {
 	// (CategoryRestarted). Neither is a takeover. Without an Owner, a lost start that
 	// issued its token is sent again and takes the first over.
 	Owner string
+	// Reserved is what the attempt reserved of its window's money budget (zero: none),
+	// recorded on the jobs row: the attempt, if written as lost by whoever raises the fence
+	// past it (a takeover's start, the reconciler's rescue), carries it as its cost, since
+	// a killed worker never reports what it spent (migration 00019).
+	Reserved Cost
+	// Provider and Tier name the proxy account and tier the attempt runs on (sessions.
+	// Provider.Name, Tier), recorded with it: several accounts may share a gateway.
+	// Optional; at most 64 bytes each.
+	Provider, Tier string
+}
+
+// maxProviderName bounds AttemptStartParams.Provider and Tier.
+const maxProviderName = 64
+
+// check refuses a start's reservation, provider or tier that its row would not hold,
+// naming the job.
+func (p AttemptStartParams) check() error {
+	if err := p.Reserved.check("JobStart", p.Key); err != nil {
+		return err
+	}
+	switch {
+	case len(p.Provider) > maxProviderName:
+		return fmt.Errorf("store: JobStart %q: provider name of %d bytes is longer than %d", p.Key, len(p.Provider), maxProviderName)
+	case len(p.Tier) > maxProviderName:
+		return fmt.Errorf("store: JobStart %q: tier of %d bytes is longer than %d", p.Key, len(p.Tier), maxProviderName)
+	}
+	return nil
 }
 
 // StartedAttempt is what JobStart reports about the attempt it started.
@@ -277,6 +315,9 @@ type StartedAttempt struct {
 func (s *PG) JobStart(ctx context.Context, p AttemptStartParams) (StartedAttempt, error) {
 	if p.Token < 0 {
 		return StartedAttempt{}, fmt.Errorf("store: JobStart %q: token %d is negative (0 issues one)", p.Key, p.Token)
+	}
+	if err := p.check(); err != nil {
+		return StartedAttempt{}, err
 	}
 	out, err := s.startRows(ctx, []AttemptStartParams{p}, lockWait)
 	if err != nil {
@@ -354,13 +395,14 @@ WITH cur AS (
 		bytes_total = bytes_total + $8, updated_at = now(),
 		completed_at = CASE WHEN $3 = 'complete' THEN now() END
 	WHERE key = $1 AND state = 'running' AND fence = $2
-	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at
+	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at,
+		attempt_provider, attempt_tier
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, http_status, bytes, outcome, category, error, cost_micros, currency)
+		started_at, finished_at, http_status, bytes, outcome, category, error, cost_micros, currency, provider, tier)
 	SELECT $1, u.attempts, $2, u.attempt_worker, COALESCE(NULLIF($9, ''), u.attempt_session), u.country,
 		COALESCE(NULLIF($10, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()), now(),
-		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, ''), $11, NULLIF($12, '')
+		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, ''), $11, NULLIF($12, ''), u.attempt_provider, u.attempt_tier
 	FROM upd u
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
 		error = EXCLUDED.error, http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes, finished_at = now(),
@@ -433,4 +475,53 @@ func truncateUTF8(s string, max int) string {
 		s = s[:len(s)-1]
 	}
 	return strings.ToValidUTF8(s, "")
+}
+
+// AttemptBytesRecent returns the bytes of up to limit attempts of kind's most recently
+// finished jobs (complete or failed; newest first), for an estimate of what an attempt of
+// the kind moves (handlers' window reservations, at a worker's start). Lost attempts are
+// left out: their bytes were never reported. One backward scan of the terminal jobs'
+// index, bounded: a kind without recent jobs among the last 50,000 finished returns none.
+func (s *PG) AttemptBytesRecent(ctx context.Context, kind string, limit int) ([]int64, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("store: AttemptBytesRecent %q: limit %d must be positive", kind, limit)
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT a.bytes
+FROM (SELECT key, kind, updated_at FROM jobs WHERE state IN ('complete', 'failed')
+	ORDER BY updated_at DESC LIMIT 50000) j
+JOIN attempts a ON a.job_key = j.key
+WHERE j.kind = $1 AND a.outcome <> 'lost'
+ORDER BY j.updated_at DESC, a.fence DESC
+LIMIT $2`, kind, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: AttemptBytesRecent %q: %w", kind, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("store: AttemptBytesRecent %q: %w", kind, err)
+	}
+	return out, nil
+}
+
+// JobAttemptReserve raises what the running attempt of token has reserved of its window's
+// money budget to total (a top-up in mid-attempt, lua.WindowBudgets.TopUp): the attempt,
+// if it is written as lost, carries it as its cost. It reports false, writing nothing,
+// when the job no longer runs under token (taken over, finished), or when total is not
+// above what is recorded: a reservation only grows.
+func (s *PG) JobAttemptReserve(ctx context.Context, key string, token int64, total Cost) (bool, error) {
+	if token < 1 {
+		return false, fmt.Errorf("store: JobAttemptReserve %q: token %d must be >= 1", key, token)
+	}
+	if err := total.check("JobAttemptReserve", key); err != nil {
+		return false, err
+	}
+	tag, err := s.pool.Exec(ctx, `
+UPDATE jobs SET attempt_reserved_micros = $3, attempt_currency = NULLIF($4, '')
+WHERE key = $1 AND state = 'running' AND fence = $2 AND attempt_reserved_micros < $3
+	AND COALESCE(attempt_currency, $4) = $4`, key, token, total.Micros, total.Currency)
+	if err != nil {
+		return false, fmt.Errorf("store: JobAttemptReserve %q: %w", key, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }

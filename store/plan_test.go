@@ -56,9 +56,10 @@ func testStartPlan(t *testing.T, planMode string) {
 		keys, owners = append(keys, recs[i].Key), append(owners, fmt.Sprintf("w/%d", i))
 	}
 	five := func(v string) string { return strings.TrimSuffix(strings.Repeat(v+",", 5), ",") }
-	rows, err := conn.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE start_plan('{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}')`,
+	rows, err := conn.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE start_plan('{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}', '{%s}')`,
 		strings.Join(keys, ","), five("0"), five("w"), five(`""`), five("US"), five("gw:1"),
-		strings.Join(store.StartableStates, ","), strings.Join(owners, ",")))
+		strings.Join(store.StartableStates, ","), strings.Join(owners, ","),
+		five("0"), five(`""`), five("acct"), five("residential")))
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {

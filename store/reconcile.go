@@ -238,12 +238,15 @@ WITH cur AS (
 	UPDATE jobs SET state = 'retryable', fence = $3, next_attempt_at = now(),
 		last_category = $5, updated_at = now()
 	WHERE key = $1 AND state = 'running' AND fence = $2 AND fence < $3
-	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at
+	RETURNING attempts, country, attempt_worker, attempt_session, attempt_endpoint, attempt_started_at,
+		attempt_reserved_micros, attempt_currency, attempt_provider, attempt_tier
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, outcome, category, error, evidence_due)
+		started_at, finished_at, outcome, category, error, evidence_due, cost_micros, currency, provider, tier)
 	SELECT $1, u.attempts, $2, u.attempt_worker, u.attempt_session, u.country, u.attempt_endpoint,
-		COALESCE(u.attempt_started_at, now()), now(), 'lost', $5, NULLIF($4, ''), true
+		COALESCE(u.attempt_started_at, now()), now(), 'lost', $5, NULLIF($4, ''), true,
+		u.attempt_reserved_micros, CASE WHEN u.attempt_reserved_micros > 0 THEN u.attempt_currency END,
+		u.attempt_provider, u.attempt_tier
 	FROM upd u WHERE u.attempts > 0
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'lost', category = EXCLUDED.category,
 		finished_at = now(), error = EXCLUDED.error, evidence_due = true
@@ -333,12 +336,15 @@ WITH input AS (
 	WHERE j.key = lk.key AND lk.state = 'running' AND lk.fence = i.expect AND lk.fence < i.token
 		AND j.state = 'running' AND j.fence = i.expect
 	RETURNING j.key, i.expect, i.error, j.attempts, j.country, j.attempt_worker, j.attempt_session,
-		j.attempt_endpoint, j.attempt_started_at
+		j.attempt_endpoint, j.attempt_started_at, j.attempt_reserved_micros, j.attempt_currency,
+		j.attempt_provider, j.attempt_tier
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, outcome, category, error, evidence_due)
+		started_at, finished_at, outcome, category, error, evidence_due, cost_micros, currency, provider, tier)
 	SELECT u.key, u.attempts, u.expect, u.attempt_worker, u.attempt_session, u.country, u.attempt_endpoint,
-		COALESCE(u.attempt_started_at, now()), now(), 'lost', $5, NULLIF(u.error, ''), true
+		COALESCE(u.attempt_started_at, now()), now(), 'lost', $5, NULLIF(u.error, ''), true,
+		u.attempt_reserved_micros, CASE WHEN u.attempt_reserved_micros > 0 THEN u.attempt_currency END,
+		u.attempt_provider, u.attempt_tier
 	FROM upd u WHERE u.attempts > 0
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'lost', category = EXCLUDED.category,
 		finished_at = now(), error = EXCLUDED.error, evidence_due = true

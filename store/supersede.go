@@ -70,7 +70,10 @@ WITH job AS (
 		category = CASE WHEN a.outcome = 'running' THEN $7 ELSE COALESCE(a.category, $7) END,
 		finished_at = COALESCE(a.finished_at, now()),
 		bytes = a.bytes + $3,
-		cost_micros = a.cost_micros + $9, currency = COALESCE(a.currency, NULLIF($10, '')),
+		-- A lost row carries its reservation (its worker might never report): the
+		-- worker's report replaces it by what the attempt really cost.
+		cost_micros = CASE WHEN a.outcome = 'lost' THEN $9 ELSE a.cost_micros + $9 END,
+		currency = CASE WHEN a.outcome = 'lost' AND $9 = 0 THEN NULL ELSE COALESCE(NULLIF($10, ''), a.currency) END,
 		http_status = COALESCE(NULLIF($4, 0), a.http_status),
 		session_id = COALESCE(NULLIF($5, ''), a.session_id),
 		proxy_endpoint = COALESCE(NULLIF($6, ''), a.proxy_endpoint),

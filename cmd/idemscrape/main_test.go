@@ -271,11 +271,16 @@ func TestCLI(t *testing.T) {
 		assert.Equal(t, "line 1: already_queued "+k1+" (state pending)\n", r.stdout)
 	})
 
-	// The scripted run, through the store as workers would drive it.
+	// The scripted run, through the store as workers would drive it. The two workers use
+	// two accounts (and tiers) on one gateway: stats and status tell them apart.
 	start := func(key string, token int64, worker string) {
 		t.Helper()
+		provider, tier := "acct-a", "residential"
+		if worker == "w2" {
+			provider, tier = "acct-b", "datacenter"
+		}
 		_, err := st.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: worker, SessionID: "sess000" + worker[1:],
-			Country: "US", ProxyEndpoint: "gw.example:7777"})
+			Country: "US", ProxyEndpoint: "gw.example:7777", Provider: provider, Tier: tier})
 		require.NoError(t, err)
 	}
 	commit := func(key string, token int64, obsKey string) store.CommitResult {
@@ -358,6 +363,8 @@ func TestCLI(t *testing.T) {
 		assert.EqualValues(t, 1, a["attempt_no"])
 		assert.Equal(t, "timeout", a["category"])
 		assert.Equal(t, "gw.example:7777", a["proxy_endpoint"])
+		assert.Equal(t, "acct-a", a["provider"])
+		assert.Equal(t, "residential", a["tier"])
 		assert.Contains(t, a, "duration_ms")
 		notes := st["notes"].([]any)
 		require.Len(t, notes, 1)

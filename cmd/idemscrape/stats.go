@@ -20,7 +20,8 @@ var statsCmd = command{
 		"duplicate result writes rejected, outbox events deduplicated downstream, bytes per logical job, failure\n" +
 		"categories by retries caused), the reconciler's maintenance counters, and a diagnosis when the duplicate\n" +
 		"rate rises; what the proxy traffic cost (per completed job, by kind, window and endpoint, and the waste by\n" +
-		"category) where workers have a price (IDEMSCRAPE_PROXY_PRICE); the tables' sizes and what retention deletes next (with the scheduler's -config, or the\n" +
+		"category) where workers have a price (IDEMSCRAPE_PROXY_PRICE); attempts, bytes and cost by provider and tier;\n" +
+		"the tables' sizes and what retention deletes next (with the scheduler's -config, or the\n" +
 		"default retentions). Computed from PostgreSQL alone.",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 		asJSON := fs.Bool("json", false, "print JSON (snake_case fields) instead of tables")
@@ -53,6 +54,13 @@ var statsCmd = command{
 			if err != nil {
 				return err
 			}
+			providers, err := pg.StatsByProvider(ctx)
+			if err != nil {
+				return err
+			}
+			if providers == nil {
+				providers = []store.ProviderStats{}
+			}
 			diag := ops.Diagnose(st)
 			if *asJSON {
 				if diag == nil {
@@ -60,15 +68,19 @@ var statsCmd = command{
 				}
 				return writeJSON(c.stdout, struct {
 					store.Stats
-					Costs     []store.CostStats `json:"costs"`
-					Diagnosis []string          `json:"diagnosis"`
-					Storage   storage           `json:"storage"`
-				}{st, costs, diag, sto})
+					Costs      []store.CostStats     `json:"costs"`
+					ByProvider []store.ProviderStats `json:"by_provider"`
+					Diagnosis  []string              `json:"diagnosis"`
+					Storage    storage               `json:"storage"`
+				}{st, costs, providers, diag, sto})
 			}
 			if err := writeStats(c.stdout, st, diag); err != nil {
 				return err
 			}
 			if err := writeCosts(c.stdout, costs); err != nil {
+				return err
+			}
+			if err := writeProviders(c.stdout, providers); err != nil {
 				return err
 			}
 			return writeStorage(c.stdout, sto)
@@ -242,4 +254,38 @@ func writeCosts(w io.Writer, costs []store.CostStats) error {
 		}
 	}
 	return nil
+}
+
+// writeProviders prints the attempts by provider and tier: accounts or tiers sharing a
+// gateway address apart. Cost per completed attempt is in whole micro-units.
+func writeProviders(w io.Writer, ps []store.ProviderStats) error {
+	fmt.Fprintln(w)
+	if len(ps) == 0 {
+		fmt.Fprintln(w, "by provider: no attempts")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROVIDER\tTIER\tATTEMPTS\tCOMPLETE\tLOST\tBYTES\tCOST\tPER COMPLETE")
+	for _, p := range ps {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", dash(p.Provider), dash(p.Tier), p.Attempts, p.Complete, p.Lost,
+			p.Bytes, costList(p.Costs, false), costList(p.Costs, true))
+	}
+	return tw.Flush()
+}
+
+// costList renders a provider's costs (or its costs per completed attempt) as
+// "0.000021 USD, 0.000003 EUR"; "-" when none.
+func costList(cs []store.ProviderCost, perComplete bool) string {
+	if len(cs) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(cs))
+	for i, c := range cs {
+		n := c.Micros
+		if perComplete {
+			n = c.PerCompleteMicros
+		}
+		parts[i] = money(n, c.Currency)
+	}
+	return strings.Join(parts, ", ")
 }

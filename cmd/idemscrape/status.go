@@ -120,14 +120,14 @@ func writeStatus(w io.Writer, st ops.Status, money string) error {
 	fmt.Fprintln(w, "\nattempts")
 	if len(st.Attempts) == 0 {
 		fmt.Fprintln(w, "  none yet")
-	} else if err := writeTable(w, "  #\tSTART\tDURATION\tWORKER\tSESSION\tENDPOINT\tFENCE\tOUTCOME\tCATEGORY\tSTATUS\tBYTES\tERROR", func(tw io.Writer) {
+	} else if err := writeTable(w, "  #\tSTART\tDURATION\tWORKER\tSESSION\tPROVIDER\tTIER\tENDPOINT\tFENCE\tOUTCOME\tCATEGORY\tSTATUS\tBYTES\tERROR", func(tw io.Writer) {
 		for _, a := range st.Attempts {
 			status := "-"
 			if a.HTTPStatus != 0 {
 				status = strconv.Itoa(a.HTTPStatus)
 			}
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\n", a.AttemptNo, fmtTime(a.StartedAt), duration(a),
-				dash(a.Worker), dash(a.SessionID), dash(a.ProxyEndpoint), a.Fence, a.Outcome, dash(a.Category), status, a.Bytes,
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\n", a.AttemptNo, fmtTime(a.StartedAt), duration(a),
+				dash(a.Worker), dash(a.SessionID), dash(a.Provider), dash(a.Tier), dash(a.ProxyEndpoint), a.Fence, a.Outcome, dash(a.Category), status, a.Bytes,
 				dash(oneLine(a.Error)))
 		}
 	}); err != nil {
@@ -227,6 +227,8 @@ type (
 		SessionID     string     `json:"session_id"`
 		Country       string     `json:"country"`
 		ProxyEndpoint string     `json:"proxy_endpoint"`
+		Provider      string     `json:"provider"`
+		Tier          string     `json:"tier"`
 		StartedAt     time.Time  `json:"started_at"`
 		FinishedAt    *time.Time `json:"finished_at"`
 		DurationMS    *int64     `json:"duration_ms"`
@@ -271,7 +273,7 @@ func statusJSONOf(st ops.Status) statusJSON {
 	}
 	for _, a := range st.Attempts {
 		x := attemptJSON{AttemptNo: a.AttemptNo, Fence: a.Fence, Worker: a.Worker, SessionID: a.SessionID, Country: a.Country,
-			ProxyEndpoint: a.ProxyEndpoint, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt, Outcome: a.Outcome,
+			ProxyEndpoint: a.ProxyEndpoint, Provider: a.Provider, Tier: a.Tier, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt, Outcome: a.Outcome,
 			Category: a.Category, HTTPStatus: a.HTTPStatus, Bytes: a.Bytes, Error: a.Error}
 		if a.FinishedAt != nil {
 			ms := a.FinishedAt.Sub(a.StartedAt).Milliseconds()

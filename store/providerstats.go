@@ -1,0 +1,78 @@
+package store
+
+import (
+	"context"
+	"fmt"
+)
+
+// ProviderStats is what the attempts of one proxy provider (account) and tier did:
+// several accounts or tiers may share a gateway address, so they are told apart by the
+// name and tier each attempt recorded (migration 00019), not by proxy_endpoint. Attempts
+// recorded before that have Provider and Tier "".
+type ProviderStats struct {
+	Provider string `json:"provider"`
+	Tier     string `json:"tier"`
+	Attempts int64  `json:"attempts"`
+	// Complete counts its attempts that completed their job.
+	Complete int64 `json:"complete"`
+	// Lost counts its attempts written as lost or superseded (taken over).
+	Lost  int64 `json:"lost"`
+	Bytes int64 `json:"bytes"`
+	// Costs is what its attempts cost, one entry per currency (sorted; none without a
+	// price).
+	Costs []ProviderCost `json:"costs"`
+}
+
+// ProviderCost is what a provider's attempts cost in one currency, and that cost per
+// completed attempt (wasted attempts included) rounded to whole micro-units.
+type ProviderCost struct {
+	Currency          string `json:"currency"`
+	Micros            int64  `json:"micros"`
+	PerCompleteMicros int64  `json:"per_complete_micros"`
+}
+
+// StatsByProvider adds up the attempts by provider and tier, ordered by provider then
+// tier, in one statement. An operator's query: it reads the attempts table.
+func (s *PG) StatsByProvider(ctx context.Context) ([]ProviderStats, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT provider, tier, COALESCE(currency, ''), count(*), count(*) FILTER (WHERE outcome = 'complete'),
+	count(*) FILTER (WHERE outcome IN ('lost', 'superseded')), COALESCE(sum(bytes), 0)::bigint,
+	COALESCE(sum(cost_micros), 0)::bigint
+FROM attempts
+GROUP BY provider, tier, COALESCE(currency, '')
+ORDER BY provider, tier, COALESCE(currency, '')`)
+	if err != nil {
+		return nil, fmt.Errorf("store: StatsByProvider: %w", err)
+	}
+	defer rows.Close()
+	var out []ProviderStats
+	for rows.Next() {
+		var provider, tier, currency string
+		var n, complete, lost, bytes, cost int64
+		if err := rows.Scan(&provider, &tier, &currency, &n, &complete, &lost, &bytes, &cost); err != nil {
+			return nil, fmt.Errorf("store: StatsByProvider: %w", err)
+		}
+		if len(out) == 0 || out[len(out)-1].Provider != provider || out[len(out)-1].Tier != tier {
+			out = append(out, ProviderStats{Provider: provider, Tier: tier, Costs: []ProviderCost{}})
+		}
+		p := &out[len(out)-1]
+		p.Attempts += n
+		p.Complete += complete
+		p.Lost += lost
+		p.Bytes += bytes
+		if currency != "" && cost > 0 { // rows come sorted by currency: one entry each
+			p.Costs = append(p.Costs, ProviderCost{Currency: currency, Micros: cost})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: StatsByProvider: %w", err)
+	}
+	for i := range out {
+		if p := &out[i]; p.Complete > 0 {
+			for j := range p.Costs {
+				p.Costs[j].PerCompleteMicros = (p.Costs[j].Micros + p.Complete/2) / p.Complete
+			}
+		}
+	}
+	return out, nil
+}
