@@ -295,7 +295,8 @@ func (c *config) kindOptions(providers []*sessions.Provider, policies map[tasks.
 			c.windowBudget, c.windowCurrency, providers[0].Name(), have)
 	}
 	return append(opts, handlers.WithWindowBudget(handlers.WindowBudget{
-		Money: c.windowMoney, OnSpent: c.windowOnSpent, DeferFor: c.windowDeferFor})), nil
+		Money: c.windowMoney, OnSpent: c.windowOnSpent, DeferFor: c.windowDeferFor,
+		Concurrency: c.concurrency})), nil // warned at the first reservation when the budget can not cover it
 }
 
 // validateStreams checks the -stream-trim flags, naming the flag that is wrong.
