@@ -174,7 +174,7 @@ func TestRobotsLockHolderPaused(t *testing.T) {
 		if !holderDone.Load() {
 			_ = holder.Process.Signal(syscall.SIGCONT) // so that the kill is not left pending
 			_ = holder.Process.Kill()
-			<-exited
+			t.Logf("holder killed at cleanup: %v", <-exited)
 		}
 	})
 	select {
