@@ -356,8 +356,8 @@ func TestEnqueueFileJSONRefused(t *testing.T) {
 		good[2], good[3], // 6, 7 (batch 2)
 		strings.Repeat("x", maxSpecLine+1),                      // 8
 		`{"kind":"` + kind + `","source_id":"x","country":"US"`, // 9: cut short
-		`[1,2]`,                                                  // 10 (batch 3: refused only)
-		good[4],                                                  // 11
+		`[1,2]`, // 10 (batch 3: refused only)
+		good[4], // 11
 		`{"kind":"nosuchkind-` + kind + `","source_id":"x","country":"US","window":"2026-04-23","parser_version":1}`, // 12
 	}
 	refused := map[int]string{2: "parser_version", 4: "", 5: "UTF-8", 8: "longer than", 9: "", 10: "", 12: "unknown kind"}
