@@ -80,7 +80,7 @@ func Providers(path string) ([]*sessions.Provider, error) {
 	if path == "" {
 		return sessions.ProvidersFromEnv()
 	}
-	ps, referenced, err := loadProviders(path, os.LookupEnv)
+	ps, referenced, err := loadProviders(path, os.LookupEnv, secretenv.ReadFile)
 	if err != nil {
 		return nil, err
 	}
@@ -121,11 +121,13 @@ func proxyVariables() []string {
 // its providers in the order they are used: by priority when the file sets it, else in
 // the file's order. Environment variables named in it are read with os.LookupEnv.
 func LoadProviders(path string) ([]*sessions.Provider, error) {
-	ps, _, err := loadProviders(path, os.LookupEnv)
+	ps, _, err := loadProviders(path, os.LookupEnv, secretenv.ReadFile)
 	return ps, err
 }
 
-func loadProviders(path string, lookupEnv func(string) (string, bool)) ([]*sessions.Provider, map[string]bool, error) {
+// loadProviders is LoadProviders reading variables with lookupEnv and secret files with
+// readSecret; it also returns the variables the file names.
+func loadProviders(path string, lookupEnv func(string) (string, bool), readSecret func(string) (string, error)) ([]*sessions.Provider, map[string]bool, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, &ProvidersFileError{Path: path, Reason: unwrapPathErr(err).Error()}
@@ -138,7 +140,7 @@ func loadProviders(path string, lookupEnv func(string) (string, bool)) ([]*sessi
 	if len(b) > maxProvidersFile {
 		return nil, nil, &ProvidersFileError{Path: path, Reason: fmt.Sprintf("more than %d bytes: not a providers file?", maxProvidersFile)}
 	}
-	p := &providersParser{path: path, dir: filepath.Dir(path), lookupEnv: lookupEnv, referenced: map[string]bool{}}
+	p := &providersParser{path: path, dir: filepath.Dir(path), lookupEnv: lookupEnv, readSecret: readSecret, referenced: map[string]bool{}}
 	ps, err := p.parse(b)
 	if err != nil {
 		return nil, nil, err
@@ -158,7 +160,8 @@ func unwrapPathErr(err error) error {
 type providersParser struct {
 	path, dir  string
 	lookupEnv  func(string) (string, bool)
-	referenced map[string]bool // the variables named by user_env and password_env
+	readSecret func(string) (string, error) // secretenv.ReadFile
+	referenced map[string]bool              // the variables named by user_env and password_env
 }
 
 // providerEntry is one provider of the file as read, with the lines of its fields.
@@ -525,7 +528,7 @@ func (p *providersParser) secret(e *providerEntry, what string, inline bool) (se
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(p.dir, path)
 		}
-		val, err := secretenv.ReadFile(path)
+		val, err := p.readSecret(path)
 		if err != nil {
 			// secretenv names the path; so does the line (relative paths are relative
 			// to the providers file's directory).

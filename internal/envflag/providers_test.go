@@ -117,7 +117,7 @@ providers:
 			"IDEMSCRAPE_PROXY_PRICE": "8.40 USD/GB", "IDEMSCRAPE_PROXY_PRICE_COUNTRIES": "DE=9.10,BR=12",
 			"IDEMSCRAPE_PROXY_PROVIDER_2": "brightdata", "IDEMSCRAPE_PROXY_USER_2": "hl_1234", "IDEMSCRAPE_PROXY_ZONE_2": "dc_zone1",
 			"IDEMSCRAPE_PROXY_PASSWORD_2": pfPassBD, "IDEMSCRAPE_PROXY_NAME_2": "bd-dc", "IDEMSCRAPE_PROXY_TIER_2": "datacenter",
-			"IDEMSCRAPE_PROXY_PRICE_2": "0.60 USD/GB",
+			"IDEMSCRAPE_PROXY_PRICE_2":    "0.60 USD/GB",
 			"IDEMSCRAPE_PROXY_PROVIDER_3": "iproyal", "IDEMSCRAPE_PROXY_USER_3": pfUserFile, "IDEMSCRAPE_PROXY_PASSWORD_3": pfPassIPR,
 			"IDEMSCRAPE_PROXY_NAME_3": "iproyal-mobile", "IDEMSCRAPE_PROXY_TIER_3": "mobile",
 		} {
@@ -241,6 +241,28 @@ providers:
 		}
 		_, err := Providers(filepath.Join(dir, "missing.yaml"))
 		assert.EqualError(t, err, "providers file "+filepath.Join(dir, "missing.yaml")+": no such file or directory")
+	})
+
+	t.Run("TheExample", func(t *testing.T) {
+		env := map[string]string{"OXYLABS_PASSWORD": pfPassOxy, "DECODO_USER": pfUserOxy, "DECODO_PASSWORD": pfPassIPR}
+		lookup := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
+		read := func(path string) (string, error) {
+			require.Equal(t, "/run/secrets/brightdata-datacenter1", path)
+			return pfPassBD, nil
+		}
+		ps, refs, err := loadProviders(filepath.Join("..", "..", "examples", "providers.yaml"), lookup, read)
+		require.NoError(t, err)
+		var names []string
+		for _, p := range ps {
+			names = append(names, fmt.Sprintf("%s %s %s %s", p.Name(), p.Gateway(), p.Tier(), p.Price()))
+		}
+		assert.Equal(t, []string{
+			"oxylabs-main pr.oxylabs.io:7777 residential 8.4 USD/GB",
+			"brightdata-dc brd.superproxy.io:33335 datacenter 0.6 USD/GB",
+			"decodo-backup gate.decodo.com:10001 residential 6 USD/GB",
+		}, names)
+		assert.Equal(t, map[string]int64{"DE": 9_100_000, "BR": 12_000_000}, ps[0].Price().ByCountry)
+		assert.Equal(t, map[string]bool{"OXYLABS_PASSWORD": true, "DECODO_USER": true, "DECODO_PASSWORD": true}, refs)
 	})
 
 	t.Run("NoSecretInLogs", func(t *testing.T) {
