@@ -180,7 +180,9 @@ func (r *enqueueRun) file(ctx context.Context, file string) error {
 	defer closeFile()
 	// With -json a refused line is a JSON line on stdout like a spec's (printed with its
 	// batch's results, or when the run ends); without, a text line on stderr.
-	defer r.flushRefused()
+	// Lines left here are those of a run that stops on an error (the end of a good run
+	// prints them itself): that error is the one reported.
+	defer func() { _ = r.flushRefused() }()
 	bad := func(b lineError) {
 		r.refused++
 		if r.asJSON {
