@@ -18,13 +18,18 @@ import (
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
-// enqueueResult is one line of `enqueue -json`.
+// enqueueResult is one line of `enqueue -json`: a spec's outcome, or (with -f) a refused
+// line's, outcome "refused" with no key or state and the reason in error.
 type enqueueResult struct {
 	Line    int    `json:"line,omitempty"`
-	Key     string `json:"key"`
+	Key     string `json:"key,omitempty"`
 	Outcome string `json:"outcome"`
-	State   string `json:"state"`
+	State   string `json:"state,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
+
+// outcomeRefused is the outcome of a refused line of `enqueue -f -json`.
+const outcomeRefused = "refused"
 
 // enqueueRun is one `idemscrape enqueue`: the Enqueuer (made at the first batch) and, for
 // -f, the counts its progress lines and its report of a failure give.
@@ -49,6 +54,9 @@ type enqueueRun struct {
 	// firstSpec, lastSpec: the line numbers of the first and the last spec of the batches
 	// that are all in place (0: none yet).
 	firstSpec, lastSpec int
+	// refusedOut (-json): the refused lines not printed yet. They go to stdout with the
+	// results of the batch they were read with, in line order.
+	refusedOut []enqueueResult
 }
 
 func (r *enqueueRun) close() {
@@ -61,11 +69,26 @@ func (r *enqueueRun) close() {
 // in place). A failure after the batch was validated is a *tasks.BatchError.
 func (r *enqueueRun) enqueue(ctx context.Context, specs []tasks.Spec, lines []int) ([]tasks.Result, error) {
 	if r.enq == nil {
-		enq, insp, closeAll, err := newEnqueuerWith(ctx, r.c, tasks.EnqueuerConfig{Queue: r.queue, Concurrency: enqueueConcurrency, Destinations: r.dest})
+		rc, err := redisConfig()
 		if err != nil {
 			return nil, err
 		}
-		r.enq, r.insp, r.closeAll, r.kinds = enq, insp, closeAll, map[string]bool{}
+		// EnqueuerConfig.Redis: a line whose job exists and whose task asynq holds is found
+		// so by one HGET, pipelined with the batch's others (one round trip a batch), instead
+		// of asynq's enqueue script, its id conflict and an inspection of the task (6 Redis
+		// commands and 3 round trips a line): re-running a file costs less than its first run.
+		rdb := rc.NewClient()
+		enq, insp, closeAll, err := newEnqueuerWith(ctx, r.c, tasks.EnqueuerConfig{Queue: r.queue, Concurrency: enqueueConcurrency,
+			Destinations: r.dest, Redis: rdb})
+		if err != nil {
+			_ = rdb.Close()
+			return nil, err
+		}
+		r.enq, r.insp, r.kinds = enq, insp, map[string]bool{}
+		r.closeAll = func() {
+			closeAll()
+			_ = rdb.Close()
+		}
 	}
 	for _, s := range specs {
 		r.kinds[s.Kind] = true
@@ -77,10 +100,26 @@ func (r *enqueueRun) enqueue(ctx context.Context, specs []tasks.Spec, lines []in
 	} else if err != nil {
 		return nil, err
 	}
-	// The batch's results in one write (stdout is unbuffered: 500 lines would be 500).
+	// The batch's results in one write (stdout is unbuffered: 500 lines would be 500),
+	// with -json the lines refused while it was read among them, in line order.
 	var buf bytes.Buffer
 	out := json.NewEncoder(&buf)
+	refused := r.refusedOut
+	r.refusedOut = nil
+	refusedBefore := func(line int) error {
+		for ; len(refused) > 0 && (line <= 0 || refused[0].Line < line); refused = refused[1:] {
+			if err := out.Encode(refused[0]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for i, x := range res {
+		if x.Outcome != 0 && r.asJSON {
+			if err := refusedBefore(lines[i]); err != nil {
+				return nil, err
+			}
+		}
 		switch x.Outcome {
 		case 0:
 			continue // not in place: the failure report names its line
@@ -99,6 +138,9 @@ func (r *enqueueRun) enqueue(ctx context.Context, specs []tasks.Spec, lines []in
 			fmt.Fprintf(&buf, "line %d: ", lines[i])
 		}
 		fmt.Fprintf(&buf, "%s %s (state %s)\n", x.Outcome, x.Key, x.State)
+	}
+	if err := refusedBefore(0); err != nil {
+		return nil, err
 	}
 	if _, werr := r.c.stdout.Write(buf.Bytes()); werr != nil && err == nil {
 		return res, outputError{werr} // the batch is in place; its results could not be printed
@@ -136,8 +178,17 @@ func (r *enqueueRun) file(ctx context.Context, file string) error {
 	sr.dest = r.dest
 	sr.check = func(s tasks.Spec) (string, error) { return r.kindCheck.check(ctx, s, jsonField) }
 	defer closeFile()
+	// With -json a refused line is a JSON line on stdout like a spec's (printed with its
+	// batch's results, or when the run ends); without, a text line on stderr.
+	// Lines left here are those of a run that stops on an error (the end of a good run
+	// prints them itself): that error is the one reported.
+	defer func() { _ = r.flushRefused() }()
 	bad := func(b lineError) {
 		r.refused++
+		if r.asJSON {
+			r.refusedOut = append(r.refusedOut, enqueueResult{Line: b.line, Outcome: outcomeRefused, Error: b.msg})
+			return
+		}
 		fmt.Fprintf(r.c.stderr, "line %d: %s\n", b.line, b.msg)
 	}
 	// Progress: at most one line per -progress interval after a batch, and one at the end
@@ -196,10 +247,40 @@ func (r *enqueueRun) file(ctx context.Context, file string) error {
 	}
 	r.warnUnserved()
 	if r.refused > 0 {
-		fmt.Fprintf(r.c.stderr, "idemscrape enqueue: %d line(s) refused, %d stored\n", r.refused, r.specs)
+		if err := r.flushRefused(); err != nil {
+			return err
+		}
+		fmt.Fprintf(r.c.stderr, "idemscrape enqueue: %d line(s) refused, %d stored%s\n", r.refused, r.specs, r.refusedWhere())
 		return exitError{1}
 	}
 	return nil
+}
+
+// flushRefused prints the refused lines (-json) not printed yet.
+func (r *enqueueRun) flushRefused() error {
+	if len(r.refusedOut) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	out := json.NewEncoder(&buf)
+	for _, x := range r.refusedOut {
+		if err := out.Encode(x); err != nil {
+			return err
+		}
+	}
+	r.refusedOut = nil
+	if _, err := r.c.stdout.Write(buf.Bytes()); err != nil {
+		return outputError{err}
+	}
+	return nil
+}
+
+// refusedWhere says where the refused lines are reported when that is not just above.
+func (r *enqueueRun) refusedWhere() string {
+	if r.asJSON {
+		return ` (on stdout, outcome "refused")`
+	}
+	return ""
 }
 
 func (r *enqueueRun) printProgress(sr *specReader) {
@@ -291,7 +372,11 @@ func (r *enqueueRun) report(err error, be *tasks.BatchError, sr *specReader, lin
 			lines[0], lines[len(lines)-1])
 	}
 	if r.refused > 0 {
-		fmt.Fprintf(w, "  (%d refused line(s), reported above, are not stored in any case)\n", r.refused)
+		where := "reported above"
+		if r.asJSON {
+			where = `reported on stdout with outcome "refused"`
+		}
+		fmt.Fprintf(w, "  (%d refused line(s), %s, are not stored in any case)\n", r.refused, where)
 	}
 	fmt.Fprintf(w, "  to resume, run the same file again: the lines stored are recognised as duplicates (already_queued,\n"+
 		"  already_complete, already_failed) and not enqueued twice; the others are stored (created, or requeued)\n")

@@ -138,8 +138,8 @@ func TestEnqueueFileBatches(t *testing.T) {
 	stderr := newWatchedStderr()
 	stdout, code := runInProcess(nil, stderr, "enqueue", "-allow-unknown-kind", "-f", file, "-batch", "50", "-progress", "0", "-json")
 	assert.Equal(t, 1, code, "a refused line: exit 1\n%s", stderr)
-	assert.Contains(t, stderr.String(), "line 122: field parser_version")
-	assert.Contains(t, stderr.String(), fmt.Sprintf("1 line(s) refused, %d stored", specs))
+	assert.NotContains(t, stderr.String(), "line 122:", "-json: the refused line is on stdout")
+	assert.Contains(t, stderr.String(), fmt.Sprintf(`1 line(s) refused, %d stored (on stdout, outcome "refused")`, specs))
 
 	prog := progressLines(t, stderr.String())
 	require.Len(t, prog, 5, "one progress line per batch of 50 specs (249 specs): %s", stderr)
@@ -157,11 +157,15 @@ func TestEnqueueFileBatches(t *testing.T) {
 	assert.Equal(t, [4]int{251, unique, dups, 1}, prog[4], "the totals")
 
 	got := outcomes(t, stdout)
-	assert.Len(t, got, specs)
+	assert.Len(t, got, specs+1, "a JSON line per spec and per refused line")
+	assert.Contains(t, got[122].Error, "field parser_version")
 	for line, r := range got {
 		want := "created"
-		if line == 123 || line == 251 {
+		switch line {
+		case 123, 251:
 			want = "already_queued"
+		case 122:
+			want = "refused"
 		}
 		assert.Equal(t, want, r.Outcome, "line %d", line)
 	}
@@ -329,4 +333,74 @@ VALUES ($1, $2, $3, 'US', '2026-04-23', 1, '', $2, 'complete', now())`, keyOfSrc
 			}
 		})
 	}
+}
+
+// TestEnqueueFileJSONRefused: with -json every line of stdout is a JSON object, a refused
+// line's too ({"line":N,"outcome":"refused","error":…}, no key), in line order among the
+// specs' results of its batch — whatever made it refused (a bad field, not JSON, not UTF-8,
+// too long, an unknown kind, a batch of refused lines only) — and stderr no longer repeats
+// them as text. Without -json they stay text lines on stderr.
+func TestEnqueueFileJSONRefused(t *testing.T) {
+	pool := testutil.PG(t)
+	ns := testutil.Redis(t)
+	kind := ns.Queue
+	cliEnv(t, dsnOf(t, pool), ns.Addr)
+
+	good := specLines(kind, 0, 5)
+	lines := []string{
+		good[0], // 1
+		`{"kind":"` + kind + `","source_id":"x","country":"US","window":"2026-04-23","parser_version":0}`, // 2
+		good[1],          // 3
+		`not json`,       // 4
+		"\xff\xfe",       // 5
+		good[2], good[3], // 6, 7 (batch 2)
+		strings.Repeat("x", maxSpecLine+1),                      // 8
+		`{"kind":"` + kind + `","source_id":"x","country":"US"`, // 9: cut short
+		`[1,2]`, // 10 (batch 3: refused only)
+		good[4], // 11
+		`{"kind":"nosuchkind-` + kind + `","source_id":"x","country":"US","window":"2026-04-23","parser_version":1}`, // 12
+	}
+	refused := map[int]string{2: "parser_version", 4: "", 5: "UTF-8", 8: "longer than", 9: "", 10: "", 12: "unknown kind"}
+	file := filepath.Join(t.TempDir(), "specs.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+
+	// The kind check needs the first batch's kind known: a job of it stored.
+	_, code := runInProcess(strings.NewReader(good[0]), io.Discard, "enqueue", "-allow-unknown-kind", "-f", "-")
+	require.Equal(t, 0, code)
+
+	stderr := newWatchedStderr()
+	stdout, code := runInProcess(nil, stderr, "enqueue", "-f", file, "-batch", "2", "-json")
+	assert.Equal(t, 1, code, stderr.String())
+	var order []int
+	for l := range strings.Lines(stdout) {
+		var r enqueueResult
+		require.NoError(t, json.Unmarshal([]byte(l), &r), "every stdout line is JSON: %q", l)
+		order = append(order, r.Line)
+		if want, ok := refused[r.Line]; ok {
+			assert.Equal(t, "refused", r.Outcome, "line %d", r.Line)
+			assert.Empty(t, r.Key, "line %d", r.Line)
+			assert.Empty(t, r.State, "line %d", r.Line)
+			assert.NotEmpty(t, r.Error, "line %d", r.Line)
+			assert.Contains(t, r.Error, want, "line %d", r.Line)
+			var raw map[string]any
+			require.NoError(t, json.Unmarshal([]byte(l), &raw))
+			assert.NotContains(t, raw, "key", "a refused line has no key: %s", l)
+		} else {
+			assert.Contains(t, []string{"created", "already_queued"}, r.Outcome, "line %d", r.Line)
+			assert.NotEmpty(t, r.Key)
+		}
+	}
+	assert.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, order, "one JSON line per line, in line order:\n%s", stdout)
+	assert.NotRegexp(t, `(?m)^line \d+:`, stderr.String(), "-json: refused lines are not repeated as text")
+	assert.Contains(t, stderr.String(), `7 line(s) refused, 5 stored (on stdout, outcome "refused")`)
+
+	// Without -json: text on stderr, as before.
+	stderr = newWatchedStderr()
+	stdout, code = runInProcess(nil, stderr, "enqueue", "-f", file, "-batch", "2")
+	assert.Equal(t, 1, code)
+	for line := range refused {
+		assert.Contains(t, stderr.String(), fmt.Sprintf("line %d: ", line))
+		assert.NotContains(t, stdout, fmt.Sprintf("line %d: ", line))
+	}
+	assert.Contains(t, stderr.String(), "7 line(s) refused, 5 stored\n")
 }

@@ -15,7 +15,9 @@
 // Proxy credentials come only from the environment (IDEMSCRAPE_PROXY_PROVIDER, _USER,
 // _PASSWORD, _ZONE, _GATEWAY, and the price IDEMSCRAPE_PROXY_PRICE; more accounts, used in
 // order when one refuses the account, with the suffixes _2, _3 …; see
-// sessions.ProvidersFromEnv), and so do the HTTP basic-auth
+// sessions.ProvidersFromEnv) or from a providers file (-providers FILE,
+// IDEMSCRAPE_PROVIDERS_FILE: the accounts in YAML, each password named there by variable or
+// file, never written in it; see envflag.Providers), and so do the HTTP basic-auth
 // credentials (IDEMSCRAPE_HTTP_USER, IDEMSCRAPE_HTTP_PASSWORD): none of them is ever
 // logged. SIGTERM or SIGINT shut the worker down gracefully (see service.Service.Shutdown);
 // it exits 0 after a clean shutdown, 1 on an error, 2 on a bad configuration.
@@ -121,6 +123,9 @@ type config struct {
 	windowAction   string
 	windowOnSpent  handlers.WindowAction // from windowAction, set by validate
 	windowDeferFor time.Duration
+	// providersFile is -providers: the proxy accounts from a file instead of the
+	// IDEMSCRAPE_PROXY_* variables (envflag.Providers).
+	providersFile string
 }
 
 // envPrefix is the prefix of every environment variable of the worker.
@@ -160,6 +165,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.String(&c.windowBudget, "window-budget", "WINDOW_BUDGET", "", "money the example kind may spend per collection window, fleet-wide, e.g. \"25.50 USD\" (in the proxies' currency; needs $IDEMSCRAPE_PROXY_PRICE); default none")
 	s.String(&c.windowAction, "window-budget-action", "WINDOW_BUDGET_ACTION", handlers.WindowFail.String(), "what happens to a window's remaining jobs once its budget is spent: fail (budget_exceeded) or defer (handed back for -window-defer-for)")
 	s.Duration(&c.windowDeferFor, "window-defer-for", "WINDOW_DEFER_FOR", handlers.DefaultWindowDeferFor, "with -window-budget-action defer: how long a delivery of a spent window waits")
+	s.String(&c.providersFile, "providers", "PROVIDERS_FILE", "", "read the proxy accounts from this YAML `FILE` (examples/providers.yaml) instead of $IDEMSCRAPE_PROXY_*; the two together are refused")
 	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes for -source-id jobs; a -url job fetches its own URL (required)")
 
 	s.FS.Usage = func() {
@@ -180,6 +186,9 @@ Secrets come only from the environment and are never logged:
       more accounts, used in order when one refuses the account (407); a shop that
       blocks a tier (403) moves to the next tier for an hour, a country without peers
       on one account to the next account for 10 minutes, fleet-wide
+  or -providers FILE ($IDEMSCRAPE_PROVIDERS_FILE): the accounts in one YAML file, their
+      passwords named there by variable (password_env) or file (password_file), never
+      written in it (examples/providers.yaml, docs/DEPLOY.md)
   $%s, $%s
       HTTP basic auth for /monitoring and /jobs (both set: required; both unset: none)
 
@@ -288,6 +297,9 @@ func (c *config) kindOptions(providers []*sessions.Provider, policies map[tasks.
 	}
 	if cur := providers[0].Price().Currency; cur != c.windowCurrency {
 		have := "no price ($IDEMSCRAPE_PROXY_PRICE unset)"
+		if c.providersFile != "" {
+			have = "no price (no price in -providers " + c.providersFile + ")"
+		}
 		if cur != "" {
 			have = "a price in " + cur
 		}
@@ -435,7 +447,7 @@ type settings struct {
 func readSettings(c config, log *slog.Logger) (settings, error) {
 	var s settings
 	var err error
-	if s.providers, err = sessions.ProvidersFromEnv(); err != nil {
+	if s.providers, err = envflag.Providers(c.providersFile); err != nil {
 		return s, &boot.SettingError{Err: err}
 	}
 	if s.fp, err = parseFailpoints(os.Getenv(EnvFailpoints)); err != nil {
@@ -542,7 +554,11 @@ func logStart(log *slog.Logger, c config, set settings, tracing bool, kinds []st
 	for _, p := range set.providers {
 		proxies = append(proxies, p.Name()+" "+p.Gateway()+" ("+string(p.Tier())+", "+p.Price().String()+")")
 	}
-	log.Info("worker starting", "tracing", tracing, "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies,
+	proxiesFrom := "environment"
+	if c.providersFile != "" {
+		proxiesFrom = c.providersFile
+	}
+	log.Info("worker starting", "tracing", tracing, "kinds", kinds, "queues", names, "redis", c.redisCfg.String(), "proxies", proxies, "proxies_from", proxiesFrom,
 		"stream_trim", c.streamTrimPolicy, "stream_max_len", streamMaxLenText(c), "window_budget", windowBudgetText(c))
 }
 
