@@ -69,26 +69,12 @@ func (r *enqueueRun) close() {
 // in place). A failure after the batch was validated is a *tasks.BatchError.
 func (r *enqueueRun) enqueue(ctx context.Context, specs []tasks.Spec, lines []int) ([]tasks.Result, error) {
 	if r.enq == nil {
-		rc, err := redisConfig()
-		if err != nil {
-			return nil, err
-		}
-		// EnqueuerConfig.Redis: a line whose job exists and whose task asynq holds is found
-		// so by one HGET, pipelined with the batch's others (one round trip a batch), instead
-		// of asynq's enqueue script, its id conflict and an inspection of the task (6 Redis
-		// commands and 3 round trips a line): re-running a file costs less than its first run.
-		rdb := rc.NewClient()
 		enq, insp, closeAll, err := newEnqueuerWith(ctx, r.c, tasks.EnqueuerConfig{Queue: r.queue, Concurrency: enqueueConcurrency,
-			Destinations: r.dest, Redis: rdb})
+			Destinations: r.dest})
 		if err != nil {
-			_ = rdb.Close()
 			return nil, err
 		}
-		r.enq, r.insp, r.kinds = enq, insp, map[string]bool{}
-		r.closeAll = func() {
-			closeAll()
-			_ = rdb.Close()
-		}
+		r.enq, r.insp, r.kinds, r.closeAll = enq, insp, map[string]bool{}, closeAll
 	}
 	for _, s := range specs {
 		r.kinds[s.Kind] = true
