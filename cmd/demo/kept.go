@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 )
 
 // sampleKey is a job of the run to try `idemscrape status` on: a complete one if any.

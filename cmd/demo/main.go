@@ -47,7 +47,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 

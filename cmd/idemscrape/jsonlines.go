@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 )
 
 // jsonLines is stderr under IDEMSCRAPE_LOG_FORMAT=json: every line a command writes

@@ -40,8 +40,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemscrape/idemscrape/internal/envflag"
-	"github.com/idemscrape/idemscrape/internal/telemetry"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/telemetry"
 	"github.com/idemscrape/idemscrape/store/ops"
 )
 
@@ -132,7 +132,7 @@ func main() {
 		os.Exit(2)
 	}
 	// Traces, when the OTEL_* environment asks for them: an enqueue's span is the root of
-	// its jobs' traces (internal/telemetry).
+	// its jobs' traces (cmd/internal/telemetry).
 	flushTraces, _, err := telemetry.Setup(ctx, "idemscrape-cli")
 	if err != nil {
 		// Traces never stop a command: say why there are none and go on.

@@ -34,8 +34,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/idemscrape/idemscrape/internal/boot"
-	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/boot"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/outbox"
@@ -121,7 +121,7 @@ func main() {
 }
 
 func run(ctx context.Context, c config, file *scheduler.File, log *slog.Logger) error {
-	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
+	// Traces, when the OTEL_* environment asks for them (cmd/internal/telemetry).
 	flushTraces, tracing := boot.Tracing(ctx, "idemscrape-scheduler", log)
 	defer flushTraces()
 	log.Info("tracing", "on", tracing)

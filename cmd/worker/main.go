@@ -70,10 +70,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/boot"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
-	"github.com/idemscrape/idemscrape/internal/boot"
-	"github.com/idemscrape/idemscrape/internal/envflag"
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
@@ -392,7 +392,7 @@ func main() {
 }
 
 func run(ctx context.Context, c config, log *slog.Logger) error {
-	// Traces, when the OTEL_* environment asks for them (internal/telemetry).
+	// Traces, when the OTEL_* environment asks for them (cmd/internal/telemetry).
 	flushTraces, tracing := boot.Tracing(ctx, "idemscrape-worker", log)
 	defer flushTraces()
 	set, err := readSettings(c, log)

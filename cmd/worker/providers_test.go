@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemscrape/idemscrape/internal/boot"
-	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/boot"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 )
 
 // TestProvidersFlag: -providers FILE (or $IDEMSCRAPE_PROVIDERS_FILE) gives the worker its

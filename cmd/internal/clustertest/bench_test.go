@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemscrape/idemscrape/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 

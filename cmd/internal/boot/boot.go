@@ -15,8 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemscrape/idemscrape/internal/envflag"
-	"github.com/idemscrape/idemscrape/internal/telemetry"
+	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/telemetry"
 	"github.com/idemscrape/idemscrape/store"
 )
 
