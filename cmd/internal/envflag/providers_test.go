@@ -250,7 +250,7 @@ providers:
 			require.Equal(t, "/run/secrets/brightdata-datacenter1", path)
 			return pfPassBD, nil
 		}
-		ps, refs, err := loadProviders(filepath.Join("..", "..", "examples", "providers.yaml"), lookup, read)
+		ps, refs, err := loadProviders(filepath.Join("..", "..", "..", "examples", "providers.yaml"), lookup, read)
 		require.NoError(t, err)
 		var names []string
 		for _, p := range ps {
