@@ -911,8 +911,8 @@ type byteCap struct {
 	ctx  context.Context
 	max  atomic.Int64
 	more func(ctx context.Context, moved int64) (newMax int64, note string) // nil: fixed
-	mu   sync.Mutex // serialises more, and guards what follows
-	note string     // what the cap stands for (RunConfig.BudgetNote, or more's last word)
+	mu   sync.Mutex                                                         // serialises more, and guards what follows
+	note string                                                             // what the cap stands for (RunConfig.BudgetNote, or more's last word)
 	// done: more said stop, or the run ended; more is not asked again.
 	done bool
 }
