@@ -908,11 +908,14 @@ var ErrBudgetExceeded = errors.New("sessions: byte budget exceeded")
 // unit's new session goes on from what the earlier ones moved, and a raise reaches every
 // connection of the run (collector fetches and renders alike: both count at wireConn).
 type byteCap struct {
-	ctx  context.Context
-	max  atomic.Int64
-	more func(ctx context.Context, moved int64) (newMax int64, note string) // nil: fixed
-	mu   sync.Mutex                                                         // serialises more, and guards what follows
-	note string                                                             // what the cap stands for (RunConfig.BudgetNote, or more's last word)
+	ctx context.Context
+	max atomic.Int64
+	// more is RunConfig.MoreBytes; nil: the cap is fixed.
+	more func(ctx context.Context, moved int64) (newMax int64, note string)
+	// mu serialises more, and guards what follows.
+	mu sync.Mutex
+	// note is what the cap stands for (RunConfig.BudgetNote, or more's last word).
+	note string
 	// done: more said stop, or the run ended; more is not asked again.
 	done bool
 }
