@@ -557,8 +557,10 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		collector.Limiter = k.limiter
 	}
 	maxBytes, budgetNote := k.retry.attemptByteCap(acq.slot.prov.Price(), job.Spec.Country, acq.Attempt.BudgetBytes)
+	var moreBytes func(context.Context, int64) (int64, string)
 	if k.window != nil {
-		maxBytes, budgetNote = acq.window.byteCap(maxBytes, budgetNote, job.Spec.Country, k.name, k.window.Money)
+		// The bytes the window reservation buys, topped up as the attempt reaches them.
+		maxBytes, budgetNote, moreBytes = r.windowByteCap(k, acq.window, job, acq.Lease.Token, maxBytes, budgetNote, log)
 	}
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Provider:           acq.slot.prov,
@@ -569,6 +571,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		// between them.
 		MaxBytes:   maxBytes,
 		BudgetNote: budgetNote,
+		MoreBytes:  moreBytes,
 		Collector:  collector,
 		Now:        r.cfg.Now,
 		Logger:     log,
@@ -589,7 +592,14 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		},
 	})
 	if err != nil {
-		w.err = asFetchError(err, tasks.CategoryInternal)
+		fe := asFetchError(err, tasks.CategoryInternal)
+		if h := acq.window; h != nil && h.topUpErr != nil && fe.Category == tasks.CategoryBudgetExceeded {
+			// Stopped because the window's budget could not be asked, not because it is
+			// spent: retried.
+			fe = &sessions.FetchError{Category: tasks.CategoryInternal, Step: fe.Step,
+				Err: fmt.Errorf("window reservation not topped up: %w (%w)", h.topUpErr, err)}
+		}
+		w.err = fe
 		return w
 	}
 	var perr *sessions.FetchError

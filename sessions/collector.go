@@ -285,7 +285,7 @@ func (b *Bound) LastStatus() int { return int(b.lastStatus.Load()) }
 // overBudget reports whether the run moved more bytes than its cap, once the cap's
 // MoreBytes, asked, did not raise it above them.
 func (b *Bound) overBudget() bool {
-	return b.cfg.budgetSet && b.cfg.run.over(0)
+	return b.cfg.budgetSet && b.cfg.run.over()
 }
 
 func (b *Bound) budgetError() error {
@@ -784,9 +784,9 @@ func (o *wireOwner) left() (n int64, ok bool) {
 	return 0, false
 }
 
-// over reports whether the first owner up the chain with a cap moved more than it (or
-// would, with extra more bytes), once asked to raise it (byteCap.raise), or was stopped.
-func (o *wireOwner) over(extra int64) bool {
+// over reports whether the first owner up the chain with a cap moved more than it, once
+// asked to raise it (byteCap.raise), or was stopped.
+func (o *wireOwner) over() bool {
 	c := o.capped()
 	if c == nil {
 		return false
@@ -794,10 +794,10 @@ func (o *wireOwner) over(extra int64) bool {
 	if c.cap.stopped.Load() {
 		return true
 	}
-	if c.n.Load()+extra <= c.cap.max.Load() {
+	if c.n.Load() <= c.cap.max.Load() {
 		return false
 	}
-	return !c.cap.raise(c.n.Load, extra)
+	return !c.cap.raise(c.n.Load)
 }
 
 // refuse moves what o moved so far, and what it moves from now on, out of the owners above
@@ -869,7 +869,7 @@ func (c *wireConn) Read(p []byte) (int, error) {
 	if left, ok := c.owner.Load().left(); ok {
 		if left < 0 {
 			// Past the cap: the run's MoreBytes may raise it (a top-up of its money).
-			if c.owner.Load().over(0) {
+			if c.owner.Load().over() {
 				// Spent: reading on (a TLS record needs all of its bytes before any reach
 				// the reader) would only move more. The connection is dropped.
 				return 0, ErrBudgetExceeded
@@ -892,14 +892,11 @@ func (c *wireConn) Read(p []byte) (int, error) {
 // Write counts p before it is sent, and takes back what was not: the answer to a request
 // may be read (and the exchange settled, refused) before the writing goroutine would
 // count bytes it had already sent.
-//
-// A write that would pass the run's cap asks for more first (MoreBytes), and is not sent
-// if the cap stays: a request is not sent to be cut on its answer's first byte.
+// A write is not cut at the cap (the read of its answer is, asking MoreBytes first): a
+// request refused before it is sent would leave what is left of a money budget unspent
+// for ever, each attempt granted it stopping without a byte.
 func (c *wireConn) Write(p []byte) (int, error) {
 	o := c.owner.Load()
-	if left, ok := o.left(); ok && int64(len(p)) > left && o.over(int64(len(p))) {
-		return 0, ErrBudgetExceeded
-	}
 	if o != nil && len(p) > 0 {
 		o.add(int64(len(p)), true)
 	}
@@ -930,8 +927,8 @@ type byteCap struct {
 	note string
 	// done: more said stop, or the run ended; more is not asked again.
 	done bool
-	// stopped: the run passed the cap (or a write would have) and it was not raised: the
-	// run is over budget from then on.
+	// stopped: the run passed the cap and it was not raised: the run is over budget from
+	// then on.
 	stopped atomic.Bool
 }
 
@@ -944,13 +941,12 @@ func runOwner(ctx context.Context, maxBytes int64, note string, more func(contex
 }
 
 // raise asks more for a higher cap once the run's bytes (moved, read at the call: calls
-// wait for each other) and extra bytes about to be written pass it. It reports whether
-// the cap is now at or above them: raised by this call or by another meanwhile. Not
-// raised, the run is stopped.
-func (c *byteCap) raise(moved func() int64, extra int64) bool {
+// wait for each other) passed it. It reports whether the cap is now at or above them:
+// raised by this call or by another meanwhile. Not raised, the run is stopped.
+func (c *byteCap) raise(moved func() int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := moved() + extra
+	n := moved()
 	if c.stopped.Load() {
 		return false
 	}

@@ -133,13 +133,13 @@ type RunConfig struct {
 	// 10 USD/GB". Optional.
 	BudgetNote string
 	// MoreBytes, when set, is asked for a higher cap when the run's bytes pass MaxBytes (or
-	// the cap it last returned) — a read one byte past it, or a request about to be written
-	// past it — before the run fails with ErrBudgetExceeded: e.g. a top-up of a money
-	// reservation. moved is what the run's sessions moved so far (with the write's bytes);
-	// it returns the new cap, which must be above moved to go on (at most moved: stop, and
+	// the cap it last returned) — a read one byte past it, or the read of an answer to a
+	// request that was written past it — before the run fails with ErrBudgetExceeded: e.g.
+	// a top-up of a money reservation. moved is what the run's sessions moved so far; it
+	// returns the new cap, which must be above moved to go on (at most moved: stop, and
 	// it is not asked again), and, unless "", what the cap now stands for (BudgetNote's
 	// successor). Calls are serialised per run and end when Run returns; it is called from
-	// the goroutine reading or writing a connection (a fetch's or a render's), so it should
+	// the goroutine reading a connection (a fetch's or a render's), so it should
 	// be quick. Optional.
 	MoreBytes func(ctx context.Context, moved int64) (newMax int64, note string)
 	// Collector configures each session's collector.
