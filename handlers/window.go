@@ -332,6 +332,7 @@ func (r *Registry) windowByteCap(k *kind, h *windowHold, job tasks.Payload, toke
 			if !h.capped {
 				return 0, ownNote
 			}
+			r.metrics.windowTopUps.WithLabelValues(k.name, "refused").Inc()
 			return 0, h.spentNote(k.name, k.window.Money)
 		}
 		if capBytes == ownCap {
