@@ -60,23 +60,24 @@ const windowWaitMax = 5 * time.Second
 // 8.40 USD/GB (0.44 USD a cap) once let two attempts run at a time.
 //
 // The window's last money is granted as it is (what is left, when nothing else is
-// reserved), and caps that attempt's bytes at what it buys, so the window ends at its
-// budget. An attempt granted its expected cost runs to its own byte cap: one that moves
-// more than it reserved (beyond Percentile × Margin: rare) is charged what it cost when
-// it settles, so the window may pass its budget by what such attempts in flight spent
-// beyond their reservations, each at most its own byte cap. (A top-up in mid-attempt,
-// lua.WindowBudgets.TopUp, removes that once the session layer can raise a running
-// attempt's byte cap.)
+// reserved). Every attempt's byte cap is what its reservation buys (never above its own
+// cap); one that reaches it (beyond Percentile × Margin: rare) is topped up in mid-attempt
+// (windowByteCap: Redis, then its row in PostgreSQL) and goes on, or, the window spent,
+// stops as budget_exceeded; it is charged what it cost when it settles. So the window
+// passes its budget by at most one request written past the last cap and the byte of its
+// answer that crossed it, never by what attempts in flight spend beyond their
+// reservations.
 //
 // When Redis loses a window's total (restart without persistence, failover, flush) the
 // next worker restores it from PostgreSQL, which records every finished attempt's cost
 // (store.PG.WindowCost); attempts in flight at that moment are the only ones that can
-// then pass the budget, each by at most its own cap. A worker that dies holding a
-// reservation is charged all of it when its delivery's deadline passes (the attempt may
-// have spent that much; the proxy bills a killed worker's traffic too), and its attempt's
-// row, written as lost when the job is taken over, carries the same cost (the start
-// records the reservation on the job); a report from the worker, if it ever comes,
-// replaces the charge by the attempt's real cost.
+// then pass the budget (their top-ups fail, and they stop at their caps). A worker that
+// dies holding a reservation is charged all of it — its top-ups included — when its
+// delivery's deadline passes (the attempt may have spent that much; the proxy bills a
+// killed worker's traffic too), and its attempt's row, written as lost when the job is
+// taken over, carries the same cost (the start records the reservation on the job, each
+// top-up raises it); a report from the worker, if it ever comes, replaces the charge by
+// the attempt's real cost.
 type WindowBudget struct {
 	// Money per window, in micro-units of the providers' currency (all providers must
 	// have a price, in one currency). Required.
