@@ -27,14 +27,18 @@ import (
 )
 
 // paddedSite is the shop through a reverse proxy that, while pad > 0, adds a header of pad
-// bytes to every product page: an attempt that moves several times what the kind's
-// attempts measured.
-func paddedSite(t *testing.T, site string, pad *atomic.Int64) string {
+// bytes to every product page (or, padPrice set, every price answer): an attempt that moves
+// several times what the kind's attempts measured.
+func paddedSite(t *testing.T, site string, pad *atomic.Int64, padPrice *atomic.Bool) string {
 	target, err := url.Parse(site)
 	require.NoError(t, err)
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.ModifyResponse = func(res *http.Response) error {
-		if n := pad.Load(); n > 0 && strings.HasPrefix(res.Request.URL.Path, "/product/") {
+		path := "/product/"
+		if padPrice.Load() {
+			path = "/api/price/"
+		}
+		if n := pad.Load(); n > 0 && strings.HasPrefix(res.Request.URL.Path, path) {
 			res.Header.Set("X-Pad", strings.Repeat("p", int(n)))
 		}
 		return nil
@@ -50,8 +54,9 @@ func paddedSite(t *testing.T, site string, pad *atomic.Int64) string {
 type topUpRig struct {
 	*rig
 	priced *sessions.Provider
-	pad    atomic.Int64
-	gate   *armedGate
+	pad      atomic.Int64
+	padPrice atomic.Bool
+	gate     *armedGate
 }
 
 const topUpCap = 64 << 10
@@ -65,7 +70,7 @@ func newTopUpRig(t *testing.T) *topUpRig {
 	var err error
 	r.priced, err = r.prov.WithPrice(sessions.Price{Currency: "USD", MicrosPerGB: 1_000_000_000})
 	require.NoError(t, err)
-	r.gate = newArmedGate(t, paddedSite(t, r.site.URL, &r.pad))
+	r.gate = newArmedGate(t, paddedSite(t, r.site.URL, &r.pad, &r.padPrice))
 	return r
 }
 
@@ -275,4 +280,39 @@ func TestKilledAttemptChargedAfterTopUp(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, inPG, spent, "Redis charged A the same total as its lost row")
 	t.Logf("reservation %d, topped up to %d; A charged %d, B %d", reservation, held, atts[0].CostMicros, atts[1].CostMicros)
+}
+
+// TestWindowTopUpUnknown: Redis loses the window's total while an attempt runs (held at its
+// price step), and the attempt's price answer takes it past its reservation: the top-up
+// can not be answered (the restore can not know what attempts in flight spend), so the
+// attempt stops at its cap — retried as internal, not failed as budget_exceeded, since the
+// window is not known to be spent.
+func TestWindowTopUpUnknown(t *testing.T) {
+	ctx := context.Background()
+	r := newTopUpRig(t)
+	metrics := prometheus.NewRegistry()
+	reg := r.registry(t, 10_000_000, func(c *handlers.Config) { c.Registerer = metrics })
+	reservation, _ := r.warm(t, reg)
+
+	r.pad.Store(2 * reservation)
+	r.padPrice.Store(true)
+	r.gate.armed.Store(true)
+	key, task := r.job(t, "sku-9")
+	done := make(chan error, 1)
+	go func() { done <- reg.ProcessTask(ctx, task) }()
+	select {
+	case <-r.gate.held:
+	case err := <-done:
+		t.Fatalf("the attempt ended before its price step: %v", err)
+	}
+	require.NoError(t, r.ns.Client.Del(ctx, r.ns.Prefix+"{budget:catalog/2026-04-23}").Err())
+	r.gate.open()
+	d := decisionOf(<-done)
+	assert.True(t, d.Retry && d.Counted, "retried: %+v", d)
+	requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryInternal)
+	atts, err := r.st.AttemptList(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, atts, 1)
+	assert.Contains(t, atts[0].Error, "window reservation not topped up")
+	assert.Equal(t, 1.0, topUps(t, metrics, "failed"))
 }
