@@ -53,7 +53,7 @@ func paddedSite(t *testing.T, site string, pad *atomic.Int64, padPrice *atomic.B
 // (their largest, Percentile 1 × Margin 1) and an attempt byte cap of 64 KiB.
 type topUpRig struct {
 	*rig
-	priced *sessions.Provider
+	priced   *sessions.Provider
 	pad      atomic.Int64
 	padPrice atomic.Bool
 	gate     *armedGate
