@@ -35,7 +35,7 @@ type acquired struct {
 	Lease   lua.Lease // Lease.Token is the attempt's fencing token (Attempt.Fence)
 	Attempt store.StartedAttempt
 	slot    *providerSlot // the provider the attempt runs on (set by the caller)
-	window  *windowHold   // the attempt's window budget reservation (nil without one)
+	money   *attemptMoney // the attempt's money: its budgets, reservation, cost (set by the caller)
 }
 
 // acquire takes the lease of a job and starts an attempt: one Redis command (SET NX PX,

@@ -20,6 +20,7 @@ type metrics struct {
 	proxyCost         *prometheus.CounterVec   // kind, provider, currency
 	windowStops       *prometheus.CounterVec   // kind, action: failed, deferred, waited
 	windowRestores    *prometheus.CounterVec   // kind
+	windowTopUps      *prometheus.CounterVec   // kind, result: granted, refused, failed
 	routeChanges      *prometheus.CounterVec   // kind, provider, reason
 	resent            *prometheus.CounterVec   // kind
 	leaseLosses       *prometheus.CounterVec   // kind
@@ -87,6 +88,10 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_window_budget_restores_total",
 			Help: "Times this worker found a window's spent amount missing in Redis (lost, flushed, or unused for a day) and restored it from PostgreSQL.",
 		}, []string{"kind"}),
+		windowTopUps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_window_budget_topups_total",
+			Help: "Top-ups of running attempts' window reservations (an attempt that reached the bytes its reservation buys): granted (it went on), refused (the window's budget is spent: the attempt stopped, budget_exceeded) or failed (Redis or the window's total unavailable: the attempt stopped, retried).",
+		}, []string{"kind", "result"}),
 		routeChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_route_changes_total",
 			Help: "Routes this worker taught the fleet: reason no_peers (the provider had no exit in the job's country: skipped there for a while) or blocked (the destination blocked the provider's exit tier: escalated to the next tier for a while).",
@@ -181,7 +186,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		return nil, err
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.refusedBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
-		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
+		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.windowTopUps, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

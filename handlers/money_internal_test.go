@@ -50,9 +50,9 @@ func TestDecideMoneyBudget(t *testing.T) {
 	require.ErrorContains(t, err, "MoneyBudget -1 is negative")
 }
 
-// TestWindowHoldCap: a full window reservation never caps an attempt below its own
-// budgets, whatever the rounding of bytes → money → bytes at the price; a partial one (the
-// window's last money) does, and says so.
+// TestWindowHoldCap: a reservation of the attempt's whole cap never caps it below its own
+// budgets, whatever the rounding of bytes → money → bytes at the price; a smaller one (the
+// measured cost per attempt, or the window's last money) caps it at the bytes it buys.
 func TestWindowHoldCap(t *testing.T) {
 	for _, perGB := range []int64{3_000_000, 4_000_000, 8_400_000, 12_750_000} {
 		price := sessions.Price{Currency: "USD", MicrosPerGB: perGB}
@@ -61,14 +61,11 @@ func TestWindowHoldCap(t *testing.T) {
 		capBytes, _ := c.attemptByteCap(price, "US", 0)
 		wanted := price.Cost(capBytes, "US")
 		full := &windowHold{window: "w", amount: wanted, wanted: wanted, price: price}
-		got, note := full.byteCap(capBytes, "", "US", "k", 1_000_000)
-		require.Equal(t, capBytes, got, "%d micro/GB", perGB)
-		require.Empty(t, note)
-		require.False(t, full.capped, "%d micro/GB: a full grant is not the window's cap", perGB)
+		require.Equal(t, capBytes, full.bytes(capBytes, "US"), "%d micro/GB", perGB)
 		part := &windowHold{window: "w", amount: wanted / 2, wanted: wanted, price: price}
-		got, note = part.byteCap(capBytes, "", "US", "k", 1_000_000)
+		got := part.bytes(capBytes, "US")
 		require.Less(t, got, capBytes)
-		require.Contains(t, note, `the money budget of window "w" of kind k`)
-		require.True(t, part.capped)
+		require.LessOrEqual(t, price.Cost(got, "US"), part.amount, "the bytes cost at most what is reserved")
+		require.Contains(t, part.spentNote("k", 1_000_000), `the money budget of window "w" of kind k`)
 	}
 }

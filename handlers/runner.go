@@ -26,9 +26,10 @@ import (
 
 // ProcessTask runs one delivery of a job, top to bottom:
 //
-//  0. pick the provider; for a kind with a window money budget, reserve what the attempt
-//     is expected to cost (window.go), settled with its real cost once the attempt is
-//     recorded (the last step, whatever the outcome);
+//  0. pick the provider; reserve the attempt's money (attemptMoney, money.go): for a kind
+//     with a window money budget, what the attempt is expected to cost (window.go), topped
+//     up while it runs and settled with its real cost once the attempt is recorded (the
+//     last step, whatever the outcome);
 //  1. take the job's lease and start the attempt, which issues the fencing token
 //     (jobs.fence = N, the old fence + 1) and records the reservation;
 //  2. keep the lease renewed; losing it cancels the job context;
@@ -96,15 +97,16 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	ctx, cancel := beforeDeadline(ctx)
 	defer cancel()
 
-	// 0b. Reserve: the window's money budget (a kind with one) holds what the attempt is
-	// expected to cost; settle, deferred, replaces it by the real cost once the attempt's
-	// record is written (the commit, or the failure record after the release).
+	// 0b. Reserve: the attempt's money (money.go): a window's money budget (a kind with
+	// one) holds what the attempt is expected to cost; settle, deferred, replaces it by the
+	// real cost once the attempt's record is written (the commit, or the failure record
+	// after the release).
 	owner := r.owner()
-	hold, spent, err := r.reserveWindow(ctx, k, job, slot, owner, log)
+	money, err := r.reserve(ctx, k, job, slot, owner, log)
 	if err != nil {
 		return err
 	}
-	defer func() { r.settleWindow(ctx, k, hold, &w, log) }()
+	defer func() { money.settle(ctx, &w) }()
 
 	// 1. Lease, then the attempt under its token.
 	r.acquireAfterRelease(ctx, job.Key)
@@ -113,17 +115,17 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 		Owner: owner,
 		TTL:   r.lengths.For(k.name),
 		Start: store.AttemptStartParams{Worker: r.cfg.WorkerID, Country: job.Spec.Country, ProxyEndpoint: slot.prov.Gateway(),
-			Provider: slot.prov.Name(), Tier: string(slot.prov.Tier()), Reserved: hold.reserved()},
+			Provider: slot.prov.Name(), Tier: string(slot.prov.Tier()), Reserved: money.reserved()},
 		Unsure: &r.unsure,
 	})
 	if err != nil {
 		return r.notStarted(k, job, err, log)
 	}
-	acq.slot, acq.window = slot, hold
-	if spent != nil {
+	acq.slot, acq.money = slot, money
+	if money.spent != nil {
 		// The window's budget is spent (WindowFail): the job fails without fetching.
 		_ = r.release(ctx, acq.Lease, false)
-		return r.failed(ctx, k, job, acq, workResult{err: spent}, log)
+		return r.failed(ctx, k, job, acq, workResult{err: money.spent}, log)
 	}
 	log = jobLogger(log, slog.Int("attempt", acq.Attempt.AttemptNo), slog.Int64("token", acq.Lease.Token),
 		slog.String("endpoint", slot.prov.Gateway()))
@@ -144,7 +146,7 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	// 3 + 4. Workflow on a sticky session, then parse; what its bytes cost.
 	w = r.work(jobCtx, k, job, acq, log)
 	w.probe = adm.probe
-	w.cost = r.attemptCost(slot.prov, k, job, w.unit.Bytes)
+	w.cost = money.cost(w.unit.Bytes)
 	if n := w.unit.RefusedBytes; n > 0 {
 		r.metrics.refusedBytes.WithLabelValues(k.name, slot.prov.Name()).Add(float64(n))
 	}
@@ -556,10 +558,9 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 	if collector.Limiter == nil {
 		collector.Limiter = k.limiter
 	}
-	maxBytes, budgetNote := k.retry.attemptByteCap(acq.slot.prov.Price(), job.Spec.Country, acq.Attempt.BudgetBytes)
-	if k.window != nil {
-		maxBytes, budgetNote = acq.window.byteCap(maxBytes, budgetNote, job.Spec.Country, k.name, k.window.Money)
-	}
+	// The job's budgets, and the bytes a window reservation buys, topped up as the attempt
+	// reaches them.
+	maxBytes, budgetNote, moreBytes := acq.money.byteCap(acq.Attempt.BudgetBytes, acq.Lease.Token)
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Provider:           acq.slot.prov,
 		Country:            job.Spec.Country,
@@ -569,6 +570,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		// between them.
 		MaxBytes:   maxBytes,
 		BudgetNote: budgetNote,
+		MoreBytes:  moreBytes,
 		Collector:  collector,
 		Now:        r.cfg.Now,
 		Logger:     log,
@@ -589,7 +591,14 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		},
 	})
 	if err != nil {
-		w.err = asFetchError(err, tasks.CategoryInternal)
+		fe := asFetchError(err, tasks.CategoryInternal)
+		if terr := acq.money.topUpErr(); terr != nil && fe.Category == tasks.CategoryBudgetExceeded {
+			// Stopped because the window's budget could not be asked, not because it is
+			// spent: retried.
+			fe = &sessions.FetchError{Category: tasks.CategoryInternal, Step: fe.Step,
+				Err: fmt.Errorf("window reservation not topped up: %w (%w)", terr, err)}
+		}
+		w.err = fe
 		return w
 	}
 	var perr *sessions.FetchError
@@ -787,7 +796,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	// job's failure: out of its budget, not counted by asynq.
 	hostWait := isHostWait(fe)
 	// An attempt the window's reservation stopped, in a window that defers its jobs.
-	windowDefer := fe.Category == tasks.CategoryBudgetExceeded && acq.window != nil && acq.window.capped && k.window.OnSpent == WindowDefer
+	windowDefer := fe.Category == tasks.CategoryBudgetExceeded && acq.money.stoppedByWindow() && k.window.OnSpent == WindowDefer
 	// A provider without exits in the country, or a tier the destination blocks: the job
 	// goes to another provider at once (routing.go).
 	routed, isRouted := r.rerouted(ctx, k, job, acq, fe, log)
@@ -841,7 +850,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 			RetryAfter: fe.RetryAfter,
 			JobAge:     now.Sub(acq.Attempt.BudgetSince),
 			JobBytes:   acq.Attempt.BudgetBytes + w.unit.Bytes,
-			JobCost:    acq.slot.prov.Price().Cost(acq.Attempt.BudgetBytes+w.unit.Bytes, job.Spec.Country),
+			JobCost:    acq.money.jobCost(acq.Attempt.BudgetBytes + w.unit.Bytes),
 		}, r.cfg.Rand)
 	}
 	if d.Retry && !exempt {

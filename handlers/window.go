@@ -60,23 +60,24 @@ const windowWaitMax = 5 * time.Second
 // 8.40 USD/GB (0.44 USD a cap) once let two attempts run at a time.
 //
 // The window's last money is granted as it is (what is left, when nothing else is
-// reserved), and caps that attempt's bytes at what it buys, so the window ends at its
-// budget. An attempt granted its expected cost runs to its own byte cap: one that moves
-// more than it reserved (beyond Percentile × Margin: rare) is charged what it cost when
-// it settles, so the window may pass its budget by what such attempts in flight spent
-// beyond their reservations, each at most its own byte cap. (A top-up in mid-attempt,
-// lua.WindowBudgets.TopUp, removes that once the session layer can raise a running
-// attempt's byte cap.)
+// reserved). Every attempt's byte cap is what its reservation buys (never above its own
+// cap); one that reaches it (beyond Percentile × Margin: rare) is topped up in mid-attempt
+// (windowByteCap: Redis, then its row in PostgreSQL) and goes on, or, the window spent,
+// stops as budget_exceeded; it is charged what it cost when it settles. So the window
+// passes its budget by at most one request written past the last cap and the byte of its
+// answer that crossed it, never by what attempts in flight spend beyond their
+// reservations.
 //
 // When Redis loses a window's total (restart without persistence, failover, flush) the
 // next worker restores it from PostgreSQL, which records every finished attempt's cost
 // (store.PG.WindowCost); attempts in flight at that moment are the only ones that can
-// then pass the budget, each by at most its own cap. A worker that dies holding a
-// reservation is charged all of it when its delivery's deadline passes (the attempt may
-// have spent that much; the proxy bills a killed worker's traffic too), and its attempt's
-// row, written as lost when the job is taken over, carries the same cost (the start
-// records the reservation on the job); a report from the worker, if it ever comes,
-// replaces the charge by the attempt's real cost.
+// then pass the budget (their top-ups fail, and they stop at their caps). A worker that
+// dies holding a reservation is charged all of it — its top-ups included — when its
+// delivery's deadline passes (the attempt may have spent that much; the proxy bills a
+// killed worker's traffic too), and its attempt's row, written as lost when the job is
+// taken over, carries the same cost (the start records the reservation on the job, each
+// top-up raises it); a report from the worker, if it ever comes, replaces the charge by
+// the attempt's real cost.
 type WindowBudget struct {
 	// Money per window, in micro-units of the providers' currency (all providers must
 	// have a price, in one currency). Required.
@@ -235,12 +236,18 @@ var windowHoldSlack = detachedTimeout
 type windowHold struct {
 	window string
 	owner  string // the delivery's lease owner
-	amount int64  // micro-units reserved
-	wanted int64  // what the attempt's own cap costs: amount < wanted is a partial grant
+	amount int64  // micro-units reserved, top-ups included
+	wanted int64  // what the attempt asked for at its start: a top-up asks for as much again
 	price  sessions.Price
-	// capped: the reservation, not the job's own budgets, set the attempt's byte cap
-	// (work): an attempt stopped at it was stopped by the window.
+	// The fields below are the running attempt's (written by its top-ups, serialised by the
+	// session layer, read once its run returned).
+	// capped: the window stopped the attempt — its top-up found the budget spent — not the
+	// job's own budgets.
 	capped bool
+	// topUpErr: a top-up could not be asked (Redis down, or the window's total lost): the
+	// attempt stopped at its cap, not because the window is spent.
+	topUpErr error
+	topUps   int // top-ups granted
 }
 
 // reserved is what the hold reserved, recorded with the attempt's start (store.
@@ -252,20 +259,89 @@ func (h *windowHold) reserved() store.Cost {
 	return store.Cost{Micros: h.amount, Currency: h.price.Currency}
 }
 
-// byteCap lowers an attempt's byte cap to what its reservation buys.
-func (h *windowHold) byteCap(maxBytes int64, note, country, kindName string, money int64) (int64, string) {
-	if h == nil {
-		return maxBytes, note
+// bytes is what the reservation buys, at most the attempt's own cap (ownCap): the whole of
+// it once the reservation covers what ownCap costs (a reservation of the cap, converted
+// back to bytes, may round a few bytes under it, and must not make the job's own budget
+// look like the window's).
+func (h *windowHold) bytes(ownCap int64, country string) int64 {
+	if h.amount >= h.price.Cost(ownCap, country) {
+		return ownCap
 	}
-	// Only a partial grant (the window's last money) caps the attempt below its own budgets:
-	// a full one, converted back to bytes, may round a few bytes under them, and must not
-	// make the job's own budget look like the window's.
-	if b := max(1, h.price.Bytes(h.amount, country)); h.amount < h.wanted && b < maxBytes {
-		h.capped = true
-		return b, fmt.Sprintf("the money budget of window %q of kind %s: %s reserved of %s",
-			h.window, kindName, store.Cost{Micros: h.amount, Currency: h.price.Currency}, store.Cost{Micros: money, Currency: h.price.Currency})
+	return min(ownCap, h.price.Bytes(h.amount, country))
+}
+
+// spentNote is the budget_exceeded note of an attempt the window stopped.
+func (h *windowHold) spentNote(kindName string, money int64) string {
+	return fmt.Sprintf("the money budget of window %q of kind %s: %s reserved of %s",
+		h.window, kindName, store.Cost{Micros: h.amount, Currency: h.price.Currency}, store.Cost{Micros: money, Currency: h.price.Currency})
+}
+
+// windowByteCap is the attempt's byte cap under its reservation h: the bytes the
+// reservation buys, never above the attempt's own cap (ownCap, which ownNote names), and
+// the sessions.RunConfig.MoreBytes that tops the reservation up when the attempt reaches
+// it (nil when the cap is the attempt's own). So the window's total passes its budget by
+// at most the read that crossed the last cap, never by what attempts in flight spend
+// beyond their reservations.
+//
+// A top-up asks Redis (lua.WindowBudgets.TopUp) for what the attempt moved beyond its
+// reservation and as much again as it reserved at its start — or what is left of the
+// window, at most what is left of the attempt's own cap — then raises the reservation the
+// attempt's row records (store.PG.JobAttemptReserve), so that a worker killed after a
+// top-up is charged the total, in Redis when the reservation lapses and on its lost row
+// alike. A top-up of 0 stops the attempt as capped by the window (budget_exceeded, with
+// the window's note); a top-up that fails (Redis down, the window's total lost) stops it
+// too, retried as internal, since the window's budget can not be known to cover it.
+func (r *Registry) windowByteCap(k *kind, h *windowHold, job tasks.Payload, token int64, ownCap int64, ownNote string, log *slog.Logger) (int64, string, func(context.Context, int64) (int64, string)) {
+	country := job.Spec.Country
+	if h == nil || h.bytes(ownCap, country) >= ownCap {
+		return ownCap, ownNote, nil
 	}
-	return maxBytes, note
+	ownCost := h.price.Cost(ownCap, country)
+	more := func(ctx context.Context, moved int64) (int64, string) {
+		if moved > ownCap || h.amount >= ownCost {
+			return 0, ownNote // the attempt's own budget, not the window's
+		}
+		want := max(h.price.Cost(moved, country)-h.amount, 0) + h.wanted
+		want = max(1, min(want, ownCost-h.amount))
+		granted, err := r.windows.TopUp(ctx, k.name, h.window, h.owner, k.window.Money, want)
+		if err != nil {
+			h.topUpErr = err
+			r.metrics.windowTopUps.WithLabelValues(k.name, "failed").Inc()
+			log.WarnContext(ctx, "window reservation not topped up: the attempt stops at its cap", "window", h.window, "err", err)
+			return 0, fmt.Sprintf("the money budget of window %q of kind %s: %s reserved, not topped up: %v",
+				h.window, k.name, store.Cost{Micros: h.amount, Currency: h.price.Currency}, err)
+		}
+		if granted == 0 {
+			h.capped = true
+			r.metrics.windowTopUps.WithLabelValues(k.name, "refused").Inc()
+			return 0, h.spentNote(k.name, k.window.Money)
+		}
+		h.amount += granted
+		h.topUps++
+		r.metrics.windowTopUps.WithLabelValues(k.name, "granted").Inc()
+		// After Redis: a row that records more than Redis holds would charge a killed
+		// attempt more there than in Redis. (A worker killed between the two is charged
+		// the total by Redis, the reservation before this top-up on its row.)
+		if _, err := r.cfg.Store.JobAttemptReserve(ctx, job.Key, token, h.reserved()); err != nil {
+			log.WarnContext(ctx, "window top-up not recorded on the attempt; a lost attempt would be charged its earlier reservation in PostgreSQL",
+				"window", h.window, "reserved", h.reserved().String(), "err", err)
+		}
+		capBytes := h.bytes(ownCap, country)
+		if capBytes <= moved {
+			// What was left of the window does not cover what the attempt moved already.
+			h.capped = capBytes < ownCap
+			if !h.capped {
+				return 0, ownNote
+			}
+			r.metrics.windowTopUps.WithLabelValues(k.name, "refused").Inc()
+			return 0, h.spentNote(k.name, k.window.Money)
+		}
+		if capBytes == ownCap {
+			return capBytes, ownNote
+		}
+		return capBytes, ""
+	}
+	return h.bytes(ownCap, country), ownNote, more
 }
 
 // reserveWindow is step 1a for a kind with a window budget: reserve the most the attempt

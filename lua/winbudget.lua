@@ -1,8 +1,9 @@
 -- winbudget.lua: the money budget of one kind × collection window, shared by a fleet.
--- Every attempt of a budgeted kind reserves, before it starts, the most it may cost (its
--- byte cap at its exit's price); what it really cost replaces the reservation when its
--- record is written (ARGV[1] = "settle"). So what the window spends never passes its budget:
--- an attempt is capped at what it reserved, and nothing is reserved past the budget.
+-- Every attempt of a budgeted kind reserves, before it starts, what it is expected to cost
+-- (or its byte cap at its exit's price); one that reaches what it reserved asks for more
+-- ("topup") or stops; what it really cost replaces the reservation when its record is
+-- written ("settle"). So what the window spends does not pass its budget: an attempt is
+-- capped at what it reserved, and nothing is reserved past the budget.
 --
 -- KEYS[1] -> <prefix>{budget:<kind>/<window>}  HASH
 --              spent      integer micro-units the window's finished attempts cost

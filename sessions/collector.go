@@ -90,11 +90,12 @@ type CollectorConfig struct {
 	// Defaults to nil: a step that renders fails (ErrNoBrowsers).
 	Browsers *BrowserPool
 
-	// budget is how many bytes this collector may move before its reads fail with
-	// ErrBudgetExceeded (set by Unit.Run from RunConfig.MaxBytes); only if budgetSet.
-	budgetSet  bool
-	budget     int64
-	budgetNote string // what the budget stands for (RunConfig.BudgetNote), "" for bandwidth
+	// run is the run's owner of bytes (set by Unit.Run), above every session's: it counts
+	// what all the run's sessions moved and carries the run's byte cap (RunConfig.MaxBytes,
+	// raised by RunConfig.MoreBytes), one value for all of them. nil: no cap. budgetSet
+	// says run has a cap.
+	run       *wireOwner
+	budgetSet bool
 }
 
 func (c *CollectorConfig) withDefaults() CollectorConfig {
@@ -171,12 +172,9 @@ const responseKey = "idemscrape.response"
 func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
 	c := cfg.withDefaults()
 	b := &Bound{Session: s, cfg: c, ctx: ctx}
-	b.job = &wireOwner{n: &b.bytes, sent: &b.sent, budget: -1}
-	b.refusals = &wireOwner{n: &b.refused, sent: &b.refSent, budget: -1}
-	b.robotsOwn = &wireOwner{n: &b.robots, budget: -1}
-	if c.budgetSet {
-		b.job.budget = c.budget
-	}
+	b.job = &wireOwner{n: &b.bytes, sent: &b.sent, up: c.run}
+	b.refusals = &wireOwner{n: &b.refused, sent: &b.refSent}
+	b.robotsOwn = &wireOwner{n: &b.robots}
 	b.plainKey = plainKey{endpoint: s.Endpoint, dial: c.DialTimeout, header: c.RequestTimeout}
 	if c.IsolatePlainHTTP {
 		b.plain = &plainTransport{t: newPlainTransport(b.plainKey, 4), refs: 1} // not in plains: only this Bound
@@ -284,13 +282,14 @@ func (b *Bound) RefusedBytes() int64 { return b.refused.Load() }
 // hop counts, redirects and robots.txt included, and a proxy's refusal — or 0 if none.
 func (b *Bound) LastStatus() int { return int(b.lastStatus.Load()) }
 
-// overBudget reports whether the collector moved more bytes than its budget.
+// overBudget reports whether the run moved more bytes than its cap, once the cap's
+// MoreBytes, asked, did not raise it above them.
 func (b *Bound) overBudget() bool {
-	return b.cfg.budgetSet && b.bytes.Load() > b.cfg.budget
+	return b.cfg.budgetSet && b.cfg.run.over()
 }
 
 func (b *Bound) budgetError() error {
-	return &budgetExceededError{moved: b.bytes.Load(), budget: b.cfg.budget, note: b.cfg.budgetNote}
+	return b.cfg.run.cap.exceeded(b.cfg.run.n.Load())
 }
 
 // Exit is the exit address the session's responses named in the provider's exit header
@@ -604,7 +603,7 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 	// so that a refusal's bytes can be taken out of the job's.
 	owner := b.job.child()
 	if !job {
-		owner = &wireOwner{n: counter, sent: new(atomic.Int64), budget: -1, up: b.robotsOwn}
+		owner = &wireOwner{n: counter, sent: new(atomic.Int64), up: b.robotsOwn}
 	}
 	// An HTTP/1 connection serves one request at a time (neither transport speaks HTTP/2:
 	// both set DialContext and not ForceAttemptHTTP2), so the request that got it owns its
@@ -705,10 +704,10 @@ func isProxyRefusal(res *http.Response) bool {
 	return providerErrorCode(res.Header) != "" && res.StatusCode >= 500
 }
 
-// budgetReader ends the read of a job's response with the budget error once the
-// collector's wire bytes exceed its budget. The connection (wireConn) counts the bytes and
-// reads at most one byte past the budget, so the abort comes at the budget and not a
-// socket buffer later.
+// budgetReader ends the read of a job's response with the budget error once the run's
+// wire bytes exceed its cap (and MoreBytes did not raise it). The connection (wireConn)
+// counts the bytes and reads at most one byte past the cap, so the abort comes at the cap
+// and not a socket buffer later.
 type budgetReader struct {
 	r     io.Reader
 	bound *Bound
@@ -731,17 +730,18 @@ func (c *budgetReader) Read(p []byte) (int, error) {
 type wireOwner struct {
 	n    *atomic.Int64 // both ways
 	sent *atomic.Int64 // written only; nil: not kept apart
-	// budget: reads are cut so that n goes at most one byte past it; < 0: no budget. The
-	// first owner up the chain with a budget sets the limit.
-	budget int64
-	up     *wireOwner
+	// cap: reads are cut so that n goes at most one byte past it, unless the cap is raised
+	// then (byteCap.raise); nil: no cap. The first owner up the chain with a cap sets the
+	// limit.
+	cap *byteCap
+	up  *wireOwner
 	// moved: the owner's bytes were refused (refuse); what it moves from now on goes there.
 	moved atomic.Pointer[wireOwner]
 }
 
 // child is a new owner whose bytes are o's too.
 func (o *wireOwner) child() *wireOwner {
-	return &wireOwner{n: new(atomic.Int64), sent: new(atomic.Int64), budget: -1, up: o}
+	return &wireOwner{n: new(atomic.Int64), sent: new(atomic.Int64), up: o}
 }
 
 // add charges n bytes to o and every owner above it (to the one o's bytes were moved to,
@@ -758,21 +758,46 @@ func (o *wireOwner) add(n int64, written bool) {
 	}
 }
 
-// left is how many bytes the first budget up the chain still allows; ok is false when
-// there is none.
-func (o *wireOwner) left() (n int64, ok bool) {
+// capped is the first owner up the chain with a cap (o's, or the one o's bytes were moved
+// to, once refused), nil if none.
+func (o *wireOwner) capped() *wireOwner {
 	if o == nil {
-		return 0, false
+		return nil
 	}
 	if m := o.moved.Load(); m != nil {
 		o = m
 	}
 	for ; o != nil; o = o.up {
-		if o.budget >= 0 {
-			return o.budget - o.n.Load(), true
+		if o.cap != nil {
+			return o
 		}
 	}
+	return nil
+}
+
+// left is how many bytes the first cap up the chain still allows; ok is false when there
+// is none.
+func (o *wireOwner) left() (n int64, ok bool) {
+	if c := o.capped(); c != nil {
+		return c.cap.max.Load() - c.n.Load(), true
+	}
 	return 0, false
+}
+
+// over reports whether the first owner up the chain with a cap moved more than it, once
+// asked to raise it (byteCap.raise), or was stopped.
+func (o *wireOwner) over() bool {
+	c := o.capped()
+	if c == nil {
+		return false
+	}
+	if c.cap.stopped.Load() {
+		return true
+	}
+	if c.n.Load() <= c.cap.max.Load() {
+		return false
+	}
+	return !c.cap.raise(c.n.Load)
 }
 
 // refuse moves what o moved so far, and what it moves from now on, out of the owners above
@@ -843,9 +868,13 @@ func asWireConn(c net.Conn) *wireConn {
 func (c *wireConn) Read(p []byte) (int, error) {
 	if left, ok := c.owner.Load().left(); ok {
 		if left < 0 {
-			// Spent: reading on (a TLS record needs all of its bytes before any reach the
-			// reader) would only move more. The connection is dropped.
-			return 0, ErrBudgetExceeded
+			// Past the cap: the run's MoreBytes may raise it (a top-up of its money).
+			if c.owner.Load().over() {
+				// Spent: reading on (a TLS record needs all of its bytes before any reach
+				// the reader) would only move more. The connection is dropped.
+				return 0, ErrBudgetExceeded
+			}
+			left, _ = c.owner.Load().left()
 		}
 		if int64(len(p)) > left+1 {
 			p = p[:left+1]
@@ -863,6 +892,9 @@ func (c *wireConn) Read(p []byte) (int, error) {
 // Write counts p before it is sent, and takes back what was not: the answer to a request
 // may be read (and the exchange settled, refused) before the writing goroutine would
 // count bytes it had already sent.
+// A write is not cut at the cap (the read of its answer is, asking MoreBytes first): a
+// request refused before it is sent would leave what is left of a money budget unspent
+// for ever, each attempt granted it stopping without a byte.
 func (c *wireConn) Write(p []byte) (int, error) {
 	o := c.owner.Load()
 	if o != nil && len(p) > 0 {
@@ -875,10 +907,82 @@ func (c *wireConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// ErrBudgetExceeded: the run moved more bytes than RunConfig.MaxBytes (the job's bandwidth
-// budget, or the bytes its money budget buys: RunConfig.BudgetNote); the response being
-// read was aborted (category budget_exceeded).
+// ErrBudgetExceeded: the run moved more bytes than its cap — RunConfig.MaxBytes (the
+// job's bandwidth budget, or the bytes its money budgets buy: RunConfig.BudgetNote), as
+// RunConfig.MoreBytes last raised it; the response being read was aborted (category
+// budget_exceeded).
 var ErrBudgetExceeded = errors.New("sessions: byte budget exceeded")
+
+// byteCap is a run's byte cap: one value for all of the run's sessions, so a replayed
+// unit's new session goes on from what the earlier ones moved, and a raise reaches every
+// connection of the run (collector fetches and renders alike: both count at wireConn).
+type byteCap struct {
+	ctx context.Context
+	max atomic.Int64
+	// more is RunConfig.MoreBytes; nil: the cap is fixed.
+	more func(ctx context.Context, moved int64) (newMax int64, note string)
+	// mu serialises more, and guards what follows.
+	mu sync.Mutex
+	// note is what the cap stands for (RunConfig.BudgetNote, or more's last word).
+	note string
+	// done: more said stop, or the run ended; more is not asked again.
+	done bool
+	// stopped: the run passed the cap and it was not raised: the run is over budget from
+	// then on.
+	stopped atomic.Bool
+}
+
+// runOwner is a run's owner of bytes, above each of its sessions' (CollectorConfig.run),
+// with its cap.
+func runOwner(ctx context.Context, maxBytes int64, note string, more func(context.Context, int64) (int64, string)) *wireOwner {
+	c := &byteCap{ctx: ctx, more: more, note: note}
+	c.max.Store(maxBytes)
+	return &wireOwner{n: new(atomic.Int64), cap: c}
+}
+
+// raise asks more for a higher cap once the run's bytes (moved, read at the call: calls
+// wait for each other) passed it. It reports whether the cap is now at or above them:
+// raised by this call or by another meanwhile. Not raised, the run is stopped.
+func (c *byteCap) raise(moved func() int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := moved()
+	if c.stopped.Load() {
+		return false
+	}
+	if n <= c.max.Load() {
+		return true
+	}
+	if c.done || c.more == nil {
+		c.stopped.Store(true)
+		return false
+	}
+	newMax, note := c.more(c.ctx, n)
+	if note != "" {
+		c.note = note
+	}
+	if newMax <= n {
+		c.done = true
+		c.stopped.Store(true)
+		return false
+	}
+	c.max.Store(newMax)
+	return true
+}
+
+// end stops asking more: the run is over (an idle connection's late read must not buy
+// anything).
+func (c *byteCap) end() {
+	c.mu.Lock()
+	c.done = true
+	c.mu.Unlock()
+}
+
+func (c *byteCap) exceeded(moved int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &budgetExceededError{moved: moved, budget: c.max.Load(), note: c.note}
+}
 
 // budgetExceededError says how much was moved against which budget; errors.Is(err,
 // ErrBudgetExceeded) holds.
@@ -888,7 +992,7 @@ type budgetExceededError struct {
 }
 
 func (e *budgetExceededError) Error() string {
-	msg := fmt.Sprintf("%v: this session moved %d bytes, the run had %d left", ErrBudgetExceeded, e.moved, e.budget)
+	msg := fmt.Sprintf("%v: the run moved %d bytes of a cap of %d", ErrBudgetExceeded, e.moved, e.budget)
 	if e.note != "" {
 		msg += " (" + e.note + ")"
 	}

@@ -31,8 +31,8 @@ import (
 // Its connections to the gateway are where a render's bytes are counted: every byte
 // either way (the CONNECT exchanges, TLS inside the tunnels, request and response headers
 // as Chromium sent them plus the session's Proxy-Authorization, bodies as sent) goes to
-// its owner, the render's, which is the job's (Bound.Bytes) and under the attempt's
-// budget as it arrives; an exchange the gateway refused goes to the refusals instead
+// its owner, the render's, which is the job's (Bound.Bytes) and under the run's byte cap
+// as it arrives (a read past the cap asks RunConfig.MoreBytes, as a fetch's does); an exchange the gateway refused goes to the refusals instead
 // (Bound.RefusedBytes). Chromium's own figures (encodedDataLength) miss the proxy
 // headers, the CONNECTs and the TLS overhead.
 type renderProxy struct {

@@ -132,6 +132,16 @@ type RunConfig struct {
 	// the bandwidth budget itself, e.g. "the job's money budget: 2560 micro-units at
 	// 10 USD/GB". Optional.
 	BudgetNote string
+	// MoreBytes, when set, is asked for a higher cap when the run's bytes pass MaxBytes (or
+	// the cap it last returned) — a read one byte past it, or the read of an answer to a
+	// request that was written past it — before the run fails with ErrBudgetExceeded: e.g.
+	// a top-up of a money reservation. moved is what the run's sessions moved so far; it
+	// returns the new cap, which must be above moved to go on (at most moved: stop, and
+	// it is not asked again), and, unless "", what the cap now stands for (BudgetNote's
+	// successor). Calls are serialised per run and end when Run returns; it is called from
+	// the goroutine reading a connection (a fetch's or a render's), so it should
+	// be quick. Optional.
+	MoreBytes func(ctx context.Context, moved int64) (newMax int64, note string)
 	// Collector configures each session's collector.
 	Collector CollectorConfig
 	// Quarantine receives the staging of every run that did not finish. Required: the
@@ -243,6 +253,12 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	}
 
 	var res Result
+	if cfg.MaxBytes > 0 {
+		// One cap for every session of the run: a new session goes on from what the
+		// earlier ones moved, and a raise (MoreBytes) holds for all of them.
+		collectorCfg.run, collectorCfg.budgetSet = runOwner(ctx, cfg.MaxBytes, cfg.BudgetNote, cfg.MoreBytes), true
+		defer collectorCfg.run.cap.end()
+	}
 	for {
 		sess, err := cfg.Provider.NewSession(cfg.Country, cfg.SessionLifetime, now())
 		if err != nil {
@@ -251,10 +267,6 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		res.Sessions = append(res.Sessions, sess.ID)
 		res.Session = sess
 		runCfg := collectorCfg
-		if cfg.MaxBytes > 0 {
-			// What earlier sessions of this run moved counts against the same budget.
-			runCfg.budgetSet, runCfg.budget, runCfg.budgetNote = true, cfg.MaxBytes-res.Bytes, cfg.BudgetNote
-		}
 		sctx, span := startSpan(ctx, "session")
 		bytesBefore := res.Bytes
 		staged, failure, unsafeRan := u.runOnce(sctx, sess, &runCfg, now, &res)
