@@ -18,16 +18,19 @@ import (
 //
 //   - worker: the child process itself (getrusage, user + sys, as the "CPU µs/job" column);
 //   - PostgreSQL: the backends of the run's own database — the pids pg_stat_activity lists
-//     for it at the start and at the end, each read from /proc/<pid>/stat (utime + stime);
-//     a backend first seen at the end counts whole. Server-wide processes (WAL writer,
+//     for it at the start and at the end, each read from /proc/<pid>/schedstat (time on a
+//     CPU in ns: a backend is one thread, and at c = 200 the 10 ms ticks of
+//     /proc/<pid>/stat, 200 backends of them, would blur a run's few seconds of PostgreSQL
+//     CPU); a backend first seen at the end counts whole. Server-wide processes (WAL writer,
 //     checkpointer, autovacuum) are left out: on a shared box they also work for others.
 //     The "PG CPU" column, every postgres process on the machine, includes them;
 //   - Redis: the run's own redis-server (its pid from INFO server), from /proc;
 //   - proxy and site: they run in the parent process (testutil.FakeProxy and FakeSite),
 //     which does nothing else while a child runs: the parent's /proc/<ppid>/stat.
 //
-// /proc counts in clock ticks (10 ms), so a run should last long enough for its CPU to be
-// many ticks (a few seconds); where /proc is not readable every part reads 0.
+// The worker, redis-server and parent are read from /proc/<pid>/stat (utime + stime, every
+// thread, in 10 ms ticks: one read error of a tick per process), so a run should last a few
+// seconds; where /proc is not readable a part reads 0.
 
 // boxPool is the child's pool, through which the run's backends are listed; set by runChild.
 var boxPool *pgxpool.Pool
@@ -49,7 +52,7 @@ func takeBoxSnap(ctx context.Context, rdb *redis.Client) boxSnap {
 		s.redis = pidCPU(pid)
 	}
 	for _, pid := range backendPIDs(ctx) {
-		s.pg[pid] = pidCPU(pid)
+		s.pg[pid] = backendCPU(pid)
 	}
 	return s
 }
@@ -107,6 +110,25 @@ func pidCPU(pid int) time.Duration {
 	}
 	_, ticks := statCPU(b)
 	return time.Duration(ticks) * (time.Second / 100) // USER_HZ is 100 on Linux
+}
+
+// backendCPU is the time on a CPU so far of the single-threaded process pid (a PostgreSQL
+// backend), from /proc/<pid>/schedstat in nanoseconds; /proc/<pid>/stat where schedstat is
+// missing; 0 if neither is readable.
+func backendCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return pidCPU(pid)
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return pidCPU(pid)
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return pidCPU(pid)
+	}
+	return time.Duration(ns)
 }
 
 // statCPU parses a /proc/<pid>/stat line: the command name and utime + stime in ticks

@@ -38,6 +38,23 @@ func TestBoxCPU(t *testing.T) {
 		_ = x
 		assert.Greater(t, pidCPU(os.Getpid()), before)
 		assert.Zero(t, pidCPU(-1), "an unreadable pid reads 0")
+		assert.Zero(t, backendCPU(-1), "an unreadable pid reads 0")
+	})
+
+	t.Run("BackendCPUReadsASingleThreadedProcess", func(t *testing.T) {
+		// A PostgreSQL backend of this test's own database: its CPU so far is more than
+		// nothing (it authenticated and ran a query) and only grows.
+		pool := testutil.PG(t)
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		var pid int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+		before := backendCPU(pid)
+		assert.Positive(t, before)
+		_, err = conn.Exec(ctx, `SELECT count(*) FROM generate_series(1, 200000)`)
+		require.NoError(t, err)
+		assert.Greater(t, backendCPU(pid), before)
 	})
 
 	t.Run("BackendsOfTheRunsDatabase", func(t *testing.T) {
