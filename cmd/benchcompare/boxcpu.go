@@ -21,7 +21,9 @@ import (
 //     for it at the start and at the end, each read from /proc/<pid>/schedstat (time on a
 //     CPU in ns: a backend is one thread, and at c = 200 the 10 ms ticks of
 //     /proc/<pid>/stat, 200 backends of them, would blur a run's few seconds of PostgreSQL
-//     CPU); a backend first seen at the end counts whole. Server-wide processes (WAL writer,
+//     CPU); a backend first seen at the end counts whole, its connection's start included
+//     (both sides' pools open connections as their concurrency needs them, so both pay it;
+//     it weighs less the larger N is). Server-wide processes (WAL writer,
 //     checkpointer, autovacuum) are left out: on a shared box they also work for others.
 //     The "PG CPU" column, every postgres process on the machine, includes them;
 //   - Redis: the run's own redis-server (its pid from INFO server), from /proc;
