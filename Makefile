@@ -52,7 +52,7 @@ bench: services
 ## bench-compare: idemscrape vs hand-written asynq + colly and River + colly peers, run
 ## alternately, each run in its own process with its own database and redis-server; prints
 ## medians, ratios, spread and whole-box CPU per job. Other flags: BENCHCOMPARE_FLAGS, e.g.
-## BENCHCOMPARE_FLAGS='-site-delay 300ms -concurrency 200 -modes b1,river,riverfast -n 4000'
+## BENCHCOMPARE_FLAGS='-site-delay 300ms -concurrency 200 -pg-conns 40 -modes b1,river,riverfast -n 4000'
 ## (residential latency; see cmd/benchcompare/README.md).
 BENCHCOMPARE_FLAGS ?= -n 2000 -pairs 5
 bench-compare: services

@@ -41,6 +41,7 @@ type runSpec struct {
 	ProxyUser string
 	ProxyPass string // from the environment, never a flag
 	Profile   string // if set, the CPU profile of the measured phase is written there
+	PGConns   int    // pgx MaxConns (0: Conc + 10)
 }
 
 // runResult is what a child prints (one JSON line on stdout).
@@ -147,7 +148,7 @@ func openChildPool(ctx context.Context, s runSpec, pgrt *pgCounter) (*pgxpool.Po
 	if err != nil {
 		return nil, err
 	}
-	pcfg.MaxConns = int32(s.Conc + 10)
+	pcfg.MaxConns = int32(poolSize(s.PGConns, s.Conc))
 	pcfg.ConnConfig.Tracer = pgrt
 	return pgxpool.NewWithConfig(ctx, pcfg)
 }

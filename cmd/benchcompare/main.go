@@ -118,6 +118,8 @@ type options struct {
 	// siteDelay, if positive, makes the site answer every page request after it (the
 	// residential-latency mode, e.g. 300ms with -concurrency 200).
 	siteDelay time.Duration
+	// pgConns is the pgx pool size of every run, both sides (0: the run's concurrency + 10).
+	pgConns int
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -132,6 +134,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&o.peerCmd, "peer-cmd", "", "program run in the peer's place, with the peer's flags and environment, to check the peer against a separately written one; the columns become ours = this tool's peer, peer = the program (modes "+strings.Join(peerCmdModes, ", ")+")")
 	fs.StringVar(&o.pgDSN, "pg", testutil.PGAdminDSN(), "PostgreSQL DSN of a role that may CREATE DATABASE")
 	fs.DurationVar(&o.siteDelay, "site-delay", 0, "the site answers every page request after this long (residential latency, e.g. -site-delay 300ms -concurrency 200); 0: at once")
+	fs.IntVar(&o.pgConns, "pg-conns", 0, "PostgreSQL pool size (pgx MaxConns) of every run, both sides; 0: concurrency + 10. At -concurrency 200 the default exceeds PostgreSQL's default max_connections (100)")
 	fs.BoolVar(&o.verbose, "v", false, "print every run")
 	fs.StringVar(&o.profDir, "cpuprofile", "", "directory: every run writes the CPU profile of its measured phase there (<mode>-<side>-c<c>-<run>.pprof)")
 	fs.StringVar(&o.runID, "runid", randomHex(4), "names this run's databases idemscrape_bc_<runid>_* ([a-z0-9])")
@@ -150,7 +153,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if *child != "" {
 		cs.Mode, cs.Side, _ = strings.Cut(*child, "/")
-		cs.N, cs.Robots, cs.ProxyPass = o.n, o.robots, os.Getenv(proxyPassEnv)
+		cs.N, cs.Robots, cs.ProxyPass, cs.PGConns = o.n, o.robots, os.Getenv(proxyPassEnv), o.pgConns
 		res, err := runChild(ctx, cs)
 		if err != nil {
 			return err
@@ -188,6 +191,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			}
 		}
 	}
+	if o.pgConns < 0 {
+		return fmt.Errorf("-pg-conns: %d is negative", o.pgConns)
+	}
 	if o.siteDelay < 0 {
 		return fmt.Errorf("-site-delay: %s is negative", o.siteDelay)
 	}
@@ -200,6 +206,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 // parent starts the fake site and proxy, runs every (mode, concurrency) pair set and
 // prints the table. The fakes live in this process, so a child's CPU is the worker's only.
 func parent(ctx context.Context, o options, out io.Writer) (err error) {
+	if err := checkConnections(ctx, o); err != nil {
+		return err
+	}
 	tb, err := testutil.NewProcessTB("benchcompare")
 	if err != nil {
 		return err
@@ -277,6 +286,37 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 	return nil
 }
 
+// checkConnections fails before the first run when a run's pool could not get its
+// connections from the server (max_connections less the superuser reserve and the
+// connections open now): a run would otherwise see "too many clients", and its jobs
+// retry, which measures the server's limit rather than the worker.
+func checkConnections(ctx context.Context, o options) error {
+	conn, err := pgx.Connect(ctx, o.pgDSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var maxConns, reserved, open int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int, (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')`).Scan(&maxConns, &reserved, &open); err != nil {
+		return err
+	}
+	free := maxConns - reserved - open
+	for _, c := range o.conc {
+		if need := poolSize(o.pgConns, c); need > free {
+			return fmt.Errorf("-concurrency %d: a run's pool of %d connections does not fit the %d PostgreSQL has free (max_connections %d, %d reserved, %d open); pass a smaller -pg-conns (both sides get it)", c, need, free, maxConns, reserved, open)
+		}
+	}
+	return nil
+}
+
+// poolSize is a run's pgx MaxConns: -pg-conns, or the concurrency + 10.
+func poolSize(pgConns, conc int) int {
+	if pgConns > 0 {
+		return pgConns
+	}
+	return conc + 10
+}
+
 // checkRobots fails a run whose peer did not do with robots.txt what its mode says: the
 // b1 and direct peers (and a -peer-cmd program in their place) use colly's default and
 // never fetch it; the b1robots peer fetches it on every job.
@@ -313,6 +353,9 @@ func oneRun(ctx context.Context, self string, o options, tpl, db string, s runSp
 	args := []string{"-child", s.Mode + "/" + s.Side, "-n", strconv.Itoa(o.n), "-c", strconv.Itoa(s.Conc),
 		"-robots=" + strconv.FormatBool(o.robots), "-redis", rs.addr, "-dsn", dsn, "-page", s.Page,
 		"-proxy", s.ProxyAddr, "-proxyuser", s.ProxyUser}
+	if o.pgConns > 0 {
+		args = append(args, "-pg-conns", strconv.Itoa(o.pgConns))
+	}
 	if o.profDir != "" {
 		args = append(args, "-profile", filepath.Join(o.profDir, fmt.Sprintf("%s-%s-c%d-%s.pprof", s.Mode, s.Side, s.Conc, db)))
 	}

@@ -136,11 +136,23 @@ func TestBenchCompare(t *testing.T) {
 		assert.Zero(t, countDBs(t, conn, name), "a marked database is dropped")
 	})
 
+	t.Run("PoolMustFitTheServer", func(t *testing.T) {
+		// A pool larger than PostgreSQL's free connections fails before any run, naming
+		// -pg-conns; -pg-conns sets the pool of both sides.
+		err := run(ctx, []string{"-concurrency", "100000", "-modes", "b1"}, &bytes.Buffer{})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "-pg-conns")
+		o := options{conc: []int{100000}, pgConns: 5, pgDSN: testutil.PGAdminDSN()}
+		assert.NoError(t, checkConnections(ctx, o))
+		assert.Equal(t, 30, poolSize(0, 20))
+		assert.Equal(t, 5, poolSize(5, 200))
+	})
+
 	t.Run("RejectsBadFlags", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"-modes", "b9"}, {"-concurrency", "0"}, {"-n", "0"}, {"-runid", "X;"},
 			{"-peer-cmd", "peer", "-modes", "b1,b3"}, {"-peer-cmd", "peer", "-modes", "river"},
-			{"-site-delay", "-1s"},
+			{"-site-delay", "-1s"}, {"-pg-conns", "-1"},
 		} {
 			err := run(ctx, args, &bytes.Buffer{})
 			assert.Error(t, err, "%v", args)
