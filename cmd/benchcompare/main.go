@@ -286,24 +286,24 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 	return nil
 }
 
-// checkConnections fails before the first run when a run's pool could not get its
-// connections from the server (max_connections less the superuser reserve and the
-// connections open now): a run would otherwise see "too many clients", and its jobs
-// retry, which measures the server's limit rather than the worker.
+// checkConnections fails before the first run when a run's pool could never get its
+// connections from the server (more than max_connections less the superuser reserve): a
+// run would see "too many clients" and its jobs retry, which measures the server's limit
+// rather than the worker. It does not count the connections open now: on a shared box
+// that figure moves, and a pool opens its connections only as the run needs them.
 func checkConnections(ctx context.Context, o options) error {
 	conn, err := pgx.Connect(ctx, o.pgDSN)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var maxConns, reserved, open int
-	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int, (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')`).Scan(&maxConns, &reserved, &open); err != nil {
+	var maxConns, reserved int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int`).Scan(&maxConns, &reserved); err != nil {
 		return err
 	}
-	free := maxConns - reserved - open
 	for _, c := range o.conc {
-		if need := poolSize(o.pgConns, c); need > free {
-			return fmt.Errorf("-concurrency %d: a run's pool of %d connections does not fit the %d PostgreSQL has free (max_connections %d, %d reserved, %d open); pass a smaller -pg-conns (both sides get it)", c, need, free, maxConns, reserved, open)
+		if need := poolSize(o.pgConns, c); need > maxConns-reserved {
+			return fmt.Errorf("-concurrency %d: a run's pool of %d connections exceeds PostgreSQL's max_connections (%d, %d of them reserved); pass a smaller -pg-conns (both sides get it)", c, need, maxConns, reserved)
 		}
 	}
 	return nil
