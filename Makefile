@@ -49,10 +49,14 @@ demo: test-deps
 bench: services
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-## bench-compare: idemscrape vs a hand-written asynq + colly peer, run alternately, each run in
-## its own process with its own database and redis-server; prints medians, ratios, spread.
+## bench-compare: idemscrape vs hand-written asynq + colly and River + colly peers, run
+## alternately, each run in its own process with its own database and redis-server; prints
+## medians, ratios, spread and whole-box CPU per job. Other flags: BENCHCOMPARE_FLAGS, e.g.
+## BENCHCOMPARE_FLAGS='-site-delay 300ms -concurrency 200 -pg-conns 40 -modes b1,river,riverfast -n 4000'
+## (residential latency; see cmd/benchcompare/README.md).
+BENCHCOMPARE_FLAGS ?= -n 2000 -pairs 5
 bench-compare: services
-	$(GO) run ./cmd/benchcompare -n 2000 -pairs 5
+	$(GO) run ./cmd/benchcompare $(BENCHCOMPARE_FLAGS)
 
 ## chaos: the full chaos run over the real worker and reconciler binaries (10,000 jobs, every
 ## fault; see docs/RELIABILITY.md). chaos-short: the CI mix (under 5 minutes on 2 cores).

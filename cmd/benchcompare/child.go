@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -42,6 +41,7 @@ type runSpec struct {
 	ProxyUser string
 	ProxyPass string // from the environment, never a flag
 	Profile   string // if set, the CPU profile of the measured phase is written there
+	PGConns   int    // pgx MaxConns (0: Conc + 10)
 }
 
 // runResult is what a child prints (one JSON line on stdout).
@@ -57,6 +57,13 @@ type runResult struct {
 	// PGCPUUS is the CPU of every postgres process on this machine per job (/proc; 0 when
 	// PostgreSQL runs elsewhere). Only the benchmark's own database is busy during a run.
 	PGCPUUS float64 `json:"pg_cpu_us_per_job"`
+	// Whole-box CPU per job (boxcpu.go): the sum, and its parts — this process, the
+	// run's database's backends, the run's redis-server, the parent (proxy and site).
+	BoxCPUUS       float64 `json:"box_cpu_us_per_job"`
+	BoxWorkerUS    float64 `json:"box_worker_us_per_job"`
+	BoxPGUS        float64 `json:"box_pg_us_per_job"`
+	BoxRedisUS     float64 `json:"box_redis_us_per_job"`
+	BoxProxySiteUS float64 `json:"box_proxy_site_us_per_job"`
 	// Mode-specific measures.
 	LagP50MS         float64 `json:"lag_p50_ms,omitempty"`          // b4: commit → stream
 	LagP99MS         float64 `json:"lag_p99_ms,omitempty"`          // b4
@@ -79,6 +86,7 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		return runResult{}, err
 	}
 	defer pool.Close()
+	boxPool = pool
 	st := store.New(pool)
 
 	rrt := &redisCounter{}
@@ -97,6 +105,9 @@ func runChild(ctx context.Context, s runSpec) (runResult, error) {
 		return runB6(ctx, s, st, rdb, rrt, pgrt)
 	case "b7":
 		return runB7(ctx, s, rdb, rrt, pgrt)
+	}
+	if isRiverMode(s.Mode) && s.Side == "peer" {
+		return runRiver(ctx, s, pool, rdb, rrt, pgrt)
 	}
 	c := &childRun{s: s, pool: pool, rdb: rdb, rrt: rrt, pgrt: pgrt}
 	if err := c.newEnqueuer(st); err != nil {
@@ -137,7 +148,7 @@ func openChildPool(ctx context.Context, s runSpec, pgrt *pgCounter) (*pgxpool.Po
 	if err != nil {
 		return nil, err
 	}
-	pcfg.MaxConns = int32(s.Conc + 10)
+	pcfg.MaxConns = int32(poolSize(s.PGConns, s.Conc))
 	pcfg.ConnConfig.Tracer = pgrt
 	return pgxpool.NewWithConfig(ctx, pcfg)
 }
@@ -346,6 +357,7 @@ type measure struct {
 	redisCPU  float64
 	rrt0, pg0 int64
 	pgCPU     time.Duration
+	box       boxSnap
 }
 
 // profileTo is the child's -profile file ("" = none); startMeasure starts the profile and
@@ -364,7 +376,7 @@ func startMeasure(ctx context.Context, rdb *redis.Client, rrt *redisCounter, pgr
 	}
 	cmds, rcpu := redisStats(ctx, rdb)
 	return &measure{rdb: rdb, rrt: rrt, pgrt: pgrt, cmds: cmds, redisCPU: rcpu, rrt0: rrt.n.Load(), pg0: pgrt.n.Load(),
-		pgCPU: postgresCPU(), cpu: processCPU(), start: time.Now()}
+		pgCPU: postgresCPU(), box: takeBoxSnap(ctx, rdb), cpu: processCPU(), start: time.Now()}
 }
 
 // profileFile is the open profile of the measured phase, if any.
@@ -377,6 +389,7 @@ func (m *measure) stopAt(ctx context.Context, n int, end time.Time) runResult {
 	elapsed := end.Sub(m.start)
 	cpu := processCPU() - m.cpu
 	pgCPU := postgresCPU() - m.pgCPU
+	box := takeBoxSnap(ctx, m.rdb).since(m.box)
 	if profileFile != nil {
 		pprof.StopCPUProfile()
 		profileFile.Close()
@@ -393,6 +406,12 @@ func (m *measure) stopAt(ctx context.Context, n int, end time.Time) runResult {
 		RedisCPUUS:  (rcpu - m.redisCPU) * 1e6 / f,
 		PGRT:        float64(pg) / f,
 		PGCPUUS:     float64(pgCPU.Microseconds()) / f,
+
+		BoxCPUUS:       float64((box.Worker + box.PG + box.Redis + box.ProxySite).Microseconds()) / f,
+		BoxWorkerUS:    float64(box.Worker.Microseconds()) / f,
+		BoxPGUS:        float64(box.PG.Microseconds()) / f,
+		BoxRedisUS:     float64(box.Redis.Microseconds()) / f,
+		BoxProxySiteUS: float64(box.ProxySite.Microseconds()) / f,
 	}
 }
 
@@ -421,18 +440,9 @@ func postgresCPU() time.Duration {
 		if err != nil {
 			continue
 		}
-		// pid (comm) state ppid ... utime stime: fields 14 and 15; comm may hold spaces.
-		open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-		if open < 0 || end < open || string(b[open+1:end]) != "postgres" {
-			continue
+		if comm, t := statCPU(b); comm == "postgres" {
+			ticks += t
 		}
-		f := bytes.Fields(b[end+1:])
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseInt(string(f[11]), 10, 64)
-		st, _ := strconv.ParseInt(string(f[12]), 10, 64)
-		ticks += u + st
 	}
 	return time.Duration(ticks) * (time.Second / 100) // USER_HZ is 100 on Linux
 }

@@ -76,13 +76,20 @@ const proxyPassEnv = "BENCHCOMPARE_PROXY_PASS"
 const dbComment = "idemscrape benchcompare scratch database"
 
 // allModes are the modes in table order.
-var allModes = []string{"b1", "b1robots", "direct", "proto", "b2", "b3", "b3g", "b4", "b5", "b6", "b7"}
+var allModes = []string{"b1", "b1robots", "direct", "proto", "river", "riverfast", "b2", "b3", "b3g", "b4", "b5", "b6", "b7"}
 
 // defaultModes are the modes run without -modes: all but the extra b1robots.
 var defaultModes = slices.DeleteFunc(slices.Clone(allModes), func(m string) bool { return m == "b1robots" })
 
 // fetchModes fetch from the fake site; the parent reports their site requests per job.
-var fetchModes = []string{"b1", "b1robots", "direct", "b7"}
+var fetchModes = []string{"b1", "b1robots", "direct", "river", "riverfast", "b7"}
+
+// boxModes run jobs end to end; the parent prints their whole-box CPU per job.
+var boxModes = []string{"b1", "b1robots", "direct", "proto", "river", "riverfast"}
+
+// isRiverMode reports whether mode's peer is River (river: River's defaults; riverfast:
+// its fastest documented poll); ours runs as in b1.
+func isRiverMode(mode string) bool { return mode == "river" || mode == "riverfast" }
 
 // peerCmdModes are the modes whose peer -peer-cmd can replace (an asynq handler's).
 var peerCmdModes = []string{"b1", "b1robots", "direct", "proto"}
@@ -108,6 +115,11 @@ type options struct {
 	runID   string // names this run's databases: idemscrape_bc_<runID>_*
 	profDir string // if set, every child writes a CPU profile of its measured phase here
 	peerCmd string // if set, the columns are this tool's peer ("ours") and this program ("peer")
+	// siteDelay, if positive, makes the site answer every page request after it (the
+	// residential-latency mode, e.g. 300ms with -concurrency 200).
+	siteDelay time.Duration
+	// pgConns is the pgx pool size of every run, both sides (0: the run's concurrency + 10).
+	pgConns int
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -121,6 +133,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.BoolVar(&o.robots, "robots", true, "ours honours robots.txt (idemscrape's default); the peer ignores it in b1/direct (colly's default) and honours it in b1robots")
 	fs.StringVar(&o.peerCmd, "peer-cmd", "", "program run in the peer's place, with the peer's flags and environment, to check the peer against a separately written one; the columns become ours = this tool's peer, peer = the program (modes "+strings.Join(peerCmdModes, ", ")+")")
 	fs.StringVar(&o.pgDSN, "pg", testutil.PGAdminDSN(), "PostgreSQL DSN of a role that may CREATE DATABASE")
+	fs.DurationVar(&o.siteDelay, "site-delay", 0, "the site answers every page request after this long (residential latency, e.g. -site-delay 300ms -concurrency 200); 0: at once")
+	fs.IntVar(&o.pgConns, "pg-conns", 0, "PostgreSQL pool size (pgx MaxConns) of every run, both sides; 0: concurrency + 10. At -concurrency 200 the default exceeds PostgreSQL's default max_connections (100)")
 	fs.BoolVar(&o.verbose, "v", false, "print every run")
 	fs.StringVar(&o.profDir, "cpuprofile", "", "directory: every run writes the CPU profile of its measured phase there (<mode>-<side>-c<c>-<run>.pprof)")
 	fs.StringVar(&o.runID, "runid", randomHex(4), "names this run's databases idemscrape_bc_<runid>_* ([a-z0-9])")
@@ -139,7 +153,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if *child != "" {
 		cs.Mode, cs.Side, _ = strings.Cut(*child, "/")
-		cs.N, cs.Robots, cs.ProxyPass = o.n, o.robots, os.Getenv(proxyPassEnv)
+		cs.N, cs.Robots, cs.ProxyPass, cs.PGConns = o.n, o.robots, os.Getenv(proxyPassEnv), o.pgConns
 		res, err := runChild(ctx, cs)
 		if err != nil {
 			return err
@@ -177,6 +191,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			}
 		}
 	}
+	if o.pgConns < 0 {
+		return fmt.Errorf("-pg-conns: %d is negative", o.pgConns)
+	}
+	if o.siteDelay < 0 {
+		return fmt.Errorf("-site-delay: %s is negative", o.siteDelay)
+	}
 	if o.n < 1 || o.pairs < 1 {
 		return fmt.Errorf("-n and -pairs must be at least 1 (got %d, %d)", o.n, o.pairs)
 	}
@@ -186,6 +206,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 // parent starts the fake site and proxy, runs every (mode, concurrency) pair set and
 // prints the table. The fakes live in this process, so a child's CPU is the worker's only.
 func parent(ctx context.Context, o options, out io.Writer) (err error) {
+	if err := checkConnections(ctx, o); err != nil {
+		return err
+	}
 	tb, err := testutil.NewProcessTB("benchcompare")
 	if err != nil {
 		return err
@@ -198,6 +221,7 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 	}
 	pass := "bc" + randomHex(8)
 	site := testutil.NewFakeSite(tb, testutil.FakeSiteConfig{BigSize: 8 << 10})
+	site.SetSlow(o.siteDelay) // robots.txt answers at once
 	proxy := testutil.NewFakeProxy(tb, testutil.FakeProxyConfig{Format: testutil.ProxyFormatGeneric, User: "acct", Password: pass})
 	runID := o.runID
 	tpl, err := createTemplate(ctx, o.pgDSN, "idemscrape_bc_"+runID+"_tpl")
@@ -241,7 +265,7 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 					}
 					res.SitePagePerJob, res.SiteRobotsPerJob = float64(pageHits)/float64(res.Jobs), float64(robotsHits)/float64(res.Jobs)
 					if o.verbose {
-						fmt.Fprintf(os.Stderr, "%-8s c=%-3d pair %d %-4s %8.0f jobs/s %7.0f µs CPU/job %6d page + %5d robots.txt requests\n", mode, c, p+1, side, res.JobsPerSec, res.CPUPerJobUS, pageHits, robotsHits)
+						fmt.Fprintf(os.Stderr, "%-9s c=%-3d pair %d %-4s %8.0f jobs/s %7.0f µs CPU/job %6d page + %5d robots.txt requests\n", mode, c, p+1, side, res.JobsPerSec, res.CPUPerJobUS, pageHits, robotsHits)
 					}
 					pair[slices.Index(columns, side)] = res
 				}
@@ -252,13 +276,45 @@ func parent(ctx context.Context, o options, out io.Writer) (err error) {
 		}
 	}
 	host, _ := os.Hostname()
-	fmt.Fprintf(out, "benchcompare: N=%d, %d pairs, ours robots=%v, %d CPUs, %s, %s\n", o.n, o.pairs, o.robots, numCPU(), host, time.Since(started).Round(time.Second))
+	fmt.Fprintf(out, "benchcompare: N=%d, %d pairs, ours robots=%v, site delay %s, %d CPUs, %s, %s\n", o.n, o.pairs, o.robots, o.siteDelay, numCPU(), host, time.Since(started).Round(time.Second))
 	if o.peerCmd != "" {
 		fmt.Fprintf(out, "columns: ours = this tool's peer, peer = -peer-cmd %s\n", filepath.Base(o.peerCmd))
 	}
 	printTable(out, rows)
+	printBoxTable(out, rows)
 	printExtras(out, rows)
 	return nil
+}
+
+// checkConnections fails before the first run when a run's pool could never get its
+// connections from the server (more than max_connections less the superuser reserve): a
+// run would see "too many clients" and its jobs retry, which measures the server's limit
+// rather than the worker. It does not count the connections open now: on a shared box
+// that figure moves, and a pool opens its connections only as the run needs them.
+func checkConnections(ctx context.Context, o options) error {
+	conn, err := pgx.Connect(ctx, o.pgDSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var maxConns, reserved int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int`).Scan(&maxConns, &reserved); err != nil {
+		return err
+	}
+	for _, c := range o.conc {
+		if need := poolSize(o.pgConns, c); need > maxConns-reserved {
+			return fmt.Errorf("-concurrency %d: a run's pool of %d connections exceeds PostgreSQL's max_connections (%d, %d of them reserved); pass a smaller -pg-conns (both sides get it)", c, need, maxConns, reserved)
+		}
+	}
+	return nil
+}
+
+// poolSize is a run's pgx MaxConns: -pg-conns, or the concurrency + 10.
+func poolSize(pgConns, conc int) int {
+	if pgConns > 0 {
+		return pgConns
+	}
+	return conc + 10
 }
 
 // checkRobots fails a run whose peer did not do with robots.txt what its mode says: the
@@ -269,7 +325,7 @@ func checkRobots(mode, side string, n, robotsHits int) error {
 		return nil
 	}
 	switch {
-	case (mode == "b1" || mode == "direct" || mode == "b7") && robotsHits != 0:
+	case (mode == "b1" || mode == "direct" || mode == "b7" || isRiverMode(mode)) && robotsHits != 0:
 		return fmt.Errorf("%s fetched robots.txt %d times; this peer ignores it (colly's default)", side, robotsHits)
 	case mode == "b1robots" && robotsHits < n:
 		return fmt.Errorf("%s fetched robots.txt %d times for %d jobs; this peer fetches it per job", side, robotsHits, n)
@@ -297,6 +353,9 @@ func oneRun(ctx context.Context, self string, o options, tpl, db string, s runSp
 	args := []string{"-child", s.Mode + "/" + s.Side, "-n", strconv.Itoa(o.n), "-c", strconv.Itoa(s.Conc),
 		"-robots=" + strconv.FormatBool(o.robots), "-redis", rs.addr, "-dsn", dsn, "-page", s.Page,
 		"-proxy", s.ProxyAddr, "-proxyuser", s.ProxyUser}
+	if o.pgConns > 0 {
+		args = append(args, "-pg-conns", strconv.Itoa(o.pgConns))
+	}
 	if o.profDir != "" {
 		args = append(args, "-profile", filepath.Join(o.profDir, fmt.Sprintf("%s-%s-c%d-%s.pprof", s.Mode, s.Side, s.Conc, db)))
 	}

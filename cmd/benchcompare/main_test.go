@@ -52,12 +52,32 @@ func TestBenchCompare(t *testing.T) {
 		for _, m := range allModes {
 			assert.Contains(t, table, modeTitles[m])
 		}
-		assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 2+len(allModes)+3, "header lines + one row per mode + site requests, B4 and B6 lines:\n%s", table)
+		assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 2+len(allModes)+2+len(boxModes)+3,
+			"header lines + one row per mode + whole-box title, header and rows + site requests, B4 and B6 lines:\n%s", table)
+		assert.Contains(t, table, "Whole-box CPU µs/job")
+		assert.Contains(t, table, "river c=20 ours 1.00 + 0.0200, peer 1.00 + 0.0000", "the River peer fetched the page once per job, no robots.txt")
+		assert.Contains(t, table, "riverfast c=20 ours 1.00 + 0.0200, peer 1.00 + 0.0000")
 		assert.Contains(t, table, "Site requests per job")
 		assert.Contains(t, table, "B4 dispatch lag c=20")
 		assert.Contains(t, table, "B6 Redis bytes per pending job")
 		assert.NotContains(t, table, "NaN")
 		assert.NotContains(t, table, "Inf")
+		assert.Zero(t, countDBs(t, admin(t), "idemscrape_bc_"+id+"_%"), "every database of the run is dropped")
+	})
+
+	t.Run("ResidentialLatencyTinyN", func(t *testing.T) {
+		// -site-delay: every page answers after the delay; ours and the River peer at its
+		// fastest poll still complete every job, and the whole-box table is printed
+		// (River at its defaults runs in EndToEndTinyN).
+		id := "t" + randomHex(4)
+		var out bytes.Buffer
+		err := run(ctx, []string{"-n", "20", "-pairs", "1", "-concurrency", "20", "-site-delay", "300ms", "-modes", "riverfast", "-runid", id}, &out)
+		require.NoError(t, err, out.String())
+		table := out.String()
+		assert.Contains(t, table, "site delay 300ms")
+		assert.Contains(t, table, modeTitles["riverfast"])
+		assert.Contains(t, table, "Whole-box CPU µs/job")
+		assert.NotContains(t, table, "NaN")
 		assert.Zero(t, countDBs(t, admin(t), "idemscrape_bc_"+id+"_%"), "every database of the run is dropped")
 	})
 
@@ -96,6 +116,8 @@ func TestBenchCompare(t *testing.T) {
 		assert.Error(t, checkRobots("b1", "peer", 10, 10), "the b1 peer uses colly's default: no robots.txt")
 		assert.Error(t, checkRobots("direct", "ext", 10, 1))
 		assert.NoError(t, checkRobots("b1robots", "peer", 10, 10))
+		assert.Error(t, checkRobots("river", "peer", 10, 1), "the River peer uses colly's default: no robots.txt")
+		assert.Error(t, checkRobots("riverfast", "peer", 10, 1))
 		assert.Error(t, checkRobots("b1robots", "ext", 10, 3), "the b1robots peer fetches robots.txt per job")
 	})
 
@@ -114,10 +136,23 @@ func TestBenchCompare(t *testing.T) {
 		assert.Zero(t, countDBs(t, conn, name), "a marked database is dropped")
 	})
 
+	t.Run("PoolMustFitTheServer", func(t *testing.T) {
+		// A pool larger than PostgreSQL's free connections fails before any run, naming
+		// -pg-conns; -pg-conns sets the pool of both sides.
+		err := run(ctx, []string{"-concurrency", "100000", "-modes", "b1"}, &bytes.Buffer{})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "-pg-conns")
+		o := options{conc: []int{100000}, pgConns: 5, pgDSN: testutil.PGAdminDSN()}
+		assert.NoError(t, checkConnections(ctx, o))
+		assert.Equal(t, 30, poolSize(0, 20))
+		assert.Equal(t, 5, poolSize(5, 200))
+	})
+
 	t.Run("RejectsBadFlags", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"-modes", "b9"}, {"-concurrency", "0"}, {"-n", "0"}, {"-runid", "X;"},
-			{"-peer-cmd", "peer", "-modes", "b1,b3"},
+			{"-peer-cmd", "peer", "-modes", "b1,b3"}, {"-peer-cmd", "peer", "-modes", "river"},
+			{"-site-delay", "-1s"}, {"-pg-conns", "-1"},
 		} {
 			err := run(ctx, args, &bytes.Buffer{})
 			assert.Error(t, err, "%v", args)
