@@ -47,8 +47,9 @@ const (
 // Reasons a step ran again on its session (Result.ResumeReasons, and the reason label of
 // idemscrape_session_resumes_total).
 const (
-	// ResumeExitProven: after a cut, on an exit the first response after it proved unchanged.
-	ResumeExitProven = "exit_proven"
+	// ResumeExitHeader: after a cut, with the exit header to prove the exit unchanged on the
+	// first response after it (a resume whose proof fails is followed by a restart).
+	ResumeExitHeader = "exit_header"
 	// ResumePortable: after a cut, in a unit whose state is portable across exits.
 	ResumePortable = "portable_state"
 	// ResumeThrottled: after a 429/503 Retry-After waited out on the session.
@@ -121,7 +122,7 @@ func (r *resumer) decide(ctx context.Context, step Step, fe *FetchError, b *Boun
 	case isCut(fe):
 		switch {
 		case b.exitKnown():
-			return ResumeExitProven, 0
+			return ResumeExitHeader, 0
 		case r.portable:
 			return ResumePortable, 0
 		}

@@ -419,7 +419,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 			res.Resumes++
 			res.ResumeReasons = append(res.ResumeReasons, reason)
 			if reason != ResumeThrottled {
-				bound.afterCut(reason == ResumeExitProven)
+				bound.afterCut(reason == ResumeExitHeader)
 			}
 			log.InfoContext(ctx, "running the step again on its session", "unit", u.Name, "step", step.Name,
 				"reason", reason, "category", string(fe.Category), "session", sess.ID, "endpoint", sess.Endpoint)
