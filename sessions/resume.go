@@ -41,7 +41,7 @@ const (
 	// DefaultMaxResumes is how many times one run may run a step again on its session.
 	DefaultMaxResumes = 3
 	// DefaultThrottleResumeMax is the longest Retry-After a unit waits out on its session.
-	DefaultThrottleResumeMax = 30 * time.Second
+	DefaultThrottleResumeMax = 10 * time.Second
 )
 
 // Reasons a step ran again on its session (Result.ResumeReasons, and the reason label of
