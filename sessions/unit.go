@@ -235,8 +235,11 @@ func replayable(c tasks.Category) bool {
 
 // Run runs the unit: on a new session, every step in order, then validation. On session
 // loss it quarantines the staging, starts a new session and replays from the first step,
-// up to MaxSessionRestarts times. If an unsafe step ran in a run that then failed, it does
-// not replay: the error has category unsafe_step_incomplete. A cancelled ctx ends the run
+// up to MaxSessionRestarts times. Before that, a safe step cut (a dropped connection) or
+// answered with a Retry-After runs again on the same session, up to MaxResumes times per
+// run, and the unit continues there when the exit is proven unchanged (or its state is
+// portable; resume.go). If an unsafe step ran in a run that then failed, it does not
+// replay: the error has category unsafe_step_incomplete. A cancelled ctx ends the run
 // with category interrupted (wrapping context.Cause), a passed deadline with timeout;
 // neither replays. The returned error is a *FetchError; on error Result still carries
 // Session, Sessions, Bytes (every session's) and LastStatus.
