@@ -69,13 +69,13 @@ func TestResumeOnSameExit(t *testing.T) {
 	})
 
 	t.Run("ThrottledWaitsOnItsSession", func(t *testing.T) {
-		// A Retry-After the collector does not wait out itself (its re-sends are off here):
-		// the step runs again on the same, still valid session once it has passed.
+		// A Retry-After longer than the collector waits out itself (1 ms here): the step
+		// runs again on the same, still valid session once it has passed.
 		e := setup(t, testutil.FakeProxyConfig{Seed: 23}, testutil.FakeSiteConfig{Seed: 23, StrictExit: true})
 		unit, err := catalog.Unit(e.site.URL, "sku-6")
 		require.NoError(t, err)
 		cfg := e.runCfg()
-		cfg.Collector.ThrottleWaitMax = -1
+		cfg.Collector.ThrottleWaitMax = time.Millisecond
 		orig := unit.Steps[1].Run
 		var once atomic.Bool
 		unit.Steps[1].Run = func(ctx context.Context, sc *sessions.StepContext) error {

@@ -142,7 +142,8 @@ type RunConfig struct {
 	// ThrottleResumeMax is the longest Retry-After (on a 429/503 the collector did not wait
 	// out itself) that a safe step waits out on its session before running again, when the
 	// session outlives the wait. Defaults to DefaultThrottleResumeMax; negative turns it
-	// off (the attempt ends throttled, as before).
+	// off (the attempt ends throttled, as before), and so does a negative
+	// Collector.ThrottleWaitMax (no waiting on the session at all).
 	ThrottleResumeMax time.Duration
 	// MaxBytes is the run's bandwidth budget: once the bytes of all its sessions (counted
 	// as Result.Bytes counts them) exceed it, the response being read is aborted and the
@@ -276,7 +277,10 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	case rs.max < 0:
 		rs.max = 0
 	}
-	if rs.throttleMax == 0 {
+	switch {
+	case collectorCfg.ThrottleWaitMax < 0:
+		rs.throttleMax = -1 // no waiting on the session at all
+	case rs.throttleMax == 0:
 		rs.throttleMax = DefaultThrottleResumeMax
 	}
 
