@@ -59,6 +59,7 @@ type Provider struct {
 	price       Price  // what its traffic costs (WithPrice; zero: no price)
 	tier        Tier   // the exits it sells (WithTier; "": residential)
 	creds       credentials
+	cuts        *cutStats // how often a cut left the exit alive (resume.go); shared by copies
 }
 
 // Provider defaults and limits.
@@ -110,7 +111,7 @@ func NewProvider(name, gateway, userTemplate, passTemplate, user, pass string, m
 	return &Provider{
 		name: name, gateway: gateway, userTmpl: userTemplate, passTmpl: passTemplate,
 		user: parseTemplate(userTemplate), pass: parseTemplate(passTemplate),
-		maxLifetime: maxLifetime, creds: newCredentials(user, pass),
+		maxLifetime: maxLifetime, creds: newCredentials(user, pass), cuts: &cutStats{},
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/idemscrape/idemscrape/tasks"
@@ -110,16 +111,22 @@ type resumer struct {
 	throttleMax time.Duration // RunConfig.ThrottleResumeMax; <= 0: never waits
 	portable    bool          // Unit.PortableState
 	now         func() time.Time
+	cuts        *cutStats // the provider's (nil: no learning, always try)
 }
 
 // decide returns the reason to run step again on the session after fe, "" to end this
 // session's run as before; wait is how long to wait first (a throttle's Retry-After).
-func (r *resumer) decide(ctx context.Context, step Step, fe *FetchError, b *Bound) (reason string, wait time.Duration) {
+// saved is what the session moved for the job before the step began: what a replay would
+// fetch again.
+func (r *resumer) decide(ctx context.Context, step Step, fe *FetchError, b *Bound, saved int64) (reason string, wait time.Duration) {
 	if r.max <= 0 || !step.Safe || ctx.Err() != nil || b.overBudget() {
 		return "", 0
 	}
 	switch {
 	case isCut(fe):
+		if !r.cuts.worthTrying(saved) {
+			return "", 0
+		}
 		switch {
 		case b.exitKnown():
 			return ResumeExitHeader, 0
@@ -149,4 +156,104 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// Whether to try the session again after a cut is a bet: when the exit survived, the try
+// saves what a replay would fetch again (the bytes of the steps before the cut one); when
+// it did not, the try is wasted (the proxy's refusal, or a response from another exit). A
+// cut in a unit's first step saves nothing, so it always replays. Otherwise the unit tries
+// when rate × saved > (1 − rate) × cost, where rate is the provider's share of tries that
+// found the exit alive and cost what a failed try moved, both learned from this process's
+// tries (recent ones weigh most), from 1/2 and 512 B at the start. A provider whose cuts
+// always lose the exit soon stops being tried, so the tries cost a fault mix of lost exits
+// a few of them, not one per cut; one in cutExplore of the cuts not worth a try is tried
+// anyway, so that the rate follows a provider whose exits start surviving again.
+
+// cutStats is what a provider's tries after cuts found. Safe for concurrent use.
+type cutStats struct {
+	mu     sync.Mutex
+	alive  float64 // decayed count of tries that found the exit alive
+	lost   float64 // decayed count of tries that did not
+	cost   float64 // moving mean of a failed try's bytes at the wire; 0 until one failed
+	failed bool
+	passed int // cuts not tried in a row (cutExplore)
+}
+
+const (
+	cutStatsDecay   = 0.97 // per recorded try: the last ~30 tries weigh most
+	cutProbeCostMin = 512  // bytes assumed for a failed try until one is measured
+	// cutExplore: of the cuts the rule would not try, every cutExplore-th is tried anyway,
+	// so that a rate learned low (exits lost for a while) is measured again and recovers.
+	cutExplore = 8
+)
+
+// worthTrying reports whether a try after a cut is expected to save more than it risks.
+// A nil s always tries (when saved > 0).
+func (s *cutStats) worthTrying(saved int64) bool {
+	if saved <= 0 {
+		return false
+	}
+	if s == nil {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rate := (s.alive + 1) / (s.alive + s.lost + 2)
+	cost := float64(cutProbeCostMin)
+	if s.failed {
+		cost = s.cost
+	}
+	if rate*float64(saved) > (1-rate)*cost {
+		s.passed = 0
+		return true
+	}
+	s.passed++
+	if s.passed >= cutExplore {
+		s.passed = 0
+		return true
+	}
+	return false
+}
+
+func (s *cutStats) record(alive bool, cost int64) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.alive *= cutStatsDecay
+	s.lost *= cutStatsDecay
+	if alive {
+		s.alive++
+		return
+	}
+	s.lost++
+	if !s.failed {
+		s.cost, s.failed = float64(cost), true
+		return
+	}
+	s.cost = 0.8*s.cost + 0.2*float64(cost)
+}
+
+// cutProbe is a step run again after a cut, until it shows whether the exit survived.
+type cutProbe struct {
+	start int64 // the collector's bytes at the wire (the job's and refusals) when it began
+}
+
+func newCutProbe(b *Bound) *cutProbe { return &cutProbe{start: b.Bytes() + b.RefusedBytes()} }
+
+// settle records the outcome of the try: lost when it ended the session other than by
+// another cut (the proxy's refusal, another exit or none named), alive otherwise. It returns nil: a probe is settled once.
+func (p *cutProbe) settle(err error, b *Bound, s *cutStats) *cutProbe {
+	if p == nil {
+		return nil
+	}
+	if err != nil {
+		if fe := classify(err, true); fe.Category == tasks.CategorySessionLost && !isCut(fe) {
+			s.record(false, b.Bytes()+b.RefusedBytes()-p.start)
+			return nil
+		}
+	}
+	s.record(true, 0)
+	return nil
 }

@@ -270,7 +270,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	if collectorCfg.Now == nil {
 		collectorCfg.Now = now
 	}
-	rs := &resumer{max: cfg.MaxResumes, throttleMax: cfg.ThrottleResumeMax, portable: u.PortableState, now: now}
+	rs := &resumer{max: cfg.MaxResumes, throttleMax: cfg.ThrottleResumeMax, portable: u.PortableState, now: now, cuts: cfg.Provider.cuts}
 	switch {
 	case rs.max == 0:
 		rs.max = DefaultMaxResumes
@@ -375,6 +375,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 	staging := newStaging()
 	sc := &StepContext{Session: sess, Staging: staging, bound: bound}
 	unsafeRan := false
+	var probe *cutProbe // the step being run again after a cut, until its outcome is known
 	for i := 0; i < len(u.Steps); i++ {
 		step := u.Steps[i]
 		if sess.Expired(now()) {
@@ -397,6 +398,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		bound.stepCtx = stepCtx
 		before := bound.Bytes()
 		err := runStep(stepCtx, step, sc)
+		probe = probe.settle(err, bound, rs.cuts)
 		if span.IsRecording() && stepCtx != ctx {
 			span.SetAttributes(attribute.String("idemscrape.step", step.Name), attribute.String("idemscrape.session", sess.ID),
 				attribute.Bool("idemscrape.step.safe", step.Safe),
@@ -415,7 +417,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 				fe = cf
 			}
 			fe = &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: step.Name, Err: fe.Err}
-			reason, wait := rs.decide(ctx, step, fe, bound)
+			reason, wait := rs.decide(ctx, step, fe, bound, before)
 			if reason == "" {
 				return staging.Snapshot(), fe, unsafeRan
 			}
@@ -427,6 +429,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 			res.ResumeReasons = append(res.ResumeReasons, reason)
 			if reason != ResumeThrottled {
 				bound.afterCut(reason == ResumeExitHeader)
+				probe = newCutProbe(bound)
 			}
 			log.InfoContext(ctx, "running the step again on its session", "unit", u.Name, "step", step.Name,
 				"reason", reason, "category", string(fe.Category), "session", sess.ID, "endpoint", sess.Endpoint)

@@ -87,6 +87,13 @@ type FakeProxyConfig struct {
 	// hash(seed, id, k) like the disconnect's, so a run is reproducible. 0 ≤ f ≤ 1.
 	// Defaults to 0: every disconnect loses the exit (the session id is dead).
 	CutExitAlive float64
+	// CutDrawsByURL keys the disconnect draws (and CutExitAlive's) of forwarded plain-HTTP
+	// requests by the request's path and query and how many times the proxy has forwarded
+	// them (hash(seed, path?query, k)) instead of by session id: two runs of the same jobs then see the
+	// same cuts where they send the same requests, so that their bytes compare without the
+	// noise of two random samples (ResetCutDraws starts the counts again). CONNECT requests
+	// keep the session's draws. Defaults to false.
+	CutDrawsByURL bool
 	// SessionLifetime, when positive, overrides every lifetime: after it has passed since a
 	// session's first request (on its current exit), the session silently gets a new exit.
 	// Defaults to the lifetime in the username, or DefaultFakeSessionLifetime.
@@ -173,8 +180,9 @@ type FakeProxy struct {
 
 	mu           sync.Mutex
 	discProb     float64
-	aliveFrac    float64  // CutExitAlive (SetCutExitAlive)
-	dropPaths    []fpDrop // DropNext*: each entry cuts the next request with that path prefix
+	aliveFrac    float64           // CutExitAlive (SetCutExitAlive)
+	dropPaths    []fpDrop          // DropNext*: each entry cuts the next request with that path prefix
+	urlDraws     map[string]uint64 // CutDrawsByURL: requests forwarded per URL
 	sessions     map[string]*fpSession
 	rotations    uint64
 	lastRotating string
@@ -216,6 +224,7 @@ func NewFakeProxy(t testing.TB, cfg FakeProxyConfig) *FakeProxy {
 		discProb:    cfg.DisconnectProb,
 		aliveFrac:   cfg.CutExitAlive,
 		sessions:    map[string]*fpSession{},
+		urlDraws:    map[string]uint64{},
 		conns:       map[net.Conn]bool{},
 	}
 	if p.now == nil {
@@ -374,6 +383,14 @@ func (p *FakeProxy) SetCutExitAlive(f float64) {
 	f = math.Max(0, math.Min(1, f))
 	p.mu.Lock()
 	p.aliveFrac = f
+	p.mu.Unlock()
+}
+
+// ResetCutDraws starts the per-URL request counts of CutDrawsByURL again: the next run of
+// the same requests sees the same cuts as the first.
+func (p *FakeProxy) ResetCutDraws() {
+	p.mu.Lock()
+	clear(p.urlDraws)
 	p.mu.Unlock()
 }
 
@@ -557,11 +574,11 @@ func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool
 		p.writeBadGateway(c, FakeProxyErrDestination, "fake proxy dials loopback IPv4 destinations only")
 		return false
 	}
-	path := ""
+	path, rawURL := "", ""
 	if req.Method != http.MethodConnect {
-		path = req.URL.Path
+		path, rawURL = req.URL.Path, req.URL.RequestURI()
 	}
-	rt := p.route(cred, path)
+	rt := p.route(cred, path, rawURL)
 	exit, sess := rt.exit, rt.sess
 	if sess != nil && exit == "" {
 		p.writeBadGateway(c, FakeProxyErrSessionGone, "the session's peer is gone; use a new session id")
@@ -613,7 +630,7 @@ type fpRoute struct {
 
 // route picks the exit for a request and draws its disconnect. For a dead session it
 // returns the session and exit "".
-func (p *FakeProxy) route(cred fpCred, path string) fpRoute {
+func (p *FakeProxy) route(cred fpCred, path, rawURL string) fpRoute {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cred.session == "" {
@@ -647,9 +664,14 @@ func (p *FakeProxy) route(cred fpCred, path string) fpRoute {
 	s.requests++
 	n := strconv.FormatUint(s.requests, 10)
 	mode, dropped := p.takeDrop(path)
-	if !dropped && fpUnit(p.cfg.Seed, "disconnect", cred.session, n) < p.discProb {
+	drawKey, drawN := cred.session, n
+	if p.cfg.CutDrawsByURL && rawURL != "" {
+		p.urlDraws[rawURL]++
+		drawKey, drawN = "url "+rawURL, strconv.FormatUint(p.urlDraws[rawURL], 10)
+	}
+	if !dropped && fpUnit(p.cfg.Seed, "disconnect", drawKey, drawN) < p.discProb {
 		dropped = true
-		if fpUnit(p.cfg.Seed, "alive", cred.session, n) < p.aliveFrac {
+		if fpUnit(p.cfg.Seed, "alive", drawKey, drawN) < p.aliveFrac {
 			mode = cutExitAlive
 		}
 	}
