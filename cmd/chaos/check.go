@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -979,7 +980,40 @@ func (k *checker) wireBytes(ctx context.Context) {
 	case k.c.CutExitAlive >= 0.5:
 		obs += fmt.Sprintf(" (%.0f%% of cuts exit-alive: goal <= %.2fx, %s)", 100*k.c.CutExitAlive, aliveRatioTarget, goal(mix <= aliveRatioTarget))
 	}
+	obs += fmt.Sprintf("; fault mix: %s; replay floor: %s", h.resumeCounts(phaseFaultMix), h.resumeCounts(phaseFloor))
 	k.add(Row{Name: InfoBytesWire, Observed: obs, Result: resultInfo})
+}
+
+// resumeCounts sums, over the /metrics pages scraped at the end of phase (each worker runs
+// one phase), the units replayed on a new session and the steps run again on their own.
+func (h *harness) resumeCounts(phase string) string {
+	h.mu.Lock()
+	pages := h.phaseMetrics[phase]
+	h.mu.Unlock()
+	var restarts, resumes float64
+	for _, page := range pages {
+		for _, line := range strings.Split(page, "\n") {
+			name, rest, ok := strings.Cut(line, "{")
+			if !ok {
+				continue
+			}
+			_, val, ok := strings.Cut(rest, "} ")
+			if !ok {
+				continue
+			}
+			v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			if err != nil {
+				continue
+			}
+			switch name {
+			case "idemscrape_session_restarts_total":
+				restarts += v
+			case "idemscrape_session_resumes_total":
+				resumes += v
+			}
+		}
+	}
+	return fmt.Sprintf("%.0f replays on a new session, %.0f steps run again on their own", restarts, resumes)
 }
 
 func goal(met bool) string {

@@ -149,6 +149,7 @@ type harness struct {
 	throttled    int
 	restarts     int
 	metricsText  []string
+	phaseMetrics map[string][]string // phase → the /metrics pages scraped at its end
 	rng          *rand.Rand
 	rngMu        sync.Mutex
 	log          *slog.Logger
@@ -836,6 +837,9 @@ func (h *harness) scrapeMetrics(name, addr string) {
 	b, _ := io.ReadAll(resp.Body)
 	h.mu.Lock()
 	h.metricsText = append(h.metricsText, string(b))
+	if ph, _ := h.phase.Load().(string); ph != "" {
+		h.phaseMetrics[ph] = append(h.phaseMetrics[ph], string(b))
+	}
 	h.mu.Unlock()
 }
 
@@ -1221,6 +1225,7 @@ func (h *harness) runPhase(ctx context.Context, window string, deadline time.Tim
 		h.staleWG.Wait()
 	}()
 	if phase == phaseFaultMix || phase == phaseFloor {
+		h.proxy.ResetCutDraws()
 		fctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		h.proxy.SetDisconnectProb(h.cfg.DisconnectProb)
@@ -1300,7 +1305,7 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 	}
 	began := time.Now()
 	h := &harness{cfg: cfg, tb: tb, out: out, fpKills: map[string]int{}, fpKeys: map[string][]string{}, pendingArms: map[string]int{},
-		enqueued: map[string][]string{}, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 7))}
+		enqueued: map[string][]string{}, phaseMetrics: map[string][]string{}, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 7))}
 	h.phase.Store("setup")
 	h.bins, h.logs = tb.TempDir(), tb.TempDir()
 	if cfg.LogDir != "" {
@@ -1330,7 +1335,10 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 		return nil, err
 	}
 	h.proxy = testutil.NewFakeProxy(tb, testutil.FakeProxyConfig{Seed: cfg.Seed, Format: testutil.ProxyFormatOxylabs,
-		User: proxyUser, Password: h.password, UnavailableCountries: []string{unavailableCC}, CutExitAlive: cfg.CutExitAlive})
+		User: proxyUser, Password: h.password, UnavailableCountries: []string{unavailableCC}, CutExitAlive: cfg.CutExitAlive,
+		// The fault mix and the replay floor send the same requests: drawn per URL, their
+		// cuts are the same where their requests are, and their bytes compare like for like.
+		CutDrawsByURL: true})
 	if err := h.createDB(ctx); err != nil {
 		return nil, err
 	}
