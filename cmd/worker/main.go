@@ -13,7 +13,9 @@
 // robots.txt cache, outbox streams and asynq's queues all run on either (docs/CLUSTER.md).
 //
 // Proxy credentials come only from the environment (IDEMSCRAPE_PROXY_PROVIDER, _USER,
-// _PASSWORD, _ZONE, _GATEWAY, and the price IDEMSCRAPE_PROXY_PRICE; more accounts, used in
+// _PASSWORD, _ZONE, _GATEWAY, the price IDEMSCRAPE_PROXY_PRICE, and _EXIT_HEADER, the
+// response header that names the exit, which lets a unit continue on its session after a
+// dropped connection once the exit is proven unchanged; more accounts, used in
 // order when one refuses the account, with the suffixes _2, _3 …; see
 // sessions.ProvidersFromEnv), and so do the HTTP basic-auth
 // credentials (IDEMSCRAPE_HTTP_USER, IDEMSCRAPE_HTTP_PASSWORD): none of them is ever
