@@ -379,7 +379,9 @@ func (s *slot) start() error {
 	armed := h.takeArm()
 	cmd := exec.Command(filepath.Join(h.bins, "worker"), args...)
 	cmd.Env = h.workerEnv(h.failpointsFor(armed))
-	logf, err := os.Create(filepath.Join(h.logs, fmt.Sprintf("worker-%d-g%d.log", s.i, s.gen)))
+	// Named by phase too: every phase starts its slots again, and its logs are kept.
+	ph, _ := h.phase.Load().(string)
+	logf, err := os.Create(filepath.Join(h.logs, fmt.Sprintf("worker-%s-%d-g%d.log", ph, s.i, s.gen)))
 	if err != nil {
 		return err
 	}
