@@ -124,15 +124,18 @@ func (r *resumer) decide(ctx context.Context, step Step, fe *FetchError, b *Boun
 	}
 	switch {
 	case isCut(fe):
+		switch {
+		case b.exitKnown():
+			reason = ResumeExitHeader
+		case r.portable:
+			reason = ResumePortable
+		default:
+			return "", 0 // nothing could prove the exit, nothing declares the state portable
+		}
 		if !r.cuts.worthTrying(saved) {
 			return "", 0
 		}
-		switch {
-		case b.exitKnown():
-			return ResumeExitHeader, 0
-		case r.portable:
-			return ResumePortable, 0
-		}
+		return reason, 0
 	case fe.Category == tasks.CategoryThrottled && fe.RetryAfter > 0 && fe.RetryAfter <= r.throttleMax:
 		until := r.now().Add(fe.RetryAfter)
 		if b.Session.Expired(until) {
