@@ -164,6 +164,25 @@ func TestReplayOnChangedExit(t *testing.T) {
 		assert.True(t, strings.Contains(e.quarantined[0].Detail, "exit changed"), e.quarantined[0].Detail)
 	})
 
+	t.Run("MovedExitAtLastStep", func(t *testing.T) {
+		// The last step's response is the only one after the cut: it alone must prove the
+		// exit, or the observation would end on another exit than it began.
+		e := setup(t, testutil.FakeProxyConfig{Seed: 34}, testutil.FakeSiteConfig{Seed: 34})
+		var err error
+		e.provider, err = e.provider.WithExitHeader("X-Exit")
+		require.NoError(t, err)
+		unit, err := catalog.Unit(e.site.URL, "sku-9")
+		require.NoError(t, err)
+		e.proxy.DropNextNewExit("/api/price/")
+
+		res, err := unit.Run(context.Background(), e.runCfg())
+		require.NoError(t, err)
+		require.Len(t, res.Sessions, 2, "replayed on a new session")
+		assert.Equal(t, []string{sessions.ResumeExitHeader}, res.ResumeReasons, "tried on its session first")
+		got := exits(t, res.Staged)
+		assert.Equal(t, []string{got[0], got[0], got[0]}, got, "every step from one exit")
+	})
+
 	t.Run("NoExitHeaderReplays", func(t *testing.T) {
 		// Nothing can prove the exit unchanged: the unit replays as before, even though the
 		// exit did survive.
