@@ -27,6 +27,7 @@ type metrics struct {
 	leaseBusy         *prometheus.CounterVec   // kind
 	unavailable       *prometheus.CounterVec   // kind
 	sessionRestarts   *prometheus.CounterVec   // kind, reason
+	sessionResumes    *prometheus.CounterVec   // kind, reason
 	commitSeconds     prometheus.Histogram
 	acknowledgedNoOps *prometheus.CounterVec // kind, state: deliveries of complete/failed jobs
 	incidentOpen      prometheus.Gauge
@@ -116,6 +117,10 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Name: "idemscrape_session_restarts_total",
 			Help: "Workflow units replayed on a new session, by the category of the loss.",
 		}, []string{"kind", "reason"}),
+		sessionResumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemscrape_session_resumes_total",
+			Help: "Workflow steps run again on their own session instead of a replay, by reason: exit_header (after a cut, the exit to be proven unchanged), portable_state (after a cut, state portable across exits), throttled (a Retry-After waited out).",
+		}, []string{"kind", "reason"}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemscrape_commit_seconds",
 			Help:    "Latency of the fenced commit (job + result + outbox + attempt).",
@@ -186,7 +191,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 		return nil, err
 	}
 	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.refusedBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
-		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.windowTopUps, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.commitSeconds, m.acknowledgedNoOps} {
+		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.windowTopUps, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.sessionResumes, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

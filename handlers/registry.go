@@ -145,6 +145,10 @@ type Config struct {
 	HostWaitMax time.Duration
 	// MaxSessionRestarts per attempt. Defaults to sessions.DefaultMaxSessionRestarts.
 	MaxSessionRestarts int
+	// MaxResumes per attempt: steps run again on their own session after a cut or a
+	// Retry-After instead of a replay (sessions.RunConfig.MaxResumes). Defaults to
+	// sessions.DefaultMaxResumes; -1: every cut replays.
+	MaxResumes int
 	// LeaseLengths chooses lease lengths per kind from their measured durations. Defaults
 	// to NewLeaseLengths(nil).
 	LeaseLengths *LeaseLengthConfig

@@ -192,6 +192,9 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	for _, reason := range w.unit.RestartReasons {
 		r.metrics.sessionRestarts.WithLabelValues(k.name, string(reason)).Inc()
 	}
+	for _, reason := range w.unit.ResumeReasons {
+		r.metrics.sessionResumes.WithLabelValues(k.name, reason).Inc()
+	}
 	if lost == nil && isSuperseded(commitErr) {
 		lost = commitErr // a newer attempt took the job over: our lease was lost
 	}
@@ -566,6 +569,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 		Country:            job.Spec.Country,
 		SessionLifetime:    k.sessionLifetime,
 		MaxSessionRestarts: r.cfg.MaxSessionRestarts,
+		MaxResumes:         r.cfg.MaxResumes,
 		// The job's bandwidth and money budgets are enforced inside the attempt, not only
 		// between them.
 		MaxBytes:   maxBytes,

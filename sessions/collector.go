@@ -161,8 +161,9 @@ type Bound struct {
 	ctx        context.Context
 	stepCtx    context.Context // the running step's (its span); set by the unit before each step
 
-	exitMu sync.Mutex
-	exit   string // the exit the session's first response named ("" until then)
+	exitMu  sync.Mutex
+	exit    string // the exit the session's first response named ("" until then)
+	proving bool   // after a cut: the next response must name exit (resume.go)
 }
 
 const responseKey = "idemscrape.response"
@@ -318,11 +319,14 @@ func (b *Bound) checkExit(h http.Header) error {
 		return nil
 	}
 	got := sanitizeHeader(strings.TrimSpace(h.Get(name)))
+	b.exitMu.Lock()
+	defer b.exitMu.Unlock()
+	if b.proving {
+		return b.proveExit(got) // the first response after a cut (resume.go)
+	}
 	if got == "" {
 		return nil
 	}
-	b.exitMu.Lock()
-	defer b.exitMu.Unlock()
 	switch b.exit {
 	case "":
 		b.exit = got

@@ -59,6 +59,7 @@ type Provider struct {
 	price       Price  // what its traffic costs (WithPrice; zero: no price)
 	tier        Tier   // the exits it sells (WithTier; "": residential)
 	creds       credentials
+	cuts        *cutStats // how often a cut left the exit alive (resume.go); shared by copies
 }
 
 // Provider defaults and limits.
@@ -110,7 +111,7 @@ func NewProvider(name, gateway, userTemplate, passTemplate, user, pass string, m
 	return &Provider{
 		name: name, gateway: gateway, userTmpl: userTemplate, passTmpl: passTemplate,
 		user: parseTemplate(userTemplate), pass: parseTemplate(passTemplate),
-		maxLifetime: maxLifetime, creds: newCredentials(user, pass),
+		maxLifetime: maxLifetime, creds: newCredentials(user, pass), cuts: &cutStats{},
 	}, nil
 }
 
@@ -208,6 +209,12 @@ const (
 // name the variable, never its value.
 func ProviderFromEnv() (*Provider, error) { return providerFromEnv("") }
 
+// EnvExitHeader optionally names the response header that names a session's exit
+// (Provider.WithExitHeader): with it every response is checked against the session's first
+// exit, and after a dropped connection a unit continues on its session once the exit is
+// proven unchanged instead of replaying from its first step.
+const EnvExitHeader = "IDEMSCRAPE_PROXY_EXIT_HEADER"
+
 // EnvName optionally names a provider (ProvidersFromEnv: two accounts of one preset need
 // different names, which label metrics and logs).
 const EnvName = "IDEMSCRAPE_PROXY_NAME"
@@ -233,7 +240,7 @@ func ProvidersFromEnv() ([]*Provider, error) {
 		suffix := "_" + strconv.Itoa(n)
 		set := os.Getenv(EnvProvider+suffix) != ""
 		for _, v := range []string{EnvUser + suffix, EnvPassword + suffix, EnvPassword + suffix + "_FILE", EnvGateway + suffix,
-			EnvZone + suffix, EnvName + suffix, EnvPrice + suffix, EnvPriceCountries + suffix, EnvTier + suffix} {
+			EnvZone + suffix, EnvName + suffix, EnvPrice + suffix, EnvPriceCountries + suffix, EnvTier + suffix, EnvExitHeader + suffix} {
 			if !set && os.Getenv(v) != "" {
 				return nil, fmt.Errorf("sessions: %s is set but %s is not", v, EnvProvider+suffix)
 			}
@@ -298,6 +305,11 @@ func providerFromEnv(suffix string) (*Provider, error) {
 	if n := env(EnvName); n != "" {
 		if p, err = p.WithName(n); err != nil {
 			return nil, fmt.Errorf("sessions: %s: %s", EnvName+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
+		}
+	}
+	if h := env(EnvExitHeader); h != "" {
+		if p, err = p.WithExitHeader(h); err != nil {
+			return nil, fmt.Errorf("sessions: %s: %s", EnvExitHeader+suffix, strings.TrimPrefix(err.Error(), "sessions: "))
 		}
 	}
 	if t := env(EnvTier); t != "" {

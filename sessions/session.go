@@ -7,7 +7,9 @@
 // decompressed bodies, robots.txt respected, timeouts, the SSRF guard on every request and
 // redirect. A Unit is an ordered list of steps that run on one session and write to
 // staging; on session loss the staging is quarantined and the whole unit replays on a new
-// session, so an observation never mixes two sessions.
+// session, so an observation never mixes two sessions. After a cut a safe step first runs
+// again on the same session, kept only when the exit is proven unchanged or the unit's
+// state is portable (resume.go), so an observation never mixes two exits either.
 //
 // Politeness lives in package politeness; a collector applies it on every hop: with
 // CollectorConfig.Robots (a politeness.RobotsCache in Redis) robots.txt is fetched once per

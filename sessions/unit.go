@@ -101,10 +101,21 @@ type Quarantined struct {
 
 // Unit is an ordered list of steps that depend on shared state (cookies, tokens) and so
 // must run on one session. A run that loses its session is replayed from the first step
-// on a new session; the observation of a successful run comes from one session only.
+// on a new session; the observation of a successful run comes from one session only. After
+// a cut (a dropped connection) a safe step first runs again on the same session, and the
+// unit continues there when the exit is proven unchanged or its state is portable (see
+// resume.go); so a step may run more than once on its collector: a callback it registers
+// on sc.Collector() must tolerate that (register once, or be idempotent).
 type Unit struct {
 	Name  string
 	Steps []Step
+	// PortableState declares that what the steps build up — cookies, tokens, staged
+	// values — stays valid on another exit (the site does not bind it to the client's
+	// address). After a cut such a unit runs the cut step again on its session without
+	// proof that the exit is unchanged, instead of replaying from the first step. Leave it
+	// false for a site that binds state to the exit: the unit then continues only on a
+	// proven exit (Provider.WithExitHeader). Defaults to false.
+	PortableState bool
 	// Validate checks the complete staging before it is handed on. A failure is
 	// quarantined and returned as category validation. Optional.
 	Validate func(staged map[string]json.RawMessage) error
@@ -124,6 +135,16 @@ type RunConfig struct {
 	// MaxSessionRestarts is how many new sessions one run may start after session loss.
 	// Defaults to DefaultMaxSessionRestarts; -1 means none.
 	MaxSessionRestarts int
+	// MaxResumes is how many times one run may run a step again on its own session, after
+	// a cut or a waited-out Retry-After, instead of replaying (resume.go). Defaults to
+	// DefaultMaxResumes; -1 means none: every cut replays on a new session.
+	MaxResumes int
+	// ThrottleResumeMax is the longest Retry-After (on a 429/503 the collector did not wait
+	// out itself) that a safe step waits out on its session before running again, when the
+	// session outlives the wait. Defaults to DefaultThrottleResumeMax; negative turns it
+	// off (the attempt ends throttled, as before), and so does a negative
+	// Collector.ThrottleWaitMax (no waiting on the session at all).
+	ThrottleResumeMax time.Duration
 	// MaxBytes is the run's bandwidth budget: once the bytes of all its sessions (counted
 	// as Result.Bytes counts them) exceed it, the response being read is aborted and the
 	// run stops with category budget_exceeded, without replay. Defaults to 0: unlimited.
@@ -164,7 +185,12 @@ type Result struct {
 	Restarts int      // sessions restarted after loss
 	// RestartReasons holds the category of each session loss that caused a restart.
 	RestartReasons []tasks.Category
-	Bytes          int64 // bytes moved through the proxy for the job, all sessions (Bound.Bytes)
+	// Resumes counts the steps run again on their own session (after a cut or a
+	// Retry-After) instead of a replay; ResumeReasons holds why, one of the Resume*
+	// constants each. A resume whose proof then failed is followed by a restart.
+	Resumes       int
+	ResumeReasons []string
+	Bytes         int64 // bytes moved through the proxy for the job, all sessions (Bound.Bytes)
 	// RefusedBytes are the bytes of the proxy's own refusals (407, 502 no peers, …), all
 	// sessions: on the wire, but not billed by providers, so not in Bytes nor in the
 	// attempt's cost (Bound.RefusedBytes).
@@ -220,8 +246,11 @@ func replayable(c tasks.Category) bool {
 
 // Run runs the unit: on a new session, every step in order, then validation. On session
 // loss it quarantines the staging, starts a new session and replays from the first step,
-// up to MaxSessionRestarts times. If an unsafe step ran in a run that then failed, it does
-// not replay: the error has category unsafe_step_incomplete. A cancelled ctx ends the run
+// up to MaxSessionRestarts times. Before that, a safe step cut (a dropped connection) or
+// answered with a Retry-After runs again on the same session, up to MaxResumes times per
+// run, and the unit continues there when the exit is proven unchanged (or its state is
+// portable; resume.go). If an unsafe step ran in a run that then failed, it does not
+// replay: the error has category unsafe_step_incomplete. A cancelled ctx ends the run
 // with category interrupted (wrapping context.Cause), a passed deadline with timeout;
 // neither replays. The returned error is a *FetchError; on error Result still carries
 // Session, Sessions, Bytes (every session's) and LastStatus.
@@ -251,6 +280,19 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	if collectorCfg.Now == nil {
 		collectorCfg.Now = now
 	}
+	rs := &resumer{max: cfg.MaxResumes, throttleMax: cfg.ThrottleResumeMax, portable: u.PortableState, now: now, cuts: cfg.Provider.cuts}
+	switch {
+	case rs.max == 0:
+		rs.max = DefaultMaxResumes
+	case rs.max < 0:
+		rs.max = 0
+	}
+	switch {
+	case collectorCfg.ThrottleWaitMax < 0:
+		rs.throttleMax = -1 // no waiting on the session at all
+	case rs.throttleMax == 0:
+		rs.throttleMax = DefaultThrottleResumeMax
+	}
 
 	var res Result
 	if cfg.MaxBytes > 0 {
@@ -269,7 +311,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		runCfg := collectorCfg
 		sctx, span := startSpan(ctx, "session")
 		bytesBefore := res.Bytes
-		staged, failure, unsafeRan := u.runOnce(sctx, sess, &runCfg, now, &res)
+		staged, failure, unsafeRan := u.runOnce(sctx, sess, &runCfg, now, &res, rs, log)
 		if span.IsRecording() {
 			span.SetAttributes(attribute.String("idemscrape.session", sess.ID), attribute.String("idemscrape.unit", u.Name),
 				attribute.Int64("idemscrape.bytes", res.Bytes-bytesBefore), attribute.String("idemscrape.exit", res.Exit))
@@ -321,9 +363,11 @@ func runStep(ctx context.Context, step Step, sc *StepContext) (err error) {
 	return step.Run(ctx, sc)
 }
 
-// runOnce runs every step on one session. It returns the staging, the failure (nil on
+// runOnce runs every step on one session, a safe step again on it after a cut or a
+// Retry-After when rs allows (resume.go). It returns the staging, the failure (nil on
 // success) and whether an unsafe step started.
-func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig, now func() time.Time, res *Result) (map[string]json.RawMessage, *FetchError, bool) {
+func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig, now func() time.Time, res *Result,
+	rs *resumer, log *slog.Logger) (map[string]json.RawMessage, *FetchError, bool) {
 	bound, err := NewCollector(ctx, sess, cfg)
 	if err != nil {
 		return nil, &FetchError{Category: tasks.CategoryInternal, Err: err}, false
@@ -343,7 +387,9 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 	staging := newStaging()
 	sc := &StepContext{Session: sess, Staging: staging, bound: bound}
 	unsafeRan := false
-	for _, step := range u.Steps {
+	var probe *cutProbe // the step being run again after a cut, until its outcome is known
+	for i := 0; i < len(u.Steps); i++ {
+		step := u.Steps[i]
 		if sess.Expired(now()) {
 			return staging.Snapshot(), &FetchError{Category: tasks.CategorySessionLost, Step: step.Name, Err: ErrSessionExpired}, unsafeRan
 		}
@@ -364,6 +410,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 		bound.stepCtx = stepCtx
 		before := bound.Bytes()
 		err := runStep(stepCtx, step, sc)
+		probe = probe.settle(err, bound, rs.cuts)
 		if span.IsRecording() && stepCtx != ctx {
 			span.SetAttributes(attribute.String("idemscrape.step", step.Name), attribute.String("idemscrape.session", sess.ID),
 				attribute.Bool("idemscrape.step.safe", step.Safe),
@@ -382,7 +429,24 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 				fe = cf
 			}
 			fe = &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: step.Name, Err: fe.Err}
-			return staging.Snapshot(), fe, unsafeRan
+			reason, wait := rs.decide(ctx, step, fe, bound, before)
+			if reason == "" {
+				return staging.Snapshot(), fe, unsafeRan
+			}
+			if wait > 0 && !sleepCtx(ctx, wait) {
+				return staging.Snapshot(), fe, unsafeRan
+			}
+			rs.max--
+			res.Resumes++
+			res.ResumeReasons = append(res.ResumeReasons, reason)
+			if reason != ResumeThrottled {
+				bound.afterCut(reason == ResumeExitHeader)
+				probe = newCutProbe(bound)
+			}
+			log.InfoContext(ctx, "running the step again on its session", "unit", u.Name, "step", step.Name,
+				"reason", reason, "category", string(fe.Category), "session", sess.ID, "endpoint", sess.Endpoint)
+			i-- // the same step, on the same session
+			continue
 		}
 	}
 	return staging.Snapshot(), nil, unsafeRan

@@ -330,7 +330,8 @@ func TestFetchCategories(t *testing.T) {
 	})
 	t.Run("Unavailable503", func(t *testing.T) {
 		e := setup(t, testutil.FakeProxyConfig{}, testutil.FakeSiteConfig{UnavailableRetryAfter: 7 * time.Second})
-		err := run(t, e, nil, func() { e.site.SetUnavailable(1) })
+		// Classified throttled; not waited out on the session (the unit would resume after 7 s).
+		err := run(t, e, func(c *sessions.RunConfig) { c.ThrottleResumeMax = -1 }, func() { e.site.SetUnavailable(1) })
 		var fe *sessions.FetchError
 		require.ErrorAs(t, err, &fe)
 		require.Equal(t, tasks.CategoryThrottled, fe.Category)

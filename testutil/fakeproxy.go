@@ -81,6 +81,19 @@ type FakeProxyConfig struct {
 	// DisconnectProb is the probability, per request through a sticky session, that the
 	// device drops mid-response and the session dies. 0 ≤ p ≤ 1. Defaults to 0.
 	DisconnectProb float64
+	// CutExitAlive is the fraction of disconnects (DisconnectProb draws) that drop only the
+	// client's connection: the device stays, and the session id keeps its exit, as a
+	// residential exit often does when a connection is dropped on the way. The draw is
+	// hash(seed, id, k) like the disconnect's, so a run is reproducible. 0 ≤ f ≤ 1.
+	// Defaults to 0: every disconnect loses the exit (the session id is dead).
+	CutExitAlive float64
+	// CutDrawsByURL keys the disconnect draws (and CutExitAlive's) of forwarded plain-HTTP
+	// requests by the request's path and query and how many times the proxy has forwarded
+	// them (hash(seed, path?query, k)) instead of by session id: two runs of the same jobs then see the
+	// same cuts where they send the same requests, so that their bytes compare without the
+	// noise of two random samples (ResetCutDraws starts the counts again). CONNECT requests
+	// keep the session's draws. Defaults to false.
+	CutDrawsByURL bool
 	// SessionLifetime, when positive, overrides every lifetime: after it has passed since a
 	// session's first request (on its current exit), the session silently gets a new exit.
 	// Defaults to the lifetime in the username, or DefaultFakeSessionLifetime.
@@ -136,6 +149,9 @@ type FakeProxyRequest struct {
 //     one), or, for CONNECT, 8…64 bytes of the tunnel, and then the connection closes. The
 //     session id is dead from then on: 502 for every later request (ErrorHeaders add
 //     x-brd-err-code FakeProxyErrSessionGone). Rotating requests never disconnect.
+//     With CutExitAlive (or DropNextKeepExit) a disconnect drops the connection only: the
+//     session id lives on, on the same exit. DropNextNewExit drops the connection and
+//     re-assigns the session id silently to another exit.
 //
 // It prints nothing: neither the password nor the username appears in any answer, error
 // or String.
@@ -156,6 +172,7 @@ type FakeProxy struct {
 	toClients     atomic.Int64 // bytes written to clients
 	requests      atomic.Int64
 	disconnects   atomic.Int64
+	cutsAlive     atomic.Int64 // disconnects that left the session its exit
 	refusing      atomic.Bool  // SetRefusing: every request answered 407
 	refused       atomic.Int64 // requests answered 407 for SetRefusing
 	broke         atomic.Bool  // SetOutOfBalance: every request answered 402
@@ -163,7 +180,9 @@ type FakeProxy struct {
 
 	mu           sync.Mutex
 	discProb     float64
-	dropPaths    []string // DropNext: each entry drops the device of the next request with that path prefix
+	aliveFrac    float64           // CutExitAlive (SetCutExitAlive)
+	dropPaths    []fpDrop          // DropNext*: each entry cuts the next request with that path prefix
+	urlDraws     map[string]uint64 // CutDrawsByURL: requests forwarded per URL
 	sessions     map[string]*fpSession
 	rotations    uint64
 	lastRotating string
@@ -180,6 +199,7 @@ type fpSession struct {
 	lifetime time.Duration
 	requests uint64 // requests ever made with this id, drives the disconnect draws
 	gone     bool
+	moveNext bool // DropNextNewExit: the next request gets a new exit
 	bytes    atomic.Int64
 }
 
@@ -202,7 +222,9 @@ func NewFakeProxy(t testing.TB, cfg FakeProxyConfig) *FakeProxy {
 		now:         cfg.Now,
 		unavailable: map[string]bool{},
 		discProb:    cfg.DisconnectProb,
+		aliveFrac:   cfg.CutExitAlive,
 		sessions:    map[string]*fpSession{},
+		urlDraws:    map[string]uint64{},
 		conns:       map[net.Conn]bool{},
 	}
 	if p.now == nil {
@@ -238,6 +260,9 @@ func (c FakeProxyConfig) validate() error {
 	}
 	if c.DisconnectProb < 0 || c.DisconnectProb > 1 || math.IsNaN(c.DisconnectProb) {
 		return fmt.Errorf("DisconnectProb %v is outside [0, 1]", c.DisconnectProb)
+	}
+	if c.CutExitAlive < 0 || c.CutExitAlive > 1 || math.IsNaN(c.CutExitAlive) {
+		return fmt.Errorf("CutExitAlive %v is outside [0, 1]", c.CutExitAlive)
 	}
 	if c.SessionLifetime < 0 {
 		return fmt.Errorf("SessionLifetime %v is negative", c.SessionLifetime)
@@ -316,8 +341,8 @@ func (p *FakeProxy) Seen() []FakeProxyRequest {
 // whatever it answered, 407 and 502 included.
 func (p *FakeProxy) Requests() int64 { return p.requests.Load() }
 
-// Disconnects is the number of device disconnects the proxy has decided (each kills one
-// client connection and its session).
+// Disconnects is the number of disconnects the proxy has decided (each kills one client
+// connection, and its session unless the exit survived: CutsExitAlive).
 func (p *FakeProxy) Disconnects() int64 { return p.disconnects.Load() }
 
 // ExitOf returns the exit ("127.0.0.N") the session id was last assigned, or "" when the
@@ -353,27 +378,74 @@ func (p *FakeProxy) SetDisconnectProb(prob float64) {
 	p.mu.Unlock()
 }
 
-// DropNext makes the device of the next plain-HTTP request on a sticky session whose
-// URL path starts with pathPrefix drop mid-response (a disconnect, as DisconnectProb
-// draws them): e.g. a page's XHR, to cut a render half-way. Each call drops one request.
-func (p *FakeProxy) DropNext(pathPrefix string) {
+// SetCutExitAlive changes CutExitAlive for the disconnects that follow; f is clamped to [0, 1].
+func (p *FakeProxy) SetCutExitAlive(f float64) {
+	f = math.Max(0, math.Min(1, f))
 	p.mu.Lock()
-	p.dropPaths = append(p.dropPaths, pathPrefix)
+	p.aliveFrac = f
 	p.mu.Unlock()
 }
 
-// takeDrop consumes a DropNext entry that path matches; p.mu is held.
-func (p *FakeProxy) takeDrop(path string) bool {
+// ResetCutDraws starts the per-URL request counts of CutDrawsByURL again: the next run of
+// the same requests sees the same cuts as the first.
+func (p *FakeProxy) ResetCutDraws() {
+	p.mu.Lock()
+	clear(p.urlDraws)
+	p.mu.Unlock()
+}
+
+// CutsExitAlive is the number of disconnects after which the session kept its exit
+// (CutExitAlive, DropNextKeepExit); Disconnects counts them too.
+func (p *FakeProxy) CutsExitAlive() int64 { return p.cutsAlive.Load() }
+
+// fpDrop is one DropNext* entry.
+type fpDrop struct {
+	prefix string
+	mode   fpCutMode
+}
+
+// fpCutMode is what a disconnect does to the session.
+type fpCutMode int
+
+const (
+	cutExitLost  fpCutMode = iota // the device is gone: the session id is dead (502 from then on)
+	cutExitAlive                  // the connection only: the session id keeps its exit
+	cutNewExit                    // the connection, and the session id silently moves to another exit
+)
+
+// DropNext makes the device of the next plain-HTTP request on a sticky session whose
+// URL path starts with pathPrefix drop mid-response (a disconnect, as DisconnectProb
+// draws them): e.g. a page's XHR, to cut a render half-way. Each call drops one request.
+func (p *FakeProxy) DropNext(pathPrefix string) { p.dropNext(pathPrefix, cutExitLost) }
+
+// DropNextKeepExit is DropNext for a dropped connection whose exit survives: the next
+// plain-HTTP request with that path prefix is cut mid-response, and the session id keeps
+// its exit for the requests that follow.
+func (p *FakeProxy) DropNextKeepExit(pathPrefix string) { p.dropNext(pathPrefix, cutExitAlive) }
+
+// DropNextNewExit is DropNext for an exit lost under a live session id: the next
+// plain-HTTP request with that path prefix is cut mid-response, and the session id's
+// next request goes out from another exit, with no error (a silent re-assignment).
+func (p *FakeProxy) DropNextNewExit(pathPrefix string) { p.dropNext(pathPrefix, cutNewExit) }
+
+func (p *FakeProxy) dropNext(pathPrefix string, mode fpCutMode) {
+	p.mu.Lock()
+	p.dropPaths = append(p.dropPaths, fpDrop{prefix: pathPrefix, mode: mode})
+	p.mu.Unlock()
+}
+
+// takeDrop consumes a DropNext* entry that path matches; p.mu is held.
+func (p *FakeProxy) takeDrop(path string) (fpCutMode, bool) {
 	if path == "" {
-		return false
+		return 0, false
 	}
-	for i, pre := range p.dropPaths {
-		if strings.HasPrefix(path, pre) {
+	for i, d := range p.dropPaths {
+		if strings.HasPrefix(path, d.prefix) {
 			p.dropPaths = append(p.dropPaths[:i], p.dropPaths[i+1:]...)
-			return true
+			return d.mode, true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // Close stops the proxy, kills every open connection and waits for all its goroutines.
@@ -502,11 +574,11 @@ func (p *FakeProxy) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool
 		p.writeBadGateway(c, FakeProxyErrDestination, "fake proxy dials loopback IPv4 destinations only")
 		return false
 	}
-	path := ""
+	path, rawURL := "", ""
 	if req.Method != http.MethodConnect {
-		path = req.URL.Path
+		path, rawURL = req.URL.Path, req.URL.RequestURI()
 	}
-	rt := p.route(cred, path)
+	rt := p.route(cred, path, rawURL)
 	exit, sess := rt.exit, rt.sess
 	if sess != nil && exit == "" {
 		p.writeBadGateway(c, FakeProxyErrSessionGone, "the session's peer is gone; use a new session id")
@@ -558,7 +630,7 @@ type fpRoute struct {
 
 // route picks the exit for a request and draws its disconnect. For a dead session it
 // returns the session and exit "".
-func (p *FakeProxy) route(cred fpCred, path string) fpRoute {
+func (p *FakeProxy) route(cred fpCred, path, rawURL string) fpRoute {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cred.session == "" {
@@ -583,16 +655,35 @@ func (p *FakeProxy) route(cred fpCred, path string) fpRoute {
 		p.sessions[cred.session] = s
 	case s.gone:
 		return fpRoute{sess: s}
-	case now.Sub(s.since) >= s.lifetime:
+	case now.Sub(s.since) >= s.lifetime || s.moveNext:
 		// The provider re-assigns the session silently: a new exit, no error.
 		s.gen++
-		s.since, s.lifetime = now, lifetime
+		s.since, s.lifetime, s.moveNext = now, lifetime, false
 		s.exit = p.pickExit(s.exit, "session", cred.session, strconv.FormatUint(s.gen, 10))
 	}
 	s.requests++
 	n := strconv.FormatUint(s.requests, 10)
-	if p.takeDrop(path) || fpUnit(p.cfg.Seed, "disconnect", cred.session, n) < p.discProb {
-		s.gone = true
+	mode, dropped := p.takeDrop(path)
+	drawKey, drawN := cred.session, n
+	if p.cfg.CutDrawsByURL && rawURL != "" {
+		p.urlDraws[rawURL]++
+		drawKey, drawN = "url "+rawURL, strconv.FormatUint(p.urlDraws[rawURL], 10)
+	}
+	if !dropped && fpUnit(p.cfg.Seed, "disconnect", drawKey, drawN) < p.discProb {
+		dropped = true
+		if fpUnit(p.cfg.Seed, "alive", drawKey, drawN) < p.aliveFrac {
+			mode = cutExitAlive
+		}
+	}
+	if dropped {
+		switch mode {
+		case cutExitAlive:
+			p.cutsAlive.Add(1)
+		case cutNewExit:
+			s.moveNext = true
+		default:
+			s.gone = true
+		}
 		p.disconnects.Add(1)
 		return fpRoute{exit: s.exit, sess: s, cut: 8 + int64(fpHash(p.cfg.Seed, "cut", cred.session, n)%57)}
 	}

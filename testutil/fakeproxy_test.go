@@ -519,6 +519,51 @@ func TestFakeProxy(t *testing.T) {
 		assert.Equal(t, http.StatusOK, status, "one call drops one request")
 	})
 
+	t.Run("CutKeepsOrMovesTheExit", func(t *testing.T) {
+		echo := newFPEcho(t)
+		p := fpNewProxy(t, generic, nil)
+		c := fpClient(t, p, "acme-session-keepexit", generic.pass)
+		_, _, _, err := fpGet(c, echo.URL+"/")
+		require.NoError(t, err)
+		exit := p.ExitOf("keepexit")
+		require.NotEmpty(t, exit)
+		p.DropNextKeepExit("/chunked")
+		_, _, _, err = fpGet(c, echo.URL+"/chunked")
+		require.Error(t, err, "the connection is cut")
+		assert.Equal(t, exit, p.ExitOf("keepexit"), "the session keeps its exit")
+		status, _, _, err := fpGet(c, echo.URL+"/")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status, "and serves on")
+		assert.Equal(t, int64(1), p.CutsExitAlive())
+
+		p.DropNextNewExit("/chunked")
+		_, _, _, err = fpGet(c, echo.URL+"/chunked")
+		require.Error(t, err)
+		status, _, _, err = fpGet(c, echo.URL+"/")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status, "the session id lives on")
+		moved := p.ExitOf("keepexit")
+		assert.NotEqual(t, exit, moved, "on another exit")
+		assert.NotEmpty(t, moved)
+		assert.Equal(t, int64(2), p.Disconnects())
+	})
+
+	t.Run("CutExitAliveDraws", func(t *testing.T) {
+		echo := newFPEcho(t)
+		p := fpNewProxy(t, generic, func(c *FakeProxyConfig) { c.DisconnectProb, c.CutExitAlive = 1, 1 })
+		c := fpClient(t, p, "acme-session-alive001", generic.pass)
+		for range 3 {
+			_, _, _, err := fpGet(c, echo.URL+"/")
+			require.Error(t, err, "every request cut")
+		}
+		assert.NotEmpty(t, p.ExitOf("alive001"), "the exit survives every cut")
+		assert.Equal(t, int64(3), p.CutsExitAlive())
+		p.SetCutExitAlive(0)
+		_, _, _, err := fpGet(c, echo.URL+"/")
+		require.Error(t, err)
+		assert.Empty(t, p.ExitOf("alive001"), "now the cut loses it")
+	})
+
 	t.Run("DisconnectClosesConnectTunnel", func(t *testing.T) {
 		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "hello")

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -38,6 +39,7 @@ const (
 	InvCanary        = "canary password absent everywhere"
 	InfoBytes        = "bytes per completed job: proxy fault mix vs fault-free, same jobs"
 	InfoBytesChaos   = "bytes per completed job: chaos phase vs fault-free"
+	InfoBytesWire    = "bytes at the wire per completed job: fault mix vs replay floor"
 	resultPass       = "PASS"
 	resultFail       = "FAIL"
 	resultInfo       = "INFO"
@@ -45,6 +47,11 @@ const (
 	resultIncomplete = "INCOMPLETE"
 	maxOffenders     = 5
 	bytesRatioTarget = 1.25
+	// The goals of resumes on a proven exit (issue 37), at the wire: with every cut losing
+	// the exit, at most floorMargin above the replay floor measured in the same run; with
+	// half the cuts exit-alive, at most aliveRatioTarget × the fault-free bytes.
+	floorMargin      = 0.03
+	aliveRatioTarget = 1.12
 )
 
 // Row is one line of the report.
@@ -297,7 +304,8 @@ func (k *checker) faults(ctx context.Context) {
 		{Name: fmt.Sprintf("SIGSTOP pauses of %v (lease %v)", c.Lease*5/2, c.Lease), Injected: fmt.Sprint(c.Pauses), Observed: fmt.Sprintf("%d done, %d held running attempts", k.pauses, k.pausesHeld)},
 		{Name: "redis-server killed, restarted empty", Injected: fmt.Sprint(c.RedisWipes), Observed: fmt.Sprint(k.wipes)},
 		{Name: "pg_terminate_backend rounds (workers)", Injected: fmt.Sprint(c.PGRounds), Observed: fmt.Sprintf("%d rounds, %d connections terminated", k.pgRounds, k.pgTerminated)},
-		{Name: fmt.Sprintf("proxy: %.4g%% disconnects per request", 100*c.DisconnectProb), Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d disconnects, %d staging quarantined", disconnects, k.quarantined)},
+		{Name: fmt.Sprintf("proxy: %.4g%% disconnects per request, %.4g%% of them exit-alive", 100*c.DisconnectProb, 100*c.CutExitAlive), Injected: onOff(c.ProxyFaults),
+			Observed: fmt.Sprintf("%d disconnects (%d exit-alive), %d staging quarantined", disconnects, h.proxy.CutsExitAlive(), k.quarantined)},
 		{Name: "shop: ~5% 429 Retry-After 1s", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d throttled answers set, %d throttled attempts", k.throttled, throttledAttempts)},
 		{Name: "proxy: 2% jobs in a country without exits", Injected: onOff(c.ProxyFaults), Observed: fmt.Sprintf("%d jobs ask for %s", unavailable, unavailableCC)},
 		{Name: "canary proxy password", Injected: onOff(c.Canary), Observed: "not searched"},
@@ -662,6 +670,7 @@ func (k *checker) bytesPerJob(ctx context.Context) {
 	baseP := float64(h.baseProxy) / float64(h.baselineJobs)
 	if h.mixJobs > 0 {
 		k.faultMixBytes(ctx, baseP)
+		k.wireBytes(ctx)
 	}
 	var complete int
 	var bytes int64
@@ -935,4 +944,81 @@ func union(a, b []string) []string {
 		}
 	}
 	return out
+}
+
+// wireBytes adds the fault mix's and the replay floor's bytes at the wire (what the proxy
+// exchanged with its clients, FakeProxy.ClientBytes) per completed job against the
+// baseline's, and the verdict against the goal of the run's cut model.
+func (k *checker) wireBytes(ctx context.Context) {
+	h := k.h
+	if h.baseWire <= 0 || h.baselineJobs <= 0 {
+		return
+	}
+	completeIn := func(window string) int {
+		var n int
+		k.scan(ctx, `SELECT count(*) FROM jobs WHERE "window" = $1 AND state = 'complete'`, []any{window}, []any{&n}, InfoBytesWire)
+		return n
+	}
+	base := float64(h.baseWire) / float64(h.baselineJobs)
+	mixN := completeIn(windowFaultMix)
+	if mixN == 0 {
+		return
+	}
+	mix := float64(h.mixWire) / float64(mixN) / base
+	obs := fmt.Sprintf("fault-free %.0f B/job; fault mix %.0f B/job = %.3fx (%d of %d complete)", base, mix*base, mix, mixN, h.mixJobs)
+	floor := 0.0
+	if h.floorJobs > 0 {
+		if n := completeIn(windowFloor); n > 0 {
+			floor = float64(h.floorWire) / float64(n) / base
+			obs += fmt.Sprintf("; replay floor (no resumes) %.0f B/job = %.3fx (%d of %d complete); fault mix − floor = %+.1f points",
+				floor*base, floor, n, h.floorJobs, 100*(mix-floor))
+		}
+	}
+	switch {
+	case k.c.CutExitAlive == 0 && floor > 0:
+		obs += fmt.Sprintf(" (every cut loses the exit: goal <= floor + %.0f points, %s)", 100*floorMargin, goal(mix <= floor+floorMargin))
+	case k.c.CutExitAlive >= 0.5:
+		obs += fmt.Sprintf(" (%.0f%% of cuts exit-alive: goal <= %.2fx, %s)", 100*k.c.CutExitAlive, aliveRatioTarget, goal(mix <= aliveRatioTarget))
+	}
+	obs += fmt.Sprintf("; fault mix: %s; replay floor: %s", h.resumeCounts(phaseFaultMix), h.resumeCounts(phaseFloor))
+	k.add(Row{Name: InfoBytesWire, Observed: obs, Result: resultInfo})
+}
+
+// resumeCounts sums, over the /metrics pages scraped at the end of phase (each worker runs
+// one phase), the units replayed on a new session and the steps run again on their own.
+func (h *harness) resumeCounts(phase string) string {
+	h.mu.Lock()
+	pages := h.phaseMetrics[phase]
+	h.mu.Unlock()
+	var restarts, resumes float64
+	for _, page := range pages {
+		for _, line := range strings.Split(page, "\n") {
+			name, rest, ok := strings.Cut(line, "{")
+			if !ok {
+				continue
+			}
+			_, val, ok := strings.Cut(rest, "} ")
+			if !ok {
+				continue
+			}
+			v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			if err != nil {
+				continue
+			}
+			switch name {
+			case "idemscrape_session_restarts_total":
+				restarts += v
+			case "idemscrape_session_resumes_total":
+				resumes += v
+			}
+		}
+	}
+	return fmt.Sprintf("%.0f replays on a new session, %.0f steps run again on their own", restarts, resumes)
+}
+
+func goal(met bool) string {
+	if met {
+		return "goal met"
+	}
+	return "over the goal"
 }

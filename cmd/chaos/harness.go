@@ -69,6 +69,7 @@ const (
 	unavailableCC  = "DE"
 	windowBaseline = "2026-12-01"
 	windowFaultMix = "2026-12-01-faultmix"
+	windowFloor    = "2026-12-01-replayfloor"
 	windowChaos    = "2026-12-02"
 )
 
@@ -148,6 +149,7 @@ type harness struct {
 	throttled    int
 	restarts     int
 	metricsText  []string
+	phaseMetrics map[string][]string // phase → the /metrics pages scraped at its end
 	rng          *rand.Rand
 	rngMu        sync.Mutex
 	log          *slog.Logger
@@ -158,6 +160,11 @@ type harness struct {
 	baseProxy    int64 // proxy bytes of the baseline
 	mixJobs      int   // jobs of the fault-mix phase
 	mixProxy     int64 // proxy bytes of the fault-mix phase
+	baseWire     int64 // bytes the proxy exchanged with its clients in the baseline (ClientBytes, both ways)
+	mixWire      int64 // the same in the fault-mix phase
+	floorJobs    int   // jobs of the replay-floor phase
+	floorWire    int64 // the same in the replay-floor phase
+	floorProxy   int64 // proxy bytes of the replay-floor phase
 	chaosProxy0  int64 // proxy bytes when the chaos phase began
 	chaosProxy   int64
 	timedOut     bool
@@ -283,6 +290,10 @@ func (h *harness) workerEnv(fp string) []string {
 		"IDEMSCRAPE_PG="+h.withApp("chaos-worker"), "IDEMSCRAPE_REDIS="+h.redis.Addr,
 		"IDEMSCRAPE_PROXY_PROVIDER=oxylabs", "IDEMSCRAPE_PROXY_USER="+proxyUser,
 		"IDEMSCRAPE_PROXY_PASSWORD="+h.password, "IDEMSCRAPE_PROXY_GATEWAY="+h.proxy.Addr,
+		// The shop names the exit it saw on every response (the provider's exit header, as
+		// far as the workers can tell): exit integrity, and the proof that lets a unit
+		// continue on its session after a cut.
+		"IDEMSCRAPE_PROXY_EXIT_HEADER=X-Exit",
 		envRetryScale+"=0.02",
 	)
 	if fp != "" {
@@ -362,10 +373,15 @@ func (s *slot) start() error {
 		"-lease-default", h.cfg.Lease.String(), "-lease-min", h.cfg.Lease.String(), "-lease-max", h.cfg.Lease.String(),
 		"-shutdown-timeout", "3s", "-drain-timeout", "10s", "-request-timeout", "10s",
 	}
+	if h.phase.Load() == phaseFloor {
+		args = append(args, "-max-resumes", "-1") // every cut replays: the replay rule alone
+	}
 	armed := h.takeArm()
 	cmd := exec.Command(filepath.Join(h.bins, "worker"), args...)
 	cmd.Env = h.workerEnv(h.failpointsFor(armed))
-	logf, err := os.Create(filepath.Join(h.logs, fmt.Sprintf("worker-%d-g%d.log", s.i, s.gen)))
+	// Named by phase too: every phase starts its slots again, and its logs are kept.
+	ph, _ := h.phase.Load().(string)
+	logf, err := os.Create(filepath.Join(h.logs, fmt.Sprintf("worker-%s-%d-g%d.log", ph, s.i, s.gen)))
 	if err != nil {
 		return err
 	}
@@ -823,6 +839,9 @@ func (h *harness) scrapeMetrics(name, addr string) {
 	b, _ := io.ReadAll(resp.Body)
 	h.mu.Lock()
 	h.metricsText = append(h.metricsText, string(b))
+	if ph, _ := h.phase.Load().(string); ph != "" {
+		h.phaseMetrics[ph] = append(h.phaseMetrics[ph], string(b))
+	}
 	h.mu.Unlock()
 }
 
@@ -1169,6 +1188,7 @@ func (h *harness) throttleLoop(ctx context.Context) {
 const (
 	phaseBaseline = "baseline" // no fault
 	phaseFaultMix = "faultmix" // the proxy and shop fault mix alone
+	phaseFloor    = "floor"    // the fault mix again, on workers that never resume (the replay floor)
 	phaseChaos    = "chaos"    // every fault
 )
 
@@ -1206,7 +1226,8 @@ func (h *harness) runPhase(ctx context.Context, window string, deadline time.Tim
 		h.stopWorkers()
 		h.staleWG.Wait()
 	}()
-	if phase == phaseFaultMix {
+	if phase == phaseFaultMix || phase == phaseFloor {
+		h.proxy.ResetCutDraws()
 		fctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		h.proxy.SetDisconnectProb(h.cfg.DisconnectProb)
@@ -1286,7 +1307,7 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 	}
 	began := time.Now()
 	h := &harness{cfg: cfg, tb: tb, out: out, fpKills: map[string]int{}, fpKeys: map[string][]string{}, pendingArms: map[string]int{},
-		enqueued: map[string][]string{}, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 7))}
+		enqueued: map[string][]string{}, phaseMetrics: map[string][]string{}, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 7))}
 	h.phase.Store("setup")
 	h.bins, h.logs = tb.TempDir(), tb.TempDir()
 	if cfg.LogDir != "" {
@@ -1316,7 +1337,10 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 		return nil, err
 	}
 	h.proxy = testutil.NewFakeProxy(tb, testutil.FakeProxyConfig{Seed: cfg.Seed, Format: testutil.ProxyFormatOxylabs,
-		User: proxyUser, Password: h.password, UnavailableCountries: []string{unavailableCC}})
+		User: proxyUser, Password: h.password, UnavailableCountries: []string{unavailableCC}, CutExitAlive: cfg.CutExitAlive,
+		// The fault mix and the replay floor send the same requests: drawn per URL, their
+		// cuts are the same where their requests are, and their bytes compare like for like.
+		CutDrawsByURL: true})
 	if err := h.createDB(ctx); err != nil {
 		return nil, err
 	}
@@ -1338,14 +1362,14 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 	if cfg.Baseline > 0 {
 		h.phase.Store(phaseBaseline)
 		h.logf("baseline: %d jobs, no faults", cfg.Baseline)
-		p0 := h.proxy.Bytes()
+		p0, w0 := h.proxy.Bytes(), h.wire()
 		if err := h.enqueue(ctx, windowBaseline, cfg.Baseline, false); err != nil {
 			return nil, err
 		}
 		if err := h.runPhase(ctx, windowBaseline, deadline, phaseBaseline); err != nil {
 			h.logf("baseline: %v", err)
 		}
-		h.baseProxy = h.proxy.Bytes() - p0
+		h.baseProxy, h.baseWire = h.proxy.Bytes()-p0, h.wire()-w0
 		if err := h.pool.QueryRow(ctx, `SELECT count(*), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1 AND state = 'complete'`,
 			windowBaseline).Scan(&h.baselineJobs, &h.baseBytes); err != nil {
 			return nil, fmt.Errorf("baseline bytes: %w", err)
@@ -1357,14 +1381,28 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 		// reports its bytes) or the re-executions of pauses and wipes.
 		h.phase.Store(phaseFaultMix)
 		h.logf("fault mix: %d jobs (the baseline's SKUs), proxy faults only", n)
-		p0 := h.proxy.Bytes()
+		p0, w0 := h.proxy.Bytes(), h.wire()
 		if err := h.enqueue(ctx, windowFaultMix, n, true); err != nil {
 			return nil, err
 		}
 		if err := h.runPhase(ctx, windowFaultMix, deadline, phaseFaultMix); err != nil {
 			h.logf("fault mix: %v", err)
 		}
-		h.mixJobs, h.mixProxy = n, h.proxy.Bytes()-p0
+		h.mixJobs, h.mixProxy, h.mixWire = n, h.proxy.Bytes()-p0, h.wire()-w0
+		if cfg.ReplayFloor {
+			// The same SKUs and fault mix once more on workers that never resume: what the
+			// replay rule alone costs under this run's cuts.
+			h.phase.Store(phaseFloor)
+			h.logf("replay floor: %d jobs (the baseline's SKUs), proxy faults only, no resumes", n)
+			p0, w0 := h.proxy.Bytes(), h.wire()
+			if err := h.enqueue(ctx, windowFloor, n, true); err != nil {
+				return nil, err
+			}
+			if err := h.runPhase(ctx, windowFloor, deadline, phaseFloor); err != nil {
+				h.logf("replay floor: %v", err)
+			}
+			h.floorJobs, h.floorProxy, h.floorWire = n, h.proxy.Bytes()-p0, h.wire()-w0
+		}
 	}
 
 	h.phase.Store(phaseChaos)
@@ -1382,4 +1420,16 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 	stopSched()
 	h.wall = time.Since(began)
 	return h.check(ctx)
+}
+
+// wire is what the proxy exchanged with its clients so far, both ways (FakeProxy.ClientBytes):
+// the bytes a provider bills, refusals, CONNECT exchanges and tunnelled TLS included. It
+// waits (5 s at most) for the clients' connections to close first, so that their last
+// bytes are in.
+func (h *harness) wire() int64 {
+	for end := time.Now().Add(5 * time.Second); h.proxy.OpenClients() > 0 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	from, to := h.proxy.ClientBytes()
+	return from + to
 }

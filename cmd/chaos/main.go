@@ -122,6 +122,17 @@ type Config struct {
 	// when ProxyFaults is on. Defaults to 0.10 (per request: a three-request unit is cut
 	// with probability 1 − 0.9³ ≈ 27 %; 0.0345 cuts 10 % of units).
 	DisconnectProb float64
+	// CutExitAlive is the fraction of those cuts that drop the connection only and leave
+	// the session's exit alive under its session id (testutil.FakeProxyConfig.CutExitAlive);
+	// the others lose the exit (the session id is dead). Defaults to 0: every cut loses
+	// the exit, the model of the runs before resumes.
+	CutExitAlive float64
+	// ReplayFloor runs the fault-mix SKUs once more after the fault-mix phase, with the
+	// same fault mix, on workers that never resume a unit on its session (-max-resumes -1):
+	// every cut replays from the first step on a new session. Its bytes at the wire are the
+	// replay rule's floor, measured in the same run, that the fault mix's resumes are
+	// compared with. Needs FaultMixJobs.
+	ReplayFloor bool
 	// Canary makes the proxy password a canary searched for at the end.
 	Canary bool
 	// StrictEvents fails the run when events that were in the stream, unconsumed, when
@@ -159,6 +170,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("-stale-wait %v must not be negative", c.StaleWait)
 	case c.DisconnectProb < 0 || c.DisconnectProb >= 1:
 		return fmt.Errorf("-disconnect-prob %v must be in [0, 1)", c.DisconnectProb)
+	case c.CutExitAlive < 0 || c.CutExitAlive > 1:
+		return fmt.Errorf("-cut-exit-alive %v must be in [0, 1]", c.CutExitAlive)
 	case c.Timeout <= 0:
 		return fmt.Errorf("-timeout %v must be positive", c.Timeout)
 	case c.Break != "" && !strings.HasPrefix(c.Break, fpDupResult+":"):
@@ -188,7 +201,7 @@ const exitIncomplete = 4
 func Full() Config {
 	return Config{Jobs: 10000, Baseline: 1000, FaultMixJobs: 1000, Workers: 3, Concurrency: 10, Lease: 3 * time.Second,
 		RandomKills: 20, AfterFetch: 10, AfterCommit: 10, AfterXadd: 100, BeforeCommit: 5, StaleWait: 150 * time.Second, Pauses: 5, RedisWipes: 1, PGRounds: 30,
-		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 1, Timeout: 45 * time.Minute}
+		ProxyFaults: true, DisconnectProb: 0.10, ReplayFloor: true, Canary: true, StrictEvents: true, Seed: 1, Timeout: 45 * time.Minute}
 }
 
 // Short is the CI mix (make chaos-short): every kind of fault, fewer of each, sized to
@@ -197,7 +210,7 @@ func Full() Config {
 func Short() Config {
 	return Config{Jobs: 600, Baseline: 150, FaultMixJobs: 150, Workers: 3, Concurrency: 10, Lease: 3 * time.Second,
 		RandomKills: 4, AfterFetch: 2, AfterCommit: 2, AfterXadd: 5, BeforeCommit: 2, Pauses: 2, RedisWipes: 1, PGRounds: 5,
-		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 1, Timeout: 15 * time.Minute}
+		ProxyFaults: true, DisconnectProb: 0.10, ReplayFloor: true, Canary: true, StrictEvents: true, Seed: 1, Timeout: 15 * time.Minute}
 }
 
 func parseFlags(args []string, stderr io.Writer) (Config, error) {
@@ -223,6 +236,8 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&f.PGRounds, "pg-terminate", -1, "pg_terminate_backend rounds on the workers' connections")
 	proxy := fs.String("proxy-faults", "", "proxy and shop fault mix: true or false (default on)")
 	fs.Float64Var(&f.DisconnectProb, "disconnect-prob", -1, "probability that a request through the proxy is cut mid-response, with the fault mix (default 0.10)")
+	fs.Float64Var(&f.CutExitAlive, "cut-exit-alive", 0, "fraction of the cuts that drop the connection only, the session's exit alive (0: every cut loses the exit)")
+	floor := fs.String("replay-floor", "", "after the fault mix, its SKUs again on workers that never resume (every cut replays): the replay rule's floor; true or false (default on)")
 	canary := fs.String("canary", "", "canary proxy password search: true or false (default on)")
 	fs.StringVar(&f.Break, "break", "", "run a deliberately broken build: dup_result:<probability>")
 	fs.Int64Var(&f.Seed, "seed", -1, "seed of the fakes and of the harness's choices")
@@ -277,7 +292,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	for _, b := range []struct {
 		s   string
 		dst *bool
-	}{{*proxy, &c.ProxyFaults}, {*canary, &c.Canary}} {
+	}{{*proxy, &c.ProxyFaults}, {*canary, &c.Canary}, {*floor, &c.ReplayFloor}} {
 		switch b.s {
 		case "":
 		case "true", "on", "1":
@@ -288,6 +303,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 			return Config{}, fmt.Errorf("%q: want true or false", b.s)
 		}
 	}
+	c.CutExitAlive = f.CutExitAlive
 	c.Break, c.BuildTags, c.LogDir, c.KeepDB, c.Verbose, c.StrictEvents = f.Break, f.BuildTags, f.LogDir, f.KeepDB, f.Verbose, f.StrictEvents
 	return c, c.Validate()
 }

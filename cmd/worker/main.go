@@ -13,7 +13,9 @@
 // robots.txt cache, outbox streams and asynq's queues all run on either (docs/CLUSTER.md).
 //
 // Proxy credentials come only from the environment (IDEMSCRAPE_PROXY_PROVIDER, _USER,
-// _PASSWORD, _ZONE, _GATEWAY, and the price IDEMSCRAPE_PROXY_PRICE; more accounts, used in
+// _PASSWORD, _ZONE, _GATEWAY, the price IDEMSCRAPE_PROXY_PRICE, and _EXIT_HEADER, the
+// response header that names the exit, which lets a unit continue on its session after a
+// dropped connection once the exit is proven unchanged; more accounts, used in
 // order when one refuses the account, with the suffixes _2, _3 …; see
 // sessions.ProvidersFromEnv) or from a providers file (-providers FILE,
 // IDEMSCRAPE_PROVIDERS_FILE: the accounts in YAML, each password named there by variable or
@@ -111,6 +113,7 @@ type config struct {
 	savedInputs       string
 	savedPolicy       inputs.Policy
 	maxSessionRestart int
+	maxResumes        int
 	streamTrim        string
 	streamTrimPolicy  outbox.TrimPolicy // from streamTrim, set by validate
 	streamTrimEvery   time.Duration
@@ -153,6 +156,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Duration(&c.drainTimeout, "drain-timeout", "DRAIN_TIMEOUT", service.DefaultDrainTimeout, "after that, how long to wait for handed-back jobs to record their attempt and release their lease")
 	s.Duration(&c.requestTimeout, "request-timeout", "REQUEST_TIMEOUT", sessions.DefaultRequestTimeout, "bound of each destination request")
 	s.Int(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default)")
+	s.Int(&c.maxResumes, "max-resumes", "MAX_RESUMES", 0, "steps run again on their own session after a cut (exit proven unchanged) or a Retry-After, per attempt, instead of a replay (0: the runner's default; -1: none, every cut replays)")
 	s.Bool(&c.writable, "monitoring-writable", "MONITORING_WRITABLE", "let asynqmon change tasks and queues (delete, archive, run); default read-only; writes from another origin are refused either way")
 	s.Bool(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "deprecated: asynqmon is read-only by default; forces read-only even with -monitoring-writable")
 	s.Bool(&c.httpInsecure, "http-insecure", "HTTP_INSECURE", "allow -http on a non-loopback address without basic auth (something in front authenticates)")
@@ -490,6 +494,7 @@ func newRegistry(c config, set settings, collector sessions.CollectorConfig, com
 		Store: store.New(pool), Redis: rdb, Providers: set.providers, Committer: committer,
 		KeyPrefix: c.keyPrefix, WorkerID: c.workerID, Collector: collector,
 		MaxSessionRestarts: c.maxSessionRestart,
+		MaxResumes:         c.maxResumes,
 		LeaseLengths: &handlers.LeaseLengthConfig{
 			Default: c.leaseDefault, Min: c.leaseMin, Max: c.leaseMax, Margin: c.leaseMargin,
 		},
