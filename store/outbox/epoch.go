@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"sort"
@@ -372,6 +373,79 @@ func (d *Dispatcher) firstEpoch(ctx context.Context, conn *pgx.Conn, topic, mark
 	return nil
 }
 
+// rewind moves topic's position back to just before its first row (in (xid, id) order)
+// created at or after since, if that row is behind it, and returns how many rows are in
+// front of the position again. It walks back from the position in steps of RecoverBatch
+// rows (outbox_topic_xid_idx) and stops after a whole step of rows created before since:
+// created_at follows the commit order but for rows of transactions that ran long, which
+// the step's margin covers. Called under the exclusive lock: no batch holds the position.
+func (d *Dispatcher) rewind(ctx context.Context, conn *pgx.Conn, topic string, since time.Time) (int64, error) {
+	var (
+		curXid string
+		curID  int64
+	)
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	err := conn.QueryRow(qctx, `SELECT xid::text, id FROM outbox_positions WHERE topic = $1`, topic).Scan(&curXid, &curID)
+	cancel()
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil // never dispatched: nothing to publish again
+	}
+	if err != nil {
+		return 0, err
+	}
+	var (
+		walked, back int64
+		firstXid     string
+		firstID      int64
+		xid          = curXid
+		id           = curID
+	)
+	for {
+		qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+		rows, _ := conn.Query(qctx, `
+SELECT xid::text, id, created_at >= $4 FROM outbox
+WHERE topic = $1 AND (xid, id) <= ($2::xid8, $3)
+ORDER BY xid DESC, id DESC LIMIT $5`, topic, xid, id, since, d.cfg.RecoverBatch)
+		var (
+			rx     string
+			rid    int64
+			recent bool
+			n      int
+			found  bool
+		)
+		_, err := pgx.ForEachRow(rows, []any{&rx, &rid, &recent}, func() error {
+			n++
+			walked++
+			xid, id = rx, rid
+			if recent {
+				found = true
+				firstXid, firstID, back = rx, rid, walked
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		if !found || n < d.cfg.RecoverBatch {
+			break
+		}
+		// The next step starts below the last row read.
+		if id == 0 {
+			break
+		}
+		id--
+	}
+	if back == 0 {
+		return 0, nil
+	}
+	qctx, cancel = context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	defer cancel()
+	_, err = conn.Exec(qctx, `UPDATE outbox_positions SET xid = $2::xid8, id = $3, updated_at = now() WHERE topic = $1`,
+		topic, firstXid, firstID-1)
+	return back, err
+}
+
 // recoverStream re-marks the rows of a lost stream and starts a new epoch (its count of
 // entries added starts again at 0). Called under the exclusive lock; old is PostgreSQL's
 // record, found what Redis holds.
@@ -385,22 +459,9 @@ func (d *Dispatcher) recoverStream(ctx context.Context, conn *pgx.Conn, topic st
 		return fmt.Errorf("outbox: recover %q: %w", topic, err)
 	}
 	since := cut.Add(-d.cfg.RecoverWindow)
-	var remarked int64
-	for {
-		qctx, qcancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
-		tag, err := conn.Exec(qctx, `
-UPDATE outbox SET sent_at = NULL WHERE id IN (
-	SELECT id FROM outbox WHERE topic = $1 AND sent_at >= $2 AND sent_at < $3
-	ORDER BY sent_at LIMIT $4)`, topic, since, cut, d.cfg.RecoverBatch)
-		qcancel()
-		if err != nil {
-			d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
-			return fmt.Errorf("outbox: recover: re-mark rows of %q sent since %v as unsent (%d done): %w", topic, since, remarked, err)
-		}
-		remarked += tag.RowsAffected()
-		if tag.RowsAffected() < int64(d.cfg.RecoverBatch) {
-			break
-		}
+	remarked, err := d.rewind(ctx, conn, topic, since)
+	if err != nil {
+		return fmt.Errorf("outbox: recover: move %q's position back to its first row created since %v: %w", topic, since, err)
 	}
 	d.metrics.StreamsLost.WithLabelValues(topic).Inc()
 	d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
