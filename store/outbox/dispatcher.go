@@ -387,7 +387,8 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		}
 	}
 	discovered := false
-	for try := 0; ; {
+	var settled []string // topics this call settled: a batch of another topic may come next
+	for {
 		n, unsettled, err := d.dispatchBatch(ctx)
 		if err == nil && n == 0 && len(unsettled) == 0 && !discovered {
 			discovered = true
@@ -399,9 +400,12 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		if len(unsettled) == 0 {
 			return n, err
 		}
-		if try++; try > 1 {
-			return 0, fmt.Errorf("outbox: dispatch: epoch markers of %q differ from PostgreSQL's again right after they were settled (is Redis losing its data?)", unsettled)
+		for _, t := range unsettled {
+			if slices.Contains(settled, t) {
+				return 0, fmt.Errorf("outbox: dispatch: epoch markers of %q differ from PostgreSQL's again right after they were settled (is Redis losing its data?)", unsettled)
+			}
 		}
+		settled = append(settled, unsettled...)
 		if d.beforeSettle != nil {
 			d.beforeSettle(unsettled)
 		}
@@ -559,22 +563,35 @@ func (d *Dispatcher) claim(ctx context.Context, tx pgx.Tx) ([]outboxRow, error) 
 // and reads up to $4 of its rows after the position, in (xid, id) order, with the
 // entries-added PostgreSQL recorded of its stream.
 //
-// The horizon: every transaction whose id is below pg_snapshot_xmin of the statement's
-// snapshot has ended, and the snapshot sees every one of them that committed. A row below
-// it is final; a row at or above it may still be joined by rows of a transaction that
-// commits later with a smaller (xid, id) than rows already read, so it waits. The position
-// only ever moves over rows below the horizon, so a row can never appear behind it.
+// The horizon: the smallest transaction id that was still running when the statement's
+// snapshot was taken (pg_snapshot_xip) and may belong to this database, or, when none, the
+// snapshot's xmax. Every transaction below it has ended and the snapshot sees every one of
+// them that committed, so a row below it is final; a row at or above it may still be
+// joined by rows of a transaction that commits later with a smaller (xid, id) than rows
+// already read, so it waits. The position only ever moves over rows below the horizon, so
+// a row can never appear behind it. A running transaction that pg_stat_activity, read
+// after the snapshot, shows in another database can never insert into this outbox and does
+// not hold the horizon back (pg_snapshot_xmin alone would: any write transaction on the
+// server would); one it does not show (ended since, prepared, or hidden from this role)
+// does, to be safe.
 //
 // The shared recovery lock ($1) is taken before the position's row lock (a one-time
 // filter, evaluated before the scan) and held until the batch commits or rolls back: a
 // recovery (exclusive) waits for batches in flight, holds new batches back while it
 // moves positions, and never waits for a position a batch holds.
 const claimSQL = `
-WITH pos AS (
+WITH horizon AS MATERIALIZED (
+	SELECT least(pg_snapshot_xmax(s.s), (
+		SELECT min(x) FROM pg_snapshot_xip(s.s) AS x
+		WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+			WHERE a.backend_xid = x::xid AND a.datid IS NOT NULL AND a.datname <> current_database())
+	)) AS h
+	FROM (SELECT pg_current_snapshot() AS s) s
+), pos AS (
 	SELECT p.topic, p.xid, p.id FROM outbox_positions p
 	WHERE (SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared($1::bigint)) l) = 1
 		AND EXISTS (SELECT 1 FROM outbox o WHERE o.topic = p.topic AND (o.xid, o.id) > (p.xid, p.id)
-			AND o.xid < pg_snapshot_xmin(pg_current_snapshot()))
+			AND o.xid < (SELECT h FROM horizon))
 	ORDER BY p.topic <= $2, p.topic
 	LIMIT 1
 	FOR UPDATE OF p SKIP LOCKED
@@ -584,7 +601,7 @@ SELECT pos.topic, o.xid::text, o.id, o.event_key, o.payload::text, o.created_at,
 FROM pos CROSS JOIN LATERAL (
 	SELECT o.xid, o.id, o.event_key, o.payload, o.created_at FROM outbox o
 	WHERE o.topic = pos.topic AND (o.xid, o.id) > (pos.xid, pos.id)
-		AND o.xid < pg_snapshot_xmin(pg_current_snapshot())
+		AND o.xid < (SELECT h FROM horizon)
 	ORDER BY o.xid, o.id
 	LIMIT $4
 ) o
