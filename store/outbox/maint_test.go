@@ -163,8 +163,8 @@ func TestMaintainer(t *testing.T) {
 	m, err := outbox.NewMaintainer(b.pool)
 	require.NoError(t, err)
 
-	outboxRows(t, b, "late:", 1, "2 hours", "")
 	outboxRows(t, b, "old:", 2, "9 days", "8 days")
+	outboxRows(t, b, "late:", 1, "2 hours", "")
 	exec(t, b.pool, `INSERT INTO outbox_inbox (consumer_group, event_key, seen_at)
 		SELECT 'g', 'old:' || g, now() - interval '8 days' FROM generate_series(1, 2) AS g`)
 

@@ -357,9 +357,13 @@ func TestDispatcher(t *testing.T) {
 		exec(t, b.pool, `INSERT INTO outbox (event_key, topic, payload) VALUES
 			('a:1', 'alerts', '{"sku": "42", "price": 9.5}'), ('i:1', 'index', '[1, 2]'), ('a:2', 'alerts', '{}')`)
 		d := b.dispatcher(t, outbox.DispatcherConfig{})
+		// One batch per topic: its position is the batch's unit.
 		n, err := d.DispatchOnce(ctx)
 		require.NoError(t, err)
-		require.Equal(t, 3, n)
+		require.Equal(t, 2, n, "alerts")
+		n, err = d.DispatchOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "index")
 		n, err = d.DispatchOnce(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n, "nothing left")
@@ -435,24 +439,29 @@ func TestDispatcher(t *testing.T) {
 		require.Equal(t, 20.0, ptu.ToFloat64(d.Metrics().Republished.WithLabelValues("t")))
 	})
 
-	t.Run("SkipsLockedRows", func(t *testing.T) {
+	t.Run("SkipsHeldTopics", func(t *testing.T) {
 		b := setup(t)
 		insertEvents(t, b.pool, "t", 1, 10)
-		// Another dispatcher's open transaction holds the three oldest rows.
+		insertEvents(t, b.pool, "u", 11, 2)
+		exec(t, b.pool, `INSERT INTO outbox_positions (topic) VALUES ('t'), ('u')`)
+		// Another dispatcher's open transaction holds topic t's position.
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
-		_, err = tx.Exec(ctx, `SELECT id FROM outbox ORDER BY id LIMIT 3 FOR UPDATE`)
+		_, err = tx.Exec(ctx, `SELECT 1 FROM outbox_positions WHERE topic = 't' FOR UPDATE`)
 		require.NoError(t, err)
 
 		d := b.dispatcher(t, outbox.DispatcherConfig{})
 		n, err := d.DispatchOnce(ctx)
 		require.NoError(t, err)
-		require.Equal(t, 7, n, "the locked rows are skipped, not waited for")
+		require.Equal(t, 2, n, "the held topic is skipped, not waited for: u's rows go")
+		n, err = d.DispatchOnce(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
 		require.NoError(t, tx.Rollback(ctx))
 		n, err = d.DispatchOnce(ctx)
 		require.NoError(t, err)
-		require.Equal(t, 3, n)
+		require.Equal(t, 10, n)
 	})
 
 	t.Run("StartStopRepeatedly", func(t *testing.T) {
