@@ -31,7 +31,8 @@ type Stats struct {
 	// OutboxReplaysDeduplicated is the sum of outbox_inbox.replays: deliveries a consumer's
 	// inbox recognised as replays and skipped (store/outbox Consumer.RunTx).
 	OutboxReplaysDeduplicated int64 `json:"outbox_events_deduplicated_downstream"`
-	// OutboxSent counts outbox events dispatched (sent_at set and not yet pruned).
+	// OutboxSent counts outbox events dispatched (behind their topic's position, view
+	// outbox_sent) and not yet pruned.
 	OutboxSent         int64   `json:"outbox_sent"`
 	BytesPerLogicalJob float64 `json:"bytes_per_logical_job"`
 	// RetriesByCategory counts attempts that ended retryable, by category.
