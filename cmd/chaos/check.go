@@ -444,7 +444,7 @@ func (k *checker) effectsWiped(ctx context.Context) {
 	if n > 0 && !k.c.StrictEvents {
 		res = resultGap
 	}
-	k.add(Row{Name: InvEffectsWiped, Observed: fmt.Sprintf("dispatchers found the loss %d times and marked %d sent rows unsent to publish them again; %d events sent before the wipe never took effect", recoveries, remarked, n),
+	k.add(Row{Name: InvEffectsWiped, Observed: fmt.Sprintf("dispatchers found the loss %d times and moved positions back over %d rows to publish them again; %d events created before the wipe never took effect", recoveries, remarked, n),
 		Result: res, Offenders: off})
 }
 

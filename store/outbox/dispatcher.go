@@ -166,25 +166,26 @@ type DispatcherConfig struct {
 	// other losses are counted in the metrics and summed into the next line, written by
 	// the first loss after the window. Defaults to DefaultLossLogInterval.
 	LossLogInterval time.Duration
-	// RecoverWindow is how far back rows marked sent are marked unsent again when Redis
-	// lost a stream's data (see the package doc, Redis data loss): events sent earlier are
-	// assumed consumed. Keep it longer than consumers can lag, and shorter than the outbox
+	// RecoverWindow is how far back, by creation time, a topic's rows are dispatched again
+	// when Redis lost its stream's data (its position moves back; see the package doc,
+	// Redis data loss): events created earlier are assumed consumed. Keep it longer than consumers can lag, and shorter than the outbox
 	// retention (PruneSent), the inbox retention and the ledger TTL. Defaults to
 	// DefaultRecoverWindow.
 	RecoverWindow time.Duration
-	// RecoverBatch is how many rows one re-marking statement changes. Defaults to
+	// RecoverBatch is how many rows one step of a recovery's walk back over a topic's rows
+	// reads; the walk ends after a whole step of rows older than RecoverWindow. Defaults to
 	// DefaultRecoverBatch.
 	RecoverBatch int
 
 	// AfterPublish is a failpoint for tests and chaos runs. When set, it is called with the
-	// outbox ids of a batch after all of the batch's XADDs succeeded and before the rows
-	// are marked sent. Returning an error aborts the batch as a crash at that point would:
-	// the transaction rolls back, nothing is marked sent, the entries stay in the stream
+	// outbox ids of a batch after all of the batch's XADDs succeeded and before the
+	// topic's position moves past them. Returning an error aborts the batch as a crash at
+	// that point would: the transaction rolls back, the position stays, the entries stay in the stream
 	// and the rows are published again by a later batch (counted as republished).
 	// Defaults to nil.
 	AfterPublish func(ids []int64) error
 	// OnBatch, when set, is called by the background loop after every batch it ran, with
-	// the number of rows marked sent and the batch's error. A test signal; it must not
+	// the number of rows dispatched and the batch's error. A test signal; it must not
 	// block for long. Defaults to nil.
 	OnBatch func(sent int, err error)
 
@@ -417,7 +418,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 
 // dispatchBatch is one try of DispatchOnce. unsettled lists the batch's topics whose epoch
 // marker is not the epoch PostgreSQL holds; the batch is then rolled back unpublished (its
-// rows stay unsent).
+// topic's position stays).
 func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []string, err error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	tx, err := d.pool.Begin(qctx)
@@ -899,7 +900,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 }
 
 // Stop ends the background loop after its in-flight batch (which completes: its rows are
-// marked sent rather than rolled back and published again) and waits for it and the
+// dispatched rather than rolled back and published again) and waits for it and the
 // listening connection to finish. Safe to call more than once, and on
 // a dispatcher that was never started.
 func (d *Dispatcher) Stop() {
@@ -952,7 +953,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			}
 			d.log.WarnContext(ctx, "outbox: checking the streams' epoch markers failed", "err", err)
 		} else if len(recovered) > 0 {
-			continue // re-marked rows are waiting
+			continue // rows put in front of a position again are waiting
 		}
 		if full {
 			continue
