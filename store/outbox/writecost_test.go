@@ -33,7 +33,7 @@ func TestOutboxWriteCost(t *testing.T) {
 	exec(t, pool, `INSERT INTO outbox (event_key, topic, payload) VALUES ('warm', 'observed', '{}')`)
 	drain(t, d)
 
-	type stats struct{ rows, idx, hot int64 }
+	type stats struct{ rows, hot int64 }
 	read := func() (s stats, lsn string) {
 		t.Helper()
 		exec(t, pool, `SELECT pg_stat_force_next_flush()`)
