@@ -321,10 +321,13 @@ func TestConcurrentSettle(t *testing.T) {
 			insertEvents(t, b.pool, topic, before+1, after)
 
 			// Both dispatchers wait for each other between their rolled-back batch and
-			// their settlement, so both settle the same unsettled topic.
+			// their settlement, so both settle the same unsettled topic. The dispatchers of
+			// a topic take turns on its position: the second starts once the first's batch
+			// rolled back (it waits in its hook), so it finds the topic free and unsettled.
 			var arrived sync.WaitGroup
 			arrived.Add(2)
 			var hooked [2]int
+			first := make(chan struct{})
 			ds := make([]*outbox.Dispatcher, 2)
 			for i := range ds {
 				ds[i] = b.dispatcher(t, outbox.DispatcherConfig{BatchSize: 5})
@@ -332,6 +335,9 @@ func TestConcurrentSettle(t *testing.T) {
 					assert.Equal(t, []string{topic}, topics)
 					hooked[i]++
 					if hooked[i] == 1 {
+						if i == 0 {
+							close(first)
+						}
 						arrived.Done()
 						arrived.Wait()
 					}
@@ -347,6 +353,9 @@ func TestConcurrentSettle(t *testing.T) {
 					assert.NoError(t, err)
 					sent[i] = n
 				}()
+				if i == 0 {
+					recv(t, first, "the first dispatcher's batch rolled back, about to settle")
+				}
 			}
 			wg.Wait()
 			require.Equal(t, [2]int{1, 1}, hooked, "both found the topic unsettled and settled it")
