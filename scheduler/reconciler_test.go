@@ -245,10 +245,13 @@ func TestReconcilerOutbox(t *testing.T) {
 	b := setup(t)
 	pool := b.st.Pool()
 	_, err := pool.Exec(ctx, `
-INSERT INTO outbox (event_key, topic, payload, created_at, sent_at)
-SELECT 'old-sent-' || i, 't', '{}', now() - interval '30 days', now() - interval '30 days' FROM generate_series(1, 25) i;
-INSERT INTO outbox (event_key, topic, payload, created_at, sent_at)
-SELECT 'new-sent-' || i, 't', '{}', now(), now() FROM generate_series(1, 3) i;
+INSERT INTO outbox (event_key, topic, payload, created_at)
+SELECT 'old-sent-' || i, 't', '{}', now() - interval '30 days' FROM generate_series(1, 25) i;
+INSERT INTO outbox (event_key, topic, payload, created_at)
+SELECT 'new-sent-' || i, 't', '{}', now() FROM generate_series(1, 3) i;
+INSERT INTO outbox_positions (topic, xid, id)
+SELECT DISTINCT ON (topic) topic, xid, id FROM outbox ORDER BY topic, xid DESC, id DESC
+ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id;
 INSERT INTO outbox (event_key, topic, payload, created_at) VALUES ('stuck', 't', '{}', now() - interval '1 hour'), ('fresh', 't', '{}', now());
 INSERT INTO outbox_inbox (consumer_group, event_key, seen_at)
 SELECT 'g', 'old-' || i, now() - interval '90 days' FROM generate_series(1, 12) i;

@@ -59,7 +59,7 @@ func TestCommit(t *testing.T) {
 		require.Equal(t, "abcd1234", atts[0].SessionID)
 		require.Equal(t, 200, atts[0].HTTPStatus)
 		require.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM results WHERE job_key = 'c1' AND fence = 3`))
-		require.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key = 'observed:c1' AND sent_at IS NULL`))
+		require.Equal(t, 1, testutil.Count(t, pool, `SELECT count(*) FROM outbox_unsent WHERE event_key = 'observed:c1'`))
 	})
 
 	t.Run("StaleTokenWritesNothing", func(t *testing.T) {

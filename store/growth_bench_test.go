@@ -63,11 +63,17 @@ WITH j AS (
 	INSERT INTO results (observation_key, job_key, parser_version, data, fence)
 	SELECT key, key, 1, '{"price":"19.99"}', 1 FROM j
 )
-INSERT INTO outbox (event_key, topic, payload, sent_at)
-SELECT 'observed:' || key, 'page', '{}', now() FROM j`, rows)
+INSERT INTO outbox (event_key, topic, payload)
+SELECT 'observed:' || key, 'page', '{}' FROM j`, rows)
 		if err != nil {
 			b.Fatal(err)
 		}
+	}
+	// Dispatched, as on a running system: the position passes every row.
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_positions (topic, xid, id)
+SELECT DISTINCT ON (topic) topic, xid, id FROM outbox ORDER BY topic, xid DESC, id DESC
+ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`); err != nil {
+		b.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `ANALYZE`); err != nil {
 		b.Fatal(err)

@@ -71,7 +71,7 @@ func TestGroupCommitNotifies(t *testing.T) {
 	n, err := listener.Conn().WaitForNotification(wctx)
 	require.NoError(t, err, notWithin("a committed event's NOTIFY"))
 	require.Equal(t, store.OutboxNotifyChannel, n.Channel)
-	require.Equal(t, 3, testutil.Count(t, pool, `SELECT count(*) FROM outbox WHERE event_key LIKE 'observed:n%' AND sent_at IS NULL`),
+	require.Equal(t, 3, testutil.Count(t, pool, `SELECT count(*) FROM outbox_unsent WHERE event_key LIKE 'observed:n%'`),
 		"the rows are visible once the NOTIFY arrives")
 
 	// A refused commit (the job is complete) inserts no event: no hook.

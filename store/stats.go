@@ -31,7 +31,8 @@ type Stats struct {
 	// OutboxReplaysDeduplicated is the sum of outbox_inbox.replays: deliveries a consumer's
 	// inbox recognised as replays and skipped (store/outbox Consumer.RunTx).
 	OutboxReplaysDeduplicated int64 `json:"outbox_events_deduplicated_downstream"`
-	// OutboxSent counts outbox events dispatched (sent_at set and not yet pruned).
+	// OutboxSent counts outbox events dispatched (behind their topic's position, view
+	// outbox_sent) and not yet pruned.
 	OutboxSent         int64   `json:"outbox_sent"`
 	BytesPerLogicalJob float64 `json:"bytes_per_logical_job"`
 	// RetriesByCategory counts attempts that ended retryable, by category.
@@ -72,7 +73,7 @@ SELECT
 	(SELECT count(*) FROM attempts WHERE category = $2),
 	COALESCE((SELECT n FROM maintenance_counters WHERE name = $3), 0),
 	COALESCE((SELECT sum(replays) FROM outbox_inbox), 0)::bigint,
-	(SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL),
+	(SELECT count(*) FROM outbox_sent),
 	COALESCE((SELECT avg(bytes_total) FROM jobs WHERE state IN ('complete', 'failed')), 0),
 	COALESCE((SELECT jsonb_object_agg(COALESCE(category, $1), n) FROM (SELECT category, count(*) AS n FROM attempts
 		WHERE outcome = 'retryable' GROUP BY category) r), '{}'),
@@ -83,7 +84,7 @@ SELECT
 	COALESCE((SELECT jsonb_object_agg(COALESCE(last_category, $1), n) FROM (SELECT last_category, count(*) AS n FROM jobs
 		WHERE state = 'failed' GROUP BY last_category) f), '{}'),
 	(SELECT count(*) FROM quarantine),
-	(SELECT count(*) FROM outbox WHERE sent_at IS NULL),
+	(SELECT count(*) FROM outbox_unsent),
 	COALESCE((SELECT jsonb_object_agg(name, n) FROM maintenance_counters WHERE name <> $3), '{}')`,
 		StatsNoCategory, CategoryLeaseExpired, CounterDuplicateResults).Scan(
 		&byState, &st.Attempts, &st.AttemptsPerCompletedJob, &st.CompletedAfterTakeover, &st.SupersededAttempts,

@@ -204,9 +204,21 @@ func TestStatsSixMeasures(t *testing.T) {
 	}
 	dispatch(4)
 	waitReports(4, 0)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET sent_at = NULL WHERE event_key = 'observed:timeout'`)
+	// Replay observed:timeout alone: its topic's position moved back to just before it, a
+	// batch of one, and the position put back.
+	var pxid string
+	var pid int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT xid::text, id FROM outbox_positions WHERE topic = 'catalog'`).Scan(&pxid, &pid))
+	_, err = pool.Exec(ctx, `UPDATE outbox_positions p SET xid = o.xid, id = o.id - 1 FROM outbox o
+		WHERE o.event_key = 'observed:timeout' AND p.topic = o.topic`)
 	require.NoError(t, err)
-	dispatch(1)
+	d1, err := outbox.NewDispatcher(pool, ns.Client, &outbox.DispatcherConfig{Prefix: ns.Prefix, BatchSize: 1, Logger: log})
+	require.NoError(t, err)
+	n, err := d1.DispatchOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = pool.Exec(ctx, `UPDATE outbox_positions SET xid = $1::xid8, id = $2 WHERE topic = 'catalog'`, pxid, pid)
+	require.NoError(t, err)
 	waitReports(4, 1)
 	assert.Equal(t, 4, handled, "the replay did not reach the handler")
 

@@ -416,12 +416,13 @@ WHERE j."window" = $1 AND j.state = 'complete' AND s.id IS NULL`
 
 // effectsTaken checks for events of complete jobs that never took effect. Those sent to
 // the stream before a Redis wipe and not consumed by then went with Redis's data: the
-// dispatchers must find the loss and publish them again (their rows are marked unsent,
-// then sent anew after the wipe); the ones still marked sent from before the wipe without
-// an effect are on a row of their own (FAIL, or GAP with -strict-events=false).
+// dispatchers must find the loss and publish them again (their topic's outbox position
+// moves back over the rows created within the recover window); the events created before
+// the wipe (there is no per-row sent time since migration 00020) without an effect are on a
+// row of their own (FAIL, or GAP with -strict-events=false).
 func (k *checker) effectsTaken(ctx context.Context) {
 	h := k.h
-	off, n, err := h.keys(ctx, missingEffects+` AND NOT (o.sent_at IS NOT NULL AND $2::timestamptz IS NOT NULL AND o.sent_at <= $2) ORDER BY j.key`, windowChaos, nullTime(k.lastWipe))
+	off, n, err := h.keys(ctx, missingEffects+` AND NOT ($2::timestamptz IS NOT NULL AND o.created_at <= $2) ORDER BY j.key`, windowChaos, nullTime(k.lastWipe))
 	if err != nil {
 		k.fail(InvEffectsLost, err)
 	} else {
@@ -438,7 +439,7 @@ WHERE j."window" = $1 AND j.state = 'complete' AND o.id IS NULL`, []any{windowCh
 
 // effectsWiped checks the events that were in the stream at the last Redis wipe.
 func (k *checker) effectsWiped(ctx context.Context) {
-	off, n, err := k.h.keys(ctx, missingEffects+` AND o.sent_at <= $2 ORDER BY j.key`, windowChaos, k.lastWipe)
+	off, n, err := k.h.keys(ctx, missingEffects+` AND o.created_at <= $2 ORDER BY j.key`, windowChaos, k.lastWipe)
 	if err != nil {
 		k.fail(InvEffectsWiped, err)
 		return
@@ -451,7 +452,7 @@ func (k *checker) effectsWiped(ctx context.Context) {
 	if n > 0 && !k.c.StrictEvents {
 		res = resultGap
 	}
-	k.add(Row{Name: InvEffectsWiped, Observed: fmt.Sprintf("dispatchers found the loss %d times and marked %d sent rows unsent to publish them again; %d events sent before the wipe never took effect", recoveries, remarked, n),
+	k.add(Row{Name: InvEffectsWiped, Observed: fmt.Sprintf("dispatchers found the loss %d times and moved positions back over %d rows to publish them again; %d events created before the wipe never took effect", recoveries, remarked, n),
 		Result: res, Offenders: off})
 }
 

@@ -961,7 +961,7 @@ func (h *harness) waitDrained(ctx context.Context, deadline time.Time) {
 	stream := outbox.StreamKey(outbox.DefaultPrefix, catalog.Kind)
 	for time.Now().Before(deadline) {
 		var unsent int
-		qerr := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&unsent)
+		qerr := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_unsent`).Scan(&unsent)
 		groups, err := rdb.XInfoGroups(ctx, stream).Result()
 		drained := unsent == 0 && qerr == nil && err == nil // a count not read is not drained
 		for _, g := range groups {

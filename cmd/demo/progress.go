@@ -37,7 +37,7 @@ func readProgress(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalCl
 	err := pool.QueryRow(ctx, `
 SELECT count(*) FILTER (WHERE state IN ('complete', 'failed')), count(*), count(*) FILTER (WHERE state = 'complete'),
 	COALESCE(sum(attempts), 0), COALESCE(sum(bytes_total), 0),
-	(SELECT count(*) FROM outbox WHERE sent_at IS NULL),
+	(SELECT count(*) FROM outbox_unsent),
 	(SELECT count(*) FROM outbox_inbox), (SELECT COALESCE(sum(replays), 0) FROM outbox_inbox),
 	(SELECT count(*) FROM price_alerts)
 FROM jobs`).Scan(&p.Done, &p.Total, &p.Complete, &p.Attempts, &p.Bytes, &p.Unsent, &p.Inbox, &p.Replays, &p.Alerts)

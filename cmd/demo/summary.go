@@ -276,7 +276,7 @@ func invariants(ctx context.Context, pool *pgxpool.Pool) ([]check, error) {
 			WHERE j.state <> 'complete'`},
 		{"no outbox event without a complete job", `SELECT o.event_key FROM outbox o WHERE NOT EXISTS
 			(SELECT 1 FROM jobs j WHERE o.event_key = $1 || j.key AND j.state = 'complete')`},
-		{"every outbox event was published", `SELECT event_key FROM outbox WHERE sent_at IS NULL`},
+		{"every outbox event was published", `SELECT event_key FROM outbox_unsent`},
 		{"every event took effect exactly once (price alerts)", `SELECT o.event_key FROM outbox o
 			WHERE (SELECT count(*) FROM price_alerts a WHERE a.event_key = o.event_key) <> 1
 			UNION ALL SELECT a.event_key FROM price_alerts a WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_key = a.event_key)`},

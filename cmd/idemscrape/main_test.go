@@ -309,7 +309,9 @@ func TestCLI(t *testing.T) {
 	start(k4, 1, "w3") // left running, its task still queued
 	// A consumer's inbox recognised two replays of k1's event (store/outbox Consumer.RunTx
 	// records them so; TestStatsSixMeasures drives the real consumer).
-	_, err := pool.Exec(ctx, `UPDATE outbox SET sent_at = now()`)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_positions (topic, xid, id)
+SELECT DISTINCT ON (topic) topic, xid, id FROM outbox ORDER BY topic, xid DESC, id DESC
+ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`) // dispatched
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO outbox_inbox (consumer_group, event_key, replays) VALUES ('g', $1, 2), ('g', $2, 0)`,
 		handlers.EventKey(k1), handlers.EventKey(k3))
@@ -428,9 +430,10 @@ func TestCLI(t *testing.T) {
 		exec(`DELETE FROM outbox WHERE event_key = $1`, handlers.EventKey(k1))                                                    // complete job without event
 		exec(`INSERT INTO results (observation_key, job_key, parser_version, data, fence) VALUES ('orphan', $1, 3, '{}', 1)`, k2) // result of a pending job
 		require.NoError(t, ns.Client.Del(ctx, "asynq:{"+ns.Queue+"}:t:"+k4).Err())                                                // running job's task lost
-		exec(`UPDATE outbox SET sent_at = NULL, created_at = now() - interval '1 hour' WHERE event_key = $1`, handlers.EventKey(k3))
-		exec(`UPDATE attempts SET fence = 5 WHERE job_key = $1 AND attempt_no = 1`, k1) // fences 5, 2
-		exec(`DELETE FROM attempts WHERE job_key = $1`, k3)                             // a complete job whose start left no row
+		exec(`UPDATE outbox SET created_at = now() - interval '1 hour' WHERE event_key = $1`, handlers.EventKey(k3))
+		exec(`UPDATE outbox_positions p SET xid = o.xid, id = o.id - 1 FROM outbox o WHERE o.event_key = $1 AND p.topic = o.topic`, handlers.EventKey(k3)) // not dispatched
+		exec(`UPDATE attempts SET fence = 5 WHERE job_key = $1 AND attempt_no = 1`, k1)                                                                    // fences 5, 2
+		exec(`DELETE FROM attempts WHERE job_key = $1`, k3)                                                                                                // a complete job whose start left no row
 		r := run(t, "", auditArgs...)
 		assert.Equal(t, 1, r.code, r.stderr)
 		for inv, key := range map[string]string{

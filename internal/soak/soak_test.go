@@ -421,7 +421,7 @@ func waitTookEffect(ctx context.Context, t *testing.T, pool *pgxpool.Pool, consu
 		err := pool.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM jobs WHERE "window" = $1 AND state = 'complete'),
 			(SELECT count(*) FROM jobs WHERE "window" = $1 AND state = 'failed'),
-			(SELECT count(*) FROM outbox WHERE sent_at IS NULL),
+			(SELECT count(*) FROM outbox_unsent),
 			(SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM side_effects e WHERE e.event_key = o.event_key))`,
 			window).Scan(&done, &failed, &unsent, &missing)
 		switch {

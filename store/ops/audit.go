@@ -343,13 +343,14 @@ WHERE j.state = 'running' AND j.key > $1 ORDER BY j.key LIMIT $2`, last, cfg.Bat
 	}
 }
 
-// auditOutbox pages through the unsent outbox events (the partial index of unsent rows).
+// auditOutbox pages through the outbox events not dispatched yet (view outbox_unsent,
+// migration 00020: the rows in front of their topic's position).
 func (s *Store) auditOutbox(ctx context.Context, cfg AuditConfig, cutoff time.Time, inv *Invariant) error {
 	var last int64
 	for {
 		rows, _ := s.pool.Query(ctx, `
-SELECT id, event_key, created_at < $3 FROM outbox
-WHERE sent_at IS NULL AND id > $1 ORDER BY id LIMIT $2`, last, cfg.BatchSize, cutoff)
+SELECT id, event_key, created_at < $3 FROM outbox_unsent
+WHERE id > $1 ORDER BY id LIMIT $2`, last, cfg.BatchSize, cutoff)
 		var (
 			id   int64
 			ev   string

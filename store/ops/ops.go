@@ -114,16 +114,20 @@ FROM results WHERE job_key = $1 ORDER BY created_at, observation_key`, key)
 
 // OutboxEvent is one outbox row, without its payload.
 type OutboxEvent struct {
-	EventKey  string     `json:"event_key"`
-	Topic     string     `json:"topic"`
-	CreatedAt time.Time  `json:"created_at"`
-	SentAt    *time.Time `json:"sent_at"` // nil: not dispatched yet
+	EventKey  string    `json:"event_key"`
+	Topic     string    `json:"topic"`
+	CreatedAt time.Time `json:"created_at"`
+	// SentAt is nil while the event is not dispatched yet (in front of its topic's outbox
+	// position); once dispatched, the time its topic's position last moved, at or after the
+	// dispatch (the row's own mark for rows dispatched before migration 00020).
+	SentAt *time.Time `json:"sent_at"`
 }
 
 // OutboxGetByEventKey returns the outbox event with eventKey, or nil if there is none.
 func (s *Store) OutboxGetByEventKey(ctx context.Context, eventKey string) (*OutboxEvent, error) {
 	var x OutboxEvent
-	err := s.pool.QueryRow(ctx, `SELECT event_key, topic, created_at, sent_at FROM outbox WHERE event_key = $1`, eventKey).
+	err := s.pool.QueryRow(ctx, `SELECT o.event_key, o.topic, o.created_at, CASE WHEN (o.xid, o.id) <= (p.xid, p.id) THEN COALESCE(o.sent_at, p.updated_at) END
+		FROM outbox o LEFT JOIN outbox_positions p ON p.topic = o.topic WHERE o.event_key = $1`, eventKey).
 		Scan(&x.EventKey, &x.Topic, &x.CreatedAt, &x.SentAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil

@@ -152,7 +152,11 @@ func TestAudit(t *testing.T) {
 		b.exec(t, `INSERT INTO results (observation_key, job_key, parser_version, data, fence) VALUES ('x', 'p', 3, '{}', 1)`)
 		b.exec(t, `UPDATE jobs SET attempt_started_at = now() - interval '1 hour' WHERE key = 'run'`)
 		b.exec(t, `UPDATE outbox SET created_at = now() - interval '1 hour' WHERE event_key = 'observed:b'`)
-		b.exec(t, `UPDATE outbox SET sent_at = now() WHERE event_key <> 'observed:b'`)
+		// Dispatched up to a, not from b on (c is not late: only b counts).
+		b.exec(t, `INSERT INTO outbox_positions (topic, xid, id)
+			SELECT DISTINCT ON (topic) topic, xid, id FROM outbox ORDER BY topic, xid DESC, id DESC
+			ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`)
+		b.exec(t, `UPDATE outbox_positions p SET xid = o.xid, id = o.id - 1 FROM outbox o WHERE o.event_key = 'observed:b' AND p.topic = o.topic`)
 		b.exec(t, `UPDATE attempts SET fence = 9 WHERE job_key = 'c' AND attempt_no = 1`)
 		b.exec(t, `DELETE FROM attempts WHERE job_key = 'b'`) // a complete job whose one start left no row
 		q := &liveTasks{}
@@ -181,12 +185,17 @@ func TestAudit(t *testing.T) {
 			b.start(t, k, 1)
 			b.commit(t, k, 1, k)
 		}
-		b.exec(t, `UPDATE outbox SET sent_at = now()`)
+		b.exec(t, `INSERT INTO outbox_positions (topic, xid, id)
+			SELECT DISTINCT ON (topic) topic, xid, id FROM outbox ORDER BY topic, xid DESC, id DESC
+			ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`) // dispatched
 		// The reconciler pruned old's sent event after the retention; recent lost its event
 		// too early (a broken invariant); stray has an event though it never completed.
 		b.exec(t, `UPDATE jobs SET completed_at = now() - interval '8 days' WHERE key = 'old'`)
 		b.exec(t, `DELETE FROM outbox WHERE event_key IN ('observed:old', 'observed:recent')`)
-		b.exec(t, `INSERT INTO outbox (event_key, topic, payload, sent_at) VALUES ('observed:stray', 'catalog', '{}', now())`)
+		b.exec(t, `INSERT INTO outbox (event_key, topic, payload) VALUES ('observed:stray', 'catalog', '{}')`)
+		b.exec(t, `INSERT INTO outbox_positions (topic, xid, id)
+			SELECT DISTINCT ON (topic) topic, xid, id FROM outbox ORDER BY topic, xid DESC, id DESC
+			ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`) // dispatched
 		rep, err := b.ops.Audit(ctx, ops.AuditConfig{TaskLive: (&liveTasks{}).fn})
 		require.NoError(t, err)
 		broken := rep.Broken()

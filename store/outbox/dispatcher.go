@@ -166,25 +166,26 @@ type DispatcherConfig struct {
 	// other losses are counted in the metrics and summed into the next line, written by
 	// the first loss after the window. Defaults to DefaultLossLogInterval.
 	LossLogInterval time.Duration
-	// RecoverWindow is how far back rows marked sent are marked unsent again when Redis
-	// lost a stream's data (see the package doc, Redis data loss): events sent earlier are
-	// assumed consumed. Keep it longer than consumers can lag, and shorter than the outbox
+	// RecoverWindow is how far back, by creation time, a topic's rows are dispatched again
+	// when Redis lost its stream's data (its position moves back; see the package doc,
+	// Redis data loss): events created earlier are assumed consumed. Keep it longer than consumers can lag, and shorter than the outbox
 	// retention (PruneSent), the inbox retention and the ledger TTL. Defaults to
 	// DefaultRecoverWindow.
 	RecoverWindow time.Duration
-	// RecoverBatch is how many rows one re-marking statement changes. Defaults to
+	// RecoverBatch is how many rows one step of a recovery's walk back over a topic's rows
+	// reads; the walk ends after a whole step of rows older than RecoverWindow. Defaults to
 	// DefaultRecoverBatch.
 	RecoverBatch int
 
 	// AfterPublish is a failpoint for tests and chaos runs. When set, it is called with the
-	// outbox ids of a batch after all of the batch's XADDs succeeded and before the rows
-	// are marked sent. Returning an error aborts the batch as a crash at that point would:
-	// the transaction rolls back, nothing is marked sent, the entries stay in the stream
+	// outbox ids of a batch after all of the batch's XADDs succeeded and before the
+	// topic's position moves past them. Returning an error aborts the batch as a crash at
+	// that point would: the transaction rolls back, the position stays, the entries stay in the stream
 	// and the rows are published again by a later batch (counted as republished).
 	// Defaults to nil.
 	AfterPublish func(ids []int64) error
 	// OnBatch, when set, is called by the background loop after every batch it ran, with
-	// the number of rows marked sent and the batch's error. A test signal; it must not
+	// the number of rows dispatched and the batch's error. A test signal; it must not
 	// block for long. Defaults to nil.
 	OnBatch func(sent int, err error)
 
@@ -310,6 +311,10 @@ type Dispatcher struct {
 	floors    map[string]int64  // topic → the entries-added of its stream PostgreSQL recorded, as last read
 	refreshed time.Time         // when the idle check last read every epoch from PostgreSQL
 
+	posMu      sync.Mutex // guards lastTopic and discovered
+	lastTopic  string     // the topic of this dispatcher's last batch (claimSQL's round robin)
+	discovered time.Time  // when this dispatcher last looked for topics without a position
+
 	beforeSettle  func(topics []string) // test hook (export_test.go): a batch found topics unsettled
 	beforePublish func(topics []string) // test hook (export_test.go): a batch checked its streams
 }
@@ -357,6 +362,7 @@ func (d *Dispatcher) Metrics() *DispatcherMetrics { return d.metrics }
 
 // outboxRow is one claimed row.
 type outboxRow struct {
+	xid       string // outbox.xid (xid8, as text): the inserting transaction
 	id        int64
 	eventKey  string
 	topic     string
@@ -365,23 +371,42 @@ type outboxRow struct {
 	added     int64 // outbox_epochs.entries_added of the topic when the row was claimed
 }
 
-// DispatchOnce runs one batch: it claims up to BatchSize unsent rows (skipping rows other
-// dispatchers hold), publishes them and marks them sent, in one transaction. It returns
-// the number of rows marked sent; on error none of the batch's rows are marked sent (some
-// may have been published: they are published again by a later batch). A result equal to
-// BatchSize means more rows may be waiting. A batch with a topic whose epoch marker is not
-// the epoch PostgreSQL holds (Redis lost its data, or the topic has no epoch yet) is
-// rolled back before anything is published, the epochs settled (see the package doc) and
-// a batch claimed again, once.
+// DispatchOnce runs one batch: it takes a topic whose position no other dispatcher holds,
+// reads up to BatchSize of its rows after the position and behind the horizon (see the
+// package doc), publishes them and moves the position past them, in one transaction. It
+// returns the number of rows dispatched; on error the position stays (some rows may have
+// been published: they are published again by a later batch). A result equal to BatchSize
+// means more rows may be waiting. A batch whose topic's epoch marker is not the epoch
+// PostgreSQL holds (Redis lost its data, or the topic has no epoch yet) is rolled back
+// before anything is published, the epoch settled (see the package doc) and a batch
+// taken again, once. Topics without a position get one when no batch was found, and at
+// least once per PollInterval.
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
-	for try := 0; ; try++ {
+	if d.discoveryDue() {
+		if _, err := d.discover(ctx); err != nil {
+			return 0, err
+		}
+	}
+	discovered := false
+	var settled []string // topics this call settled: a batch of another topic may come next
+	for {
 		n, unsettled, err := d.dispatchBatch(ctx)
+		if err == nil && n == 0 && len(unsettled) == 0 && !discovered {
+			discovered = true
+			if found, err := d.discover(ctx); err != nil || !found {
+				return 0, err
+			}
+			continue // a new topic: its rows are waiting
+		}
 		if len(unsettled) == 0 {
 			return n, err
 		}
-		if try > 0 {
-			return 0, fmt.Errorf("outbox: dispatch: epoch markers of %q differ from PostgreSQL's again right after they were settled (is Redis losing its data?)", unsettled)
+		for _, t := range unsettled {
+			if slices.Contains(settled, t) {
+				return 0, fmt.Errorf("outbox: dispatch: epoch markers of %q differ from PostgreSQL's again right after they were settled (is Redis losing its data?)", unsettled)
+			}
 		}
+		settled = append(settled, unsettled...)
 		if d.beforeSettle != nil {
 			d.beforeSettle(unsettled)
 		}
@@ -393,7 +418,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 
 // dispatchBatch is one try of DispatchOnce. unsettled lists the batch's topics whose epoch
 // marker is not the epoch PostgreSQL holds; the batch is then rolled back unpublished (its
-// rows stay unsent).
+// topic's position stays).
 func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []string, err error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	tx, err := d.pool.Begin(qctx)
@@ -482,9 +507,10 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 
 	qctx, cancel = context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	defer cancel()
-	if _, err := tx.Exec(qctx, markSentSQL, ids, topics, added, d.cfg.Prefix); err != nil {
+	lastRow := rows[len(rows)-1]
+	if _, err := tx.Exec(qctx, advanceSQL, lastRow.topic, lastRow.xid, lastRow.id, added[0], d.cfg.Prefix); err != nil {
 		d.countRepublished(rows, published)
-		return 0, nil, fmt.Errorf("outbox: dispatch: mark %d rows sent: %w", len(ids), err)
+		return 0, nil, fmt.Errorf("outbox: dispatch: move %q's position past %d rows: %w", lastRow.topic, len(ids), err)
 	}
 	if err := tx.Commit(qctx); err != nil {
 		// The commit may have happened; if so the republished count is one batch too high.
@@ -495,42 +521,126 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context) (sent int, unsettled []s
 	return len(rows), nil, nil
 }
 
-// markSentSQL marks a batch's rows sent and raises the entries-added PostgreSQL records of
-// each stream the batch published to (to the count read after the batch's XADDs: the
-// record is the greatest such count of the committed batches), in one statement. The
-// epochs rows are locked in topic order, so that two batches over the same topics can not
-// deadlock.
-const markSentSQL = `
-WITH sent AS (
-	UPDATE outbox SET sent_at = now() WHERE id = ANY($1)
-), locked AS (
-	SELECT e.topic FROM outbox_epochs e WHERE e.prefix = $4 AND e.topic = ANY($2::text[]) ORDER BY e.topic FOR UPDATE
+// advanceSQL moves a topic's position past the last row of its batch and raises the
+// entries-added PostgreSQL records of the topic's stream (to the count read after the
+// batch's XADDs: the record is the greatest such count of the committed batches), in one
+// statement: two row writes per batch, none per event. Both are HOT updates (no indexed
+// column changes).
+const advanceSQL = `
+WITH moved AS (
+	UPDATE outbox_positions SET xid = $2::xid8, id = $3, updated_at = now() WHERE topic = $1
 )
-UPDATE outbox_epochs e SET entries_added = GREATEST(e.entries_added, x.added)
-FROM unnest($2::text[], $3::bigint[]) AS x(topic, added) JOIN locked USING (topic)
-WHERE e.prefix = $4 AND e.topic = x.topic AND e.entries_added < x.added`
+UPDATE outbox_epochs e SET entries_added = $4
+WHERE e.prefix = $5 AND e.topic = $1 AND e.entries_added < $4`
 
 func (d *Dispatcher) claim(ctx context.Context, tx pgx.Tx) ([]outboxRow, error) {
 	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
 	defer cancel()
-	// The shared recovery lock is held until the batch commits or rolls back: a recovery
-	// (exclusive) waits for batches in flight and holds new claims back while it runs.
-	rows, _ := tx.Query(qctx, `
-WITH recovery AS (SELECT pg_advisory_xact_lock_shared($2::bigint))
-SELECT id, event_key, topic, payload::text, created_at,
-	COALESCE((SELECT e.entries_added FROM outbox_epochs e WHERE e.prefix = $3 AND e.topic = outbox.topic), 0)
-FROM outbox, recovery
-WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE OF outbox SKIP LOCKED`, d.cfg.BatchSize, d.lockKey, d.cfg.Prefix)
+	d.posMu.Lock()
+	last := d.lastTopic
+	d.posMu.Unlock()
+	rows, _ := tx.Query(qctx, claimSQL, d.lockKey, last, d.cfg.Prefix, d.cfg.BatchSize)
 	var r outboxRow
 	out := make([]outboxRow, 0, d.cfg.BatchSize)
-	_, err := pgx.ForEachRow(rows, []any{&r.id, &r.eventKey, &r.topic, &r.payload, &r.createdAt, &r.added}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&r.topic, &r.xid, &r.id, &r.eventKey, &r.payload, &r.createdAt, &r.added}, func() error {
 		out = append(out, r)
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: dispatch: claim: %w", err)
 	}
+	if len(out) > 0 {
+		d.posMu.Lock()
+		d.lastTopic = out[0].topic
+		d.posMu.Unlock()
+	}
 	return out, nil
+}
+
+// claimSQL takes a topic that has rows waiting behind the horizon and whose position no
+// other dispatcher holds (FOR UPDATE SKIP LOCKED: the dispatchers of one topic take turns,
+// those of different topics work side by side), the topic after the one this dispatcher
+// served last first ($2: round robin, so that a busy topic does not starve the others),
+// and reads up to $4 of its rows after the position, in (xid, id) order, with the
+// entries-added PostgreSQL recorded of its stream.
+//
+// The horizon: the smallest transaction id that was still running when the statement's
+// snapshot was taken (pg_snapshot_xip) and may belong to this database, or, when none, the
+// snapshot's xmax. Every transaction below it has ended and the snapshot sees every one of
+// them that committed, so a row below it is final; a row at or above it may still be
+// joined by rows of a transaction that commits later with a smaller (xid, id) than rows
+// already read, so it waits. The position only ever moves over rows below the horizon, so
+// a row can never appear behind it. A running transaction that pg_stat_activity, read
+// after the snapshot, shows in another database can never insert into this outbox and does
+// not hold the horizon back (pg_snapshot_xmin alone would: any write transaction on the
+// server would); one it does not show (ended since, prepared, or hidden from this role)
+// does, to be safe.
+//
+// The shared recovery lock ($1) is taken before the position's row lock (a one-time
+// filter, evaluated before the scan) and held until the batch commits or rolls back: a
+// recovery (exclusive) waits for batches in flight, holds new batches back while it
+// moves positions, and never waits for a position a batch holds.
+const claimSQL = `
+WITH horizon AS MATERIALIZED (
+	SELECT least(pg_snapshot_xmax(s.s), (
+		SELECT min(x) FROM pg_snapshot_xip(s.s) AS x
+		WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+			WHERE a.backend_xid = x::xid AND a.datid IS NOT NULL AND a.datname <> current_database())
+	)) AS h
+	FROM (SELECT pg_current_snapshot() AS s) s
+), pos AS (
+	SELECT p.topic, p.xid, p.id FROM outbox_positions p
+	WHERE (SELECT 1 FROM (SELECT pg_advisory_xact_lock_shared($1::bigint)) l) = 1
+		AND EXISTS (SELECT 1 FROM outbox o WHERE o.topic = p.topic AND (o.xid, o.id) > (p.xid, p.id)
+			AND o.xid < (SELECT h FROM horizon))
+	ORDER BY p.topic <= $2, p.topic
+	LIMIT 1
+	FOR UPDATE OF p SKIP LOCKED
+)
+SELECT pos.topic, o.xid::text, o.id, o.event_key, o.payload::text, o.created_at,
+	COALESCE((SELECT e.entries_added FROM outbox_epochs e WHERE e.prefix = $3 AND e.topic = pos.topic), 0)
+FROM pos CROSS JOIN LATERAL (
+	SELECT o.xid, o.id, o.event_key, o.payload, o.created_at FROM outbox o
+	WHERE o.topic = pos.topic AND (o.xid, o.id) > (pos.xid, pos.id)
+		AND o.xid < (SELECT h FROM horizon)
+	ORDER BY o.xid, o.id
+	LIMIT $4
+) o
+ORDER BY o.xid, o.id`
+
+// discoverSQL gives every topic of the outbox that has no position yet one at (0, 0): its
+// rows were never dispatched. The topics are found by a walk over outbox_topic_xid_idx
+// (one index descent per topic), not a scan of the table.
+const discoverSQL = `
+WITH RECURSIVE t(topic) AS (
+	SELECT min(topic) FROM outbox
+	UNION ALL
+	SELECT (SELECT min(o.topic) FROM outbox o WHERE o.topic > t.topic) FROM t WHERE t.topic IS NOT NULL
+)
+INSERT INTO outbox_positions (topic)
+SELECT t.topic FROM t
+WHERE t.topic IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox_positions p WHERE p.topic = t.topic)
+ON CONFLICT (topic) DO NOTHING`
+
+// discover runs discoverSQL and reports whether it gave a topic its first position.
+func (d *Dispatcher) discover(ctx context.Context) (bool, error) {
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	defer cancel()
+	tag, err := d.pool.Exec(qctx, discoverSQL)
+	if err != nil {
+		return false, fmt.Errorf("outbox: dispatch: find new topics (table outbox_positions, migration 00020): %w", err)
+	}
+	d.posMu.Lock()
+	d.discovered = time.Now()
+	d.posMu.Unlock()
+	return tag.RowsAffected() > 0, nil
+}
+
+// discoveryDue reports whether the last discover is PollInterval old (or there was none).
+func (d *Dispatcher) discoveryDue() bool {
+	d.posMu.Lock()
+	defer d.posMu.Unlock()
+	return d.discovered.IsZero() || time.Since(d.discovered) >= d.cfg.PollInterval
 }
 
 // publish XADDs rows in one pipeline, retrying only the XADDs that failed, up to
@@ -790,7 +900,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 }
 
 // Stop ends the background loop after its in-flight batch (which completes: its rows are
-// marked sent rather than rolled back and published again) and waits for it and the
+// dispatched rather than rolled back and published again) and waits for it and the
 // listening connection to finish. Safe to call more than once, and on
 // a dispatcher that was never started.
 func (d *Dispatcher) Stop() {
@@ -843,7 +953,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			}
 			d.log.WarnContext(ctx, "outbox: checking the streams' epoch markers failed", "err", err)
 		} else if len(recovered) > 0 {
-			continue // re-marked rows are waiting
+			continue // rows put in front of a position again are waiting
 		}
 		if full {
 			continue

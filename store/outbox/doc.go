@@ -8,25 +8,47 @@
 // may be empty) so that dispatchers wake at once instead of at their next poll. A commit
 // that forgets the NOTIFY is still dispatched, one poll interval later.
 //
-// A [Dispatcher] claims up to BatchSize unsent rows in one transaction
-// (SELECT … FOR UPDATE SKIP LOCKED, oldest first), checks that the epoch marker of each
-// topic's stream is there and whole (one pipelined script call, see Redis data loss below), appends them with
-// one pipelined round of XADD to the stream <prefix>stream:{<topic>} (see [StreamKey]), and
-// only then marks them sent and commits. Any number of dispatchers may run at once, in one process or many: SKIP LOCKED
-// hands each a disjoint batch. Guarantees:
+// There is no per-row sent mark (migration 00020). Each row carries the id of the
+// transaction that inserted it (outbox.xid, filled by the column's default: the commit's
+// INSERT does not name it), and each topic has one position in PostgreSQL
+// (outbox_positions: the (xid, id) of the last row dispatched). A row is dispatched when
+// (xid, id) <= its topic's position; the view outbox_unsent lists the others.
 //
-//   - A row is marked sent only after its XADD succeeded. If Redis is down, a publish is
-//     retried a bounded number of times with backoff and jitter, then the transaction rolls
-//     back and the rows are picked up again later.
-//   - A crash, a failed mark, a failed commit or the AfterPublish failpoint between XADD and
-//     commit republishes the batch: the stream may hold an event more than once (with the
-//     same event_key and outbox_id). Consumers recognise the replay by event_key.
-//   - There is no order across batches when several dispatchers run: consumers must not
-//     rely on stream order between events.
+// A [Dispatcher] batch takes, in one transaction, a topic that has rows waiting and whose
+// position no other dispatcher holds (FOR UPDATE SKIP LOCKED on the position's row), reads
+// up to BatchSize of its rows after the position in (xid, id) order and behind the horizon
+// (below), checks that the epoch marker of the topic's stream is there and whole (one
+// pipelined script call, see Redis data loss below), appends them with one pipelined round
+// of XADD to the stream <prefix>stream:{<topic>} (see [StreamKey]), and only then moves the
+// position past them and commits: two row writes per batch (the position and the stream's
+// entries-added), none per event. Any number of dispatchers may run at once, in one process
+// or many: the dispatchers of one topic take turns, those of different topics work side by
+// side, each serving the topics in turn. Topics without a position get one, at the start,
+// when a dispatcher finds no batch and at least once per PollInterval. Guarantees:
+//
+//   - The horizon: a row is read only when every transaction that could still insert a row
+//     before it in (xid, id) order has ended: its xid is below the smallest xid still
+//     running when the batch's snapshot was taken that may belong to this database
+//     (pg_stat_activity shows the others; ones it does not show count, to be safe). So no
+//     row ever appears behind a position, and rows are published in commit order per topic.
+//     A write transaction left open on the database (any transaction that took an xid:
+//     an INSERT, UPDATE, DELETE, SELECT … FOR UPDATE, even on another table) holds every
+//     topic's dispatch back until it ends: idemscrape_outbox_dispatch_lag_seconds and
+//     [Lag] (the reconciler's idemscrape_reconciler_outbox_oldest_unsent_seconds) show it.
+//     Keep write transactions short (idle_in_transaction_session_timeout helps).
+//   - The position moves only after the batch's XADDs succeeded. If Redis is down, a
+//     publish is retried a bounded number of times with backoff and jitter, then the
+//     transaction rolls back and the rows are read again later.
+//   - A crash, a failed position update, a failed commit or the AfterPublish failpoint
+//     between XADD and commit republishes the batch: the stream may hold an event more
+//     than once (with the same event_key and outbox_id). Consumers recognise the replay by
+//     event_key.
+//   - Within a topic, events reach the stream in commit order, replays aside; consumers
+//     still must not rely on it (a replay comes after later events).
 //
 // # Redis data loss
 //
-// A row is marked sent once its XADD succeeded; if Redis then loses its data (restarted
+// A row is dispatched once its XADD succeeded; if Redis then loses its data (restarted
 // without persistence, FLUSHALL, a cluster node replaced empty), the entries not yet
 // consumed are gone. The dispatchers find such a loss and publish those events again.
 // PostgreSQL is the witness: it keeps each stream's epoch (table outbox_epochs, migration
@@ -50,16 +72,20 @@
 //   - No epoch in PostgreSQL: the topic was never dispatched with epochs (a fresh install,
 //     an upgrade from a version without them, a new topic). A new epoch is set as the
 //     marker (a marker already there is adopted) and recorded in PostgreSQL; nothing is
-//     re-marked, whatever the streams hold. So upgrading re-marks nothing: events sent by
-//     the previous version and not consumed stay where they were.
+//     published again, whatever the streams hold. So upgrading republishes nothing: events
+//     sent by the previous version and not consumed stay where they were.
 //   - PostgreSQL's epoch and a marker absent or different: Redis lost the stream's data
 //     (a different marker: Redis came back from a snapshot older than the last recovery).
-//     The rows of the topic sent within RecoverWindow (24 h by default) before the
-//     recovery are marked unsent again in batches of RecoverBatch, counted in
-//     idemscrape_outbox_streams_lost_total and idemscrape_outbox_remarked_total and logged
-//     once (level ERROR); then a new epoch is written to PostgreSQL and set as the marker,
-//     and the rows are dispatched as usual. A crash in between leaves the two different:
-//     the next dispatcher re-marks again, more copies, never fewer.
+//     The topic's position moves back to just before its first row created within
+//     RecoverWindow (24 h by default) before the recovery (walking back from the position
+//     in steps of RecoverBatch rows, until a whole step is older), so those rows are
+//     dispatched again; counted in idemscrape_outbox_streams_lost_total and
+//     idemscrape_outbox_remarked_total and logged once (level ERROR); then a new epoch is
+//     written to PostgreSQL and set as the marker. A crash in between leaves the two
+//     different: the next dispatcher moves the position back again, more copies, never
+//     fewer. The window counts from a row's creation (there is no per-row sent time): an
+//     event that waited longer than RecoverWindow to be dispatched, then was lost, is not
+//     published again.
 //   - A [Consumer] whose group vanished while it runs (NOGROUP) creates it again at the
 //     beginning of the new stream ("0", whatever StartID says), so it reads the entries
 //     published again, and any published before it noticed.
@@ -77,8 +103,8 @@
 //     it received them) keeps the right marker but lacks the newest entries. PostgreSQL
 //     tells: every batch reads the stream's XINFO STREAM entries-added right after its own
 //     XADDs (state.lua, in the XADDs' pipeline: no round trip of its own) and records it
-//     in the statement that marks its rows sent (outbox_epochs.entries_added, migration
-//     00013, keeping the greatest). Its entries lie within that count whatever other
+//     in the statement that moves the topic's position (outbox_epochs.entries_added,
+//     migration 00013, keeping the greatest). Its entries lie within that count whatever other
 //     dispatchers appended before, between or after them, and a copy of the stream is a
 //     prefix of its history: a copy that lacks an entry of any committed batch has fewer
 //     entries added than PostgreSQL recorded, however many dispatchers' batches overlapped
@@ -98,18 +124,21 @@
 // commit, which a failover, during which publishes fail, usually outlasts. Likewise after an upgrade, events left unconsumed in a stream under an old key
 // name stay there; an operator republishes them, by hand:
 //
-//	UPDATE outbox SET sent_at = NULL
-//	WHERE topic = '<topic>' AND sent_at >= '<time of the snapshot, minus a margin>';
+//	UPDATE outbox_positions p SET xid = o.xid, id = o.id - 1
+//	FROM (SELECT xid, id FROM outbox WHERE topic = '<topic>'
+//		AND created_at >= '<time of the snapshot, minus a margin>' ORDER BY xid, id LIMIT 1) o
+//	WHERE p.topic = '<topic>' AND (o.xid, o.id) <= (p.xid, p.id);
 //
-// (in batches on a large outbox; the dispatchers publish the rows again, RunTx consumers
-// deduplicate them, Run consumers whose ledger went back too run them again).
+// (the dispatchers publish the rows after the position again, RunTx consumers deduplicate
+// them, Run consumers whose ledger went back too run them again).
 //
 // An epoch marker deleted or evicted under running dispatchers counts as a loss (a
 // republish, harmless to RunTx consumers): run Redis with maxmemory-policy noeviction, as
 // asynq needs anyway. Deleting a topic's outbox_epochs row makes its next dispatch a first
-// start (nothing re-marked). All dispatchers on one outbox table should use one Prefix:
-// epochs are kept per prefix and topic, but which prefix's stream a row goes to depends on
-// which dispatcher claims it.
+// start (nothing published again); deleting its outbox_positions row publishes every row of
+// the topic still in the table again. All dispatchers on one outbox table should use one
+// Prefix: epochs are kept per prefix and topic, positions per topic, and which prefix's
+// stream a row goes to depends on which dispatcher takes its batch.
 //
 // # Trimming
 //
@@ -196,9 +225,10 @@
 //
 // # Maintenance
 //
-// [Lag] reports unsent rows older than a threshold (no dispatcher running); [PruneSent]
-// and [InboxPrune] delete sent outbox rows and inbox rows older than their retention in
-// bounded batches (call until a short batch). [Maintainer] binds the three to a pool for a
+// [Lag] reports rows not dispatched yet older than a threshold (no dispatcher running, or a
+// write transaction held open); [PruneSent] deletes dispatched outbox rows (behind their
+// topic's position) created longer ago than the retention, oldest first, and
+// [InboxPrune] inbox rows, in bounded batches (call until a short batch). [Maintainer] binds the three to a pool for a
 // reconciler.
 //
 // # Failpoints
@@ -217,7 +247,7 @@
 //	idemscrape_outbox_republished_total{topic}    copies whose batch rolled back afterwards
 //	idemscrape_outbox_dispatch_lag_seconds        now − created_at at XADD time
 //	idemscrape_outbox_streams_lost_total{topic}   streams found to have lost their history
-//	idemscrape_outbox_remarked_total{topic}       sent rows marked unsent again after a loss
+//	idemscrape_outbox_remarked_total{topic}       rows put in front of the position again after a loss
 //	idemscrape_outbox_stream_capped_total{topic}  entries the length cap removed
 //	idemscrape_outbox_stream_cap_lost_total{topic,group}  of those, entries the group had not acknowledged
 //	idemscrape_outbox_stream_length{topic}        XLEN, read with each batch and every PollInterval

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"sort"
@@ -25,19 +26,20 @@ var (
 
 // LogStreamLost begins the message a dispatcher logs (at error level, once per recovery,
 // with the attributes topic, stream and remarked) when it finds that Redis lost a stream's
-// data and marks the rows sent within the recover window unsent. Tools that read the logs
+// data and moves the topic's position back over the rows created within the recover
+// window. Tools that read the logs
 // (cmd/chaos) match on it.
 const LogStreamLost = "outbox: Redis lost the stream's data"
 
 // Redis data loss defaults.
 const (
-	// DefaultRecoverWindow is how far back, from the moment a loss is detected, outbox rows
-	// marked sent are marked unsent again when Redis lost a stream.
+	// DefaultRecoverWindow is how far back, from the moment a loss is detected, a topic's
+	// outbox rows (by creation time) are dispatched again when Redis lost its stream.
 	DefaultRecoverWindow = 24 * time.Hour
-	// DefaultRecoverBatch is how many rows one re-marking statement changes.
+	// DefaultRecoverBatch is how many rows one step of a recovery's walk back reads.
 	DefaultRecoverBatch = 1000
 	// recoverTimeout bounds one settlement under the exclusive lock: waiting for in-flight
-	// batches, re-marking, and writing the new epochs.
+	// batches, moving positions back, and writing the new epochs.
 	recoverTimeout = 2 * time.Minute
 )
 
@@ -74,7 +76,7 @@ type querier interface {
 // recoverLockKey is the PostgreSQL advisory lock that orders dispatch batches (shared,
 // held from the claim to the commit) against a settlement (exclusive): an epoch is created
 // or replaced only once every batch that may have published to the lost Redis has
-// committed, and no batch claims rows while rows are re-marked. One lock per stream prefix.
+// committed, and no batch takes a position while positions move back. One lock per stream prefix.
 func recoverLockKey(prefix string) int64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("idemscrape/outbox/recover\x00" + prefix))
@@ -239,7 +241,7 @@ func (d *Dispatcher) unsettled(ctx context.Context, q querier, topics []string, 
 // CheckStreams compares the epoch marker of every topic PostgreSQL holds an epoch of
 // (under this dispatcher's prefix) with that epoch, and settles those that differ (see the
 // package doc, Redis data loss). It returns the topics whose stream was found lost and
-// whose rows were marked unsent again. The background loop runs the same check whenever
+// whose rows are dispatched again. The background loop runs the same check whenever
 // it is idle (reading PostgreSQL's epochs at most once per PollInterval); call it directly
 // to check at once.
 func (d *Dispatcher) CheckStreams(ctx context.Context) ([]string, error) {
@@ -282,7 +284,7 @@ func (d *Dispatcher) checkStreams(ctx context.Context, refresh bool) ([]string, 
 }
 
 // settle decides, under the exclusive recovery lock, what the epoch of each of topics is,
-// and returns the topics it found lost (their rows re-marked). The lock makes every batch
+// and returns the topics it found lost (their positions moved back). The lock makes every batch
 // that may have published to the old Redis commit first and holds new claims back; and
 // since every decision that creates or replaces an epoch is taken under it, after
 // re-reading both PostgreSQL and the marker, two dispatchers never both recover one loss
@@ -290,16 +292,16 @@ func (d *Dispatcher) checkStreams(ctx context.Context, refresh bool) ([]string, 
 //
 //   - PostgreSQL has no epoch: the topic was never dispatched with epochs (a fresh
 //     install, an upgrade from a version without them, a new topic). The marker is adopted
-//     if present, else a new epoch is SET, then the row is inserted. Nothing is re-marked,
+//     if present, else a new epoch is SET, then the row is inserted. Nothing is published again,
 //     whatever the stream holds. (Marker first: a crash in between leaves a marker without
 //     a row, which the next dispatcher adopts, never a row without a marker.)
 //   - PostgreSQL's epoch equals the marker: another dispatcher settled it; adopted.
 //   - The marker is absent or different: Redis lost the stream's data (or came back from
-//     a snapshot older than the epoch). The rows of the topic sent within RecoverWindow
-//     before now are marked unsent again in batches of RecoverBatch (counted in
+//     a snapshot older than the epoch). The topic's position moves back to just before its
+//     first row created within RecoverWindow before now (rewind; counted in
 //     idemscrape_outbox_remarked_total, logged once), then a new epoch is written to
 //     PostgreSQL and SET as the marker. A crash in between leaves the two different: the
-//     next dispatcher re-marks again, which only republishes more copies.
+//     next dispatcher moves the position back again, which only republishes more copies.
 func (d *Dispatcher) settle(ctx context.Context, topics []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, recoverTimeout)
 	defer cancel()
@@ -372,7 +374,80 @@ func (d *Dispatcher) firstEpoch(ctx context.Context, conn *pgx.Conn, topic, mark
 	return nil
 }
 
-// recoverStream re-marks the rows of a lost stream and starts a new epoch (its count of
+// rewind moves topic's position back to just before its first row (in (xid, id) order)
+// created at or after since, if that row is behind it, and returns how many rows are in
+// front of the position again. It walks back from the position in steps of RecoverBatch
+// rows (outbox_topic_xid_idx) and stops after a whole step of rows created before since:
+// created_at follows the commit order but for rows of transactions that ran long, which
+// the step's margin covers. Called under the exclusive lock: no batch holds the position.
+func (d *Dispatcher) rewind(ctx context.Context, conn *pgx.Conn, topic string, since time.Time) (int64, error) {
+	var (
+		curXid string
+		curID  int64
+	)
+	qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	err := conn.QueryRow(qctx, `SELECT xid::text, id FROM outbox_positions WHERE topic = $1`, topic).Scan(&curXid, &curID)
+	cancel()
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil // never dispatched: nothing to publish again
+	}
+	if err != nil {
+		return 0, err
+	}
+	var (
+		walked, back int64
+		firstXid     string
+		firstID      int64
+		xid          = curXid
+		id           = curID
+	)
+	for {
+		qctx, cancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
+		rows, _ := conn.Query(qctx, `
+SELECT xid::text, id, created_at >= $4 FROM outbox
+WHERE topic = $1 AND (xid, id) <= ($2::xid8, $3)
+ORDER BY xid DESC, id DESC LIMIT $5`, topic, xid, id, since, d.cfg.RecoverBatch)
+		var (
+			rx     string
+			rid    int64
+			recent bool
+			n      int
+			found  bool
+		)
+		_, err := pgx.ForEachRow(rows, []any{&rx, &rid, &recent}, func() error {
+			n++
+			walked++
+			xid, id = rx, rid
+			if recent {
+				found = true
+				firstXid, firstID, back = rx, rid, walked
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		if !found || n < d.cfg.RecoverBatch {
+			break
+		}
+		// The next step starts below the last row read.
+		if id == 0 {
+			break
+		}
+		id--
+	}
+	if back == 0 {
+		return 0, nil
+	}
+	qctx, cancel = context.WithTimeout(ctx, d.cfg.QueryTimeout)
+	defer cancel()
+	_, err = conn.Exec(qctx, `UPDATE outbox_positions SET xid = $2::xid8, id = $3, updated_at = now() WHERE topic = $1`,
+		topic, firstXid, firstID-1)
+	return back, err
+}
+
+// recoverStream moves a lost stream's topic position back and starts a new epoch (its count of
 // entries added starts again at 0). Called under the exclusive lock; old is PostgreSQL's
 // record, found what Redis holds.
 func (d *Dispatcher) recoverStream(ctx context.Context, conn *pgx.Conn, topic string, old pgEpoch, found epochState) error {
@@ -385,22 +460,9 @@ func (d *Dispatcher) recoverStream(ctx context.Context, conn *pgx.Conn, topic st
 		return fmt.Errorf("outbox: recover %q: %w", topic, err)
 	}
 	since := cut.Add(-d.cfg.RecoverWindow)
-	var remarked int64
-	for {
-		qctx, qcancel := context.WithTimeout(ctx, d.cfg.QueryTimeout)
-		tag, err := conn.Exec(qctx, `
-UPDATE outbox SET sent_at = NULL WHERE id IN (
-	SELECT id FROM outbox WHERE topic = $1 AND sent_at >= $2 AND sent_at < $3
-	ORDER BY sent_at LIMIT $4)`, topic, since, cut, d.cfg.RecoverBatch)
-		qcancel()
-		if err != nil {
-			d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
-			return fmt.Errorf("outbox: recover: re-mark rows of %q sent since %v as unsent (%d done): %w", topic, since, remarked, err)
-		}
-		remarked += tag.RowsAffected()
-		if tag.RowsAffected() < int64(d.cfg.RecoverBatch) {
-			break
-		}
+	remarked, err := d.rewind(ctx, conn, topic, since)
+	if err != nil {
+		return fmt.Errorf("outbox: recover: move %q's position back to its first row created since %v: %w", topic, since, err)
 	}
 	d.metrics.StreamsLost.WithLabelValues(topic).Inc()
 	d.metrics.Remarked.WithLabelValues(topic).Add(float64(remarked))
@@ -411,13 +473,13 @@ UPDATE outbox SET sent_at = NULL WHERE id IN (
 		d.cfg.Prefix, topic, epoch)
 	qcancel()
 	if err != nil {
-		return fmt.Errorf("outbox: recover: record the new epoch of %q (%d rows re-marked): %w", topic, remarked, err)
+		return fmt.Errorf("outbox: recover: record the new epoch of %q (%d rows to publish again): %w", topic, remarked, err)
 	}
 	rctx, rcancel := context.WithTimeout(ctx, d.cfg.RedisTimeout)
 	err = d.rdb.Set(rctx, key, epoch, 0).Err()
 	rcancel()
 	if err != nil {
-		return fmt.Errorf("outbox: recover: set epoch marker %s (%d rows re-marked): %w", key, remarked, err)
+		return fmt.Errorf("outbox: recover: set epoch marker %s (%d rows to publish again): %w", key, remarked, err)
 	}
 	d.epochMu.Lock()
 	d.epochs[topic], d.floors[topic] = epoch, 0
@@ -429,7 +491,7 @@ UPDATE outbox SET sent_at = NULL WHERE id IN (
 	case marker == old.epoch:
 		why = "the stream has had fewer entries added than the dispatchers published: Redis came back with an older copy of it"
 	}
-	d.log.ErrorContext(ctx, LogStreamLost+" ("+why+"): rows sent within the recover window are marked unsent and will be published again; inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
+	d.log.ErrorContext(ctx, LogStreamLost+" ("+why+"): the rows created within the recover window will be published again (the position moved back); inbox consumers deduplicate them, ledger consumers whose ledger was lost too run them again",
 		"topic", topic, "stream", StreamKey(d.cfg.Prefix, topic), "epoch_expected", old.epoch, "marker_found", marker,
 		"entries_added_recorded", old.added, "entries_added_found", found.added,
 		"remarked", remarked, "since", since, "epoch", epoch)

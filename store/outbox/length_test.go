@@ -75,7 +75,7 @@ func TestStreamLengthGaugeCurrent(t *testing.T) {
 			return fmt.Sprintf("gauge %v (present %v), XLEN %d", v, ok, xlen(t, b.rdb, stream))
 		})
 	}
-	unsent := func() bool { return count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`) == 0 }
+	unsent := func() bool { return count(t, b.pool, `SELECT count(*) FROM outbox_unsent`) == 0 }
 
 	d1, reg1 := start()
 	insertEvents(t, b.pool, topic, 1, 5)

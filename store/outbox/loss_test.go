@@ -202,7 +202,7 @@ func TestNoRecoveryWithoutLoss(t *testing.T) {
 
 	require.Zero(t, ptu.ToFloat64(m.Remarked.WithLabelValues(topic)))
 	require.Zero(t, ptu.ToFloat64(m.StreamsLost.WithLabelValues(topic)))
-	require.Equal(t, published, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`))
+	require.Equal(t, published, count(t, b.pool, `SELECT count(*) FROM outbox_sent`))
 	info, err := b.rdb.XInfoStream(ctx, stream).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, published, info.EntriesAdded, "each event appended once")
@@ -239,7 +239,7 @@ func TestUpgradeRemarksNothing(t *testing.T) {
 			ctx := context.Background()
 			const topic = "t"
 			insertEvents(t, b.pool, topic, 1, 10)
-			exec(t, b.pool, `UPDATE outbox SET sent_at = now() - interval '1 hour'`) // sent by the old version
+			markAllSent(t, b.pool) // sent by the previous run
 			if tc.marker != "" {
 				require.NoError(t, b.rdb.Set(ctx, outbox.EpochKey(b.prefix, topic), tc.marker, 0).Err())
 			}
@@ -253,7 +253,7 @@ func TestUpgradeRemarksNothing(t *testing.T) {
 			require.Zero(t, ptu.ToFloat64(d.Metrics().Remarked.WithLabelValues(topic)))
 			require.Zero(t, ptu.ToFloat64(d.Metrics().StreamsLost.WithLabelValues(topic)))
 			require.Equal(t, 1, xlen(t, b.rdb, outbox.StreamKey(b.prefix, topic)))
-			require.Equal(t, 11, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`))
+			require.Equal(t, 11, count(t, b.pool, `SELECT count(*) FROM outbox_sent`))
 			marker := b.rdb.Get(ctx, outbox.EpochKey(b.prefix, topic)).Val()
 			require.Equal(t, marker, pgEpoch(t, b, topic))
 			if tc.marker != "" {
@@ -321,10 +321,13 @@ func TestConcurrentSettle(t *testing.T) {
 			insertEvents(t, b.pool, topic, before+1, after)
 
 			// Both dispatchers wait for each other between their rolled-back batch and
-			// their settlement, so both settle the same unsettled topic.
+			// their settlement, so both settle the same unsettled topic. The dispatchers of
+			// a topic take turns on its position: the second starts once the first's batch
+			// rolled back (it waits in its hook), so it finds the topic free and unsettled.
 			var arrived sync.WaitGroup
 			arrived.Add(2)
 			var hooked [2]int
+			first := make(chan struct{})
 			ds := make([]*outbox.Dispatcher, 2)
 			for i := range ds {
 				ds[i] = b.dispatcher(t, outbox.DispatcherConfig{BatchSize: 5})
@@ -332,6 +335,9 @@ func TestConcurrentSettle(t *testing.T) {
 					assert.Equal(t, []string{topic}, topics)
 					hooked[i]++
 					if hooked[i] == 1 {
+						if i == 0 {
+							close(first)
+						}
 						arrived.Done()
 						arrived.Wait()
 					}
@@ -347,6 +353,9 @@ func TestConcurrentSettle(t *testing.T) {
 					assert.NoError(t, err)
 					sent[i] = n
 				}()
+				if i == 0 {
+					recv(t, first, "the first dispatcher's batch rolled back, about to settle")
+				}
 			}
 			wg.Wait()
 			require.Equal(t, [2]int{1, 1}, hooked, "both found the topic unsettled and settled it")
@@ -550,9 +559,10 @@ func TestConcurrentDispatchersNoFalseLoss(t *testing.T) {
 	}
 }
 
-// TestPartialLossOverlappingDispatchers: dispatchers whose batches overlap (each read the
-// stream's state before any of them appended, as one dispatcher per worker do under load)
-// publish one after the other; Redis snapshots the stream after all but the last one's
+// TestPartialLossOverlappingDispatchers: several dispatchers of one topic (as one
+// dispatcher per worker run under load) publish batches, taking turns on the topic's
+// position (batches of one topic no longer overlap: a dispatcher that finds the position
+// held takes nothing); Redis snapshots the stream after all but the last one's
 // XADDs and comes back from that snapshot once every batch committed. The copy holds the
 // other batches' entries, so it is longer than any single batch's view of the stream,
 // but lacks the last batch's: the loss is found (by the running dispatchers' next batch,
@@ -608,53 +618,47 @@ func TestPartialLossOverlappingDispatchers(t *testing.T) {
 				require.Empty(t, recovered)
 			}
 
-			// One batch per dispatcher, each claimed while the ones before hold their rows,
-			// and each past its stream check before any publishes.
+			// One batch per dispatcher. The dispatchers of one topic take turns (its position
+			// is held from a batch's read to its commit), so the batches come one after the
+			// other; while one is held before publishing, the others find nothing to take.
 			insertEvents(t, b.pool, topic, old+1, tc.dispatchers*batch)
-			ready := make([]chan struct{}, len(ds))
-			proceed := make([]chan struct{}, len(ds))
 			type result struct {
 				n   int
 				err error
 			}
-			done := make([]chan result, len(ds))
-			for i, d := range ds {
-				ready[i], proceed[i], done[i] = make(chan struct{}), make(chan struct{}), make(chan result, 1)
-				var once sync.Once
-				outbox.SetBeforePublish(d, func([]string) {
-					once.Do(func() { close(ready[i]); <-proceed[i] })
-				})
-				go func() {
-					n, err := d.DispatchOnce(ctx)
-					done[i] <- result{n, err}
-				}()
-				recv(t, ready[i], fmt.Sprintf("dispatcher %d's batch checked its stream", i))
-			}
-			var releaseOnce sync.Once
-			release := func() {
-				releaseOnce.Do(func() {
-					for _, ch := range proceed {
-						close(ch)
-					}
-				})
-			}
-			t.Cleanup(release) // a failed test does not leave batches waiting
 			before := added(t, b.rdb, stream)
 			require.Equal(t, old, before)
 			var snap string
-			for i := range ds {
+			for i, d := range ds {
+				ready, proceed, done := make(chan struct{}), make(chan struct{}), make(chan result, 1)
+				var once sync.Once
+				outbox.SetBeforePublish(d, func([]string) {
+					once.Do(func() { close(ready); <-proceed })
+				})
+				go func() {
+					n, err := d.DispatchOnce(ctx)
+					done <- result{n, err}
+				}()
+				recv(t, ready, fmt.Sprintf("dispatcher %d's batch checked its stream", i))
+				for j, other := range ds {
+					if j != i {
+						n, err := other.DispatchOnce(ctx)
+						require.NoError(t, err)
+						require.Zero(t, n, "dispatcher %d takes its turn: the topic's position is held", j)
+					}
+				}
 				if i == len(ds)-1 {
 					// Every batch but the last published and committed.
 					require.Equal(t, old+i*batch, added(t, b.rdb, stream))
 					snap = srv.Snapshot("overlap")
 				}
-				proceed[i] <- struct{}{} // one at a time: the next only after this one committed
-				r := recv(t, done[i], fmt.Sprintf("dispatcher %d's batch", i))
+				close(proceed)
+				r := recv(t, done, fmt.Sprintf("dispatcher %d's batch", i))
 				require.NoError(t, r.err)
 				require.Equal(t, batch, r.n)
+				outbox.SetBeforePublish(d, nil)
 			}
-			release()
-			require.Equal(t, old+tc.dispatchers*batch, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`))
+			require.Equal(t, old+tc.dispatchers*batch, count(t, b.pool, `SELECT count(*) FROM outbox_sent`))
 
 			srv.RestoreSnapshot(snap)
 			require.Equal(t, old+(tc.dispatchers-1)*batch, added(t, b.rdb, stream),
@@ -690,7 +694,7 @@ func TestPartialLossOverlappingDispatchers(t *testing.T) {
 				id, _ := e.Values[outbox.FieldOutboxID].(string)
 				inStream[id] = true
 			}
-			rows, err := b.pool.Query(ctx, `SELECT id::text FROM outbox WHERE sent_at IS NOT NULL ORDER BY id`)
+			rows, err := b.pool.Query(ctx, `SELECT id::text FROM outbox_sent ORDER BY id`)
 			require.NoError(t, err)
 			sentIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			require.NoError(t, err)
@@ -742,7 +746,7 @@ func TestAfterPublishReadFails(t *testing.T) {
 	_, err := d.DispatchOnce(ctx)
 	require.ErrorContains(t, err, "after publishing")
 	require.ErrorContains(t, err, "NOSCRIPT")
-	require.Equal(t, 5, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`), "rolled back: nothing marked sent")
+	require.Equal(t, 5, count(t, b.pool, `SELECT count(*) FROM outbox_unsent`), "rolled back: nothing marked sent")
 	require.Equal(t, 8, xlen(t, b.rdb, stream), "the batch's entries were appended")
 	require.Equal(t, 5.0, ptu.ToFloat64(d.Metrics().Republished.WithLabelValues(topic)), "counted as republished")
 

@@ -18,12 +18,15 @@ type LagReport struct {
 	Oldest time.Time
 }
 
-// Lag counts the outbox rows still unsent that were created more than olderThan ago (0:
-// every unsent row) and returns the oldest one's created_at. A count above zero past a
-// threshold longer than the dispatcher's poll interval means no dispatcher is publishing
-// (or it cannot reach Redis). The statement reads only unsent rows (the partial index
-// outbox_unsent_idx), so it costs in proportion to the backlog, not to the table; it is
-// bounded by DefaultQueryTimeout and ctx.
+// Lag counts the outbox rows not dispatched yet (in front of their topic's position) that
+// were created more than olderThan ago (0: every such row) and returns the oldest one's
+// created_at. A count above zero past a threshold longer than the dispatcher's poll
+// interval means no dispatcher is publishing (or it cannot reach Redis), or a write
+// transaction has been open on the PostgreSQL server that long and holds the dispatch
+// horizon back (see the package doc). The statement walks each topic's rows after its
+// position (outbox_topic_xid_idx, one descent per topic to find the topics), so it costs
+// in proportion to the topics and the backlog, not to the table; it is bounded by
+// DefaultQueryTimeout and ctx.
 func Lag(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration) (LagReport, error) {
 	if olderThan < 0 {
 		return LagReport{}, fmt.Errorf("outbox: Lag: olderThan %v is negative", olderThan)
@@ -35,8 +38,18 @@ func Lag(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration) (LagR
 		oldest *time.Time
 	)
 	err := pool.QueryRow(ctx, `
-SELECT count(*), min(created_at) FROM outbox
-WHERE sent_at IS NULL AND created_at < now() - $1::interval`, olderThan).Scan(&rep.Unsent, &oldest)
+WITH RECURSIVE t(topic) AS (
+	SELECT min(topic) FROM outbox
+	UNION ALL
+	SELECT (SELECT min(o.topic) FROM outbox o WHERE o.topic > t.topic) FROM t WHERE t.topic IS NOT NULL
+)
+SELECT count(*), min(o.created_at)
+FROM t LEFT JOIN outbox_positions p ON p.topic = t.topic
+CROSS JOIN LATERAL (
+	SELECT o.created_at FROM outbox o
+	WHERE o.topic = t.topic AND (o.xid, o.id) > (COALESCE(p.xid, '0'::xid8), COALESCE(p.id, 0))
+) o
+WHERE t.topic IS NOT NULL AND o.created_at < now() - $1::interval`, olderThan).Scan(&rep.Unsent, &oldest)
 	if err != nil {
 		return LagReport{}, fmt.Errorf("outbox: Lag: %w", err)
 	}
@@ -46,12 +59,15 @@ WHERE sent_at IS NULL AND created_at < now() - $1::interval`, olderThan).Scan(&r
 	return rep, nil
 }
 
-// PruneSent deletes up to limit outbox rows that were sent more than olderThan ago, oldest
-// first, and returns how many it deleted; call it until it returns less than limit. Unsent
-// rows are never deleted. Rows another pruner is deleting at the same moment are skipped
-// (SKIP LOCKED), so any number of reconcilers can prune side by side without waiting on
-// each other. The statement walks the partial index outbox_sent_at_idx (migration 00003)
-// and is bounded by DefaultQueryTimeout and ctx.
+// PruneSent deletes up to limit dispatched outbox rows (behind their topic's position)
+// created more than olderThan ago, oldest first, and returns how many it deleted; call it
+// until it returns less than limit. Rows not dispatched yet are never deleted. Each topic's
+// oldest limit rows behind its position are read in commit order (outbox_topic_xid_idx)
+// and those old enough deleted, so a call stops at the first rows too young (a row of a
+// transaction that ran long may end a call early; the next one goes on). Rows another
+// pruner is deleting at the same moment are skipped (SKIP LOCKED), so any number of
+// reconcilers can prune side by side without waiting on each other. The statement is
+// bounded by DefaultQueryTimeout and ctx.
 //
 // A pruned row's event_key is free again: an event committed again under the same key
 // after its row was pruned is published again, and only the consumers' inbox or ledger
@@ -60,11 +76,14 @@ WHERE sent_at IS NULL AND created_at < now() - $1::interval`, olderThan).Scan(&r
 func PruneSent(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, limit int) (int64, error) {
 	return prune(ctx, pool, "PruneSent", `
 DELETE FROM outbox WHERE id IN (
-	SELECT id FROM outbox
-	WHERE sent_at IS NOT NULL AND sent_at < now() - $1::interval
-	ORDER BY sent_at
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED)`, olderThan, limit)
+	SELECT o.id FROM outbox_positions p CROSS JOIN LATERAL (
+		SELECT o.id, o.created_at FROM outbox o
+		WHERE o.topic = p.topic AND (o.xid, o.id) <= (p.xid, p.id)
+		ORDER BY o.xid, o.id
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED) o
+	WHERE o.created_at < now() - $1::interval
+	LIMIT $2)`, olderThan, limit)
 }
 
 // prune runs one pruning statement of PruneSent or InboxPrune: sql deletes up to limit

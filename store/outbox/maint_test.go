@@ -16,16 +16,18 @@ import (
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
-// outboxRows inserts n rows key<i> (i from 1) created createdAgo ago and sent sentAgo ago
-// (unsent when sentAgo is empty); row i is i seconds older than row i+1, so "oldest first"
-// is observable.
+// outboxRows inserts n rows key<i> (i from 1) created createdAgo ago, dispatched (with
+// every row before them: the position passes them) unless sentAgo is empty; row i is i
+// seconds older than row i+1, so "oldest first" is observable. Retention counts from
+// created_at: sentAgo only says whether they were dispatched.
 func outboxRows(t *testing.T, b *bundle, key string, n int, createdAgo, sentAgo string) {
 	t.Helper()
-	exec(t, b.pool, `INSERT INTO outbox (event_key, topic, payload, created_at, sent_at)
-		SELECT $1 || g, 't', '{}', now() - $3::interval - make_interval(secs => $2 - g),
-			CASE WHEN $4::text = '' THEN NULL
-				ELSE now() - $4::text::interval - make_interval(secs => $2 - g) END
-		FROM generate_series(1, $2::int) AS g`, key, n, createdAgo, sentAgo)
+	exec(t, b.pool, `INSERT INTO outbox (event_key, topic, payload, created_at)
+		SELECT $1 || g, 't', '{}', now() - $3::interval - make_interval(secs => $2 - g)
+		FROM generate_series(1, $2::int) AS g`, key, n, createdAgo)
+	if sentAgo != "" {
+		markAllSent(t, b.pool) // dispatched: the position passes them (and every row before)
+	}
 }
 
 func outboxKeys(t *testing.T, b *bundle) []string {
@@ -87,7 +89,7 @@ func TestPruneSent(t *testing.T) {
 		assert.Zero(t, testutil.Count(t, b.pool, `SELECT count(*) FROM outbox`))
 	})
 
-	t.Run("UsesSentAtIndex", func(t *testing.T) {
+	t.Run("UsesPositionIndex", func(t *testing.T) {
 		b := setup(t)
 		conn, err := b.pool.Acquire(ctx)
 		require.NoError(t, err)
@@ -95,12 +97,14 @@ func TestPruneSent(t *testing.T) {
 		_, err = conn.Exec(ctx, `SET enable_seqscan = off`)
 		require.NoError(t, err)
 		defer conn.Exec(ctx, `RESET enable_seqscan`) //nolint:errcheck // connection-local, test ends
-		rows, err := conn.Query(ctx, `EXPLAIN SELECT id FROM outbox
-			WHERE sent_at IS NOT NULL AND sent_at < now() - '7 days'::interval ORDER BY sent_at LIMIT 10 FOR UPDATE SKIP LOCKED`)
+		exec(t, b.pool, `INSERT INTO outbox_positions (topic) VALUES ('t')`)
+		rows, err := conn.Query(ctx, `EXPLAIN SELECT o.id FROM outbox_positions p CROSS JOIN LATERAL (
+			SELECT o.id, o.created_at FROM outbox o WHERE o.topic = p.topic AND (o.xid, o.id) <= (p.xid, p.id)
+			ORDER BY o.xid, o.id LIMIT 10 FOR UPDATE SKIP LOCKED) o WHERE o.created_at < now() - '7 days'::interval LIMIT 10`)
 		require.NoError(t, err)
 		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
-		assert.Contains(t, strings.Join(plan, "\n"), "outbox_sent_at_idx")
+		assert.Contains(t, strings.Join(plan, "\n"), "outbox_topic_xid_idx")
 	})
 
 	t.Run("BadArguments", func(t *testing.T) {
@@ -124,9 +128,9 @@ func TestLag(t *testing.T) {
 
 	t.Run("CountsUnsentPastThreshold", func(t *testing.T) {
 		b := setup(t)
+		outboxRows(t, b, "sent:", 4, "3 days", "3 days") // first: the position passes them
 		outboxRows(t, b, "late:", 2, "2 hours", "")
 		outboxRows(t, b, "fresh:", 1, "1 second", "")
-		outboxRows(t, b, "sent:", 4, "3 days", "3 days")
 		var oldest time.Time
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE event_key = 'late:1'`).Scan(&oldest))
 
@@ -159,8 +163,8 @@ func TestMaintainer(t *testing.T) {
 	m, err := outbox.NewMaintainer(b.pool)
 	require.NoError(t, err)
 
-	outboxRows(t, b, "late:", 1, "2 hours", "")
 	outboxRows(t, b, "old:", 2, "9 days", "8 days")
+	outboxRows(t, b, "late:", 1, "2 hours", "")
 	exec(t, b.pool, `INSERT INTO outbox_inbox (consumer_group, event_key, seen_at)
 		SELECT 'g', 'old:' || g, now() - interval '8 days' FROM generate_series(1, 2) AS g`)
 
@@ -213,12 +217,7 @@ func TestConsumerInboxCountsReplays(t *testing.T) {
 	}
 	replay := func(t *testing.T, b *bundle, key string) {
 		t.Helper()
-		exec(t, b.pool, `UPDATE outbox SET sent_at = NULL WHERE event_key = $1`, key)
-		d, err := outbox.NewDispatcher(b.pool, b.rdb, &outbox.DispatcherConfig{Prefix: b.prefix, Registerer: b.reg, Logger: b.log})
-		require.NoError(t, err)
-		n, err := d.DispatchOnce(ctx)
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		replayRow(t, b, key)
 	}
 	newConsumer := func(t *testing.T, b *bundle) (*outbox.Consumer, chan outbox.BatchReport) {
 		batches := make(chan outbox.BatchReport, 100)

@@ -24,9 +24,10 @@ type DispatcherMetrics struct {
 	// clock) to its XADD (this process's clock).
 	Lag prometheus.Histogram
 	// StreamsLost counts, per topic, recoveries of a stream that Redis lost the history of
-	// (epoch marker gone and fewer entries ever added than rows marked sent).
+	// (epoch marker gone, or fewer entries ever added than PostgreSQL recorded).
 	StreamsLost *prometheus.CounterVec
-	// Remarked counts, per topic, outbox rows marked unsent again by those recoveries:
+	// Remarked counts, per topic, outbox rows put in front of the position again by those
+	// recoveries:
 	// events published again because their stream entries may have been lost.
 	Remarked *prometheus.CounterVec
 	// Capped counts, per topic, stream entries removed by the length cap
@@ -82,11 +83,11 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 		}),
 		StreamsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_outbox_streams_lost_total",
-			Help: "Streams found to have lost their history in Redis (epoch marker gone) and recovered by re-marking sent rows.",
+			Help: "Streams found to have lost their history in Redis (epoch marker gone) and recovered by moving the topic's position back.",
 		}, []string{"topic"}),
 		Remarked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_outbox_remarked_total",
-			Help: "Outbox rows marked unsent again after Redis lost their stream; each is published again.",
+			Help: "Outbox rows put in front of their topic's position again after Redis lost their stream; each is published again.",
 		}, []string{"topic"}),
 		Capped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_outbox_stream_capped_total",

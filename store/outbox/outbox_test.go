@@ -306,13 +306,13 @@ func TestDispatchExactlyOnceEffect(t *testing.T) {
 	}
 
 	waitFor(t, 3*time.Minute, progress, "every event handled and acknowledged", func() bool {
-		return count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`) == 0 &&
+		return count(t, b.pool, `SELECT count(*) FROM outbox_unsent`) == 0 &&
 			count(t, b.pool, `SELECT count(*) FROM side_effects`) == events &&
 			groupDone(t, b.rdb, stream, group)
 	}, func() string {
 		groups, err := b.rdb.XInfoGroups(ctx, stream).Result()
 		return fmt.Sprintf("unsent %d, side effects %d, inbox %d, groups %+v (%v)",
-			count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`),
+			count(t, b.pool, `SELECT count(*) FROM outbox_unsent`),
 			count(t, b.pool, `SELECT count(*) FROM side_effects`),
 			count(t, b.pool, `SELECT count(*) FROM outbox_inbox`), groups, err)
 	})
@@ -330,7 +330,7 @@ func TestDispatchExactlyOnceEffect(t *testing.T) {
 	require.Equal(t, events+firedRows, n, "stream = every event once + every copy of a rolled-back batch")
 	require.Equal(t, events, count(t, b.pool, `SELECT count(*) FROM outbox_inbox WHERE consumer_group = $1`, group))
 	require.Equal(t, events, count(t, b.pool, `SELECT count(*) FROM side_effects`))
-	require.Equal(t, events, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`))
+	require.Equal(t, events, count(t, b.pool, `SELECT count(*) FROM outbox_sent`))
 
 	var m *outbox.DispatcherMetrics
 	{
@@ -357,9 +357,13 @@ func TestDispatcher(t *testing.T) {
 		exec(t, b.pool, `INSERT INTO outbox (event_key, topic, payload) VALUES
 			('a:1', 'alerts', '{"sku": "42", "price": 9.5}'), ('i:1', 'index', '[1, 2]'), ('a:2', 'alerts', '{}')`)
 		d := b.dispatcher(t, outbox.DispatcherConfig{})
+		// One batch per topic: its position is the batch's unit.
 		n, err := d.DispatchOnce(ctx)
 		require.NoError(t, err)
-		require.Equal(t, 3, n)
+		require.Equal(t, 2, n, "alerts")
+		n, err = d.DispatchOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "index")
 		n, err = d.DispatchOnce(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n, "nothing left")
@@ -392,7 +396,7 @@ func TestDispatcher(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("stream entries (-want +got):\n%s", diff)
 		}
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
+		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox_unsent`))
 		require.Equal(t, 2.0, ptu.ToFloat64(d.Metrics().Published.WithLabelValues("alerts")))
 		require.Equal(t, 1.0, ptu.ToFloat64(d.Metrics().Published.WithLabelValues("index")))
 		require.Equal(t, 1, ptu.CollectAndCount(d.Metrics().Lag), "one histogram")
@@ -416,7 +420,7 @@ func TestDispatcher(t *testing.T) {
 		require.ErrorIs(t, err, errInjected)
 		require.Zero(t, n)
 		require.Len(t, gotIDs, 20, "the failpoint sees the batch's ids")
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`), "rolled back: nothing marked sent")
+		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox_sent`), "rolled back: nothing marked sent")
 		stream := outbox.StreamKey(b.prefix, "t")
 		require.Equal(t, 20, xlen(t, b.rdb, stream), "published before the failpoint")
 		require.Equal(t, 20.0, ptu.ToFloat64(d.Metrics().Republished.WithLabelValues("t")))
@@ -429,30 +433,35 @@ func TestDispatcher(t *testing.T) {
 		n, err = d.DispatchOnce(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 10, n)
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
+		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox_unsent`))
 		require.Equal(t, 50, xlen(t, b.rdb, stream), "30 events + 20 republished copies")
 		require.Equal(t, 50.0, ptu.ToFloat64(d.Metrics().Published.WithLabelValues("t")))
 		require.Equal(t, 20.0, ptu.ToFloat64(d.Metrics().Republished.WithLabelValues("t")))
 	})
 
-	t.Run("SkipsLockedRows", func(t *testing.T) {
+	t.Run("SkipsHeldTopics", func(t *testing.T) {
 		b := setup(t)
 		insertEvents(t, b.pool, "t", 1, 10)
-		// Another dispatcher's open transaction holds the three oldest rows.
+		insertEvents(t, b.pool, "u", 11, 2)
+		exec(t, b.pool, `INSERT INTO outbox_positions (topic) VALUES ('t'), ('u')`)
+		// Another dispatcher's open transaction holds topic t's position.
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
-		_, err = tx.Exec(ctx, `SELECT id FROM outbox ORDER BY id LIMIT 3 FOR UPDATE`)
+		_, err = tx.Exec(ctx, `SELECT 1 FROM outbox_positions WHERE topic = 't' FOR UPDATE`)
 		require.NoError(t, err)
 
 		d := b.dispatcher(t, outbox.DispatcherConfig{})
 		n, err := d.DispatchOnce(ctx)
 		require.NoError(t, err)
-		require.Equal(t, 7, n, "the locked rows are skipped, not waited for")
+		require.Equal(t, 2, n, "the held topic is skipped, not waited for: u's rows go")
+		n, err = d.DispatchOnce(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
 		require.NoError(t, tx.Rollback(ctx))
 		n, err = d.DispatchOnce(ctx)
 		require.NoError(t, err)
-		require.Equal(t, 3, n)
+		require.Equal(t, 10, n)
 	})
 
 	t.Run("StartStopRepeatedly", func(t *testing.T) {
@@ -492,7 +501,7 @@ func TestDispatcher(t *testing.T) {
 		insertEvents(t, b.pool, "t", 1, 1)
 		require.NoError(t, d.Start(ctx), "a dispatcher whose context ended can start again")
 		waitFor(t, 30*time.Second, nil, "the row sent", func() bool {
-			return count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`) == 0
+			return count(t, b.pool, `SELECT count(*) FROM outbox_unsent`) == 0
 		})
 	})
 
@@ -562,7 +571,7 @@ func TestDispatcherRedisDown(t *testing.T) {
 		require.ErrorContains(t, r.err, "epoch marker", "the batch fails at its first Redis round trip, before publishing")
 		require.Zero(t, r.n)
 	}
-	require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`), "nothing marked sent while Redis is down")
+	require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM outbox_sent`), "nothing marked sent while Redis is down")
 
 	srv.Start()
 	sent := 0
@@ -574,7 +583,7 @@ func TestDispatcherRedisDown(t *testing.T) {
 	}
 	d.Stop()
 	require.Equal(t, events, sent, "the 119 new events and the lost one, published again")
-	require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
+	require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox_unsent`))
 	require.Equal(t, events, xlen(t, rdb, outbox.StreamKey(b.prefix, "t")), "every event in the (new, empty) Redis, once")
 	require.Equal(t, 1.0, ptu.ToFloat64(d.Metrics().Remarked.WithLabelValues("t")))
 	require.Equal(t, 1.0, ptu.ToFloat64(d.Metrics().StreamsLost.WithLabelValues("t")))
@@ -747,8 +756,8 @@ func TestConsumerLedgerMarksAfterSuccess(t *testing.T) {
 	}
 	require.Zero(t, ptu.ToFloat64(c.Metrics().Deduplicated.WithLabelValues(group)))
 
-	// Replay ev:1 and ev:2 as a dispatcher whose mark failed would.
-	exec(t, b.pool, `UPDATE outbox SET sent_at = NULL WHERE event_key IN ('ev:1', 'ev:2')`)
+	// Replay ev:4 and ev:5 as a dispatcher whose position update failed would.
+	rewindBefore(t, b.pool, "ev:4")
 	for len(batches) > 0 {
 		<-batches
 	}
@@ -977,7 +986,46 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 	cancel()  // shutdown: the loop's context ends mid-batch
 	close(proceed)
 	d.Stop()
-	require.Equal(t, 5, count(t, b.pool, `SELECT count(*)::int FROM outbox WHERE sent_at IS NOT NULL`), "the in-flight batch was marked sent")
+	require.Equal(t, 5, count(t, b.pool, `SELECT count(*)::int FROM outbox_sent`), "the in-flight batch was marked sent")
 	require.Equal(t, 5, xlen(t, b.rdb, outbox.StreamKey(b.prefix, "stop")), "published once")
 	require.Zero(t, ptu.ToFloat64(d.Metrics().Republished.WithLabelValues("stop")))
+}
+
+// markAllSent moves every topic's position past its last row, as dispatchers of an earlier
+// run that published them all would have left it.
+func markAllSent(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	exec(t, pool, `INSERT INTO outbox_positions (topic, xid, id)
+		SELECT DISTINCT ON (topic) topic, xid, id FROM outbox ORDER BY topic, xid DESC, id DESC
+		ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`)
+}
+
+// rewindBefore moves the position of key's topic back to just before key's row, as a
+// dispatcher whose batch rolled back after publishing would have left it, and returns a
+// function that puts the position back where it was.
+func rewindBefore(t testing.TB, pool *pgxpool.Pool, key string) (restore func()) {
+	t.Helper()
+	var topic, xid string
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT p.topic, p.xid::text, p.id FROM outbox_positions p
+		JOIN outbox o ON o.topic = p.topic WHERE o.event_key = $1`, key).Scan(&topic, &xid, &id))
+	exec(t, pool, `UPDATE outbox_positions p SET xid = o.xid, id = o.id - 1 FROM outbox o
+		WHERE o.event_key = $1 AND p.topic = o.topic`, key)
+	return func() {
+		t.Helper()
+		exec(t, pool, `UPDATE outbox_positions SET xid = $2::xid8, id = $3 WHERE topic = $1`, topic, xid, id)
+	}
+}
+
+// replayRow publishes key's row once more (a batch of one after its position was moved
+// back, then the position is put back): a replay of that event alone.
+func replayRow(t testing.TB, b *bundle, key string) {
+	t.Helper()
+	restore := rewindBefore(t, b.pool, key)
+	d, err := outbox.NewDispatcher(b.pool, b.rdb, &outbox.DispatcherConfig{Prefix: b.prefix, BatchSize: 1, Registerer: b.reg, Logger: b.log})
+	require.NoError(t, err)
+	n, err := d.DispatchOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	restore()
 }
