@@ -871,8 +871,10 @@ func asWireConn(c net.Conn) *wireConn {
 
 func (c *wireConn) Read(p []byte) (int, error) {
 	if left, ok := c.owner.Load().left(); ok {
-		if left < 0 {
-			// Past the cap: the run's MoreBytes may raise it (a top-up of its money).
+		// Past the cap: the run's MoreBytes may raise it (a top-up of its money). Other
+		// connections of the run (a render's, parallel requests) read meanwhile, so the
+		// raised cap may be passed again before this read: ask until it holds.
+		for left < 0 {
 			if c.owner.Load().over() {
 				// Spent: reading on (a TLS record needs all of its bytes before any reach
 				// the reader) would only move more. The connection is dropped.
