@@ -45,8 +45,12 @@ FROM outbox WHERE xid = '0' GROUP BY topic
 ON CONFLICT (topic) DO NOTHING;
 
 -- The dispatchers' reads (a topic's rows after its position, in order), the lag report,
--- the recovery's walk back and the pruning's walk forward.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_topic_xid_idx ON outbox (topic, xid, id);
+-- the recovery's walk back and the pruning's walk forward. A run of this migration that
+-- was cancelled during the build leaves an INVALID index of this name, which IF NOT EXISTS
+-- would keep: goose runs the file again only after such a failure, so the index is dropped
+-- and built anew (CONCURRENTLY both: no long lock).
+DROP INDEX CONCURRENTLY IF EXISTS outbox_topic_xid_idx;
+CREATE INDEX CONCURRENTLY outbox_topic_xid_idx ON outbox (topic, xid, id);
 
 -- Every new row has sent_at NULL now: outbox_unsent_idx would take an entry per event and
 -- serve nothing; outbox_sent_at_idx gets no new entries and nothing reads it. The sent_at
