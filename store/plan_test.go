@@ -69,7 +69,12 @@ func testStartPlan(t *testing.T, planMode string) {
 	}
 	require.NoError(t, rows.Err())
 	text := strings.Join(plan, "\n")
-	require.NotContains(t, text, "jobs_state_idx", "the start reads the state index:\n%s", text)
+	// Every index the start reads on jobs is its primary key (before migration 00021 a
+	// custom plan ANDed it with the partial state index; no state index may come back).
+	for _, idx := range []string{"jobs_running_key_idx", "jobs_runnable_key_idx", "jobs_runnable_activity_idx",
+		"jobs_problem_idx", "jobs_kind_window_idx", "jobs_terminal_updated_idx"} {
+		require.NotContains(t, text, idx, "the start reads a state index:\n%s", text)
+	}
 	require.Contains(t, text, "jobs_pkey", text)
 }
 

@@ -25,7 +25,7 @@ import (
 //     (both sides' pools open connections as their concurrency needs them, so both pay it;
 //     it weighs less the larger N is). Server-wide processes (WAL writer,
 //     checkpointer, autovacuum) are left out: on a shared box they also work for others.
-//     The "PG CPU" column, every postgres process on the machine, includes them;
+//     The "PG CPU" column (postgresCPU) adds them to the run's backends;
 //   - Redis: the run's own redis-server (its pid from INFO server), from /proc;
 //   - proxy and site: they run in the parent process (testutil.FakeProxy and FakeSite),
 //     which does nothing else while a child runs: the parent's /proc/<ppid>/stat.

@@ -54,8 +54,9 @@ type runResult struct {
 	RedisRT     float64 `json:"redis_rt_per_job"`   // go-redis hook: commands + pipelines
 	RedisCPUUS  float64 `json:"redis_cpu_us_per_job"`
 	PGRT        float64 `json:"pg_rt_per_job"` // pgx tracer: queries + batches + copies
-	// PGCPUUS is the CPU of every postgres process on this machine per job (/proc; 0 when
-	// PostgreSQL runs elsewhere). Only the benchmark's own database is busy during a run.
+	// PGCPUUS is PostgreSQL's CPU per job: the run's database's backends and the server's
+	// WAL writer, background writer, checkpointer and autovacuum (postgresCPU; 0 when
+	// PostgreSQL runs elsewhere).
 	PGCPUUS float64 `json:"pg_cpu_us_per_job"`
 	// Whole-box CPU per job (boxcpu.go): the sum, and its parts — this process, the
 	// run's database's backends, the run's redis-server, the parent (proxy and site).
@@ -356,7 +357,7 @@ type measure struct {
 	cmds      int64
 	redisCPU  float64
 	rrt0, pg0 int64
-	pgCPU     time.Duration
+	pgCPU     map[int]time.Duration
 	box       boxSnap
 }
 
@@ -376,7 +377,7 @@ func startMeasure(ctx context.Context, rdb *redis.Client, rrt *redisCounter, pgr
 	}
 	cmds, rcpu := redisStats(ctx, rdb)
 	return &measure{rdb: rdb, rrt: rrt, pgrt: pgrt, cmds: cmds, redisCPU: rcpu, rrt0: rrt.n.Load(), pg0: pgrt.n.Load(),
-		pgCPU: postgresCPU(), box: takeBoxSnap(ctx, rdb), cpu: processCPU(), start: time.Now()}
+		pgCPU: postgresCPU(ctx), box: takeBoxSnap(ctx, rdb), cpu: processCPU(), start: time.Now()}
 }
 
 // profileFile is the open profile of the measured phase, if any.
@@ -388,7 +389,7 @@ func (m *measure) stop(ctx context.Context, n int) runResult { return m.stopAt(c
 func (m *measure) stopAt(ctx context.Context, n int, end time.Time) runResult {
 	elapsed := end.Sub(m.start)
 	cpu := processCPU() - m.cpu
-	pgCPU := postgresCPU() - m.pgCPU
+	pgCPU := pgCPUSince(m.pgCPU, postgresCPU(ctx))
 	box := takeBoxSnap(ctx, m.rdb).since(m.box)
 	if profileFile != nil {
 		pprof.StopCPUProfile()
@@ -422,29 +423,59 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// postgresCPU is the user + system CPU time so far of every process named postgres on
-// this machine (server, backends, WAL writer, checkpointer), from /proc at clock-tick
-// resolution; 0 where /proc is not readable. A backend that exits during the measured
-// phase takes its CPU with it (the pools keep theirs open).
-func postgresCPU() time.Duration {
+// postgresCPU is the time on a CPU so far of each PostgreSQL process that works for a run:
+// the backends of the run's database (backendPIDs) and the server's own processes whose
+// work the run's writes cause (WAL writer, background writer, checkpointer, autovacuum
+// launcher and workers), by pid, from /proc/<pid>/schedstat in nanoseconds. Backends of
+// other databases are left out. A process that exits during the measured phase (an
+// autovacuum worker) takes its CPU with it; one started during it counts whole. Before, this
+// summed every postgres process in 10 ms ticks, so a backend that exited during the phase
+// (another database's connection) made the figure negative.
+func postgresCPU(ctx context.Context) map[int]time.Duration {
+	cpu := map[int]time.Duration{}
+	for _, pid := range backendPIDs(ctx) {
+		cpu[pid] = backendCPU(pid)
+	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0
+		return cpu
 	}
-	var ticks int64
 	for _, e := range ents {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !pgServerProcess(string(b)) {
 			continue
 		}
-		if comm, t := statCPU(b); comm == "postgres" {
-			ticks += t
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			cpu[pid] = backendCPU(pid)
 		}
 	}
-	return time.Duration(ticks) * (time.Second / 100) // USER_HZ is 100 on Linux
+	return cpu
+}
+
+// pgServerProcess tells whether a /proc/<pid>/cmdline is one of PostgreSQL's background
+// processes that work for every database ("postgres: 15/main: walwriter ").
+func pgServerProcess(cmdline string) bool {
+	if !strings.HasPrefix(cmdline, "postgres: ") {
+		return false
+	}
+	for _, name := range []string{": walwriter", ": background writer", ": checkpointer", ": autovacuum "} {
+		if strings.Contains(cmdline, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// pgCPUSince is the CPU the processes of now spent since then (a pid new in now counts whole).
+func pgCPUSince(then, now map[int]time.Duration) time.Duration {
+	var d time.Duration
+	for pid, cpu := range now {
+		d += cpu - then[pid]
+	}
+	return d
 }
 
 // redisStats returns the total calls of INFO commandstats and used_cpu_sys+user.
