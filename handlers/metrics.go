@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemscrape/idemscrape/politeness"
+	"github.com/idemscrape/idemscrape/sessions"
 )
 
 // metrics are the runner's Prometheus metrics. All are registered on the Registerer of
@@ -43,6 +44,29 @@ type metrics struct {
 	refusedBytes      *prometheus.CounterVec // kind, provider
 	robotsLockWaits   *prometheus.CounterVec // outcome
 	savedInputs       *prometheus.CounterVec // kind, result (saved, truncated, error)
+	poolRetired       *prometheus.CounterVec // provider, reason
+	sessionUnits      *prometheus.CounterVec // kind, session (warm, new), outcome
+	pool              *poolCollector
+}
+
+// poolCollector reports the session pool's sessions per key and state (idle, busy).
+type poolCollector struct {
+	desc *prometheus.Desc
+	pool func() *sessions.Pool
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.pool()
+	if p == nil {
+		return
+	}
+	for _, st := range p.Stats() {
+		k := st.Key
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(st.Idle), k.Provider, k.Tier, k.Country, k.Host, "idle")
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(st.Busy), k.Provider, k.Tier, k.Country, k.Host, "busy")
+	}
 }
 
 // statusClass is "2xx" … "5xx", or "error" for a fetch without an answer.
@@ -53,7 +77,7 @@ func statusClass(status int) string {
 	return fmt.Sprintf("%dxx", status/100)
 }
 
-func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, pausedHosts func() float64, pool func() *sessions.Pool) (*metrics, error) {
 	m := &metrics{
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_attempts_total",
@@ -180,6 +204,17 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 			Help: "Bytes of the proxy's own refusals (407, 402 no balance, 502 no peers, …), by kind and provider: on the wire, but no exit's traffic, so in no job's bytes, budget or cost.",
 		}, []string{"kind", "provider"}),
 	}
+	m.poolRetired = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemscrape_session_pool_retired_total",
+		Help: "Warm sessions the worker's session pool retired, by provider and reason: max_units, age (too little sticky lifetime left), idle, blocked, exit (lost or changed), failed (its unit failed otherwise), closed.",
+	}, []string{"provider", "reason"})
+	m.sessionUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemscrape_session_units_total",
+		Help: "Units (attempts' workflow runs) by kind, the session they ended on (warm: from the session pool; new) and outcome (ok, blocked, failed): warm against new block rates.",
+	}, []string{"kind", "session", "outcome"})
+	m.pool = &poolCollector{pool: pool, desc: prometheus.NewDesc("idemscrape_session_pool_sessions",
+		"Sessions in the worker's session pool per key (provider, tier, country, destination host) and state: idle (warm, waiting for a unit) or busy (held by a unit).",
+		[]string{"provider", "tier", "country", "host", "state"}, nil)}
 	m.robotsLockWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemscrape_robots_lock_waits_total",
 		Help: "Waits for another worker's robots.txt fetch, by how they ended: entry (its fetch arrived), took_over (its lock ended without one: its fetch failed, or the worker stopped and its lease lapsed; this worker fetched), gave_up (the lock was still held after a quarter of the request's time: the attempt ended as network).",
@@ -190,7 +225,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64) (*metrics
 	if err := reg.Register(m.robotsLockWaits); err != nil {
 		return nil, err
 	}
-	for _, c := range []prometheus.Collector{m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.refusedBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
+	for _, c := range []prometheus.Collector{m.poolRetired, m.sessionUnits, m.pool, m.savedInputs, m.hostWait, m.hostThrottled, m.hostsPaused, m.robotsFetches, m.robotsBytes, m.refusedBytes, m.incidentOpen, m.providerOpen, m.incidentTrips, m.incidentDeferred, m.tasksDropped, m.attempts, m.attemptsPerJob, m.afterRecovery, m.duplicateResults,
 		m.jobBytes, m.proxyCost, m.windowStops, m.windowRestores, m.windowTopUps, m.routeChanges, m.resent, m.leaseLosses, m.leaseBusy, m.unavailable, m.sessionRestarts, m.sessionResumes, m.commitSeconds, m.acknowledgedNoOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

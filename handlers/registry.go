@@ -74,6 +74,18 @@ func WithSessionLifetime(d time.Duration) KindOption {
 	return func(k *kind) { k.sessionLifetime = d }
 }
 
+// WithoutSessionPool keeps the kind's units off the worker's session pool
+// (Config.SessionPool): each attempt starts on a new session, with an empty cookie jar —
+// for units that must start clean, e.g. each logs in as another account.
+func WithoutSessionPool() KindOption { return func(k *kind) { k.noPool = true } }
+
+// WithPoolCookies names the cookies of the kind's sessions that go on to the next unit on
+// a warm session (Config.SessionPool); the others are dropped between units. Without it
+// every cookie goes on; with no names, none does (the exit and client identity still do).
+func WithPoolCookies(names ...string) KindOption {
+	return func(k *kind) { k.poolCookies = append([]string{}, names...) }
+}
+
 type kind struct {
 	name            string
 	workflow        WorkflowFunc
@@ -84,13 +96,15 @@ type kind struct {
 	// version is WithParserVersion's (0: parser serves every version); parsers holds the
 	// registered versions (nil when version is 0). Never mutated once registered: AddParser
 	// replaces the kind.
-	version   int
-	parsers   map[int]ParserFunc
-	saved     inputs.Policy       // WithSavedInputs
-	schemas   *schemaSet          // recorded schema fingerprints, shared by the kind's copies
-	hostLimit *politeness.Limit   // WithHostLimit
-	limiter   *politeness.Limiter // paces the kind's requests
-	window    *WindowBudget       // WithWindowBudget
+	version     int
+	parsers     map[int]ParserFunc
+	saved       inputs.Policy       // WithSavedInputs
+	schemas     *schemaSet          // recorded schema fingerprints, shared by the kind's copies
+	hostLimit   *politeness.Limit   // WithHostLimit
+	limiter     *politeness.Limiter // paces the kind's requests
+	window      *WindowBudget       // WithWindowBudget
+	noPool      bool                // WithoutSessionPool
+	poolCookies []string            // WithPoolCookies (nil: all)
 }
 
 // Config defaults.
@@ -149,6 +163,13 @@ type Config struct {
 	// Retry-After instead of a replay (sessions.RunConfig.MaxResumes). Defaults to
 	// sessions.DefaultMaxResumes; -1: every cut replays.
 	MaxResumes int
+	// SessionPool keeps healthy sticky sessions warm between units of the same destination
+	// host (sessions.Pool): a unit whose session ended well hands it — its exit, its cookie
+	// jar — to the next unit for the same provider, tier, country and host, so a site's
+	// checks (a bot challenge, a consent page) are passed once per session instead of once
+	// per unit. A unit's workflow names its host in sessions.Unit.Site (or the job's URL
+	// does); a kind opts out with WithoutSessionPool. nil: off, a new session per attempt.
+	SessionPool *sessions.PoolConfig
 	// LeaseLengths chooses lease lengths per kind from their measured durations. Defaults
 	// to NewLeaseLengths(nil).
 	LeaseLengths *LeaseLengthConfig
@@ -214,6 +235,7 @@ var (
 // failure counting follow the runner's decisions.
 type Registry struct {
 	cfg     Config
+	pool    *sessions.Pool // Config.SessionPool's, nil when off
 	starter starter
 	owned   *store.GroupCommitter // the default committer, closed by Close
 	leases  *lua.Leases
@@ -370,7 +392,21 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		cfg.Registerer, r.gatherer = reg, reg
 		r.cfg.Registerer = reg
 	}
-	if r.metrics, err = newMetrics(cfg.Registerer, func() float64 { return float64(r.hostLimits.Paused(r.cfg.Now())) }); err != nil {
+	if cfg.SessionPool != nil {
+		pc := *cfg.SessionPool
+		user := pc.OnRetire
+		pc.OnRetire = func(key sessions.PoolKey, reason string) {
+			r.metrics.poolRetired.WithLabelValues(key.Provider, reason).Inc()
+			if user != nil {
+				user(key, reason)
+			}
+		}
+		if r.pool, err = sessions.NewPool(pc); err != nil {
+			return nil, fmt.Errorf("handlers: Config.SessionPool: %w", err)
+		}
+	}
+	if r.metrics, err = newMetrics(cfg.Registerer, func() float64 { return float64(r.hostLimits.Paused(r.cfg.Now())) },
+		func() *sessions.Pool { return r.pool }); err != nil {
 		return nil, fmt.Errorf("handlers: register metrics: %w", err)
 	}
 	if r.cfg.Browsers != nil {
@@ -480,7 +516,13 @@ func (r *Registry) Close() {
 	if r.cfg.Browsers != nil {
 		r.cfg.Browsers.Close()
 	}
+	if r.pool != nil {
+		r.pool.Close()
+	}
 }
+
+// SessionPool is the worker's session pool (Config.SessionPool), nil when off.
+func (r *Registry) SessionPool() *sessions.Pool { return r.pool }
 
 // RetryBudget returns the retry policy and budgets of a registered kind (defaults
 // applied): what the job pages show as the budget a job has left. ok is false for a kind

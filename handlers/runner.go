@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"time"
 
@@ -143,8 +144,10 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 	jobCtx := keeper.Context()
 	begun := time.Now()
 
-	// 3 + 4. Workflow on a sticky session, then parse; what its bytes cost.
+	// 3 + 4. Workflow on a sticky session, then parse; what its bytes cost. A pooled
+	// session goes back warm only if the unit and its parse went well.
 	w = r.work(jobCtx, k, job, acq, log)
+	r.sessionDone(k, &w)
 	w.probe = adm.probe
 	w.cost = money.cost(w.unit.Bytes)
 	if n := w.unit.RefusedBytes; n > 0 {
@@ -564,7 +567,21 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 	// The job's budgets, and the bytes a window reservation buys, topped up as the attempt
 	// reaches them.
 	maxBytes, budgetNote, moreBytes := acq.money.byteCap(acq.Attempt.BudgetBytes, acq.Lease.Token)
+	// The worker's session pool (Config.SessionPool), unless the kind opted out: the unit
+	// may start on a warm session of its host (the workflow's Unit.Site, else the job
+	// URL's); a session that served it well is handed back by sessionDone.
+	var pool *sessions.Pool
+	if !k.noPool {
+		pool = r.pool
+	}
+	if pool != nil && unit.Site == "" && job.Spec.URL != "" {
+		if u, err := url.Parse(job.Spec.URL); err == nil {
+			unit.Site = u.Host
+		}
+	}
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
+		Pool:               pool,
+		PoolCookies:        k.poolCookies,
 		Provider:           acq.slot.prov,
 		Country:            job.Spec.Country,
 		SessionLifetime:    k.sessionLifetime,
@@ -626,6 +643,37 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 	return w
 }
 
+// sessionDone ends the unit's hold on its pooled session (Config.SessionPool) once the
+// parse is known: kept warm for the next unit of its host after a success, retired after a
+// parser's block verdict or any other failure (the unit's own failures retired it already).
+// It also counts the unit by session kind (warm, new) and outcome.
+func (r *Registry) sessionDone(k *kind, w *workResult) {
+	if w.unit.Session == nil {
+		return
+	}
+	outcome := "ok"
+	if w.err != nil {
+		outcome = "failed"
+		if sessions.CategoryOf(w.err) == tasks.CategoryBlocked {
+			outcome = "blocked"
+		}
+	}
+	session := "new"
+	if w.unit.Warm {
+		session = "warm"
+	}
+	r.metrics.sessionUnits.WithLabelValues(k.name, session, outcome).Inc()
+	switch {
+	case w.unit.Lease == nil:
+	case w.err == nil:
+		w.unit.Lease.Keep()
+	case outcome == "blocked":
+		w.unit.Lease.Retire(sessions.PoolRetireBlocked)
+	default:
+		w.unit.Lease.Retire(sessions.PoolRetireFailed)
+	}
+}
+
 // commit is step 5: the fenced, single-statement commit.
 func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq acquired, w workResult) error {
 	payload, err := eventPayload(w.obs.Event, defaultEvent{JobKey: job.Key, ObservationKey: w.obs.ObservationKey,
@@ -641,7 +689,7 @@ func (r *Registry) commit(ctx context.Context, k *kind, job tasks.Payload, acq a
 		Data: w.data, Fingerprint: fingerprint(w.unit.Staged),
 		EventKey: EventKey(job.Key), Topic: k.topic, EventPayload: payload,
 		HTTPStatus: w.unit.LastStatus, Bytes: w.unit.Bytes, SessionID: sess.ID, ProxyEndpoint: sess.Endpoint,
-		Cost: w.cost,
+		Cost: w.cost, SessionUnits: w.unit.SessionUnits,
 	})
 	r.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	if err != nil {
@@ -875,7 +923,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 	}
 	params := store.AttemptFinishParams{
 		Key: job.Key, Token: acq.Lease.Token, Category: string(d.Category), Error: errText,
-		HTTPStatus: fe.Status, Bytes: w.unit.Bytes, SessionID: w.session(), Cost: w.cost,
+		HTTPStatus: fe.Status, Bytes: w.unit.Bytes, SessionID: w.session(), Cost: w.cost, SessionUnits: w.unit.SessionUnits,
 	}
 	// The writes below are fenced like the commit: a superseded attempt writes nothing. They
 	// run even if the job context was cancelled (lease lost), on a detached context.

@@ -96,6 +96,10 @@ type CollectorConfig struct {
 	// says run has a cap.
 	run       *wireOwner
 	budgetSet bool
+	// jar is the session's cookie jar when it comes warm from a Pool (nil: a new one);
+	// knownExit the exit its last unit ended on ("" = none named).
+	jar       http.CookieJar
+	knownExit string
 }
 
 func (c *CollectorConfig) withDefaults() CollectorConfig {
@@ -172,7 +176,7 @@ const responseKey = "idemscrape.response"
 // unit is done.
 func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
 	c := cfg.withDefaults()
-	b := &Bound{Session: s, cfg: c, ctx: ctx}
+	b := &Bound{Session: s, cfg: c, ctx: ctx, exit: c.knownExit}
 	b.job = &wireOwner{n: &b.bytes, sent: &b.sent, up: c.run}
 	b.refusals = &wireOwner{n: &b.refused, sent: &b.refSent}
 	b.robotsOwn = &wireOwner{n: &b.robots}
@@ -192,6 +196,9 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 	// With the shared cache, the transport checks robots.txt on every hop; colly's own
 	// check would fetch it again per collector, i.e. per session.
 	col.IgnoreRobotsTxt = c.IgnoreRobotsTxt || c.Robots != nil
+	if c.jar != nil {
+		col.SetCookieJar(c.jar) // a warm session's (Pool): its cookies go on with it
+	}
 	col.WithTransport(&sessionTransport{bound: b})
 	col.SetRequestTimeout(c.RequestTimeout)
 	col.OnResponse(func(r *colly.Response) { r.Ctx.Put(responseKey, r) })

@@ -119,6 +119,11 @@ type Unit struct {
 	// Validate checks the complete staging before it is handed on. A failure is
 	// quarantined and returned as category validation. Optional.
 	Validate func(staged map[string]json.RawMessage) error
+	// Site is the destination host the unit works on ("shop.example"; a port is ignored).
+	// With RunConfig.Pool, the unit runs on a warm session of this site when the pool has
+	// one, and hands a session that served it well back (pool.go). Empty: the unit always
+	// opens a new session, as without a pool.
+	Site string
 }
 
 // Unit run defaults.
@@ -163,6 +168,16 @@ type RunConfig struct {
 	// the goroutine reading a connection (a fetch's or a render's), so it should
 	// be quick. Optional.
 	MoreBytes func(ctx context.Context, moved int64) (newMax int64, note string)
+	// Pool, when set, keeps sessions warm between units of the same Unit.Site (pool.go): the
+	// run's first session is a warm one when the pool has one, and every session the run
+	// opens is the pool's. A successful run hands its session to the caller as
+	// Result.Lease, to Keep or Retire; a failed run retires it. Defaults to nil: a new
+	// session per run, closed at its end.
+	Pool *Pool
+	// PoolCookies names the cookies that survive from one unit to the next on a warm
+	// session; the others are dropped when the session is handed back. nil: every cookie
+	// survives; empty (non-nil): none does.
+	PoolCookies []string
 	// Collector configures each session's collector.
 	Collector CollectorConfig
 	// Quarantine receives the staging of every run that did not finish. Required: the
@@ -211,6 +226,14 @@ type Result struct {
 	// one's exit (the provider has an exit header). False means "exit not verified": a
 	// silent re-assignment of the exit would have gone unnoticed.
 	ExitVerified bool
+	// Warm: the last session came from RunConfig.Pool, warm from earlier units.
+	// SessionUnits is how many units it had served before this one (0 for a new session).
+	Warm         bool
+	SessionUnits int
+	// Lease is the run's hold on its pooled session after a success (RunConfig.Pool): call
+	// Keep once the session is known to be still welcome, or Retire. nil without a pool
+	// and after a failure (the session was retired then).
+	Lease *PoolLease
 }
 
 // ExitEvidence is a short text for an attempt's evidence: "exit 203.0.113.7 (verified)",
@@ -301,21 +324,58 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		collectorCfg.run, collectorCfg.budgetSet = runOwner(ctx, cfg.MaxBytes, cfg.BudgetNote, cfg.MoreBytes), true
 		defer collectorCfg.run.cap.end()
 	}
+	// With a pool, the run's first session is a warm one of the unit's site when there is
+	// one, and each session it opens is the pool's: handed to the caller after a success
+	// (Result.Lease), retired after anything else.
+	var (
+		pooled = cfg.Pool != nil && u.Site != ""
+		key    PoolKey
+		ps     *pooledSession
+		retire = PoolRetireFailed
+	)
+	if pooled {
+		key = PoolKey{Provider: cfg.Provider.Name(), Tier: string(cfg.Provider.Tier()), Country: toUpper(cfg.Country), Host: siteHost(u.Site)}
+		defer func() {
+			if ps != nil {
+				cfg.Pool.giveBack(ps, false, retire, now())
+			}
+		}()
+	}
 	for {
-		sess, err := cfg.Provider.NewSession(cfg.Country, cfg.SessionLifetime, now())
-		if err != nil {
-			return res, &FetchError{Category: tasks.CategoryInternal, Err: err}
+		var sess *Session
+		res.Warm, res.SessionUnits = false, 0
+		if pooled && res.Restarts == 0 {
+			ps = cfg.Pool.take(key, now())
+		}
+		if ps != nil {
+			sess = ps.sess
+			res.Warm, res.SessionUnits = true, ps.units
+		} else {
+			var err error
+			if sess, err = cfg.Provider.NewSession(cfg.Country, cfg.SessionLifetime, now()); err != nil {
+				return res, &FetchError{Category: tasks.CategoryInternal, Err: err}
+			}
+			if pooled {
+				ps = cfg.Pool.fresh(key, sess)
+			}
 		}
 		res.Sessions = append(res.Sessions, sess.ID)
 		res.Session = sess
 		runCfg := collectorCfg
+		if ps != nil {
+			runCfg.jar, runCfg.knownExit = ps.jar, ps.exit
+		}
 		sctx, span := startSpan(ctx, "session")
 		bytesBefore := res.Bytes
 		staged, failure, unsafeRan := u.runOnce(sctx, sess, &runCfg, now, &res, rs, log)
 		if span.IsRecording() {
 			span.SetAttributes(attribute.String("idemscrape.session", sess.ID), attribute.String("idemscrape.unit", u.Name),
-				attribute.Int64("idemscrape.bytes", res.Bytes-bytesBefore), attribute.String("idemscrape.exit", res.Exit))
+				attribute.Int64("idemscrape.bytes", res.Bytes-bytesBefore), attribute.String("idemscrape.exit", res.Exit),
+				attribute.Bool("idemscrape.session.warm", res.Warm))
 			endSpan(span, failure)
+		}
+		if ps != nil && res.Exit != "" {
+			ps.exit = res.Exit
 		}
 		if failure == nil {
 			if u.Validate != nil {
@@ -328,7 +388,17 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 				}
 			}
 			res.Staged = staged
+			if ps != nil {
+				ps.jar = keptCookies(ps.jar, u.Site, cfg.PoolCookies)
+				res.Lease = &PoolLease{pool: cfg.Pool, ps: ps, now: now}
+				ps = nil
+			}
 			return res, nil
+		}
+		if ps != nil {
+			// A session whose unit failed is never handed out again.
+			cfg.Pool.giveBack(ps, false, retireReason(failure), now())
+			ps = nil
 		}
 		if len(staged) > 0 || replayable(failure.Category) {
 			q := Quarantined{SessionID: sess.ID, Step: failure.Step, Reason: failure.Category, Detail: failure.Error(), Staged: staged}
@@ -348,7 +418,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		res.RestartReasons = append(res.RestartReasons, failure.Category)
 		log.InfoContext(ctx, "session lost, replaying unit on a new session",
 			"unit", u.Name, "step", failure.Step, "category", string(failure.Category),
-			"old_session", sess.ID, "endpoint", sess.Endpoint, "restart", res.Restarts)
+			"old_session", sess.ID, "endpoint", sess.Endpoint, "restart", res.Restarts, "warm", res.Warm)
 	}
 }
 
@@ -429,6 +499,14 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 				fe = cf
 			}
 			fe = &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: step.Name, Err: fe.Err}
+			if fe.Category == tasks.CategoryBlocked && !bound.ExitVerified() && sess.Expired(now()) {
+				// The provider may have moved the session to another exit when its sticky
+				// lifetime ended, and nothing can tell: the block is the new exit's (its
+				// cookies and tokens belong to the old one), so the unit replays on a new
+				// session at once instead of waiting out a block.
+				fe = &FetchError{Category: tasks.CategorySessionLost, Status: fe.Status, Step: step.Name,
+					Err: fmt.Errorf("%w: answered %d after it (exit not verifiable, so possibly another exit's answer)", ErrSessionExpired, fe.Status)}
+			}
 			reason, wait := rs.decide(ctx, step, fe, bound, before)
 			if reason == "" {
 				return staging.Snapshot(), fe, unsafeRan

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"time"
 )
@@ -37,6 +38,9 @@ type CommitParams struct {
 	SessionID     string
 	ProxyEndpoint string
 	Cost          Cost // what the attempt's bytes cost at its proxy's price (zero: no price)
+	// SessionUnits is how many units the attempt's session had served before it (0: a new
+	// session; > 0: a warm one from the worker's session pool).
+	SessionUnits int
 }
 
 // CommitResult reports what the commit wrote.
@@ -66,6 +70,8 @@ func (p *CommitParams) Validate() error {
 		return fmt.Errorf("store: commit %q: EventPayload is not valid JSON", p.Key)
 	case p.Bytes < 0:
 		return fmt.Errorf("store: commit %q: Bytes %d is negative", p.Key, p.Bytes)
+	case p.SessionUnits < 0 || p.SessionUnits > math.MaxInt32:
+		return fmt.Errorf("store: commit %q: SessionUnits %d is out of range", p.Key, p.SessionUnits)
 	}
 	return p.Cost.check("commit", p.Key)
 }

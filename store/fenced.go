@@ -85,9 +85,9 @@ const commitSQL = `
 WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[], $6::text[],
 		$7::text[], $8::text[], $9::jsonb[], $10::int[], $11::bigint[], $12::text[], $13::text[],
-		$14::bigint[], $15::text[])
+		$14::bigint[], $15::text[], $16::int[])
 		AS t(key, token, obs_key, pv, data, fp, event_key, topic, payload, status, bytes, session_id, endpoint,
-			cost, currency)
+			cost, currency, session_units)
 ), locked AS MATERIALIZED (
 	SELECT j.key FROM jobs j WHERE j.key IN (SELECT key FROM input) ORDER BY j.key %[1]s
 ), upd AS (
@@ -111,19 +111,20 @@ WITH input AS (
 	RETURNING event_key
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, http_status, bytes, outcome, cost_micros, currency, provider, tier)
+		started_at, finished_at, http_status, bytes, outcome, cost_micros, currency, provider, tier, session_units)
 	SELECT i.key, u.attempts, i.token, u.attempt_worker, COALESCE(NULLIF(i.session_id, ''), u.attempt_session),
 		u.country, COALESCE(NULLIF(i.endpoint, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()),
-		now(), NULLIF(i.status, 0), i.bytes, 'complete', i.cost, NULLIF(i.currency, ''), u.attempt_provider, u.attempt_tier
+		now(), NULLIF(i.status, 0), i.bytes, 'complete', i.cost, NULLIF(i.currency, ''), u.attempt_provider, u.attempt_tier,
+		i.session_units
 	FROM input i JOIN upd u USING (key)
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = 'complete', finished_at = now(),
-		http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes,
+		http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes, session_units = EXCLUDED.session_units,
 		cost_micros = EXCLUDED.cost_micros, currency = EXCLUDED.currency,
 		session_id = COALESCE(NULLIF(EXCLUDED.session_id, ''), a.session_id),
 		proxy_endpoint = COALESCE(NULLIF(EXCLUDED.proxy_endpoint, ''), a.proxy_endpoint)
 ), dup AS (
 	INSERT INTO maintenance_counters (name, n, updated_at)
-	SELECT $16, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
+	SELECT $17, count(*), now() FROM upd WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.job_key = upd.key)
 	HAVING count(*) > 0
 	ON CONFLICT (name) DO UPDATE SET n = maintenance_counters.n + EXCLUDED.n, updated_at = now()
 )%[2]s
@@ -136,9 +137,9 @@ LEFT JOIN ev ON ev.event_key = i.event_key
 LEFT JOIN cur ON cur.key = i.key
 LEFT JOIN locked ON locked.key = i.key%[3]s`
 
-// commitNotifySQL makes the commit statement notify OutboxNotifyChannel ($17) itself.
+// commitNotifySQL makes the commit statement notify OutboxNotifyChannel ($18) itself.
 const commitNotifySQL, commitNotifyJoin = `, notify AS (
-	SELECT pg_notify($17, '') WHERE EXISTS (SELECT 1 FROM ev)
+	SELECT pg_notify($18, '') WHERE EXISTS (SELECT 1 FROM ev)
 )`, `
 CROSS JOIN (SELECT count(*) FROM notify) AS signalled`
 
@@ -161,13 +162,15 @@ func (s *PG) commitRows(ctx context.Context, batch []CommitParams, lock lockMode
 		token, bytes, cost                            = make([]int64, n), make([]int64, n), make([]int64, n)
 		pv, status                                    = make([]int32, n), make([]int32, n)
 		currency                                      = make([]string, n)
+		units                                         = make([]int32, n)
 	)
 	for i, p := range batch {
 		key[i], token[i], obs[i], pv[i], data[i], fp[i] = p.Key, p.Token, p.ObservationKey, int32(p.ParserVersion), string(p.Data), p.Fingerprint
 		evKey[i], topic[i], payload[i], status[i] = p.EventKey, p.Topic, string(p.EventPayload), int32(p.HTTPStatus)
 		bytes[i], session[i], endpoint[i], cost[i], currency[i] = p.Bytes, p.SessionID, p.ProxyEndpoint, p.Cost.Micros, p.Cost.Currency
+		units[i] = int32(p.SessionUnits)
 	}
-	args := []any{key, token, obs, pv, data, fp, evKey, topic, payload, status, bytes, session, endpoint, cost, currency,
+	args := []any{key, token, obs, pv, data, fp, evKey, topic, payload, status, bytes, session, endpoint, cost, currency, units,
 		CounterDuplicateResults}
 	sql := commitSQLs[lock][0]
 	if notify {

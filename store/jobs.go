@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -338,6 +339,7 @@ type AttemptFinishParams struct {
 	SessionID     string    // proxy session id (overwrites the start value when set)
 	ProxyEndpoint string    // redacted endpoint (overwrites the start value when set)
 	Cost          Cost      // what Bytes cost at the proxy's price (zero: no price)
+	SessionUnits  int       // units the session had served before this attempt's (0: new)
 }
 
 // JobComplete moves the job from running to complete, only if its fence still equals
@@ -374,6 +376,9 @@ func (s *PG) finish(ctx context.Context, op string, to tasks.JobState, p Attempt
 	if p.Bytes < 0 {
 		return fmt.Errorf("store: %s %q: Bytes %d is negative", op, p.Key, p.Bytes)
 	}
+	if p.SessionUnits < 0 || p.SessionUnits > math.MaxInt32 {
+		return fmt.Errorf("store: %s %q: SessionUnits %d is out of range", op, p.Key, p.SessionUnits)
+	}
 	if err := p.Cost.check(op, p.Key); err != nil {
 		return err
 	}
@@ -399,12 +404,14 @@ WITH cur AS (
 		attempt_provider, attempt_tier
 ), att AS (
 	INSERT INTO attempts AS a (job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
-		started_at, finished_at, http_status, bytes, outcome, category, error, cost_micros, currency, provider, tier)
+		started_at, finished_at, http_status, bytes, outcome, category, error, cost_micros, currency, provider, tier,
+		session_units)
 	SELECT $1, u.attempts, $2, u.attempt_worker, COALESCE(NULLIF($9, ''), u.attempt_session), u.country,
 		COALESCE(NULLIF($10, ''), u.attempt_endpoint), COALESCE(u.attempt_started_at, now()), now(),
-		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, ''), $11, NULLIF($12, ''), u.attempt_provider, u.attempt_tier
+		NULLIF($7, 0), $8, $3, NULLIF($5, ''), NULLIF($6, ''), $11, NULLIF($12, ''), u.attempt_provider, u.attempt_tier, $13
 	FROM upd u
 	ON CONFLICT (job_key, fence) DO UPDATE SET outcome = EXCLUDED.outcome, category = EXCLUDED.category,
+		session_units = EXCLUDED.session_units,
 		error = EXCLUDED.error, http_status = EXCLUDED.http_status, bytes = EXCLUDED.bytes, finished_at = now(),
 		cost_micros = EXCLUDED.cost_micros, currency = EXCLUDED.currency,
 		session_id = COALESCE(NULLIF(EXCLUDED.session_id, ''), a.session_id),
@@ -413,7 +420,7 @@ WITH cur AS (
 SELECT EXISTS (SELECT 1 FROM upd), cur.state IS NOT NULL, COALESCE(cur.state, ''), COALESCE(cur.fence, 0)
 FROM (SELECT 1) AS one LEFT JOIN cur ON true`,
 		p.Key, p.Token, string(to), nextAt, p.Category, truncateUTF8(p.Error, maxErrorText),
-		p.HTTPStatus, p.Bytes, p.SessionID, p.ProxyEndpoint, p.Cost.Micros, p.Cost.Currency,
+		p.HTTPStatus, p.Bytes, p.SessionID, p.ProxyEndpoint, p.Cost.Micros, p.Cost.Currency, int32(p.SessionUnits),
 	).Scan(&done, &found, &state, &fence)
 	if err != nil {
 		return fmt.Errorf("store: %s %q: %w", op, p.Key, err)

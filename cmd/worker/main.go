@@ -114,6 +114,9 @@ type config struct {
 	savedPolicy       inputs.Policy
 	maxSessionRestart int
 	maxResumes        int
+	noSessionPool     bool
+	poolMaxUnits      int
+	poolMinRemaining  time.Duration
 	streamTrim        string
 	streamTrimPolicy  outbox.TrimPolicy // from streamTrim, set by validate
 	streamTrimEvery   time.Duration
@@ -157,6 +160,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Duration(&c.requestTimeout, "request-timeout", "REQUEST_TIMEOUT", sessions.DefaultRequestTimeout, "bound of each destination request")
 	s.Int(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default)")
 	s.Int(&c.maxResumes, "max-resumes", "MAX_RESUMES", 0, "steps run again on their own session after a cut (exit proven unchanged) or a Retry-After, per attempt, instead of a replay (0: the runner's default; -1: none, every cut replays)")
+	s.Bool(&c.noSessionPool, "no-session-pool", "NO_SESSION_POOL", "start every attempt on a new sticky session; by default a session whose unit went well serves the next unit of the same provider, tier, country and host (its exit and cookies warm)")
+	s.Int(&c.poolMaxUnits, "session-pool-max-units", "SESSION_POOL_MAX_UNITS", sessions.DefaultPoolMaxUnits, "units one pooled session serves before it is retired")
+	s.Duration(&c.poolMinRemaining, "session-pool-min-remaining", "SESSION_POOL_MIN_REMAINING", sessions.DefaultPoolMinRemaining, "sticky lifetime a pooled session must have left to start a unit (keep it above a unit's longest run)")
 	s.Bool(&c.writable, "monitoring-writable", "MONITORING_WRITABLE", "let asynqmon change tasks and queues (delete, archive, run); default read-only; writes from another origin are refused either way")
 	s.Bool(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "deprecated: asynqmon is read-only by default; forces read-only even with -monitoring-writable")
 	s.Bool(&c.httpInsecure, "http-insecure", "HTTP_INSECURE", "allow -http on a non-loopback address without basic auth (something in front authenticates)")
@@ -221,6 +227,10 @@ func (c *config) validate() error {
 		return errors.New("-shutdown-timeout and -drain-timeout must be positive")
 	case c.leaseMargin < 1:
 		return fmt.Errorf("-lease-margin %v must be >= 1", c.leaseMargin)
+	case c.poolMaxUnits < 1:
+		return fmt.Errorf("-session-pool-max-units %d ($IDEMSCRAPE_SESSION_POOL_MAX_UNITS) must be >= 1", c.poolMaxUnits)
+	case c.poolMinRemaining <= 0:
+		return fmt.Errorf("-session-pool-min-remaining %v ($IDEMSCRAPE_SESSION_POOL_MIN_REMAINING) must be positive", c.poolMinRemaining)
 	}
 	if _, err := parseQueues(c.queues); err != nil {
 		return err
@@ -487,6 +497,14 @@ func (c *config) collectorConfig(log *slog.Logger) sessions.CollectorConfig {
 	return collector
 }
 
+// sessionPool is the runner's session pool configuration: nil with -no-session-pool.
+func (c config) sessionPool() *sessions.PoolConfig {
+	if c.noSessionPool {
+		return nil
+	}
+	return &sessions.PoolConfig{MaxUnits: c.poolMaxUnits, MinRemaining: c.poolMinRemaining}
+}
+
 // newRegistry is the step that builds the runner's registry on the opened services.
 func newRegistry(c config, set settings, collector sessions.CollectorConfig, committer handlers.Committer,
 	pool *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) (*handlers.Registry, error) {
@@ -495,6 +513,7 @@ func newRegistry(c config, set settings, collector sessions.CollectorConfig, com
 		KeyPrefix: c.keyPrefix, WorkerID: c.workerID, Collector: collector,
 		MaxSessionRestarts: c.maxSessionRestart,
 		MaxResumes:         c.maxResumes,
+		SessionPool:        c.sessionPool(),
 		LeaseLengths: &handlers.LeaseLengthConfig{
 			Default: c.leaseDefault, Min: c.leaseMin, Max: c.leaseMax, Margin: c.leaseMargin,
 		},

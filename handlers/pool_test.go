@@ -1,0 +1,195 @@
+package handlers_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/tasks"
+)
+
+// pooledWorkflow is the catalog workflow with its units' Site set to the shop's host.
+func (r *rig) pooledWorkflow(t *testing.T) handlers.WorkflowFunc {
+	t.Helper()
+	site, err := url.Parse(r.site.URL)
+	require.NoError(t, err)
+	wf := catalog.Workflow(r.site.URL)
+	return func(job tasks.Payload) (*sessions.Unit, error) {
+		u, err := wf(job)
+		if u != nil {
+			u.Site = site.Host
+		}
+		return u, err
+	}
+}
+
+// attemptSessions returns the session id and session_units of each job's attempts, in
+// the order of keys (one attempt each).
+func attemptSessions(t *testing.T, r *rig, keys []string) (ids []string, units []int) {
+	t.Helper()
+	for _, k := range keys {
+		var id string
+		var n int
+		require.NoError(t, r.st.Pool().QueryRow(context.Background(),
+			`SELECT session_id, session_units FROM attempts WHERE job_key = $1`, k).Scan(&id, &n))
+		ids, units = append(ids, id), append(units, n)
+	}
+	return ids, units
+}
+
+func unitsMetric(t *testing.T, reg *handlers.Registry, session, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gatherer().Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "idemscrape_session_units_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["kind"] == catalog.Kind && labels["session"] == session && labels["outcome"] == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// TestWarmSessionAcrossJobs: with Config.SessionPool, jobs of one shop run one after
+// another on one warm session; each attempt records how many units its session had served;
+// a parser's block verdict retires the session; the gauge shows the pool.
+func TestWarmSessionAcrossJobs(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	var blockNext bool
+	parse := func(job tasks.Payload, staged map[string]json.RawMessage) (handlers.Observation, error) {
+		if blockNext {
+			blockNext = false
+			return handlers.Observation{}, tasks.Fail(tasks.CategoryBlocked, errors.New("the page is a block page"))
+		}
+		return catalog.Parse(job, staged)
+	}
+	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
+		SessionPool: &sessions.PoolConfig{}})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Register(catalog.Kind, r.pooledWorkflow(t), parse))
+	ctx := context.Background()
+
+	var keys []string
+	for i := range 3 {
+		key, task := r.job(t, fmt.Sprintf("sku-%d", i+1))
+		require.NoError(t, reg.ProcessTask(ctx, task))
+		keys = append(keys, key)
+	}
+	ids, units := attemptSessions(t, r, keys)
+	require.Equal(t, []int{0, 1, 2}, units, "a new session, then warm on its 2nd and 3rd unit")
+	require.Equal(t, []string{ids[0], ids[0], ids[0]}, ids, "one session for the three jobs")
+	require.Equal(t, 1.0, unitsMetric(t, reg, "new", "ok"))
+	require.Equal(t, 2.0, unitsMetric(t, reg, "warm", "ok"))
+	st := reg.SessionPool().Stats()
+	require.Len(t, st, 1)
+	require.Equal(t, 1, st[0].Idle)
+	require.Equal(t, map[string]float64{"idle": 1, "busy": 0}, poolGauge(t, reg), "the gauge shows the warm session")
+
+	// A parser that finds a block page: the attempt fails blocked, the session is retired.
+	blockNext = true
+	key4, task4 := r.job(t, "sku-4")
+	require.Error(t, reg.ProcessTask(ctx, task4))
+	requireJob(t, r.st, key4, tasks.StateRetryable, tasks.CategoryBlocked)
+	ids4, units4 := attemptSessions(t, r, []string{key4})
+	require.Equal(t, ids[0], ids4[0], "it ran on the warm session")
+	require.Equal(t, []int{3}, units4)
+	require.Equal(t, 1.0, unitsMetric(t, reg, "warm", "blocked"))
+	key5, task5 := r.job(t, "sku-5")
+	require.NoError(t, reg.ProcessTask(ctx, task5))
+	ids5, units5 := attemptSessions(t, r, []string{key5})
+	require.NotEqual(t, ids[0], ids5[0], "the blocked session never serves again")
+	require.Equal(t, []int{0}, units5)
+	require.Equal(t, 1.0, retiredMetric(t, reg, sessions.PoolRetireBlocked))
+}
+
+// poolGauge is idemscrape_session_pool_sessions by state, summed over keys.
+func poolGauge(t *testing.T, reg *handlers.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gatherer().Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "idemscrape_session_pool_sessions" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "state" {
+					out[l.GetValue()] += m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+func retiredMetric(t *testing.T, reg *handlers.Registry, reason string) float64 {
+	t.Helper()
+	mfs, err := reg.Gatherer().Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "idemscrape_session_pool_retired_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestKindOptsOutOfPool: a kind registered WithoutSessionPool starts every attempt on a
+// new session even though the worker has a pool, and leaves nothing in it.
+func TestKindOptsOutOfPool(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
+		SessionPool: &sessions.PoolConfig{}})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Register(catalog.Kind, r.pooledWorkflow(t), catalog.Parse, handlers.WithoutSessionPool()))
+	var keys []string
+	for i := range 3 {
+		key, task := r.job(t, fmt.Sprintf("sku-%d", i+1))
+		require.NoError(t, reg.ProcessTask(context.Background(), task))
+		keys = append(keys, key)
+	}
+	ids, units := attemptSessions(t, r, keys)
+	require.Equal(t, []int{0, 0, 0}, units)
+	require.Len(t, map[string]bool{ids[0]: true, ids[1]: true, ids[2]: true}, 3, "three new sessions")
+	require.Empty(t, reg.SessionPool().Stats(), "the kind put nothing in the pool")
+	require.Equal(t, 3.0, unitsMetric(t, reg, "new", "ok"))
+	require.Zero(t, unitsMetric(t, reg, "warm", "ok"))
+}
+
+// TestSessionPoolConfigRefused: a pool configuration that can not work is refused by
+// NewRegistry, naming the field.
+func TestSessionPoolConfigRefused(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	_, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		SessionPool: &sessions.PoolConfig{MaxUnits: -1}})
+	require.ErrorContains(t, err, "SessionPool")
+	require.ErrorContains(t, err, "MaxUnits -1 is negative")
+}

@@ -1,0 +1,375 @@
+package sessions_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemscrape/idemscrape/examples/catalog"
+	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/testutil"
+)
+
+// retirements records a pool's OnRetire calls.
+type retirements struct {
+	mu      sync.Mutex
+	reasons []string
+}
+
+func (r *retirements) hear(_ sessions.PoolKey, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reasons = append(r.reasons, reason)
+}
+
+func (r *retirements) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.reasons...)
+}
+
+// poolUnit is the catalog unit for sku, pooled per the shop's host.
+func poolUnit(t *testing.T, e *env, sku string) *sessions.Unit {
+	t.Helper()
+	u, err := catalog.Unit(e.site.URL, sku)
+	require.NoError(t, err)
+	site, err := url.Parse(e.site.URL)
+	require.NoError(t, err)
+	u.Site = site.Host
+	return u
+}
+
+// cookieUnit is a one-step unit that stages the cookies the shop received (GET /cookies).
+func cookieUnit(t *testing.T, e *env) *sessions.Unit {
+	t.Helper()
+	site, err := url.Parse(e.site.URL)
+	require.NoError(t, err)
+	return &sessions.Unit{Name: "cookies", Site: site.Host, Steps: []sessions.Step{{Name: "cookies", Safe: true,
+		Run: func(_ context.Context, sc *sessions.StepContext) error {
+			resp, err := sc.Get(e.site.URL + "/cookies")
+			if err != nil {
+				return err
+			}
+			var got map[string]string
+			if err := json.Unmarshal(resp.Body, &got); err != nil {
+				return err
+			}
+			return sc.Staging.Put("cookies", got)
+		}}}}
+}
+
+func stagedCookies(t *testing.T, res sessions.Result) map[string]string {
+	t.Helper()
+	var got map[string]string
+	require.NoError(t, json.Unmarshal(res.Staged["cookies"], &got))
+	return got
+}
+
+// TestWarmSessionReused: a second unit of the same site runs on the first one's session —
+// the same sticky id, so the same exit, and its cookie jar — and no session ever serves
+// two units at once.
+func TestWarmSessionReused(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 61}, testutil.FakeSiteConfig{Seed: 61, StrictExit: true})
+	var heard retirements
+	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := e.runCfg()
+	cfg.Pool = pool
+
+	first, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, first.Warm)
+	require.Zero(t, first.SessionUnits)
+	require.NotNil(t, first.Lease, "a pooled success hands its session to the caller")
+	sid := stagedCookieAfter(t, e, cfg, first) // the sid the shop set on unit 1, read on a warm unit
+
+	second, err := poolUnit(t, e, "sku-2").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.True(t, second.Warm, "the second unit takes the warm session")
+	require.Equal(t, 2, second.SessionUnits, "units 1 and the cookie probe ran on it before")
+	require.Equal(t, first.Session.ID, second.Session.ID, "the same sticky session")
+	ex1, ex2 := exits(t, first.Staged), exits(t, second.Staged)
+	require.Equal(t, ex1[0], ex2[0], "the same exit")
+	require.Equal(t, []string{ex2[0], ex2[0], ex2[0]}, ex2, "one exit for the whole unit")
+	want, _ := e.site.Product("sku-2")
+	var pr catalog.PriceStage
+	require.NoError(t, json.Unmarshal(second.Staged["price"], &pr))
+	require.Equal(t, want.Price, pr.Price, "the strict shop accepted the warm session's cookie on its exit")
+	second.Lease.Keep()
+	third, err := cookieUnit(t, e).Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, sid, stagedCookies(t, third)["sid"], "the cookie jar went on with the session")
+	third.Lease.Keep()
+	require.Empty(t, heard.list(), "nothing retired")
+	stats := pool.Stats()
+	require.Len(t, stats, 1)
+	require.Equal(t, 1, stats[0].Idle)
+	require.Zero(t, stats[0].Busy)
+
+	// Many units at once on one site: a session is held by one unit at a time.
+	var (
+		mu        sync.Mutex
+		inUse     = map[string]int{}
+		overlaps  int
+		warm      int
+		sessionsN = map[string]bool{}
+		wg        sync.WaitGroup
+	)
+	const workers, each = 6, 5
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				u := poolUnit(t, e, fmt.Sprintf("sku-%d", (w*each+i)%40+1))
+				first, last := u.Steps[0].Run, u.Steps[len(u.Steps)-1].Run
+				u.Steps[0].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+					mu.Lock()
+					inUse[sc.Session.ID]++
+					if inUse[sc.Session.ID] > 1 {
+						overlaps++
+					}
+					mu.Unlock()
+					return first(ctx, sc)
+				}
+				u.Steps[len(u.Steps)-1].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+					defer func() { mu.Lock(); inUse[sc.Session.ID]--; mu.Unlock() }()
+					return last(ctx, sc)
+				}
+				res, err := u.Run(context.Background(), cfg)
+				if err != nil {
+					t.Errorf("unit: %v", err)
+					return
+				}
+				mu.Lock()
+				sessionsN[res.Session.ID] = true
+				if res.Warm {
+					warm++
+				}
+				mu.Unlock()
+				res.Lease.Keep()
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, overlaps, "no session ran two units at once")
+	require.Positive(t, warm, "units ran on warm sessions")
+	require.LessOrEqual(t, len(sessionsN), workers+1, "at most one session per concurrent unit (plus the warm one)")
+	require.Empty(t, heard.list())
+}
+
+// stagedCookieAfter hands res's session back and runs the cookie probe on it (warm):
+// the sid cookie the shop set during res's unit.
+func stagedCookieAfter(t *testing.T, e *env, cfg sessions.RunConfig, res sessions.Result) string {
+	t.Helper()
+	res.Lease.Keep()
+	probe, err := cookieUnit(t, e).Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.True(t, probe.Warm)
+	require.Equal(t, res.Session.ID, probe.Session.ID)
+	sid := stagedCookies(t, probe)["sid"]
+	require.NotEmpty(t, sid, "the search step's sid cookie is in the warm session's jar")
+	probe.Lease.Keep()
+	return sid
+}
+
+// TestSessionRetired: a block, an exit change, MaxUnits and too little lifetime left each
+// retire a session, with its reason, and a retired session never serves again.
+func TestSessionRetired(t *testing.T) {
+	type tc struct {
+		name   string
+		pc     testutil.FakeProxyConfig
+		pool   sessions.PoolConfig
+		header bool
+		// between runs after the first unit kept its session warm; the next unit must not
+		// run on it (it may start on it and find out, as with an exit change).
+		between func(e *env, clock, proxyClock *testutil.Clock)
+		reason  string
+		// warmFails: the second unit first ran on the warm session and replayed
+		warmFails bool
+	}
+	cases := []tc{
+		{name: "blocked", pc: testutil.FakeProxyConfig{Seed: 62, Tier: "datacenter"},
+			between: func(e *env, _, _ *testutil.Clock) { e.site.SetBlockedTier("datacenter") },
+			reason:  sessions.PoolRetireBlocked},
+		{name: "exit changed", pc: testutil.FakeProxyConfig{Seed: 63}, header: true,
+			between: func(_ *env, _, proxyClock *testutil.Clock) { proxyClock.Advance(11 * time.Minute) },
+			reason:  sessions.PoolRetireExit, warmFails: true},
+		{name: "max units", pc: testutil.FakeProxyConfig{Seed: 64}, pool: sessions.PoolConfig{MaxUnits: 1},
+			reason: sessions.PoolRetireMaxUnits},
+		{name: "age", pc: testutil.FakeProxyConfig{Seed: 65}, pool: sessions.PoolConfig{MinRemaining: time.Minute},
+			between: func(_ *env, clock, _ *testutil.Clock) { clock.Advance(9*time.Minute + 30*time.Second) },
+			reason:  sessions.PoolRetireAge},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
+			clock, proxyClock := testutil.NewClock(start), testutil.NewClock(start)
+			c.pc.Now = proxyClock.Now
+			e := setup(t, c.pc, testutil.FakeSiteConfig{Seed: c.pc.Seed, StrictExit: true})
+			if c.header {
+				var err error
+				e.provider, err = e.provider.WithExitHeader("X-Exit")
+				require.NoError(t, err)
+			}
+			var heard retirements
+			c.pool.OnRetire = heard.hear
+			pool, err := sessions.NewPool(c.pool)
+			require.NoError(t, err)
+			defer pool.Close()
+			cfg := e.runCfg()
+			cfg.Pool, cfg.Now, cfg.SessionLifetime = pool, clock.Now, 10*time.Minute
+
+			first, err := poolUnit(t, e, "sku-3").Run(context.Background(), cfg)
+			require.NoError(t, err)
+			first.Lease.Keep()
+			retired := first.Session.ID
+			if c.between != nil {
+				c.between(e, clock, proxyClock)
+			}
+			second, err := poolUnit(t, e, "sku-4").Run(context.Background(), cfg)
+			switch c.name {
+			case "blocked":
+				require.Error(t, err)
+				require.Equal(t, tasks.CategoryBlocked, sessions.CategoryOf(err))
+				require.True(t, second.Warm, "the blocked unit ran on the warm session")
+				require.Nil(t, second.Lease, "a failed unit hands nothing back")
+				e.site.SetBlockedTier("")
+			case "exit changed":
+				require.NoError(t, err)
+				require.Equal(t, retired, second.Sessions[0], "it started on the warm session")
+				require.Equal(t, []tasks.Category{tasks.CategorySessionLost}, second.RestartReasons, "the new exit ended it before anything was staged")
+				require.NotEqual(t, retired, second.Session.ID, "and replayed on a new session")
+				second.Lease.Keep()
+			default:
+				require.NoError(t, err)
+				require.False(t, second.Warm, "a new session")
+				require.NotEqual(t, retired, second.Session.ID)
+				second.Lease.Keep()
+			}
+			want := []string{c.reason}
+			if c.name == "max units" {
+				want = append(want, c.reason) // the second unit's session served its one unit too
+			}
+			require.Equal(t, want, heard.list(), "retired once, for its reason")
+
+			// Never again: whatever runs next, the retired session is not among its sessions.
+			for i := range 4 {
+				res, err := poolUnit(t, e, fmt.Sprintf("sku-%d", 10+i)).Run(context.Background(), cfg)
+				require.NoError(t, err)
+				require.NotContains(t, res.Sessions, retired)
+				res.Lease.Keep()
+			}
+		})
+	}
+}
+
+// TestPoolRetireFromCaller: a caller's Retire (a parser's block verdict) keeps the session
+// out of the pool; only the first of Keep and Retire counts.
+func TestPoolRetireFromCaller(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 66}, testutil.FakeSiteConfig{Seed: 66})
+	var heard retirements
+	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := e.runCfg()
+	cfg.Pool = pool
+	first, err := poolUnit(t, e, "sku-5").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	first.Lease.Retire(sessions.PoolRetireBlocked)
+	first.Lease.Keep() // too late: retired
+	second, err := poolUnit(t, e, "sku-6").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, second.Warm)
+	require.NotEqual(t, first.Session.ID, second.Session.ID)
+	second.Lease.Keep()
+	require.Equal(t, []string{sessions.PoolRetireBlocked}, heard.list())
+	require.Equal(t, []sessions.PoolStat{{Key: sessions.PoolKey{Provider: "generic", Tier: "residential", Country: "US", Host: "127.0.0.1"}, Idle: 1}}, pool.Stats())
+
+	// Without a Site the pool is not used.
+	u := poolUnit(t, e, "sku-7")
+	u.Site = ""
+	res, err := u.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, res.Warm)
+	require.Nil(t, res.Lease)
+}
+
+// TestPoolCookies: only the cookies RunConfig.PoolCookies names go on to the next unit.
+func TestPoolCookies(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 67}, testutil.FakeSiteConfig{Seed: 67})
+	for _, c := range []struct {
+		keep    []string
+		wantSID bool
+	}{{nil, true}, {[]string{"sid"}, true}, {[]string{}, false}, {[]string{"other"}, false}} {
+		t.Run(fmt.Sprint(c.keep), func(t *testing.T) {
+			pool, err := sessions.NewPool(sessions.PoolConfig{})
+			require.NoError(t, err)
+			defer pool.Close()
+			cfg := e.runCfg()
+			cfg.Pool, cfg.PoolCookies = pool, c.keep
+			first, err := poolUnit(t, e, "sku-8").Run(context.Background(), cfg)
+			require.NoError(t, err)
+			first.Lease.Keep()
+			probe, err := cookieUnit(t, e).Run(context.Background(), cfg)
+			require.NoError(t, err)
+			require.True(t, probe.Warm)
+			_, has := stagedCookies(t, probe)["sid"]
+			require.Equal(t, c.wantSID, has)
+			probe.Lease.Keep()
+		})
+	}
+}
+
+// TestLifetimeEndIsSessionLost: a provider without an exit header moves the session to
+// another exit when its sticky lifetime ends, under a running unit; the exit-bound shop
+// answers 403. That is the session's end, not a block: the unit replays on a new session
+// at once instead of waiting out a block.
+func TestLifetimeEndIsSessionLost(t *testing.T) {
+	clock := testutil.NewClock(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))
+	e := setup(t, testutil.FakeProxyConfig{Seed: 68, SessionLifetime: time.Second, Now: clock.Now},
+		testutil.FakeSiteConfig{Seed: 68, StrictExit: true})
+	unit, err := catalog.Unit(e.site.URL, "sku-9")
+	require.NoError(t, err)
+	orig := unit.Steps[1].Run
+	var once sync.Once
+	unit.Steps[1].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+		once.Do(func() { clock.Advance(2 * time.Second) }) // the lifetime ends under the step
+		return orig(ctx, sc)
+	}
+	cfg := e.runCfg()
+	cfg.Now, cfg.SessionLifetime = clock.Now, time.Second
+	res, err := unit.Run(context.Background(), cfg)
+	require.NoError(t, err, "replayed on a new session, not failed as blocked")
+	require.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res.RestartReasons)
+	require.Len(t, e.quarantined, 1)
+	require.Contains(t, e.quarantined[0].Detail, "answered 403")
+	ex := exits(t, res.Staged)
+	require.Equal(t, []string{ex[0], ex[0], ex[0]}, ex)
+
+	// With an exit header the change is seen as it is (ErrExitChanged), whatever the clock.
+	e2 := setup(t, testutil.FakeProxyConfig{Seed: 69, SessionLifetime: time.Second, Now: clock.Now},
+		testutil.FakeSiteConfig{Seed: 69, StrictExit: true})
+	e2.provider, err = e2.provider.WithExitHeader("X-Exit")
+	require.NoError(t, err)
+	unit2, err := catalog.Unit(e2.site.URL, "sku-9")
+	require.NoError(t, err)
+	orig2 := unit2.Steps[1].Run
+	var once2 sync.Once
+	unit2.Steps[1].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+		once2.Do(func() { clock.Advance(2 * time.Second) })
+		return orig2(ctx, sc)
+	}
+	cfg2 := e2.runCfg()
+	cfg2.Now, cfg2.SessionLifetime = clock.Now, time.Second
+	res2, err := unit2.Run(context.Background(), cfg2)
+	require.NoError(t, err)
+	require.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res2.RestartReasons)
+	require.Contains(t, e2.quarantined[0].Detail, "exit changed")
+}
