@@ -41,6 +41,9 @@ const (
 	DefaultFakeSiteUnavailableRetryAfter = time.Second
 	// FakeSiteBombSize is how much the gzip body of /bomb inflates to: 1 GiB of zeros.
 	FakeSiteBombSize = 1 << 30
+	// DefaultFakeSiteChallengeSize is the body size of the challenge page: 24 KiB, as a
+	// real anti-bot challenge carries tens of KB of script.
+	DefaultFakeSiteChallengeSize = 24 << 10
 )
 
 // FakeSiteConfig configures a FakeSite.
@@ -65,6 +68,18 @@ type FakeSiteConfig struct {
 	// TLS serves the site over HTTPS (httptest's self-signed certificate for 127.0.0.1), so
 	// that proxied requests go through CONNECT; CertPool trusts it. Defaults to false.
 	TLS bool
+	// Challenge puts an anti-bot challenge in front of every path but /robots.txt: a
+	// request needs a clearance cookie issued to its exit, which the challenge page sets
+	// (see FakeSite, "Challenge mode"). Defaults to false: the site never challenges.
+	Challenge bool
+	// ChallengeSize is the body size in bytes of the challenge page (its HTML, padded with
+	// a script comment); a size below the page's bare HTML gets the bare HTML. Defaults to
+	// DefaultFakeSiteChallengeSize.
+	ChallengeSize int
+	// ChallengeBlockEvery, when k > 0, answers every k-th challenge the site would issue
+	// with 403 and a block page instead (no cookie), as an anti-bot system flags a fresh
+	// exit; the count is site-wide and deterministic. Defaults to 0: never.
+	ChallengeBlockEvery int
 }
 
 // FakeProduct is one catalog entry, as the site shows it.
@@ -95,6 +110,28 @@ type FakeProduct struct {
 // gzip body, Content-Encoding: gzip, that inflates to FakeSiteBombSize zeros) and /slow
 // (answers after SlowDelay). Throttle, SetUnavailable and SetSlow apply to every path but
 // /robots.txt, so that a scraper's robots fetch does not eat them.
+//
+// Challenge mode (FakeSiteConfig.Challenge), like a CDN's anti-bot clearance, for every
+// path but /robots.txt:
+//
+//   - a request with a clearance cookie the site issued to its exit is served normally;
+//   - one without a clearance cookie (or with one the site never issued) gets the
+//     challenge page: 200, text/html, <meta name="challenge" content="1"> in the head, a
+//     body of ChallengeSize bytes, and Set-Cookie: clearance=<HMAC of the exit>; Path=/;
+//     HttpOnly. A client with a cookie jar then asks for the same URL again and is served
+//     (Challenges counts the pages);
+//   - one whose clearance cookie was issued to another exit (the client moved exits)
+//     gets 403 with <p class="blocked">blocked: clearance does not match your address</p>
+//     (ClearanceMismatches);
+//   - with ChallengeBlockEvery k, every k-th challenge the site would issue is a 403
+//     block page instead, without a cookie (ChallengeBlocks).
+//
+// The gates apply in this order: a blocked tier (SetBlockedTier) answers first, uncounted
+// in Hits as always; then the request counts in Hits and TotalHits, whatever follows;
+// then the challenge, which stands in front of the shop as a CDN does — its challenge
+// pages and 403s are not delayed by SetSlow and do not use up Throttle or SetUnavailable;
+// then SetSlow, Throttle and SetUnavailable; then the page, where the sid cookie and
+// StrictExit work as without challenges. /robots.txt is exempt from every gate.
 type FakeSite struct {
 	// URL is the site's base URL, http://127.0.0.1:<port> (https:// with TLS).
 	URL string
@@ -103,6 +140,7 @@ type FakeSite struct {
 	srv      *httptest.Server
 	products map[string]FakeProduct
 	tokenKey []byte
+	clearKey []byte // key of the clearance tokens (challenge mode)
 
 	mu            sync.Mutex
 	sids          map[string]string // sid → exit that created it
@@ -114,7 +152,12 @@ type FakeSite struct {
 	slow          time.Duration
 	schemaChange  bool
 	blockedTier   string
-	blocked       map[string]int // tier → requests answered 403 for it
+	blocked       map[string]int    // tier → requests answered 403 for it
+	clearances    map[string]string // clearance token → exit it was issued to (challenge mode)
+	challengeN    int               // challenges the site would have issued: drives ChallengeBlockEvery
+	challenges    int               // challenge pages served
+	chBlocks      int               // challenges answered with a block instead
+	mismatches    int               // 403s for a clearance issued to another exit
 	closeOnce     sync.Once
 }
 
@@ -136,14 +179,20 @@ func NewFakeSite(t testing.TB, cfg FakeSiteConfig) *FakeSite {
 	if cfg.UnavailableRetryAfter <= 0 {
 		cfg.UnavailableRetryAfter = DefaultFakeSiteUnavailableRetryAfter
 	}
+	if cfg.ChallengeSize <= 0 {
+		cfg.ChallengeSize = DefaultFakeSiteChallengeSize
+	}
 	s := &FakeSite{
-		cfg:      cfg,
-		products: map[string]FakeProduct{},
-		sids:     map[string]string{},
-		hits:     map[string]int{},
+		cfg:        cfg,
+		products:   map[string]FakeProduct{},
+		sids:       map[string]string{},
+		hits:       map[string]int{},
+		clearances: map[string]string{},
 	}
 	key := sha256.Sum256(binary.LittleEndian.AppendUint64([]byte("fakesite-token"), uint64(cfg.Seed)))
 	s.tokenKey = key[:]
+	ckey := sha256.Sum256(append([]byte("fakesite-clearance\x00"), s.tokenKey...))
+	s.clearKey = ckey[:]
 	for i := 1; i <= cfg.Products; i++ {
 		p := fsMakeProduct(cfg.Seed, i)
 		s.products[p.SKU] = p
@@ -281,15 +330,51 @@ func (s *FakeSite) TotalHits() int {
 // RobotsHits is Hits("/robots.txt").
 func (s *FakeSite) RobotsHits() int { return s.Hits("/robots.txt") }
 
+// Challenges is the number of challenge pages served (challenge mode).
+func (s *FakeSite) Challenges() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.challenges
+}
+
+// ChallengeBlocks is the number of challenges answered with a 403 block page instead,
+// under FakeSiteConfig.ChallengeBlockEvery (challenge mode).
+func (s *FakeSite) ChallengeBlocks() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.chBlocks
+}
+
+// ClearanceMismatches is the number of requests answered 403 for carrying a clearance
+// cookie the site issued to another exit (challenge mode).
+func (s *FakeSite) ClearanceMismatches() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mismatches
+}
+
+// fsGate is what challenge mode decided for one request.
+type fsGate int
+
+const (
+	fsGatePass      fsGate = iota // served as without challenges
+	fsGateChallenge               // the challenge page, with a clearance cookie
+	fsGateBlock                   // the k-th challenge: 403, no cookie
+	fsGateMismatch                // a clearance of another exit: 403
+)
+
 // fsPending is what the toggles decided for one request.
 type fsPending struct {
 	status     int
 	retryAfter time.Duration
 	slow       time.Duration
 	schema     bool
+	gate       fsGate
 }
 
-func (s *FakeSite) admit(path string) fsPending {
+// admit counts the request and decides what the toggles make of it. clearance is the
+// value of its clearance cookie, "" when it has none.
+func (s *FakeSite) admit(path, exit, clearance string) fsPending {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hits[path]++
@@ -297,6 +382,11 @@ func (s *FakeSite) admit(path string) fsPending {
 	pend := fsPending{schema: s.schemaChange}
 	if path == "/robots.txt" {
 		return pend
+	}
+	if s.cfg.Challenge {
+		if pend.gate = s.gateLocked(exit, clearance); pend.gate != fsGatePass {
+			return pend
+		}
 	}
 	pend.slow = s.slow
 	switch {
@@ -310,6 +400,76 @@ func (s *FakeSite) admit(path string) fsPending {
 	return pend
 }
 
+// gateLocked is challenge mode's decision for a request from exit with the clearance
+// cookie value clearance ("" for none). s.mu is held.
+func (s *FakeSite) gateLocked(exit, clearance string) fsGate {
+	if clearance != "" {
+		if issuedTo, ok := s.clearances[clearance]; ok {
+			if issuedTo == exit {
+				return fsGatePass
+			}
+			s.mismatches++
+			return fsGateMismatch
+		}
+	}
+	s.challengeN++
+	if k := s.cfg.ChallengeBlockEvery; k > 0 && s.challengeN%k == 0 {
+		s.chBlocks++
+		return fsGateBlock
+	}
+	s.challenges++
+	s.clearances[s.clearanceToken(exit)] = exit
+	return fsGateChallenge
+}
+
+// clearanceToken is the clearance cookie of exit: an HMAC under a key derived from the
+// seed, so it is bound to the exit and nobody else can make one.
+func (s *FakeSite) clearanceToken(exit string) string {
+	m := hmac.New(sha256.New, s.clearKey)
+	_, _ = io.WriteString(m, exit)
+	return hex.EncodeToString(m.Sum(nil)[:16])
+}
+
+// serveGate answers a request challenge mode stopped.
+func (s *FakeSite) serveGate(w http.ResponseWriter, gate fsGate, exit string) {
+	switch gate {
+	case fsGateChallenge:
+		http.SetCookie(w, &http.Cookie{Name: "clearance", Value: s.clearanceToken(exit), Path: "/", HttpOnly: true})
+		page := fsChallengePage(exit, s.cfg.ChallengeSize)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Length", strconv.Itoa(len(page)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, page)
+	case fsGateBlock:
+		s.writeHTML(w, http.StatusForbidden, exit, `<p class="blocked">blocked: your address was flagged by the challenge</p>`)
+	case fsGateMismatch:
+		s.writeHTML(w, http.StatusForbidden, exit, `<p class="blocked">blocked: clearance does not match your address</p>`)
+	}
+}
+
+// fsChallengePage is the challenge page for exit, padded with a script comment to size
+// bytes (or its bare HTML, if that is longer).
+func fsChallengePage(exit string, size int) string {
+	head := "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Just a moment...</title>" +
+		"<meta name=\"challenge\" content=\"1\"></head>\n<body data-exit=\"" + html.EscapeString(exit) + "\">\n" +
+		"<p class=\"challenge\">Checking your browser before accessing the shop.</p>\n" +
+		"<script>\n/* challenge bundle\n"
+	tail := "*/\ndocument.cookie; location.reload();\n</script>\n</body></html>\n"
+	pad := size - len(head) - len(tail)
+	if pad <= 0 {
+		return head + tail
+	}
+	const line = "var _0xc1ea = [0x63, 0x68, 0x61, 0x6c, 0x6c, 0x65, 0x6e, 0x67, 0x65]; // proof of work\n"
+	var b strings.Builder
+	b.Grow(size)
+	b.WriteString(head)
+	for left := pad; left > 0; left -= len(line) {
+		b.WriteString(line[:min(left, len(line))])
+	}
+	b.WriteString(tail)
+	return b.String()
+}
+
 func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
 	exit := r.RemoteAddr
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
@@ -320,7 +480,17 @@ func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {
 		s.writeHTML(w, http.StatusForbidden, exit, "<p>Access denied: datacenter traffic is not allowed</p>")
 		return
 	}
-	pend := s.admit(r.URL.Path)
+	var clearance string
+	if s.cfg.Challenge {
+		if c, err := r.Cookie("clearance"); err == nil {
+			clearance = c.Value
+		}
+	}
+	pend := s.admit(r.URL.Path, exit, clearance)
+	if pend.gate != fsGatePass {
+		s.serveGate(w, pend.gate, exit)
+		return
+	}
 	if pend.slow > 0 && !fsSleep(r, pend.slow) {
 		return
 	}

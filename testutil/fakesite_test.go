@@ -11,6 +11,7 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -333,4 +334,191 @@ func flipFirst(token string) string {
 		first = '1'
 	}
 	return string(first) + token[1:]
+}
+
+// fsChallengeMarker is what marks the challenge page.
+const fsChallengeMarker = `<meta name="challenge" content="1">`
+
+// fsSessionClient is a client with its own cookie jar through p on sticky session id.
+func fsSessionClient(t *testing.T, p *FakeProxy, id string) *http.Client {
+	t.Helper()
+	proxyURL, err := url.Parse(p.URL())
+	require.NoError(t, err)
+	proxyURL.User = url.UserPassword("acme-session-"+id, "pw")
+	return fsJarClient(t, proxyURL, nil)
+}
+
+// TestFakeSiteChallenge: challenge mode. A session's first request gets the challenge
+// page and its clearance cookie, the same URL again is served, and so is every later
+// request of the session; the cookie copied to another exit gets 403; robots.txt is never
+// challenged; ChallengeBlockEvery turns every k-th challenge into a block; the gate comes
+// before Throttle and after a blocked tier; without Challenge nothing is challenged.
+func TestFakeSiteChallenge(t *testing.T) {
+	t.Run("ChallengeThenServedOnTheSameExitOnly", func(t *testing.T) {
+		s := NewFakeSite(t, FakeSiteConfig{Seed: 4, Challenge: true, StrictExit: true})
+		p := NewFakeProxy(t, FakeProxyConfig{Seed: 4, Format: ProxyFormatGeneric, User: "acme", Password: "pw"})
+		c := fsSessionClient(t, p, "chal01")
+
+		status, hdr, body, err := fpGet(c, s.URL+"/search?q=sku-2")
+		require.NoError(t, err)
+		exit := p.ExitOf("chal01")
+		require.NotEmpty(t, exit)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Contains(t, body, fsChallengeMarker)
+		assert.Len(t, body, DefaultFakeSiteChallengeSize)
+		assert.Equal(t, strconv.Itoa(DefaultFakeSiteChallengeSize), hdr.Get("Content-Length"))
+		assert.Contains(t, body, `<body data-exit="`+exit+`">`)
+		assert.NotContains(t, body, `href="/product/`)
+		require.Len(t, hdr.Values("Set-Cookie"), 1, "the clearance only: no sid before the shop answers")
+		assert.Regexp(t, `^clearance=[0-9a-f]{32}; Path=/; HttpOnly$`, hdr.Get("Set-Cookie"))
+		assert.Equal(t, 1, s.Challenges())
+
+		// The jar holds the clearance: the same URL again is served.
+		status, _, body, err = fpGet(c, s.URL+"/search?q=sku-2")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.NotContains(t, body, fsChallengeMarker)
+		link := fsLinkRe.FindStringSubmatch(body)
+		require.NotNil(t, link, body)
+		// And so is the rest of the chain, without another challenge.
+		price, exits := fsScrape(t, c, s.URL, "sku-2")
+		want, _ := s.Product("sku-2")
+		assert.Equal(t, want.Price, price["price"])
+		assert.Equal(t, []string{exit, exit, exit}, exits)
+		assert.Equal(t, 1, s.Challenges())
+
+		// Another exit with a copy of the session's cookies (clearance and sid): blocked.
+		u, _ := url.Parse(s.URL)
+		c2 := fsSessionClient(t, p, "chal02")
+		c2.Jar.SetCookies(u, c.Jar.Cookies(u))
+		require.NotEqual(t, exit, p.ExitOf("chal02"))
+		status, _, body, err = fpGet(c2, s.URL+link[1])
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusForbidden, status)
+		assert.Contains(t, body, `<p class="blocked">blocked: clearance does not match your address</p>`)
+		assert.NotContains(t, body, fsChallengeMarker)
+		assert.Equal(t, 1, s.ClearanceMismatches())
+		assert.Equal(t, 1, s.Challenges())
+
+		// robots.txt is exempt, with no clearance and with a foreign one.
+		for _, rc := range []*http.Client{fsSessionClient(t, p, "chal03"), c2} {
+			status, _, body, err = fpGet(rc, s.URL+"/robots.txt")
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, status)
+			assert.Contains(t, body, "Disallow: /private/\n")
+		}
+		assert.Equal(t, 1, s.Challenges())
+		assert.Equal(t, 1, s.ClearanceMismatches())
+		assert.Zero(t, s.ChallengeBlocks())
+		// Every request is a hit: 2 searches, the chain's 3, the foreign one, 2 robots.
+		assert.Equal(t, 8, s.TotalHits())
+		assert.Equal(t, 3, s.Hits("/search"))
+	})
+
+	t.Run("UnknownClearanceIsChallenged", func(t *testing.T) {
+		s := NewFakeSite(t, FakeSiteConfig{Challenge: true, ChallengeSize: 3000})
+		req, _ := http.NewRequest(http.MethodGet, s.URL+"/", nil)
+		req.AddCookie(&http.Cookie{Name: "clearance", Value: "forged"})
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Contains(t, string(body), fsChallengeMarker)
+		assert.Len(t, body, 3000, "ChallengeSize")
+		assert.Equal(t, 1, s.Challenges())
+		assert.Zero(t, s.ClearanceMismatches())
+	})
+
+	t.Run("EveryKthChallengeBlocks", func(t *testing.T) {
+		s := NewFakeSite(t, FakeSiteConfig{Challenge: true, ChallengeBlockEvery: 2})
+		p := NewFakeProxy(t, FakeProxyConfig{Format: ProxyFormatGeneric, User: "acme", Password: "pw"})
+		a, b := fsSessionClient(t, p, "blk01"), fsSessionClient(t, p, "blk02")
+
+		status, _, body, err := fpGet(a, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Contains(t, body, fsChallengeMarker, "1st challenge")
+
+		status, hdr, body, err := fpGet(b, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusForbidden, status, "2nd challenge: a block")
+		assert.Contains(t, body, `<p class="blocked">`)
+		assert.NotContains(t, body, fsChallengeMarker)
+		assert.Empty(t, hdr.Values("Set-Cookie"), "a block sets no clearance")
+		assert.Equal(t, 1, s.ChallengeBlocks())
+		assert.Equal(t, 1, s.Challenges())
+
+		status, _, body, err = fpGet(b, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Contains(t, body, fsChallengeMarker, "3rd challenge")
+		status, _, body, err = fpGet(b, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.NotContains(t, body, fsChallengeMarker, "cleared")
+
+		status, _, body, err = fpGet(a, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.NotContains(t, body, fsChallengeMarker, "the first session's clearance holds")
+		assert.Equal(t, 2, s.Challenges())
+		assert.Equal(t, 1, s.ChallengeBlocks())
+		assert.Zero(t, s.ClearanceMismatches())
+	})
+
+	t.Run("GateOrder", func(t *testing.T) {
+		s := NewFakeSite(t, FakeSiteConfig{Challenge: true})
+		p := NewFakeProxy(t, FakeProxyConfig{Format: ProxyFormatGeneric, User: "acme", Password: "pw", Tier: "datacenter"})
+		c := fsSessionClient(t, p, "order01")
+
+		// The challenge comes first and does not use up the throttle.
+		s.Throttle(1, time.Second)
+		status, _, body, err := fpGet(c, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Contains(t, body, fsChallengeMarker)
+		status, hdr, _, err := fpGet(c, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusTooManyRequests, status, "the cleared request meets the throttle")
+		assert.Equal(t, "1", hdr.Get("Retry-After"))
+		status, _, _, err = fpGet(c, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+
+		// A blocked tier answers before the challenge, uncounted.
+		s.SetBlockedTier("datacenter")
+		status, _, body, err = fpGet(fsSessionClient(t, p, "order02"), s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusForbidden, status)
+		assert.Contains(t, body, "datacenter traffic is not allowed")
+		assert.Equal(t, 1, s.Blocked("datacenter"))
+		assert.Equal(t, 1, s.Challenges())
+		assert.Equal(t, 3, s.TotalHits())
+	})
+
+	t.Run("OffNeverChallenges", func(t *testing.T) {
+		s := NewFakeSite(t, FakeSiteConfig{ChallengeBlockEvery: 1, ChallengeSize: 100})
+		p := NewFakeProxy(t, FakeProxyConfig{Format: ProxyFormatGeneric, User: "acme", Password: "pw"})
+		c := fsSessionClient(t, p, "off01")
+		status, hdr, body, err := fpGet(c, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.NotContains(t, body, fsChallengeMarker)
+		assert.NotContains(t, strings.Join(hdr.Values("Set-Cookie"), "\n"), "clearance=")
+		price, _ := fsScrape(t, c, s.URL, "sku-1")
+		want, _ := s.Product("sku-1")
+		assert.Equal(t, want.Price, price["price"])
+		// A clearance cookie from elsewhere means nothing to it.
+		u, _ := url.Parse(s.URL)
+		c2 := fsSessionClient(t, p, "off02")
+		c2.Jar.SetCookies(u, append(c.Jar.Cookies(u), &http.Cookie{Name: "clearance", Value: "x"}))
+		status, _, _, err = fpGet(c2, s.URL+"/search?q=sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Zero(t, s.Challenges())
+		assert.Zero(t, s.ChallengeBlocks())
+		assert.Zero(t, s.ClearanceMismatches())
+	})
 }

@@ -6,6 +6,12 @@
 //	search   GET /search?q=<sku>           sets the session cookie
 //	product  GET /product/<sku>            name, currency, price token
 //	price    GET /api/price/<sku>?token=T  price
+//
+// A shop behind an anti-bot challenge (testutil.FakeSiteConfig.Challenge) may answer any
+// of these with a challenge page (IsChallenge) that sets a clearance cookie: the step then
+// asks for the same URL once more on the same session, whose cookie jar now holds the
+// clearance. A second challenge in a row fails the step as blocked. A shop that does not
+// challenge sees no extra request.
 package catalog
 
 import (
@@ -14,11 +20,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"regexp"
 	"strings"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/gocolly/colly/v2"
 
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/sessions"
@@ -56,7 +64,7 @@ func Unit(base, sku string) (*sessions.Unit, error) {
 		Name: Kind,
 		Steps: []sessions.Step{
 			{Name: "search", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
-				resp, err := sc.Get(base + "/search?q=" + url.QueryEscape(sku))
+				resp, err := get(sc, base+"/search?q="+url.QueryEscape(sku))
 				if err != nil {
 					return err
 				}
@@ -76,7 +84,7 @@ func Unit(base, sku string) (*sessions.Unit, error) {
 				if _, err := sc.Staging.Get("search", &s); err != nil {
 					return err
 				}
-				resp, err := sc.Get(s.ProductURL)
+				resp, err := get(sc, s.ProductURL)
 				if err != nil {
 					return err
 				}
@@ -101,7 +109,7 @@ func Unit(base, sku string) (*sessions.Unit, error) {
 				if _, err := sc.Staging.Get("product", &p); err != nil {
 					return err
 				}
-				resp, err := sc.Get(base + "/api/price/" + url.PathEscape(sku) + "?token=" + url.QueryEscape(p.Token))
+				resp, err := get(sc, base+"/api/price/"+url.PathEscape(sku)+"?token="+url.QueryEscape(p.Token))
 				if err != nil {
 					return err
 				}
@@ -207,6 +215,39 @@ func decode(staged map[string]json.RawMessage, key string, v any) error {
 		return fmt.Errorf("staging has no %q", key)
 	}
 	return json.Unmarshal(b, v)
+}
+
+// challengeMarker is what marks a challenge page: a meta element in its head.
+var challengeMarker = []byte(`<meta name="challenge"`)
+
+// IsChallenge reports whether body is an anti-bot challenge page rather than the page
+// asked for: HTML with <meta name="challenge" …> (as testutil.FakeSite serves in
+// challenge mode).
+func IsChallenge(body []byte) bool { return bytes.Contains(body, challengeMarker) }
+
+// challenged reports whether resp is a challenge page: a 200 HTML answer IsChallenge
+// recognises.
+func challenged(resp *colly.Response) bool {
+	return resp.StatusCode == http.StatusOK && resp.Headers != nil &&
+		strings.Contains(resp.Headers.Get("Content-Type"), "html") && IsChallenge(resp.Body)
+}
+
+// get GETs rawURL on the step's session through the shop's challenge: a challenge page is
+// answered by asking for the same URL once more on the same session (the collector's
+// cookie jar has the clearance cookie it set). A second challenge in a row is an error of
+// category blocked: the shop did not accept its own clearance. A 403 (a block, or a
+// clearance of another exit) is blocked already, as the collector classifies it.
+func get(sc *sessions.StepContext, rawURL string) (*colly.Response, error) {
+	resp, err := sc.Get(rawURL)
+	if err != nil || !challenged(resp) {
+		return resp, err
+	}
+	resp, err = sc.Get(rawURL)
+	if err != nil || !challenged(resp) {
+		return resp, err
+	}
+	return nil, &sessions.FetchError{Category: tasks.CategoryBlocked, Status: resp.StatusCode,
+		Err: errors.New("catalog: challenged again after the challenge's clearance cookie was set")}
 }
 
 func parseErr(msg string) error {
