@@ -373,3 +373,103 @@ func TestLifetimeEndIsSessionLost(t *testing.T) {
 	require.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res2.RestartReasons)
 	require.Contains(t, e2.quarantined[0].Detail, "exit changed")
 }
+
+// TestWarmSessionNeverMidUnit: under the fault mix — devices dropped under a step (half
+// of them leaving the exit alive), the exit moved silently under a session, throttle bursts
+// — with the pool on, every observation comes from one session and one exit, no session
+// serves two units at once, and warm sessions carry on between units.
+func TestWarmSessionNeverMidUnit(t *testing.T) {
+	for _, header := range []bool{true, false} {
+		t.Run(fmt.Sprintf("exit header %v", header), func(t *testing.T) {
+			e := setup(t, testutil.FakeProxyConfig{Seed: 70, DisconnectProb: 0.05, CutExitAlive: 0.5},
+				testutil.FakeSiteConfig{Seed: 70, Products: 60, StrictExit: true, Challenge: true})
+			if header {
+				var err error
+				e.provider, err = e.provider.WithExitHeader("X-Exit")
+				require.NoError(t, err)
+			}
+			pool, err := sessions.NewPool(sessions.PoolConfig{MaxUnits: 8})
+			require.NoError(t, err)
+			defer pool.Close()
+			cfg := e.runCfg()
+			cfg.Pool, cfg.MaxSessionRestarts = pool, 6
+			cfg.Logger = e.logger.With() // keep the default handler (quiet enough)
+
+			var (
+				mu                          sync.Mutex
+				holder                      = map[string]string{} // session → the unit holding it
+				overlaps, mixed, ok, warm   int
+				failed, moved, steps, units int
+			)
+			const workers, each = 8, 25
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					for i := range each {
+						n := w*each + i
+						if n%40 == 39 {
+							e.proxy.DropNextNewExit("/product/") // the exit moves under a session
+							mu.Lock()
+							moved++
+							mu.Unlock()
+						}
+						if n%50 == 25 {
+							e.site.Throttle(3, 0)
+						}
+						u := poolUnit(t, e, fmt.Sprintf("sku-%d", n%60+1))
+						// A session belongs to one unit from the first step it runs for it until
+						// the unit's Run returns (a failed session is retired, a good one handed
+						// back after that): another unit running a step on it is an overlap.
+						unitID := fmt.Sprint(n)
+						held := map[string]bool{}
+						for si := range u.Steps {
+							orig := u.Steps[si].Run
+							u.Steps[si].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+								mu.Lock()
+								steps++
+								if h := holder[sc.Session.ID]; h != "" && h != unitID {
+									overlaps++
+								}
+								holder[sc.Session.ID], held[sc.Session.ID] = unitID, true
+								mu.Unlock()
+								return orig(ctx, sc)
+							}
+						}
+						res, err := u.Run(context.Background(), cfg)
+						mu.Lock()
+						for id := range held {
+							if holder[id] == unitID {
+								delete(holder, id)
+							}
+						}
+						units++
+						if err != nil {
+							failed++
+							mu.Unlock()
+							continue
+						}
+						ok++
+						if res.Warm {
+							warm++
+						}
+						ex := exits(t, res.Staged)
+						if ex[0] != ex[1] || ex[1] != ex[2] || (header && ex[0] != res.Exit) {
+							mixed++
+						}
+						mu.Unlock()
+						res.Lease.Keep()
+					}
+				})
+			}
+			wg.Wait()
+			t.Logf("%d units: %d ok (%d on warm sessions), %d failed; %d disconnects (%d exit alive), %d exits moved, %d challenges, %d clearance mismatches",
+				units, ok, warm, failed, e.proxy.Disconnects(), e.proxy.CutsExitAlive(), moved, e.site.Challenges(), e.site.ClearanceMismatches())
+			require.Zero(t, overlaps, "a session ran two units at once")
+			require.Zero(t, mixed, "an observation mixed sessions or exits")
+			require.Positive(t, e.proxy.Disconnects(), "the fault mix must have cut connections")
+			require.Positive(t, warm, "units ran on warm sessions")
+			require.Greater(t, ok, units*8/10)
+			require.Less(t, e.site.Challenges(), units, "warm sessions skipped challenges")
+		})
+	}
+}

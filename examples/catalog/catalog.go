@@ -60,8 +60,13 @@ func Unit(base, sku string) (*sessions.Unit, error) {
 		return nil, fmt.Errorf("catalog: bad sku %q", sku)
 	}
 	base = strings.TrimSuffix(base, "/")
+	site := ""
+	if u, err := url.Parse(base); err == nil {
+		site = u.Host // a worker's session pool keeps sessions warm per shop
+	}
 	return &sessions.Unit{
 		Name: Kind,
+		Site: site,
 		Steps: []sessions.Step{
 			{Name: "search", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
 				resp, err := get(sc, base+"/search?q="+url.QueryEscape(sku))
