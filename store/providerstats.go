@@ -76,3 +76,52 @@ ORDER BY provider, tier, COALESCE(currency, '')`)
 	}
 	return out, nil
 }
+
+// SessionStats is what the attempts that ran on new sessions, or on warm ones from a
+// worker's session pool (migration 00022: attempts.session_units > 0), did: bytes per
+// attempt and the block rate, to judge what the pool saves. Lost attempts (their worker
+// never reported) count as new.
+type SessionStats struct {
+	Session  string `json:"session"` // "new" or "warm"
+	Attempts int64  `json:"attempts"`
+	Complete int64  `json:"complete"`
+	// Blocked counts its attempts that failed with category blocked.
+	Blocked int64 `json:"blocked"`
+	Bytes   int64 `json:"bytes"`
+	// BytesPerAttempt is Bytes / Attempts, rounded down (0 without attempts).
+	BytesPerAttempt int64 `json:"bytes_per_attempt"`
+	// BlockRate is Blocked / Attempts (0 without attempts).
+	BlockRate float64 `json:"block_rate"`
+}
+
+// StatsBySession adds up the attempts by session kind, new first then warm, in one
+// statement; a kind with no attempts is left out. An operator's query: it reads the
+// attempts table.
+func (s *PG) StatsBySession(ctx context.Context) ([]SessionStats, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT CASE WHEN session_units > 0 THEN 'warm' ELSE 'new' END AS session, count(*),
+	count(*) FILTER (WHERE outcome = 'complete'), count(*) FILTER (WHERE category = 'blocked'),
+	COALESCE(sum(bytes), 0)::bigint
+FROM attempts
+GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("store: StatsBySession: %w", err)
+	}
+	defer rows.Close()
+	out := []SessionStats{}
+	for rows.Next() {
+		var st SessionStats
+		if err := rows.Scan(&st.Session, &st.Attempts, &st.Complete, &st.Blocked, &st.Bytes); err != nil {
+			return nil, fmt.Errorf("store: StatsBySession: %w", err)
+		}
+		if st.Attempts > 0 {
+			st.BytesPerAttempt = st.Bytes / st.Attempts
+			st.BlockRate = float64(st.Blocked) / float64(st.Attempts)
+		}
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: StatsBySession: %w", err)
+	}
+	return out, nil
+}

@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/store"
+	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
 
@@ -292,4 +294,60 @@ func TestJobAttemptReserve(t *testing.T) {
 	atts, err := s.AttemptList(ctx, "t")
 	require.NoError(t, err)
 	assert.Equal(t, usd(25), store.Cost{Micros: atts[0].CostMicros, Currency: atts[0].Currency}, "the lost row carries the topped-up total")
+}
+
+// TestStatsBySession: attempts on warm sessions (session_units > 0, from the commit and
+// from the failure record) and on new ones are added up apart, with bytes per attempt and
+// the block rate; a bad SessionUnits is refused before anything is written.
+func TestStatsBySession(t *testing.T) {
+	ctx := context.Background()
+	s := store.New(testutil.PG(t))
+	got, err := s.StatsBySession(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, got, "no attempts: no rows")
+	start := func(key string, token int64) {
+		t.Helper()
+		_, err := s.JobStart(ctx, store.AttemptStartParams{Key: key, Token: token, Worker: "w1", Country: "US"})
+		require.NoError(t, err)
+	}
+	commit := func(key string, token, bytes int64, units int) {
+		t.Helper()
+		start(key, token)
+		p := commitParams(key, token)
+		p.Bytes, p.SessionUnits = bytes, units
+		_, err := s.Commit(ctx, p)
+		require.NoError(t, err)
+	}
+	record(t, s, "n1")
+	commit("n1", 1, 30000, 0)
+	record(t, s, "w1")
+	commit("w1", 1, 3000, 1)
+	record(t, s, "w2")
+	start("w2", 1)
+	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "w2", Token: 1, Category: "blocked",
+		NextAttemptAt: time.Now(), Bytes: 1000, SessionUnits: 7}))
+	commit("w2", 2, 2000, 0)
+	got, err = s.StatsBySession(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []store.SessionStats{
+		{Session: "new", Attempts: 2, Complete: 2, Bytes: 32000, BytesPerAttempt: 16000},
+		{Session: "warm", Attempts: 2, Complete: 1, Blocked: 1, Bytes: 4000, BytesPerAttempt: 2000, BlockRate: 0.5},
+	}, got)
+	rows, err := s.Pool().Query(ctx, `SELECT session_units FROM attempts WHERE job_key = 'w2' ORDER BY attempt_no`)
+	require.NoError(t, err)
+	units, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(t, err)
+	assert.Equal(t, []int{7, 0}, units, "psql sees what each attempt recorded")
+
+	record(t, s, "bad")
+	start("bad", 1)
+	p := commitParams("bad", 1)
+	p.SessionUnits = -1
+	_, err = s.Commit(ctx, p)
+	require.ErrorContains(t, err, "SessionUnits -1 is out of range")
+	require.ErrorContains(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "bad", Token: 1, Category: "blocked",
+		NextAttemptAt: time.Now(), SessionUnits: -2}), "SessionUnits -2 is out of range")
+	job, err := s.JobGet(ctx, "bad")
+	require.NoError(t, err)
+	assert.Equal(t, tasks.StateRunning, job.State, "nothing written")
 }

@@ -61,6 +61,10 @@ var statsCmd = command{
 			if providers == nil {
 				providers = []store.ProviderStats{}
 			}
+			bySession, err := pg.StatsBySession(ctx)
+			if err != nil {
+				return err
+			}
 			diag := ops.Diagnose(st)
 			if *asJSON {
 				if diag == nil {
@@ -70,9 +74,10 @@ var statsCmd = command{
 					store.Stats
 					Costs      []store.CostStats     `json:"costs"`
 					ByProvider []store.ProviderStats `json:"by_provider"`
+					BySession  []store.SessionStats  `json:"by_session"`
 					Diagnosis  []string              `json:"diagnosis"`
 					Storage    storage               `json:"storage"`
-				}{st, costs, providers, diag, sto})
+				}{st, costs, providers, bySession, diag, sto})
 			}
 			if err := writeStats(c.stdout, st, diag); err != nil {
 				return err
@@ -81,6 +86,9 @@ var statsCmd = command{
 				return err
 			}
 			if err := writeProviders(c.stdout, providers); err != nil {
+				return err
+			}
+			if err := writeSessions(c.stdout, bySession); err != nil {
 				return err
 			}
 			return writeStorage(c.stdout, sto)
@@ -269,6 +277,23 @@ func writeProviders(w io.Writer, ps []store.ProviderStats) error {
 	for _, p := range ps {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", dash(p.Provider), dash(p.Tier), p.Attempts, p.Complete, p.Lost,
 			p.Bytes, costList(p.Costs, false), costList(p.Costs, true))
+	}
+	return tw.Flush()
+}
+
+// writeSessions prints the attempts on new and on warm (pooled) sessions: bytes per
+// attempt and block rate, what the session pool saves.
+func writeSessions(w io.Writer, ss []store.SessionStats) error {
+	fmt.Fprintln(w)
+	if len(ss) == 0 {
+		fmt.Fprintln(w, "by session: no attempts")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tATTEMPTS\tCOMPLETE\tBLOCKED\tBLOCK RATE\tBYTES\tBYTES/ATTEMPT")
+	for _, s := range ss {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f %%\t%d\t%d\n", s.Session, s.Attempts, s.Complete, s.Blocked,
+			100*s.BlockRate, s.Bytes, s.BytesPerAttempt)
 	}
 	return tw.Flush()
 }
