@@ -312,6 +312,14 @@ func (s *FakeSite) SetSchemaChange(on bool) {
 	s.schemaChange = on
 }
 
+// SetChallenge turns challenge mode (FakeSiteConfig.Challenge) on or off for the requests
+// that follow; clearances issued so far stay valid.
+func (s *FakeSite) SetChallenge(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.Challenge = on
+}
+
 // Hits is the number of requests received for path (the URL path, without query), whatever
 // the answer.
 func (s *FakeSite) Hits(path string) int {

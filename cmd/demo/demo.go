@@ -154,7 +154,9 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	// needs the cookie and token of the same exit, and a residential proxy gateway in
 	// Oxylabs' username format whose devices drop out and which has no peers in one
 	// country.
-	site := testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: 7, Products: o.Products, StrictExit: true})
+	// It also puts a bot challenge in front of its pages (a 24 KiB page whose clearance
+	// cookie is bound to the exit): the worker's session pool passes it once per session.
+	site := testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: 7, Products: o.Products, StrictExit: true, Challenge: true})
 	var unavailable []string
 	if o.Unavailable != "" && o.UnavailableJobs > 0 {
 		unavailable = []string{o.Unavailable}
@@ -259,6 +261,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 		Collector:          sessions.CollectorConfig{Guard: sessions.NewGuard(destinations)},
 		Browsers:           browsers,
 		MaxSessionRestarts: o.MaxSessionRestarts,
+		SessionPool:        &sessions.PoolConfig{}, // as cmd/worker by default
 		Retry: handlers.RetryConfig{MaxAttempts: o.MaxAttempts, Policies: map[tasks.Category]handlers.Policy{
 			tasks.CategorySessionLost: fast, tasks.CategoryExitUnavailable: fast, tasks.CategoryThrottled: fast,
 			tasks.CategoryTimeout: fast, tasks.CategoryNetwork: fast,
@@ -430,6 +433,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	var rendered []tasks.Spec
 	if o.Rendered > 0 {
 		site.SetSchemaChange(false)
+		site.SetChallenge(false) // the example's rendered kind does not pass challenges
 		for i := 1; i <= o.Rendered; i++ {
 			rendered = append(rendered, tasks.Spec{Kind: catalogjs.Kind, SourceID: fmt.Sprintf("sku-%d", i),
 				Country: o.Countries[0], Window: sched.window, ParserVersion: 1})
@@ -466,6 +470,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	if err != nil {
 		return err
 	}
+	sum.Challenges = int64(site.Challenges())
 	sum.BrowserNote = browserNote
 	if err := sum.collectRendered(runCtx, pool, site, rendered); err != nil {
 		return err

@@ -40,6 +40,8 @@ type summary struct {
 	CrashedBatch      int64
 
 	// Faults.
+	Challenges        int64                // challenge pages the shop served
+	BySession         []store.SessionStats // attempts on new and on warm sessions
 	Disconnects       int64
 	Replayed          int64 // stagings quarantined after a lost session
 	ThrottledAttempts int64
@@ -184,6 +186,9 @@ FROM jobs`, consumerGroup, string(tasks.CategoryThrottled), string(tasks.Categor
 		}
 	}
 	s.Disconnects = proxy.Disconnects()
+	if s.BySession, err = store.New(pool).StatsBySession(ctx); err != nil {
+		return nil, err
+	}
 	s.DuplicateResults = counterSum(reg, "idemscrape_duplicate_results_total")
 	s.ThrottleResends = counterSum(reg, "idemscrape_throttle_resends_total")
 	if s.Invariants, err = invariants(ctx, pool); err != nil {
@@ -331,6 +336,7 @@ type fault struct {
 
 func (s *summary) faults() []fault {
 	f := []fault{
+		s.challengeFault(),
 		{"device disconnects", s.Disconnects > 0 && s.Replayed > 0,
 			fmt.Sprintf("%d at the proxy; %d half-done units quarantined (session_lost) and replayed on a new session", s.Disconnects, s.Replayed), false},
 		{"429 with Retry-After", s.ThrottledAttempts > 0 || s.ThrottleResends > 0, s.throttleText(), false},
@@ -378,6 +384,23 @@ func (s *summary) faults() []fault {
 	f = append(f, fault{"dispatcher crash after XADD", s.CrashedBatch > 0 && s.Replays > 0,
 		fmt.Sprintf("its batch (%s) was published again; the consumer skipped %s", plural(s.CrashedBatch, "event"), plural(s.Replays, "replay")), false})
 	return f
+}
+
+// challengeFault: the shop's bot challenge, passed once per session; the units the
+// session pool put on warm sessions skipped it.
+func (s *summary) challengeFault() fault {
+	var warm, fresh store.SessionStats
+	for _, st := range s.BySession {
+		if st.Session == "warm" {
+			warm = st
+		} else {
+			fresh = st
+		}
+	}
+	return fault{"bot challenge", s.Challenges > 0 && warm.Complete > 0,
+		fmt.Sprintf("%d challenge pages passed on %s; %s on warm sessions (the session pool) skipped it: %s per attempt warm, %s new",
+			s.Challenges, plural(fresh.Attempts, "new session"), plural(warm.Attempts, "attempt"),
+			humanBytes(warm.BytesPerAttempt), humanBytes(fresh.BytesPerAttempt)), false}
 }
 
 // throttleText: the 429s waited out on their session (a Retry-After of at most 2 s), and
