@@ -23,6 +23,7 @@ import (
 	"github.com/idemscrape/idemscrape/parse"
 	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/sessions/profile"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -86,6 +87,16 @@ func WithPoolCookies(names ...string) KindOption {
 	return func(k *kind) { k.poolCookies = append([]string{}, names...) }
 }
 
+// WithHeaderProfiles gives each session of the kind a realistic client identity picked
+// from o when the session opens (sessions/profile): one User-Agent, Accept,
+// Accept-Language and set of client hints on every request of the session, colly's and
+// rendered pages' alike, for every unit it serves (Config.SessionPool). Without it the
+// kind's requests carry the collector's UserAgent (sessions.DefaultUserAgent: an honest
+// bot name). A kind that renders should pick Chromium-family browsers only.
+func WithHeaderProfiles(o profile.Options) KindOption {
+	return func(k *kind) { k.profiles = &o }
+}
+
 type kind struct {
 	name            string
 	workflow        WorkflowFunc
@@ -105,6 +116,7 @@ type kind struct {
 	window      *WindowBudget       // WithWindowBudget
 	noPool      bool                // WithoutSessionPool
 	poolCookies []string            // WithPoolCookies (nil: all)
+	profiles    *profile.Options    // WithHeaderProfiles
 }
 
 // Config defaults.
@@ -447,6 +459,11 @@ func (r *Registry) Register(kindName string, workflow WorkflowFunc, parser Parse
 	}
 	if err := k.saved.Validate(); err != nil {
 		return fmt.Errorf("handlers: kind %q: WithSavedInputs: %w", kindName, err)
+	}
+	if k.profiles != nil {
+		if err := k.profiles.Validate(); err != nil {
+			return fmt.Errorf("handlers: kind %q: WithHeaderProfiles: %w", kindName, err)
+		}
 	}
 	if k.hostLimit != nil {
 		if err := k.hostLimit.Validate(); err != nil {

@@ -582,6 +582,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Pool:               pool,
 		PoolCookies:        k.poolCookies,
+		Profiles:           k.profiles,
 		Provider:           acq.slot.prov,
 		Country:            job.Spec.Country,
 		SessionLifetime:    k.sessionLifetime,

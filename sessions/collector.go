@@ -240,6 +240,16 @@ func (b *Bound) Resent() int64 { return b.resent.Load() }
 
 // fetchOnce is one Fetch without the re-sends.
 func (b *Bound) fetchOnce(method, rawURL string, body io.Reader, hdr http.Header) (*colly.Response, error) {
+	if p := b.Session.Profile; p != nil {
+		// The session's client: its headers on every request, a step's own header winning.
+		h := hdr.Clone()
+		if h == nil {
+			h = http.Header{}
+		}
+		u, _ := url.Parse(rawURL)
+		p.ApplyFor(h, u)
+		hdr = h
+	}
 	cctx := colly.NewContext()
 	if err := b.Collector.Request(method, rawURL, body, cctx, hdr); err != nil {
 		return nil, classify(err, b.served.Load())
@@ -561,7 +571,12 @@ func (b *Bound) waitHost(ctx context.Context, u *url.URL) error {
 // collector whose request needed it.
 type robotsVia struct{ b *Bound }
 
-func (v robotsVia) UserAgent() string      { return v.b.cfg.UserAgent }
+func (v robotsVia) UserAgent() string {
+	if p := v.b.Session.Profile; p != nil {
+		return p.UserAgent // one client identity for the session, robots.txt included
+	}
+	return v.b.cfg.UserAgent
+}
 func (v robotsVia) Timeout() time.Duration { return v.b.cfg.RequestTimeout }
 func (v robotsVia) Fail(err error) error   { return classify(err, v.b.served.Load()) }
 
@@ -579,7 +594,7 @@ func (v robotsVia) Get(ctx context.Context, target string, moved *atomic.Int64) 
 	if err := b.waitHost(ctx, req.URL); err != nil {
 		return nil, v.Fail(err)
 	}
-	req.Header.Set("User-Agent", b.cfg.UserAgent)
+	req.Header.Set("User-Agent", v.UserAgent())
 	res, err := b.exchange(req, moved, false)
 	if err != nil {
 		return nil, v.Fail(err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/inspector"
 	"github.com/chromedp/cdproto/network"
@@ -448,6 +449,14 @@ func (r *render) run(ctx context.Context, br *browser) (*Rendered, error) {
 
 	if _, err := cdp.Call(tctx, t, network.Enable, network.EnableParams{}); err != nil {
 		return nil, err
+	}
+	// The session's client identity (RunConfig.Profiles): the page's every request, and
+	// navigator.userAgent, userAgentData and languages, are those of the profile its
+	// colly requests carry.
+	if p := r.b.Session.Profile; p != nil {
+		if _, err := cdp.Call(tctx, t, emulation.SetUserAgentOverride, *p.UserAgentOverride()); err != nil {
+			return nil, err
+		}
 	}
 	// CDP's Fetch domain intercepts neither WebSocket handshakes nor a service worker's
 	// requests, so the guard could not see them: a render allows neither. Before any of a

@@ -34,6 +34,8 @@ import (
 	"io"
 	"log/slog"
 	"time"
+
+	"github.com/idemscrape/idemscrape/sessions/profile"
 )
 
 // Session is one sticky residential session. Its exported fields are safe to log and
@@ -45,6 +47,10 @@ type Session struct {
 	Created     time.Time     // when the session was created
 	MaxLifetime time.Duration // the lifetime asked of the provider; no new step after it
 	Endpoint    string        // proxy gateway host:port, no credentials
+	// Profile is the client the session presents for its whole life (RunConfig.Profiles):
+	// the headers of every colly request and the user agent, languages and client hints of
+	// every rendered page. nil: the collector's UserAgent, as configured.
+	Profile *profile.Profile
 
 	creds      credentials // user/pass as sent to the proxy for this session
 	exitHeader string      // the provider's exit header, "" if none

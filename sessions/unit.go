@@ -16,6 +16,7 @@ import (
 
 	"github.com/gocolly/colly/v2"
 
+	"github.com/idemscrape/idemscrape/sessions/profile"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -168,6 +169,12 @@ type RunConfig struct {
 	// the goroutine reading a connection (a fetch's or a render's), so it should
 	// be quick. Optional.
 	MoreBytes func(ctx context.Context, moved int64) (newMax int64, note string)
+	// Profiles, when set, gives every session the run opens a client identity picked from
+	// these options (sessions/profile): the same User-Agent, Accept, Accept-Language and
+	// client hints on every colly request and rendered page of the session, for its whole
+	// life — every unit it serves on a pool. nil: no profile (CollectorConfig.UserAgent).
+	// For kinds that render, prefer ChromiumOnly: Chromium can not pass for Firefox.
+	Profiles *profile.Options
 	// Pool, when set, keeps sessions warm between units of the same Unit.Site (pool.go): the
 	// run's first session is a warm one when the pool has one, and every session the run
 	// opens is the pool's. A successful run hands its session to the caller as
@@ -354,6 +361,13 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 			var err error
 			if sess, err = cfg.Provider.NewSession(cfg.Country, cfg.SessionLifetime, now()); err != nil {
 				return res, &FetchError{Category: tasks.CategoryInternal, Err: err}
+			}
+			if cfg.Profiles != nil {
+				p, err := profile.Pick(nil, *cfg.Profiles)
+				if err != nil {
+					return res, &FetchError{Category: tasks.CategoryInternal, Err: fmt.Errorf("sessions: RunConfig.Profiles: %w", err)}
+				}
+				sess.Profile = &p
 			}
 			if pooled {
 				ps = cfg.Pool.fresh(key, sess)

@@ -397,10 +397,9 @@ func (s *summary) challengeFault() fault {
 			fresh = st
 		}
 	}
-	return fault{"bot challenge", s.Challenges > 0 && warm.Complete > 0,
-		fmt.Sprintf("%d challenge pages passed on %s; %s on warm sessions (the session pool) skipped it: %s per attempt warm, %s new",
-			s.Challenges, plural(fresh.Attempts, "new session"), plural(warm.Attempts, "attempt"),
-			humanBytes(warm.BytesPerAttempt), humanBytes(fresh.BytesPerAttempt)), false}
+	return fault{"bot challenge", s.Challenges > 0 && warm.Attempts > 0,
+		fmt.Sprintf("%d challenge pages passed (one per new exit); %s on warm sessions (the session pool) skipped it: %s per attempt warm, %s new",
+			s.Challenges, plural(warm.Attempts, "attempt"), humanBytes(warm.BytesPerAttempt), humanBytes(fresh.BytesPerAttempt)), false}
 }
 
 // throttleText: the 429s waited out on their session (a Retry-After of at most 2 s), and

@@ -78,6 +78,7 @@ import (
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/sessions/profile"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store/outbox"
@@ -115,6 +116,8 @@ type config struct {
 	maxSessionRestart int
 	maxResumes        int
 	noSessionPool     bool
+	headerProfiles    string
+	profileOpts       *profile.Options
 	poolMaxUnits      int
 	poolMinRemaining  time.Duration
 	streamTrim        string
@@ -163,6 +166,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Bool(&c.noSessionPool, "no-session-pool", "NO_SESSION_POOL", "start every attempt on a new sticky session; by default a session whose unit went well serves the next unit of the same provider, tier, country and host (its exit and cookies warm)")
 	s.Int(&c.poolMaxUnits, "session-pool-max-units", "SESSION_POOL_MAX_UNITS", sessions.DefaultPoolMaxUnits, "units one pooled session serves before it is retired")
 	s.Duration(&c.poolMinRemaining, "session-pool-min-remaining", "SESSION_POOL_MIN_REMAINING", sessions.DefaultPoolMinRemaining, "sticky lifetime a pooled session must have left to start a unit (keep it above a unit's longest run)")
+	s.String(&c.headerProfiles, "header-profiles", "HEADER_PROFILES", "none", "browsers whose realistic header profiles (User-Agent, Accept-Language, client hints) the example kind's sessions present, one per session for its whole life, comma-separated: chrome, edge, firefox, safari; none: the honest idemscrape User-Agent")
 	s.Bool(&c.writable, "monitoring-writable", "MONITORING_WRITABLE", "let asynqmon change tasks and queues (delete, archive, run); default read-only; writes from another origin are refused either way")
 	s.Bool(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "deprecated: asynqmon is read-only by default; forces read-only even with -monitoring-writable")
 	s.Bool(&c.httpInsecure, "http-insecure", "HTTP_INSECURE", "allow -http on a non-loopback address without basic auth (something in front authenticates)")
@@ -254,6 +258,13 @@ func (c *config) validate() error {
 	if err := c.validateStreams(); err != nil {
 		return err
 	}
+	if c.headerProfiles != "none" && c.headerProfiles != "" {
+		o := profile.Options{Browsers: strings.Split(c.headerProfiles, ",")}
+		if err := o.Validate(); err != nil {
+			return fmt.Errorf("-header-profiles ($IDEMSCRAPE_HEADER_PROFILES) %q: %w", c.headerProfiles, err)
+		}
+		c.profileOpts = &o
+	}
 	return c.log.Validate()
 }
 
@@ -306,6 +317,9 @@ func (c *config) validateBudgets() error {
 func (c *config) kindOptions(providers []*sessions.Provider, policies map[tasks.Category]handlers.Policy) ([]handlers.KindOption, error) {
 	opts := []handlers.KindOption{handlers.WithSavedInputs(c.savedPolicy),
 		handlers.WithRetry(handlers.RetryConfig{Policies: policies, BandwidthBudget: int64(c.jobByteBudget)})}
+	if c.profileOpts != nil {
+		opts = append(opts, handlers.WithHeaderProfiles(*c.profileOpts))
+	}
 	if c.windowMoney == 0 {
 		return opts, nil
 	}
