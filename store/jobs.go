@@ -62,6 +62,10 @@ type Attempt struct {
 	// ProxyEndpoint. "" for attempts before migration 00019.
 	Provider string `db:"provider"`
 	Tier     string `db:"tier"`
+	// SessionUnits is how many units the attempt's session had served before it: 0 for a
+	// new session (and a running or lost attempt, and those before migration 00022), n > 0
+	// for a warm one from the worker's session pool.
+	SessionUnits int `db:"session_units"`
 }
 
 // Attempt outcomes recorded in attempts.outcome.
@@ -87,7 +91,7 @@ const jobColumns = `key, kind, COALESCE(url, '') AS url, COALESCE(source_id, '')
 const attemptColumns = `job_key, attempt_no, fence, worker, session_id, country, proxy_endpoint,
 	started_at, finished_at, COALESCE(http_status, 0) AS http_status, bytes, outcome,
 	COALESCE(category, '') AS category, COALESCE(error, '') AS error, cost_micros, COALESCE(currency, '') AS currency,
-	provider, tier`
+	provider, tier, session_units`
 
 // JobGet returns the jobs row with key, or ErrJobNotFound.
 func (s *PG) JobGet(ctx context.Context, key string) (Job, error) {
@@ -111,7 +115,7 @@ func (s *PG) AttemptList(ctx context.Context, key string) ([]Attempt, error) {
 UNION ALL
 SELECT j.key, j.attempts, j.fence, j.attempt_worker, j.attempt_session, j.country, j.attempt_endpoint,
 	COALESCE(j.attempt_started_at, j.updated_at), NULL, 0, 0, 'running', '', '',
-	j.attempt_reserved_micros, COALESCE(j.attempt_currency, ''), j.attempt_provider, j.attempt_tier
+	j.attempt_reserved_micros, COALESCE(j.attempt_currency, ''), j.attempt_provider, j.attempt_tier, 0
 FROM jobs j WHERE j.key = $1 AND j.state = 'running'
 	AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = j.key AND a.fence = j.fence)
 ORDER BY attempt_no`, key)

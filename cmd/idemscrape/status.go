@@ -127,7 +127,7 @@ func writeStatus(w io.Writer, st ops.Status, money string) error {
 				status = strconv.Itoa(a.HTTPStatus)
 			}
 			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\n", a.AttemptNo, fmtTime(a.StartedAt), duration(a),
-				dash(a.Worker), dash(a.SessionID), dash(a.Provider), dash(a.Tier), dash(a.ProxyEndpoint), a.Fence, a.Outcome, dash(a.Category), status, a.Bytes,
+				dash(a.Worker), sessionText(a.SessionID, a.SessionUnits), dash(a.Provider), dash(a.Tier), dash(a.ProxyEndpoint), a.Fence, a.Outcome, dash(a.Category), status, a.Bytes,
 				dash(oneLine(a.Error)))
 		}
 	}); err != nil {
@@ -225,6 +225,7 @@ type (
 		Fence         int64      `json:"fence"`
 		Worker        string     `json:"worker"`
 		SessionID     string     `json:"session_id"`
+		SessionUnits  int        `json:"session_units"` // units its session served before (0: a new session)
 		Country       string     `json:"country"`
 		ProxyEndpoint string     `json:"proxy_endpoint"`
 		Provider      string     `json:"provider"`
@@ -272,7 +273,7 @@ func statusJSONOf(st ops.Status) statusJSON {
 		out.Notes = []ops.Note{}
 	}
 	for _, a := range st.Attempts {
-		x := attemptJSON{AttemptNo: a.AttemptNo, Fence: a.Fence, Worker: a.Worker, SessionID: a.SessionID, Country: a.Country,
+		x := attemptJSON{AttemptNo: a.AttemptNo, Fence: a.Fence, Worker: a.Worker, SessionID: a.SessionID, SessionUnits: a.SessionUnits, Country: a.Country,
 			ProxyEndpoint: a.ProxyEndpoint, Provider: a.Provider, Tier: a.Tier, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt, Outcome: a.Outcome,
 			Category: a.Category, HTTPStatus: a.HTTPStatus, Bytes: a.Bytes, Error: a.Error}
 		if a.FinishedAt != nil {
@@ -292,4 +293,13 @@ func indentJSON(raw []byte, prefix string) string {
 		return prefix + string(raw)
 	}
 	return prefix + b.String()
+}
+
+// sessionText is an attempt's session as the status table shows it: "abc123" for a new
+// session, "abc123 (warm, unit 3)" for one from the worker's session pool.
+func sessionText(id string, units int) string {
+	if id == "" || units == 0 {
+		return dash(id)
+	}
+	return fmt.Sprintf("%s (warm, unit %d)", id, units+1)
 }
