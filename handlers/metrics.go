@@ -62,10 +62,21 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	if p == nil {
 		return
 	}
+	// Keys that differ only in their Client (profile or cookie policy) are one series.
+	type labels struct{ provider, tier, country, host string }
+	idle, busy := map[labels]int{}, map[labels]int{}
+	var order []labels
 	for _, st := range p.Stats() {
-		k := st.Key
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(st.Idle), k.Provider, k.Tier, k.Country, k.Host, "idle")
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(st.Busy), k.Provider, k.Tier, k.Country, k.Host, "busy")
+		l := labels{st.Key.Provider, st.Key.Tier, st.Key.Country, st.Key.Host}
+		if _, ok := idle[l]; !ok {
+			order = append(order, l)
+		}
+		idle[l] += st.Idle
+		busy[l] += st.Busy
+	}
+	for _, l := range order {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(idle[l]), l.provider, l.tier, l.country, l.host, "idle")
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(busy[l]), l.provider, l.tier, l.country, l.host, "busy")
 	}
 }
 

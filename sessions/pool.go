@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemscrape/idemscrape/sessions/profile"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -55,10 +56,31 @@ type PoolKey struct {
 	Tier     string
 	Country  string // upper case, "" = any
 	Host     string // the destination host (Unit.Site), lower case, without port
+	// Client tells apart the runs whose sessions must not mix although they go to one host:
+	// another client profile choice (RunConfig.Profiles) or another cookie policy
+	// (RunConfig.PoolCookies), e.g. two kinds of one site configured differently. "" for
+	// runs with neither.
+	Client string
 }
 
 func (k PoolKey) String() string {
-	return k.Provider + "/" + k.Tier + "/" + k.Country + "/" + k.Host
+	s := k.Provider + "/" + k.Tier + "/" + k.Country + "/" + k.Host
+	if k.Client != "" {
+		s += "/" + k.Client
+	}
+	return s
+}
+
+// clientKey is PoolKey.Client for a run's profile options and cookie policy.
+func clientKey(p *profile.Options, cookies []string) string {
+	var parts []string
+	if p != nil {
+		parts = append(parts, fmt.Sprintf("profiles=%s;%s;%v", strings.Join(p.Browsers, ","), strings.Join(p.Locales, ","), p.ChromiumOnly))
+	}
+	if cookies != nil {
+		parts = append(parts, "cookies="+strings.Join(cookies, ","))
+	}
+	return strings.Join(parts, " ")
 }
 
 // PoolConfig configures a Pool. The zero value is valid: every field has a default.

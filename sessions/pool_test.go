@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/sessions/profile"
 	"github.com/idemscrape/idemscrape/tasks"
 	"github.com/idemscrape/idemscrape/testutil"
 )
@@ -472,4 +473,37 @@ func TestWarmSessionNeverMidUnit(t *testing.T) {
 			require.Less(t, e.site.Challenges(), units, "warm sessions skipped challenges")
 		})
 	}
+}
+
+// TestPoolKeepsClientsApart: runs of one site whose client profiles or cookie policies
+// differ (two kinds configured differently) never take each other's sessions.
+func TestPoolKeepsClientsApart(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 72}, testutil.FakeSiteConfig{Seed: 72})
+	pool, err := sessions.NewPool(sessions.PoolConfig{})
+	require.NoError(t, err)
+	defer pool.Close()
+	plain := e.runCfg()
+	plain.Pool = pool
+	profiled := plain
+	profiled.Profiles = &profile.Options{Browsers: []string{profile.Firefox}}
+	fewCookies := plain
+	fewCookies.PoolCookies = []string{}
+
+	a, err := poolUnit(t, e, "sku-1").Run(context.Background(), profiled)
+	require.NoError(t, err)
+	a.Lease.Keep()
+	for _, other := range []sessions.RunConfig{plain, fewCookies} {
+		b, err := poolUnit(t, e, "sku-2").Run(context.Background(), other)
+		require.NoError(t, err)
+		require.False(t, b.Warm, "another client does not take the profiled session")
+		require.Nil(t, b.Session.Profile)
+		b.Lease.Keep()
+	}
+	c, err := poolUnit(t, e, "sku-3").Run(context.Background(), profiled)
+	require.NoError(t, err)
+	require.True(t, c.Warm)
+	require.Equal(t, a.Session.ID, c.Session.ID)
+	require.Equal(t, a.Session.Profile.String(), c.Session.Profile.String())
+	c.Lease.Keep()
+	require.Len(t, pool.Stats(), 3, "three clients of one site")
 }

@@ -341,7 +341,8 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		retire = PoolRetireFailed
 	)
 	if pooled {
-		key = PoolKey{Provider: cfg.Provider.Name(), Tier: string(cfg.Provider.Tier()), Country: toUpper(cfg.Country), Host: siteHost(u.Site)}
+		key = PoolKey{Provider: cfg.Provider.Name(), Tier: string(cfg.Provider.Tier()), Country: toUpper(cfg.Country),
+			Host: siteHost(u.Site), Client: clientKey(cfg.Profiles, cfg.PoolCookies)}
 		defer func() {
 			if ps != nil {
 				cfg.Pool.giveBack(ps, false, retire, now())
