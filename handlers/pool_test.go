@@ -196,3 +196,37 @@ func TestSessionPoolConfigRefused(t *testing.T) {
 	require.ErrorContains(t, err, "SessionPool")
 	require.ErrorContains(t, err, "MaxUnits -1 is negative")
 }
+
+// TestKindsDoNotShareSessions: two kinds of one shop never take each other's warm sessions
+// (one may log in, keep other cookies or another profile); kinds that name one scope do.
+func TestKindsDoNotShareSessions(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared scope %v", shared), func(t *testing.T) {
+			r := newRig(t, rigOpts{})
+			reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+				Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
+				SessionPool: &sessions.PoolConfig{}})
+			require.NoError(t, err)
+			t.Cleanup(reg.Close)
+			var opts []handlers.KindOption
+			if shared {
+				opts = append(opts, handlers.WithPoolScope("shop"))
+			}
+			require.NoError(t, reg.Register(catalog.Kind, r.pooledWorkflow(t), catalog.Parse, opts...))
+			require.NoError(t, reg.Register("catalog2", r.pooledWorkflow(t), catalog.Parse, opts...))
+			ctx := context.Background()
+			keyA, taskA := r.jobOf(t, catalog.Kind, "sku-1", "US", 1)
+			require.NoError(t, reg.ProcessTask(ctx, taskA))
+			keyB, taskB := r.jobOf(t, "catalog2", "sku-2", "US", 1)
+			require.NoError(t, reg.ProcessTask(ctx, taskB))
+			ids, units := attemptSessions(t, r, []string{keyA, keyB})
+			if shared {
+				require.Equal(t, []int{0, 1}, units, "one scope: the second kind takes the warm session")
+				require.Equal(t, ids[0], ids[1])
+			} else {
+				require.Equal(t, []int{0, 0}, units, "the second kind opens its own session")
+				require.NotEqual(t, ids[0], ids[1])
+			}
+		})
+	}
+}

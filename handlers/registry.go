@@ -80,6 +80,11 @@ func WithSessionLifetime(d time.Duration) KindOption {
 // for units that must start clean, e.g. each logs in as another account.
 func WithoutSessionPool() KindOption { return func(k *kind) { k.noPool = true } }
 
+// WithPoolScope lets kinds share pooled sessions (Config.SessionPool): kinds registered with
+// the same scope name take each other's warm sessions of a site. By default each kind is its
+// own scope: two kinds of one site never share a session (its logins, its cookies).
+func WithPoolScope(name string) KindOption { return func(k *kind) { k.scope = name } }
+
 // WithPoolCookies names the cookies of the kind's sessions that go on to the next unit on
 // a warm session (Config.SessionPool); the others are dropped between units. Without it
 // every cookie goes on; with no names, none does (the exit and client identity still do).
@@ -117,6 +122,7 @@ type kind struct {
 	noPool      bool                // WithoutSessionPool
 	poolCookies []string            // WithPoolCookies (nil: all)
 	profiles    *profile.Options    // WithHeaderProfiles
+	scope       string              // WithPoolScope ("": the kind's name)
 }
 
 // Config defaults.
@@ -536,6 +542,14 @@ func (r *Registry) Close() {
 	if r.pool != nil {
 		r.pool.Close()
 	}
+}
+
+// poolScope is the kind's session pool scope: WithPoolScope's, else its name.
+func (k *kind) poolScope() string {
+	if k.scope != "" {
+		return k.scope
+	}
+	return k.name
 }
 
 // SessionPool is the worker's session pool (Config.SessionPool), nil when off.

@@ -576,12 +576,15 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 	}
 	if pool != nil && unit.Site == "" && job.Spec.URL != "" {
 		if u, err := url.Parse(job.Spec.URL); err == nil {
-			unit.Site = u.Host
+			cp := *unit // the workflow's unit may be shared between attempts
+			cp.Site = u.Host
+			unit = &cp
 		}
 	}
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Pool:               pool,
 		PoolCookies:        k.poolCookies,
+		PoolScope:          k.poolScope(),
 		Profiles:           k.profiles,
 		Provider:           acq.slot.prov,
 		Country:            job.Spec.Country,

@@ -172,6 +172,9 @@ type Bound struct {
 
 const responseKey = "idemscrape.response"
 
+// profiledKey marks a request whose headers Fetch built with the session's profile.
+const profiledKey = "idemscrape.profiled"
+
 // NewCollector returns a collector bound to s. Requests run under ctx. Close it when the
 // unit is done.
 func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound, error) {
@@ -186,13 +189,30 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 	} else {
 		b.plain = acquirePlain(b.plainKey)
 	}
+	ua := c.UserAgent
+	if p := s.Profile; p != nil {
+		ua = p.UserAgent
+	}
 	col := colly.NewCollector(
 		colly.AllowURLRevisit(),        // a replay fetches the same URLs again
 		colly.ParseHTTPErrorResponse(), // statuses are classified by Fetch, not colly
 		colly.MaxBodySize(0),           // colly would cut silently and cap compressed bytes only
-		colly.UserAgent(c.UserAgent),
+		colly.UserAgent(ua),
 		colly.StdlibContext(ctx),
 	)
+	if p := s.Profile; p != nil {
+		// A step's own use of the collector (Visit, OnHTML's follow-ups) presents the
+		// session's client too; Fetch applied the profile before colly already.
+		col.OnRequest(func(r *colly.Request) {
+			if r.Ctx.GetAny(profiledKey) != nil {
+				return
+			}
+			if r.Headers.Get("Accept") == "*/*" {
+				r.Headers.Del("Accept") // colly's default, not the step's choice
+			}
+			p.ApplyFor(*r.Headers, r.URL)
+		})
+	}
 	// With the shared cache, the transport checks robots.txt on every hop; colly's own
 	// check would fetch it again per collector, i.e. per session.
 	col.IgnoreRobotsTxt = c.IgnoreRobotsTxt || c.Robots != nil
@@ -251,6 +271,9 @@ func (b *Bound) fetchOnce(method, rawURL string, body io.Reader, hdr http.Header
 		hdr = h
 	}
 	cctx := colly.NewContext()
+	if b.Session.Profile != nil {
+		cctx.Put(profiledKey, true)
+	}
 	if err := b.Collector.Request(method, rawURL, body, cctx, hdr); err != nil {
 		return nil, classify(err, b.served.Load())
 	}
@@ -571,12 +594,10 @@ func (b *Bound) waitHost(ctx context.Context, u *url.URL) error {
 // collector whose request needed it.
 type robotsVia struct{ b *Bound }
 
-func (v robotsVia) UserAgent() string {
-	if p := v.b.Session.Profile; p != nil {
-		return p.UserAgent // one client identity for the session, robots.txt included
-	}
-	return v.b.cfg.UserAgent
-}
+// UserAgent is the product token robots.txt groups are matched with: the collector's
+// (idemscrape's own by default), whatever client profile the session presents — a site's
+// rules for this bot hold with a browser profile too.
+func (v robotsVia) UserAgent() string      { return v.b.cfg.UserAgent }
 func (v robotsVia) Timeout() time.Duration { return v.b.cfg.RequestTimeout }
 func (v robotsVia) Fail(err error) error   { return classify(err, v.b.served.Load()) }
 
@@ -594,7 +615,11 @@ func (v robotsVia) Get(ctx context.Context, target string, moved *atomic.Int64) 
 	if err := b.waitHost(ctx, req.URL); err != nil {
 		return nil, v.Fail(err)
 	}
-	req.Header.Set("User-Agent", v.UserAgent())
+	ua := b.cfg.UserAgent
+	if p := b.Session.Profile; p != nil {
+		ua = p.UserAgent // the fetch looks like the session's other requests
+	}
+	req.Header.Set("User-Agent", ua)
 	res, err := b.exchange(req, moved, false)
 	if err != nil {
 		return nil, v.Fail(err)

@@ -29,7 +29,7 @@ import (
 // ends the session as lost before anything is staged, and the unit replays on a new one.
 //
 // Sessions are kept per PoolKey: provider, tier, country and destination host. A session is
-// retired — closed, never handed out again — after PoolConfig.MaxUnits units, when less than
+// retired — dropped, never handed out again — after PoolConfig.MaxUnits units, when less than
 // PoolConfig.MinRemaining of its sticky lifetime is left (so a unit never starts on a
 // session the provider would re-assign under it), after PoolConfig.IdleTimeout unused, and
 // whenever its unit did not end well: any failure of the unit (a block, a lost or changed
@@ -43,10 +43,12 @@ import (
 type Pool struct {
 	cfg PoolConfig
 
-	mu     sync.Mutex
-	idle   map[PoolKey][]*pooledSession // per key, least recently returned first
-	busy   map[PoolKey]int
-	closed bool
+	mu        sync.Mutex
+	idle      map[PoolKey][]*pooledSession // per key, least recently returned first
+	idleN     int                          // idle sessions, all keys
+	busy      map[PoolKey]int
+	lastSweep time.Time
+	closed    bool
 }
 
 // PoolKey is what a warm session may be reused for: the same provider account and tier,
@@ -57,9 +59,9 @@ type PoolKey struct {
 	Country  string // upper case, "" = any
 	Host     string // the destination host (Unit.Site), lower case, without port
 	// Client tells apart the runs whose sessions must not mix although they go to one host:
-	// another client profile choice (RunConfig.Profiles) or another cookie policy
-	// (RunConfig.PoolCookies), e.g. two kinds of one site configured differently. "" for
-	// runs with neither.
+	// another scope (RunConfig.PoolScope: handlers sets the kind's name), client profile
+	// choice (RunConfig.Profiles), cookie policy (RunConfig.PoolCookies) or asked lifetime
+	// (RunConfig.SessionLifetime). "" for runs with none of them.
 	Client string
 }
 
@@ -71,14 +73,21 @@ func (k PoolKey) String() string {
 	return s
 }
 
-// clientKey is PoolKey.Client for a run's profile options and cookie policy.
-func clientKey(p *profile.Options, cookies []string) string {
+// clientKey is PoolKey.Client for a run's scope, profile options, cookie policy and asked
+// session lifetime.
+func clientKey(scope string, p *profile.Options, cookies []string, lifetime time.Duration) string {
 	var parts []string
+	if scope != "" {
+		parts = append(parts, "scope="+scope)
+	}
 	if p != nil {
 		parts = append(parts, fmt.Sprintf("profiles=%s;%s;%v", strings.Join(p.Browsers, ","), strings.Join(p.Locales, ","), p.ChromiumOnly))
 	}
 	if cookies != nil {
 		parts = append(parts, "cookies="+strings.Join(cookies, ","))
+	}
+	if lifetime != 0 {
+		parts = append(parts, "lifetime="+lifetime.String())
 	}
 	return strings.Join(parts, " ")
 }
@@ -93,8 +102,8 @@ type PoolConfig struct {
 	MaxAge time.Duration
 	// MinRemaining is how much of its sticky lifetime a session must have left to start a
 	// unit: a unit that could outlast it starts on a fresher session instead. Keep it above
-	// a unit's longest run. Defaults to DefaultPoolMinRemaining, at most half the session's
-	// lifetime (a session whose lifetime is shorter than that is retired after its unit).
+	// a unit's longest run. Defaults to DefaultPoolMinRemaining; for a session whose
+	// lifetime is shorter than twice that, half its lifetime.
 	MinRemaining time.Duration
 	// IdleTimeout retires a session unused this long (residential exits drop idle
 	// devices). Defaults to DefaultPoolIdleTimeout.
@@ -102,6 +111,11 @@ type PoolConfig struct {
 	// MaxIdle bounds the idle sessions kept per key; the one unused longest is retired
 	// first. Defaults to DefaultPoolMaxIdle.
 	MaxIdle int
+	// MaxIdleTotal bounds the idle sessions of all keys together (a broad crawl visits
+	// many hosts once): a session handed back over it is retired. Idle sessions of every
+	// key are swept for IdleTimeout and age at most every IdleTimeout/2, whenever the pool
+	// is used. Defaults to DefaultPoolMaxIdleTotal.
+	MaxIdleTotal int
 	// OnRetire, when set, hears every retirement with its reason (one of the PoolRetire*
 	// constants), e.g. for a metric. Called without the pool's lock; keep it quick.
 	OnRetire func(key PoolKey, reason string)
@@ -113,6 +127,7 @@ const (
 	DefaultPoolMinRemaining = 2 * time.Minute
 	DefaultPoolIdleTimeout  = 2 * time.Minute
 	DefaultPoolMaxIdle      = 16
+	DefaultPoolMaxIdleTotal = 1024
 )
 
 // Why a pooled session was retired (PoolConfig.OnRetire, the retirement metric).
@@ -143,6 +158,9 @@ func (c PoolConfig) Validate() error {
 	if c.MaxIdle < 0 {
 		errs = append(errs, fmt.Errorf("MaxIdle %d is negative", c.MaxIdle))
 	}
+	if c.MaxIdleTotal < 0 {
+		errs = append(errs, fmt.Errorf("MaxIdleTotal %d is negative", c.MaxIdleTotal))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sessions: pool: %w", err)
 	}
@@ -165,6 +183,9 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	if cfg.MaxIdle == 0 {
 		cfg.MaxIdle = DefaultPoolMaxIdle
+	}
+	if cfg.MaxIdleTotal == 0 {
+		cfg.MaxIdleTotal = DefaultPoolMaxIdleTotal
 	}
 	return &Pool{cfg: cfg, idle: map[PoolKey][]*pooledSession{}, busy: map[PoolKey]int{}}, nil
 }
@@ -216,6 +237,7 @@ func (p *Pool) Close() {
 		gone = append(gone, l...)
 		delete(p.idle, k)
 	}
+	p.idleN = 0
 	p.mu.Unlock()
 	for _, ps := range gone {
 		p.heard(ps.key, PoolRetireClosed)
@@ -252,23 +274,21 @@ func (p *Pool) usable(ps *pooledSession, now time.Time) string {
 // take hands out the warm session of key returned last (its exit is the likeliest still
 // up), retiring on the way those no longer usable; nil when none is left.
 func (p *Pool) take(key PoolKey, now time.Time) *pooledSession {
-	var retired []string
-	defer func() {
-		for _, r := range retired {
-			p.heard(key, r)
-		}
-	}()
+	var retired []retirement
+	defer func() { p.hearAll(retired) }()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil
 	}
+	retired = p.sweepLocked(now)
 	l := p.idle[key]
 	for len(l) > 0 {
 		ps := l[len(l)-1]
 		l = l[:len(l)-1]
+		p.idleN--
 		if why := p.usable(ps, now); why != "" {
-			retired = append(retired, why)
+			retired = append(retired, retirement{key, why})
 			continue
 		}
 		p.setIdle(key, l)
@@ -278,6 +298,41 @@ func (p *Pool) take(key PoolKey, now time.Time) *pooledSession {
 	}
 	p.setIdle(key, l)
 	return nil
+}
+
+// retirement is one session retired under the lock, heard after it.
+type retirement struct {
+	key    PoolKey
+	reason string
+}
+
+func (p *Pool) hearAll(rs []retirement) {
+	for _, r := range rs {
+		p.heard(r.key, r.reason)
+	}
+}
+
+// sweepLocked retires the idle sessions of every key that can no longer start a unit, at
+// most every IdleTimeout/2. p.mu is held.
+func (p *Pool) sweepLocked(now time.Time) []retirement {
+	if now.Sub(p.lastSweep) < p.cfg.IdleTimeout/2 {
+		return nil
+	}
+	p.lastSweep = now
+	var out []retirement
+	for key, l := range p.idle {
+		kept := l[:0]
+		for _, ps := range l {
+			if why := p.usable(ps, now); why != "" {
+				out = append(out, retirement{key, why})
+				p.idleN--
+				continue
+			}
+			kept = append(kept, ps)
+		}
+		p.setIdle(key, kept)
+	}
+	return out
 }
 
 func (p *Pool) setIdle(key PoolKey, l []*pooledSession) {
@@ -311,7 +366,7 @@ func (p *Pool) giveBack(ps *pooledSession, keep bool, reason string, now time.Ti
 	if p.busy[ps.key] <= 0 {
 		delete(p.busy, ps.key)
 	}
-	var over *pooledSession
+	retired := p.sweepLocked(now)
 	if keep {
 		ps.units++
 		ps.returned = now
@@ -320,21 +375,24 @@ func (p *Pool) giveBack(ps *pooledSession, keep bool, reason string, now time.Ti
 			keep, reason = false, PoolRetireClosed
 		case why != "":
 			keep, reason = false, why
+		case p.idleN >= p.cfg.MaxIdleTotal:
+			keep, reason = false, PoolRetireIdle
 		default:
 			l := append(p.idle[ps.key], ps)
+			p.idleN++
 			if len(l) > p.cfg.MaxIdle {
-				over, l = l[0], l[1:]
+				l = l[1:]
+				p.idleN--
+				retired = append(retired, retirement{ps.key, PoolRetireIdle})
 			}
 			p.idle[ps.key] = l
 		}
 	}
-	p.mu.Unlock()
 	if !keep {
-		p.heard(ps.key, reason)
+		retired = append(retired, retirement{ps.key, reason})
 	}
-	if over != nil {
-		p.heard(ps.key, PoolRetireIdle)
-	}
+	p.mu.Unlock()
+	p.hearAll(retired)
 }
 
 // PoolLease is a unit's hold on its pooled session after a successful Unit.Run

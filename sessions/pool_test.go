@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"sync"
 	"testing"
@@ -506,4 +508,83 @@ func TestPoolKeepsClientsApart(t *testing.T) {
 	require.Equal(t, a.Session.Profile.String(), c.Session.Profile.String())
 	c.Lease.Keep()
 	require.Len(t, pool.Stats(), 3, "three clients of one site")
+}
+
+// TestPoolSweepsIdleKeys: idle sessions of a key nobody asks for again are retired once
+// they pass IdleTimeout (a sweep of every key while the pool is used), and MaxIdleTotal
+// bounds the idle sessions of all keys together.
+func TestPoolSweepsIdleKeys(t *testing.T) {
+	clock := testutil.NewClock(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))
+	e := setup(t, testutil.FakeProxyConfig{Seed: 73}, testutil.FakeSiteConfig{Seed: 73})
+	var heard retirements
+	pool, err := sessions.NewPool(sessions.PoolConfig{IdleTimeout: time.Minute, MaxIdleTotal: 2, OnRetire: heard.hear})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := e.runCfg()
+	cfg.Pool, cfg.Now = pool, clock.Now
+	run := func(site string) {
+		t.Helper()
+		u := poolUnit(t, e, "sku-1")
+		u.Site = site // one key per site name (all reach the shop)
+		res, err := u.Run(context.Background(), cfg)
+		require.NoError(t, err)
+		res.Lease.Keep()
+	}
+	run("a.example")
+	run("b.example")
+	run("c.example") // over MaxIdleTotal: retired when handed back
+	require.Equal(t, []string{sessions.PoolRetireIdle}, heard.list())
+	require.Len(t, pool.Stats(), 2)
+	clock.Advance(2 * time.Minute)
+	run("d.example") // a use of the pool sweeps a and b, idle too long
+	require.Equal(t, []string{sessions.PoolRetireIdle, sessions.PoolRetireIdle, sessions.PoolRetireIdle}, heard.list())
+	st := pool.Stats()
+	require.Len(t, st, 1)
+	require.Equal(t, "d.example", st[0].Key.Host)
+}
+
+// TestProfileOnCollectorRequests: a step that uses the collector itself (Visit) presents
+// the session's profile too, with colly's default Accept replaced and a step's explicit
+// header kept.
+func TestProfileOnCollectorRequests(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 74}, testutil.FakeSiteConfig{Seed: 74})
+	var (
+		mu   sync.Mutex
+		seen []http.Header
+	)
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Clone())
+		mu.Unlock()
+		fmt.Fprint(w, "ok")
+	}))
+	defer site.Close()
+	cfg := e.runCfg()
+	cfg.Profiles = &profile.Options{Browsers: []string{profile.Chrome}}
+	u := &sessions.Unit{Name: "visit", Steps: []sessions.Step{{Name: "visit", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+		if err := sc.Collector().Visit(site.URL + "/visit"); err != nil {
+			return err
+		}
+		_, err := sc.Fetch(http.MethodGet, site.URL+"/api", nil, http.Header{"Accept": {"application/json"}})
+		return err
+	}}}}
+	res, err := u.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	p := res.Session.Profile
+	mu.Lock()
+	defer mu.Unlock()
+	var pages []http.Header
+	for _, h := range seen {
+		if h.Get("X-Robots") == "" { // robots.txt goes through the collector's check too
+			pages = append(pages, h)
+		}
+	}
+	require.NotEmpty(t, pages)
+	visit, api := pages[len(pages)-2], pages[len(pages)-1]
+	require.Equal(t, p.UserAgent, visit.Get("User-Agent"))
+	require.Equal(t, p.Accept, visit.Get("Accept"), "colly's */* replaced by the profile's")
+	require.Equal(t, p.AcceptLanguage, visit.Get("Accept-Language"))
+	require.Equal(t, p.Headers().Get("Sec-Ch-Ua"), visit.Get("Sec-Ch-Ua"))
+	require.Equal(t, p.UserAgent, api.Get("User-Agent"))
+	require.Equal(t, "application/json", api.Get("Accept"), "the step's own header wins")
 }

@@ -181,6 +181,10 @@ type RunConfig struct {
 	// Result.Lease, to Keep or Retire; a failed run retires it. Defaults to nil: a new
 	// session per run, closed at its end.
 	Pool *Pool
+	// PoolScope names who may share pooled sessions: runs of another scope never take
+	// each other's (handlers sets the kind's name, so two kinds of one site do not share
+	// logins or cookies). "" is a scope too.
+	PoolScope string
 	// PoolCookies names the cookies that survive from one unit to the next on a warm
 	// session; the others are dropped when the session is handed back. nil: every cookie
 	// survives; empty (non-nil): none does.
@@ -233,8 +237,10 @@ type Result struct {
 	// one's exit (the provider has an exit header). False means "exit not verified": a
 	// silent re-assignment of the exit would have gone unnoticed.
 	ExitVerified bool
-	// Warm: the last session came from RunConfig.Pool, warm from earlier units.
-	// SessionUnits is how many units it had served before this one (0 for a new session).
+	// Warm: the unit started on a session from RunConfig.Pool, warm from earlier units
+	// (a replay after it was lost runs on a new session; Session is then that one).
+	// SessionUnits is how many units that first session had served before (0: it started
+	// on a new session).
 	Warm         bool
 	SessionUnits int
 	// Lease is the run's hold on its pooled session after a success (RunConfig.Pool): call
@@ -342,7 +348,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	)
 	if pooled {
 		key = PoolKey{Provider: cfg.Provider.Name(), Tier: string(cfg.Provider.Tier()), Country: toUpper(cfg.Country),
-			Host: siteHost(u.Site), Client: clientKey(cfg.Profiles, cfg.PoolCookies)}
+			Host: siteHost(u.Site), Client: clientKey(cfg.PoolScope, cfg.Profiles, cfg.PoolCookies, cfg.SessionLifetime)}
 		defer func() {
 			if ps != nil {
 				cfg.Pool.giveBack(ps, false, retire, now())
@@ -351,13 +357,12 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	}
 	for {
 		var sess *Session
-		res.Warm, res.SessionUnits = false, 0
 		if pooled && res.Restarts == 0 {
 			ps = cfg.Pool.take(key, now())
 		}
 		if ps != nil {
 			sess = ps.sess
-			res.Warm, res.SessionUnits = true, ps.units
+			res.Warm, res.SessionUnits = true, ps.units // the unit started warm
 		} else {
 			var err error
 			if sess, err = cfg.Provider.NewSession(cfg.Country, cfg.SessionLifetime, now()); err != nil {
@@ -386,7 +391,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		if span.IsRecording() {
 			span.SetAttributes(attribute.String("idemscrape.session", sess.ID), attribute.String("idemscrape.unit", u.Name),
 				attribute.Int64("idemscrape.bytes", res.Bytes-bytesBefore), attribute.String("idemscrape.exit", res.Exit),
-				attribute.Bool("idemscrape.session.warm", res.Warm))
+				attribute.Bool("idemscrape.session.warm", ps != nil && ps.units > 0))
 			endSpan(span, failure)
 		}
 		if ps != nil && res.Exit != "" {
@@ -514,7 +519,7 @@ func (u *Unit) runOnce(ctx context.Context, sess *Session, cfg *CollectorConfig,
 				fe = cf
 			}
 			fe = &FetchError{Category: fe.Category, Status: fe.Status, RetryAfter: fe.RetryAfter, Step: step.Name, Err: fe.Err}
-			if fe.Category == tasks.CategoryBlocked && !bound.ExitVerified() && sess.Expired(now()) {
+			if fe.Category == tasks.CategoryBlocked && fe.Status == http.StatusForbidden && !bound.ExitVerified() && sess.Expired(now()) {
 				// The provider may have moved the session to another exit when its sticky
 				// lifetime ended, and nothing can tell: the block is the new exit's (its
 				// cookies and tokens belong to the old one), so the unit replays on a new

@@ -426,15 +426,17 @@ func processCPU() time.Duration {
 // postgresCPU is the time on a CPU so far of each PostgreSQL process that works for a run:
 // the backends of the run's database (backendPIDs) and the server's own processes whose
 // work the run's writes cause (WAL writer, background writer, checkpointer, autovacuum
-// launcher and workers), by pid, from /proc/<pid>/schedstat in nanoseconds. Backends of
-// other databases are left out. A process that exits during the measured phase (an
+// launcher and workers — of every database: on an idle box only the run's), by pid, from
+// /proc/<pid>/schedstat in nanoseconds. Backends of other databases are left out. A process that exits during the measured phase (an
 // autovacuum worker) takes its CPU with it; one started during it counts whole. Before, this
 // summed every postgres process in 10 ms ticks, so a backend that exited during the phase
 // (another database's connection) made the figure negative.
 func postgresCPU(ctx context.Context) map[int]time.Duration {
 	cpu := map[int]time.Duration{}
 	for _, pid := range backendPIDs(ctx) {
-		cpu[pid] = backendCPU(pid)
+		if d, ok := readBackendCPU(pid); ok { // a backend gone before its read is left out
+			cpu[pid] = d
+		}
 	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -449,7 +451,9 @@ func postgresCPU(ctx context.Context) map[int]time.Duration {
 			continue
 		}
 		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			cpu[pid] = backendCPU(pid)
+			if d, ok := readBackendCPU(pid); ok {
+				cpu[pid] = d
+			}
 		}
 	}
 	return cpu
@@ -469,13 +473,30 @@ func pgServerProcess(cmdline string) bool {
 	return false
 }
 
-// pgCPUSince is the CPU the processes of now spent since then (a pid new in now counts whole).
+// pgCPUSince is the CPU the processes of now spent since then (a pid new in now counts
+// whole; one whose reading went down — a pid reused — counts from 0).
 func pgCPUSince(then, now map[int]time.Duration) time.Duration {
 	var d time.Duration
 	for pid, cpu := range now {
-		d += cpu - then[pid]
+		if was := then[pid]; cpu >= was {
+			d += cpu - was
+		} else {
+			d += cpu
+		}
 	}
 	return d
+}
+
+// readBackendCPU is backendCPU that says whether the process could be read.
+func readBackendCPU(pid int) (time.Duration, bool) {
+	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+		return 0, false
+	}
+	d := backendCPU(pid)
+	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+		return 0, false // gone while it was read: its figure may be a failed read's 0
+	}
+	return d, true
 }
 
 // redisStats returns the total calls of INFO commandstats and used_cpu_sys+user.

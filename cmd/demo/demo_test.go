@@ -57,7 +57,7 @@ func TestDemo(t *testing.T) {
 		text := out.String()
 
 		for _, f := range []struct{ name, evidence string }{
-			{"bot challenge", `(\d+) challenge pages passed \(one per new exit\); (\d+) attempts? on warm sessions \(the session pool\) skipped it`},
+			{"bot challenge", `(\d+) challenge pages served \(one per new exit\); (\d+) attempts? on warm sessions \(the session pool\) skipped it`},
 			{"device disconnects", `(\d+) at the proxy; (\d+) half-done units quarantined \(session_lost\)`},
 			{"429 with Retry-After", `(\d+) requests? waited out and sent again on their session`},
 			{"no proxy peers in JP", `(\d+) jobs, \d+ attempts \((\d+) failed exit_unavailable\): failed (\d+)`},

@@ -386,7 +386,7 @@ func (s *summary) faults() []fault {
 	return f
 }
 
-// challengeFault: the shop's bot challenge, passed once per session; the units the
+// challengeFault: the shop's bot challenge, served once per new exit; the units the
 // session pool put on warm sessions skipped it.
 func (s *summary) challengeFault() fault {
 	var warm, fresh store.SessionStats
@@ -398,7 +398,7 @@ func (s *summary) challengeFault() fault {
 		}
 	}
 	return fault{"bot challenge", s.Challenges > 0 && warm.Attempts > 0,
-		fmt.Sprintf("%d challenge pages passed (one per new exit); %s on warm sessions (the session pool) skipped it: %s per attempt warm, %s new",
+		fmt.Sprintf("%d challenge pages served (one per new exit); %s on warm sessions (the session pool) skipped it: %s per attempt warm, %s new",
 			s.Challenges, plural(warm.Attempts, "attempt"), humanBytes(warm.BytesPerAttempt), humanBytes(fresh.BytesPerAttempt)), false}
 }
 

@@ -20,5 +20,6 @@ CREATE INDEX CONCURRENTLY jobs_problem_idx ON jobs (updated_at DESC, key) WHERE 
 DROP INDEX CONCURRENTLY IF EXISTS jobs_state_idx;
 
 -- +goose Down
-CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_state_idx ON jobs (state, next_attempt_at) WHERE state <> 'complete';
+DROP INDEX CONCURRENTLY IF EXISTS jobs_state_idx; -- an INVALID leftover of a cancelled build
+CREATE INDEX CONCURRENTLY jobs_state_idx ON jobs (state, next_attempt_at) WHERE state <> 'complete';
 DROP INDEX CONCURRENTLY IF EXISTS jobs_problem_idx;
