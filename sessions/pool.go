@@ -378,14 +378,13 @@ func (p *Pool) giveBack(ps *pooledSession, keep bool, reason string, now time.Ti
 		case p.idleN >= p.cfg.MaxIdleTotal:
 			keep, reason = false, PoolRetireIdle
 		default:
-			l := append(p.idle[ps.key], ps)
+			p.idle[ps.key] = append(p.idle[ps.key], ps)
 			p.idleN++
-			if len(l) > p.cfg.MaxIdle {
-				l = l[1:]
+			if l := p.idle[ps.key]; len(l) > p.cfg.MaxIdle {
+				p.idle[ps.key] = l[1:]
 				p.idleN--
 				retired = append(retired, retirement{ps.key, PoolRetireIdle})
 			}
-			p.idle[ps.key] = l
 		}
 	}
 	if !keep {

@@ -193,7 +193,7 @@ func firefoxAcceptLanguage(langs []string) string {
 		if n < 10 || u%10 == 0 {
 			b.WriteString(";q=0." + strconv.Itoa((u+5)/10))
 		} else {
-			b.WriteString(fmt.Sprintf(";q=0.%02d", u))
+			fmt.Fprintf(&b, ";q=0.%02d", u)
 		}
 	}
 	return b.String()

@@ -264,7 +264,7 @@ func TestApply(t *testing.T) {
 		h := http.Header{"sec-ch-ua": {`"Custom";v="1"`}}
 		p.Apply(h)
 		assert.NotContains(t, h, "Sec-Ch-Ua", "a raw lower-case key counts as set")
-		assert.Equal(t, []string{`"Custom";v="1"`}, h["sec-ch-ua"])
+		assert.Equal(t, []string{`"Custom";v="1"`}, h["sec-ch-ua"]) //nolint:staticcheck // the raw, non-canonical key is the point
 	})
 }
 
