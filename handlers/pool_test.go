@@ -45,25 +45,30 @@ func attemptSessions(t *testing.T, r *rig, keys []string) (ids []string, units [
 	return ids, units
 }
 
+// labelledSum is the sum of the registry's samples of metric name (counters and gauges)
+// whose labels include every pair of match.
+func labelledSum(t *testing.T, reg *handlers.Registry, name string, match map[string]string) float64 {
+	t.Helper()
+	var sum float64
+samples:
+	for _, m := range metricFamily(t, reg.Gatherer(), name) {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range match {
+			if labels[k] != v {
+				continue samples
+			}
+		}
+		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	}
+	return sum
+}
+
 func unitsMetric(t *testing.T, reg *handlers.Registry, session, outcome string) float64 {
 	t.Helper()
-	mfs, err := reg.Gatherer().Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "idemscrape_session_units_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["kind"] == catalog.Kind && labels["session"] == session && labels["outcome"] == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return labelledSum(t, reg, "idemscrape_session_units_total", map[string]string{"kind": catalog.Kind, "session": session, "outcome": outcome})
 }
 
 // TestWarmSessionAcrossJobs: with Config.SessionPool, jobs of one shop run one after
@@ -126,41 +131,15 @@ func TestWarmSessionAcrossJobs(t *testing.T) {
 // poolGauge is idemscrape_session_pool_sessions by state, summed over keys.
 func poolGauge(t *testing.T, reg *handlers.Registry) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gatherer().Gather()
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "idemscrape_session_pool_sessions" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "state" {
-					out[l.GetValue()] += m.GetGauge().GetValue()
-				}
-			}
-		}
+	return map[string]float64{
+		"idle": labelledSum(t, reg, "idemscrape_session_pool_sessions", map[string]string{"state": "idle"}),
+		"busy": labelledSum(t, reg, "idemscrape_session_pool_sessions", map[string]string{"state": "busy"}),
 	}
-	return out
 }
 
 func retiredMetric(t *testing.T, reg *handlers.Registry, reason string) float64 {
 	t.Helper()
-	mfs, err := reg.Gatherer().Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "idemscrape_session_pool_retired_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return labelledSum(t, reg, "idemscrape_session_pool_retired_total", map[string]string{"reason": reason})
 }
 
 // TestKindOptsOutOfPool: a kind registered WithoutSessionPool starts every attempt on a
