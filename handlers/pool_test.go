@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
@@ -208,4 +209,37 @@ func TestKindsDoNotShareSessions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPoolSiteFromJobURL: a workflow whose unit names no Site is pooled by its job URL's
+// host, on a copy: the workflow's own (shared) unit is never changed.
+func TestPoolSiteFromJobURL(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	shared, err := catalog.Unit(r.site.URL, "sku-1")
+	require.NoError(t, err)
+	shared.Site = ""
+	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
+		SessionPool: &sessions.PoolConfig{}})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Register(catalog.Kind, func(tasks.Payload) (*sessions.Unit, error) { return shared, nil }, catalog.Parse))
+	var keys []string
+	for i := range 2 {
+		spec, err := tasks.Spec{Kind: catalog.Kind, URL: r.site.URL + "/product/sku-1", Country: "US",
+			Window: fmt.Sprintf("2026-04-2%d", i+1), ParserVersion: 1}.Normalize()
+		require.NoError(t, err)
+		key, err := spec.Key()
+		require.NoError(t, err)
+		_, err = r.st.JobsRecord(context.Background(), []tasks.JobRecord{{Key: key, Spec: spec}})
+		require.NoError(t, err)
+		payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
+		require.NoError(t, err)
+		require.NoError(t, reg.ProcessTask(context.Background(), asynq.NewTask(catalog.Kind, payload)))
+		keys = append(keys, key)
+	}
+	ids, units := attemptSessions(t, r, keys)
+	require.Equal(t, []int{0, 1}, units, "the second job ran on the first one's session, pooled by the URL's host")
+	require.Equal(t, ids[0], ids[1])
+	require.Empty(t, shared.Site, "the workflow's unit was not changed")
 }

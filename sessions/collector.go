@@ -172,8 +172,11 @@ type Bound struct {
 
 const responseKey = "idemscrape.response"
 
-// profiledKey marks a request whose headers Fetch built with the session's profile.
-const profiledKey = "idemscrape.profiled"
+// profiledHeader marks a request whose headers Fetch built with the session's profile;
+// the collector's OnRequest removes it before the request is sent. A follow-up request
+// colly makes from the response (it inherits the colly context, not the headers) is not
+// marked, and gets the profile there.
+const profiledHeader = "X-Idemscrape-Profiled"
 
 // NewCollector returns a collector bound to s. Requests run under ctx. Close it when the
 // unit is done.
@@ -189,28 +192,32 @@ func NewCollector(ctx context.Context, s *Session, cfg *CollectorConfig) (*Bound
 	} else {
 		b.plain = acquirePlain(b.plainKey)
 	}
-	ua := c.UserAgent
-	if p := s.Profile; p != nil {
-		ua = p.UserAgent
-	}
+	// colly keeps the collector's own User-Agent: its robots.txt check (without
+	// CollectorConfig.Robots) matches groups with it, also under a client profile.
 	col := colly.NewCollector(
 		colly.AllowURLRevisit(),        // a replay fetches the same URLs again
 		colly.ParseHTTPErrorResponse(), // statuses are classified by Fetch, not colly
 		colly.MaxBodySize(0),           // colly would cut silently and cap compressed bytes only
-		colly.UserAgent(ua),
+		colly.UserAgent(c.UserAgent),
 		colly.StdlibContext(ctx),
 	)
 	if p := s.Profile; p != nil {
-		// A step's own use of the collector (Visit, OnHTML's follow-ups) presents the
-		// session's client too; Fetch applied the profile before colly already.
+		// Every request of the session presents its client: Fetch applied the profile
+		// before colly (and marked the request), a step's own use of the collector (Visit,
+		// OnHTML's follow-ups) gets it here, colly's defaults replaced.
 		col.OnRequest(func(r *colly.Request) {
-			if r.Ctx.GetAny(profiledKey) != nil {
+			h := *r.Headers
+			if h.Get(profiledHeader) != "" {
+				h.Del(profiledHeader)
 				return
 			}
-			if r.Headers.Get("Accept") == "*/*" {
-				r.Headers.Del("Accept") // colly's default, not the step's choice
+			if h.Get("Accept") == "*/*" {
+				h.Del("Accept") // colly's default, not the step's choice
 			}
-			p.ApplyFor(*r.Headers, r.URL)
+			if h.Get("User-Agent") == c.UserAgent {
+				h.Del("User-Agent")
+			}
+			p.ApplyFor(h, r.URL)
 		})
 	}
 	// With the shared cache, the transport checks robots.txt on every hop; colly's own
@@ -268,12 +275,10 @@ func (b *Bound) fetchOnce(method, rawURL string, body io.Reader, hdr http.Header
 		}
 		u, _ := url.Parse(rawURL)
 		p.ApplyFor(h, u)
+		h.Set(profiledHeader, "1") // removed by the collector's OnRequest, never sent
 		hdr = h
 	}
 	cctx := colly.NewContext()
-	if b.Session.Profile != nil {
-		cctx.Put(profiledKey, true)
-	}
 	if err := b.Collector.Request(method, rawURL, body, cctx, hdr); err != nil {
 		return nil, classify(err, b.served.Load())
 	}

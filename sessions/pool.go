@@ -78,7 +78,7 @@ func (k PoolKey) String() string {
 func clientKey(scope string, p *profile.Options, cookies []string, lifetime time.Duration) string {
 	var parts []string
 	if scope != "" {
-		parts = append(parts, "scope="+scope)
+		parts = append(parts, fmt.Sprintf("scope=%q", scope))
 	}
 	if p != nil {
 		parts = append(parts, fmt.Sprintf("profiles=%s;%s;%v", strings.Join(p.Browsers, ","), strings.Join(p.Locales, ","), p.ChromiumOnly))
@@ -285,6 +285,7 @@ func (p *Pool) take(key PoolKey, now time.Time) *pooledSession {
 	l := p.idle[key]
 	for len(l) > 0 {
 		ps := l[len(l)-1]
+		l[len(l)-1] = nil // no reference to a session out of the list
 		l = l[:len(l)-1]
 		p.idleN--
 		if why := p.usable(ps, now); why != "" {
@@ -330,6 +331,7 @@ func (p *Pool) sweepLocked(now time.Time) []retirement {
 			}
 			kept = append(kept, ps)
 		}
+		clear(l[len(kept):])
 		p.setIdle(key, kept)
 	}
 	return out
@@ -381,6 +383,7 @@ func (p *Pool) giveBack(ps *pooledSession, keep bool, reason string, now time.Ti
 			p.idle[ps.key] = append(p.idle[ps.key], ps)
 			p.idleN++
 			if l := p.idle[ps.key]; len(l) > p.cfg.MaxIdle {
+				l[0] = nil
 				p.idle[ps.key] = l[1:]
 				p.idleN--
 				retired = append(retired, retirement{ps.key, PoolRetireIdle})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gocolly/colly/v2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
@@ -543,26 +544,44 @@ func TestPoolSweepsIdleKeys(t *testing.T) {
 	require.Equal(t, "d.example", st[0].Key.Host)
 }
 
-// TestProfileOnCollectorRequests: a step that uses the collector itself (Visit) presents
-// the session's profile too, with colly's default Accept replaced and a step's explicit
-// header kept.
+// TestProfileOnCollectorRequests: a step that uses the collector itself (Visit, an
+// OnHTML follow-up of a page it fetched) presents the session's profile too, with colly's
+// default Accept replaced and a step's explicit header kept; the marker Fetch puts on its
+// own requests never reaches the wire; and colly's own robots.txt check still matches the
+// groups with idemscrape's token, not the browser's.
 func TestProfileOnCollectorRequests(t *testing.T) {
 	e := setup(t, testutil.FakeProxyConfig{Seed: 74}, testutil.FakeSiteConfig{Seed: 74})
+	type seenReq struct {
+		path string
+		h    http.Header
+	}
 	var (
 		mu   sync.Mutex
-		seen []http.Header
+		seen []seenReq
 	)
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
-		seen = append(seen, r.Header.Clone())
+		seen = append(seen, seenReq{r.URL.Path, r.Header.Clone()})
 		mu.Unlock()
-		fmt.Fprint(w, "ok")
+		switch r.URL.Path {
+		case "/robots.txt":
+			fmt.Fprint(w, "User-agent: idemscrape\nDisallow: /private\n\nUser-agent: *\nAllow: /\n")
+		case "/list":
+			w.Header().Set("Content-Type", "text/html")
+			fmt.Fprint(w, `<html><body><a class="next" href="/next">next</a></body></html>`)
+		default:
+			fmt.Fprint(w, "ok")
+		}
 	}))
 	defer site.Close()
 	cfg := e.runCfg()
 	cfg.Profiles = &profile.Options{Browsers: []string{profile.Chrome}}
 	u := &sessions.Unit{Name: "visit", Steps: []sessions.Step{{Name: "visit", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
 		if err := sc.Collector().Visit(site.URL + "/visit"); err != nil {
+			return err
+		}
+		sc.Collector().OnHTML("a.next", func(el *colly.HTMLElement) { _ = el.Request.Visit(el.Attr("href")) })
+		if _, err := sc.Get(site.URL + "/list"); err != nil {
 			return err
 		}
 		_, err := sc.Fetch(http.MethodGet, site.URL+"/api", nil, http.Header{"Accept": {"application/json"}})
@@ -572,19 +591,28 @@ func TestProfileOnCollectorRequests(t *testing.T) {
 	require.NoError(t, err)
 	p := res.Session.Profile
 	mu.Lock()
-	defer mu.Unlock()
-	var pages []http.Header
-	for _, h := range seen {
-		if h.Get("X-Robots") == "" { // robots.txt goes through the collector's check too
-			pages = append(pages, h)
-		}
+	byPath := map[string]http.Header{}
+	for _, s := range seen {
+		byPath[s.path] = s.h
+		require.Empty(t, s.h.Get("X-Idemscrape-Profiled"), "%s: the internal marker reached the wire", s.path)
 	}
-	require.NotEmpty(t, pages)
-	visit, api := pages[len(pages)-2], pages[len(pages)-1]
-	require.Equal(t, p.UserAgent, visit.Get("User-Agent"))
-	require.Equal(t, p.Accept, visit.Get("Accept"), "colly's */* replaced by the profile's")
-	require.Equal(t, p.AcceptLanguage, visit.Get("Accept-Language"))
-	require.Equal(t, p.Headers().Get("Sec-Ch-Ua"), visit.Get("Sec-Ch-Ua"))
-	require.Equal(t, p.UserAgent, api.Get("User-Agent"))
-	require.Equal(t, "application/json", api.Get("Accept"), "the step's own header wins")
+	mu.Unlock()
+	for _, path := range []string{"/visit", "/list", "/next"} {
+		h := byPath[path]
+		require.NotNil(t, h, path)
+		require.Equal(t, p.UserAgent, h.Get("User-Agent"), path)
+		require.Equal(t, p.Accept, h.Get("Accept"), "%s: colly's */* replaced by the profile's", path)
+		require.Equal(t, p.AcceptLanguage, h.Get("Accept-Language"), path)
+		require.Equal(t, p.Headers().Get("Sec-Ch-Ua"), h.Get("Sec-Ch-Ua"), path)
+	}
+	require.Equal(t, p.UserAgent, byPath["/api"].Get("User-Agent"))
+	require.Equal(t, "application/json", byPath["/api"].Get("Accept"), "the step's own header wins")
+
+	// colly's robots.txt check (no fleet cache) matches idemscrape's group under a profile.
+	private := &sessions.Unit{Name: "private", Steps: []sessions.Step{{Name: "private", Safe: true, Run: func(_ context.Context, sc *sessions.StepContext) error {
+		_, err := sc.Get(site.URL + "/private/x")
+		return err
+	}}}}
+	_, err = private.Run(context.Background(), cfg)
+	require.Equal(t, tasks.CategoryRobotsDisallowed, sessions.CategoryOf(err), "the bot's own robots.txt group applies: %v", err)
 }

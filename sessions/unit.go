@@ -239,8 +239,9 @@ type Result struct {
 	ExitVerified bool
 	// Warm: the unit started on a session from RunConfig.Pool, warm from earlier units
 	// (a replay after it was lost runs on a new session; Session is then that one).
-	// SessionUnits is how many units that first session had served before (0: it started
-	// on a new session).
+	// SessionUnits is how many units Session — the last session, the one Result's
+	// evidence is about — had served before this unit: 0 for a new one, so also after a
+	// replay.
 	Warm         bool
 	SessionUnits int
 	// Lease is the run's hold on its pooled session after a success (RunConfig.Pool): call
@@ -344,14 +345,13 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		pooled = cfg.Pool != nil && u.Site != ""
 		key    PoolKey
 		ps     *pooledSession
-		retire = PoolRetireFailed
 	)
 	if pooled {
 		key = PoolKey{Provider: cfg.Provider.Name(), Tier: string(cfg.Provider.Tier()), Country: toUpper(cfg.Country),
 			Host: siteHost(u.Site), Client: clientKey(cfg.PoolScope, cfg.Profiles, cfg.PoolCookies, cfg.SessionLifetime)}
 		defer func() {
 			if ps != nil {
-				cfg.Pool.giveBack(ps, false, retire, now())
+				cfg.Pool.giveBack(ps, false, PoolRetireFailed, now()) // an early return
 			}
 		}()
 	}
@@ -396,6 +396,9 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		}
 		if ps != nil && res.Exit != "" {
 			ps.exit = res.Exit
+		}
+		if res.Restarts > 0 {
+			res.SessionUnits = 0 // the replay's session is new (Warm still tells how the unit started)
 		}
 		if failure == nil {
 			if u.Validate != nil {

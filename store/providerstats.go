@@ -77,10 +77,10 @@ ORDER BY provider, tier, COALESCE(currency, '')`)
 	return out, nil
 }
 
-// SessionStats is what the attempts that ran on new sessions, or on warm ones from a
+// SessionStats is what the attempts that ended on new sessions, or on warm ones from a
 // worker's session pool (migration 00022: attempts.session_units > 0), did: bytes per
-// attempt and the block rate, to judge what the pool saves. Lost attempts (their worker
-// never reported) count as new.
+// attempt and the block rate, to judge what the pool saves. Attempts that never reached a
+// session (lost ones, whose worker never reported; refusals before any fetch) are left out.
 type SessionStats struct {
 	Session  string `json:"session"` // "new" or "warm"
 	Attempts int64  `json:"attempts"`
@@ -103,6 +103,7 @@ SELECT CASE WHEN session_units > 0 THEN 'warm' ELSE 'new' END AS session, count(
 	count(*) FILTER (WHERE outcome = 'complete'), count(*) FILTER (WHERE category = 'blocked'),
 	COALESCE(sum(bytes), 0)::bigint
 FROM attempts
+WHERE session_id <> ''
 GROUP BY 1 ORDER BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("store: StatsBySession: %w", err)

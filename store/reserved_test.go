@@ -298,7 +298,8 @@ func TestJobAttemptReserve(t *testing.T) {
 
 // TestStatsBySession: attempts on warm sessions (session_units > 0, from the commit and
 // from the failure record) and on new ones are added up apart, with bytes per attempt and
-// the block rate; a bad SessionUnits is refused before anything is written.
+// the block rate; attempts without a session are left out; a bad SessionUnits is refused
+// before anything is written.
 func TestStatsBySession(t *testing.T) {
 	ctx := context.Background()
 	s := store.New(testutil.PG(t))
@@ -325,8 +326,12 @@ func TestStatsBySession(t *testing.T) {
 	record(t, s, "w2")
 	start("w2", 1)
 	require.NoError(t, s.JobMarkRetryable(ctx, store.AttemptFinishParams{Key: "w2", Token: 1, Category: "blocked",
-		NextAttemptAt: time.Now(), Bytes: 1000, SessionUnits: 7}))
+		NextAttemptAt: time.Now(), Bytes: 1000, SessionID: "sess0007", SessionUnits: 7}))
 	commit("w2", 2, 2000, 0)
+	// An attempt that never reached a session (refused before any fetch) is left out.
+	record(t, s, "x")
+	start("x", 1)
+	require.NoError(t, s.JobFail(ctx, store.AttemptFinishParams{Key: "x", Token: 1, Category: "budget_exceeded"}))
 	got, err = s.StatsBySession(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []store.SessionStats{

@@ -165,7 +165,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Int(&c.maxResumes, "max-resumes", "MAX_RESUMES", 0, "steps run again on their own session after a cut (exit proven unchanged) or a Retry-After, per attempt, instead of a replay (0: the runner's default; -1: none, every cut replays)")
 	s.Bool(&c.noSessionPool, "no-session-pool", "NO_SESSION_POOL", "start every attempt on a new sticky session; by default a session whose unit went well serves the next unit of the same provider, tier, country and host (its exit and cookies warm)")
 	s.Int(&c.poolMaxUnits, "session-pool-max-units", "SESSION_POOL_MAX_UNITS", sessions.DefaultPoolMaxUnits, "units one pooled session serves before it is retired")
-	s.Duration(&c.poolMinRemaining, "session-pool-min-remaining", "SESSION_POOL_MIN_REMAINING", sessions.DefaultPoolMinRemaining, "sticky lifetime a pooled session must have left to start a unit (keep it above a unit's longest run)")
+	s.Duration(&c.poolMinRemaining, "session-pool-min-remaining", "SESSION_POOL_MIN_REMAINING", sessions.DefaultPoolMinRemaining, "sticky lifetime a pooled session must have left to start a unit (keep it above a unit's longest run; at most half the session's lifetime is asked)")
 	s.String(&c.headerProfiles, "header-profiles", "HEADER_PROFILES", "none", "browsers whose realistic header profiles (User-Agent, Accept-Language, client hints) the example kind's sessions present, one per session for its whole life, comma-separated: chrome, edge, firefox, safari; none: the honest idemscrape User-Agent")
 	s.Bool(&c.writable, "monitoring-writable", "MONITORING_WRITABLE", "let asynqmon change tasks and queues (delete, archive, run); default read-only; writes from another origin are refused either way")
 	s.Bool(&c.readOnly, "read-only", "MONITORING_READ_ONLY", "deprecated: asynqmon is read-only by default; forces read-only even with -monitoring-writable")
@@ -258,8 +258,11 @@ func (c *config) validate() error {
 	if err := c.validateStreams(); err != nil {
 		return err
 	}
-	if c.headerProfiles != "none" && c.headerProfiles != "" {
-		o := profile.Options{Browsers: strings.Split(c.headerProfiles, ",")}
+	if hp := strings.TrimSpace(c.headerProfiles); !strings.EqualFold(hp, "none") && hp != "" {
+		o := profile.Options{}
+		for b := range strings.SplitSeq(hp, ",") {
+			o.Browsers = append(o.Browsers, strings.TrimSpace(b))
+		}
 		if err := o.Validate(); err != nil {
 			return fmt.Errorf("-header-profiles ($IDEMSCRAPE_HEADER_PROFILES) %q: %w", c.headerProfiles, err)
 		}
