@@ -413,13 +413,18 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	// Phase 2: the shop renames its price field, and an hourly template's tick sends a
 	// few jobs against it. Validation refuses the staging (quarantined), the job fails
 	// without retry (a deterministic failure), and no result or event is written.
+	// The proxy's devices hold from here on: the tick's units start on the warm sessions the
+	// first phase handed back (their exits and clearance cookies), which the bot challenge
+	// line counts; a random device loss under both of them would leave none to count.
 	if sched.schemaTemplate != "" {
+		proxy.SetDisconnectProb(0)
 		site.SetSchemaChange(true)
 		rep := sched.s.Tick(runCtx, sched.schemaTemplate, at)
 		if rep.Err != nil {
 			return fmt.Errorf("tick of %s: %w", sched.schemaTemplate, rep.Err)
 		}
-		fmt.Fprintf(out, "\nthe shop renames its price field \"price\" to \"amount\"; tick of %s (window %s): %d created\n",
+		fmt.Fprintf(out, "\nthe shop renames its price field \"price\" to \"amount\"; tick of %s (window %s): %d created,\n"+
+			"  on the warm sessions the first jobs handed back (the proxy's devices hold from here on)\n",
 			sched.schemaTemplate, rep.Window, rep.Outcomes[tasks.Created.String()])
 		if err := waitSettled(runCtx, pool, rdb, streams, o.Progress, out, began); err != nil {
 			return err
