@@ -616,3 +616,112 @@ func TestProfileOnCollectorRequests(t *testing.T) {
 	_, err = private.Run(context.Background(), cfg)
 	require.Equal(t, tasks.CategoryRobotsDisallowed, sessions.CategoryOf(err), "the bot's own robots.txt group applies: %v", err)
 }
+
+// TestPoolMaxAge: MaxAge retires a session that long after it opened, however much of its
+// sticky lifetime is left and however recently it served.
+func TestPoolMaxAge(t *testing.T) {
+	clock := testutil.NewClock(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))
+	e := setup(t, testutil.FakeProxyConfig{Seed: 74}, testutil.FakeSiteConfig{Seed: 74})
+	var heard retirements
+	pool, err := sessions.NewPool(sessions.PoolConfig{MaxAge: 3 * time.Minute, IdleTimeout: 10 * time.Minute, OnRetire: heard.hear})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := e.runCfg()
+	cfg.Pool, cfg.Now, cfg.SessionLifetime = pool, clock.Now, 10*time.Minute
+
+	first, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	first.Lease.Keep()
+	clock.Advance(time.Minute)
+	second, err := poolUnit(t, e, "sku-2").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.True(t, second.Warm, "a minute old: still warm")
+	require.Equal(t, first.Session.ID, second.Session.ID)
+	second.Lease.Keep()
+	require.Empty(t, heard.list())
+
+	clock.Advance(2 * time.Minute) // 3 min after it opened, 2 after its last unit, 7 min of lifetime left
+	third, err := poolUnit(t, e, "sku-3").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, third.Warm, "past MaxAge: a new session")
+	require.NotEqual(t, first.Session.ID, third.Session.ID)
+	third.Lease.Keep()
+	require.Equal(t, []string{sessions.PoolRetireAge}, heard.list())
+}
+
+// TestPoolMaxIdleTrim: over MaxIdle sessions of one key, the one handed back first (idle
+// longest) is retired; the others serve again, the one handed back last first.
+func TestPoolMaxIdleTrim(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 75}, testutil.FakeSiteConfig{Seed: 75})
+	var heard retirements
+	pool, err := sessions.NewPool(sessions.PoolConfig{MaxIdle: 2, OnRetire: heard.hear})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := e.runCfg()
+	cfg.Pool = pool
+
+	// Three units hold three sessions at once (none is idle while another starts).
+	var held []sessions.Result
+	for i := range 3 {
+		res, err := poolUnit(t, e, fmt.Sprintf("sku-%d", i+1)).Run(context.Background(), cfg)
+		require.NoError(t, err)
+		require.False(t, res.Warm)
+		held = append(held, res)
+	}
+	require.Equal(t, 3, pool.Stats()[0].Busy)
+	for _, res := range held {
+		res.Lease.Keep()
+	}
+	require.Equal(t, []string{sessions.PoolRetireIdle}, heard.list(), "the third hand-back trims one")
+	require.Equal(t, 2, pool.Stats()[0].Idle)
+
+	var next []sessions.Result
+	for i := range 3 {
+		res, err := poolUnit(t, e, fmt.Sprintf("sku-%d", i+4)).Run(context.Background(), cfg)
+		require.NoError(t, err)
+		next = append(next, res)
+	}
+	require.Equal(t, held[2].Session.ID, next[0].Session.ID, "the one handed back last serves first")
+	require.Equal(t, held[1].Session.ID, next[1].Session.ID)
+	require.False(t, next[2].Warm, "the trimmed one never serves again")
+	require.NotEqual(t, held[0].Session.ID, next[2].Session.ID)
+	for _, res := range next {
+		res.Lease.Keep()
+	}
+}
+
+// TestPoolCloseWithHeldSessions: Close retires the idle sessions at once and a held one
+// when its unit hands it back; a closed pool hands out no warm session and keeps none.
+func TestPoolCloseWithHeldSessions(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 76}, testutil.FakeSiteConfig{Seed: 76})
+	var heard retirements
+	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
+	require.NoError(t, err)
+	cfg := e.runCfg()
+	cfg.Pool = pool
+
+	idle, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	idle.Lease.Keep()
+	busy, err := poolUnit(t, e, "sku-2").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.True(t, busy.Warm)
+	other, err := poolUnit(t, e, "sku-3").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, other.Warm, "the warm one is held")
+
+	pool.Close()
+	require.Empty(t, heard.list(), "both sessions are held by their units")
+	busy.Lease.Keep()
+	require.Equal(t, []string{sessions.PoolRetireClosed}, heard.list(), "kept after Close: retired")
+	require.Equal(t, []sessions.PoolStat{{Key: sessions.PoolKey{Provider: "generic", Tier: "residential", Country: "US", Host: "127.0.0.1"}, Busy: 1}}, pool.Stats(), "only the other unit's session, still held")
+
+	after, err := poolUnit(t, e, "sku-4").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, after.Warm, "a closed pool hands out nothing")
+	require.NotEqual(t, other.Session.ID, after.Session.ID)
+	other.Lease.Keep()
+	after.Lease.Keep()
+	require.Equal(t, []string{sessions.PoolRetireClosed, sessions.PoolRetireClosed, sessions.PoolRetireClosed}, heard.list())
+	require.Empty(t, pool.Stats())
+}
