@@ -150,7 +150,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64, pool func
 		}, []string{"kind"}),
 		sessionRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_session_restarts_total",
-			Help: "Workflow units replayed on a new session, by the category of the loss.",
+			Help: "Workflow units replayed on another session (a warm one of the pool, else new), by the category of the loss.",
 		}, []string{"kind", "reason"}),
 		sessionResumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_session_resumes_total",

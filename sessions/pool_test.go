@@ -725,3 +725,55 @@ func TestPoolCloseWithHeldSessions(t *testing.T) {
 	require.Equal(t, []string{sessions.PoolRetireClosed, sessions.PoolRetireClosed, sessions.PoolRetireClosed}, heard.list())
 	require.Empty(t, pool.Stats())
 }
+
+// TestReplayTakesWarmSession: a unit whose session is lost mid-way replays from its first
+// step on another warm session of the pool when one is idle — its exit and clearance
+// cookie, so no challenge page — never on the lost one; with none idle, on a new one.
+func TestReplayTakesWarmSession(t *testing.T) {
+	e := setup(t, testutil.FakeProxyConfig{Seed: 77}, testutil.FakeSiteConfig{Seed: 77, StrictExit: true, Challenge: true})
+	var heard retirements
+	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := e.runCfg()
+	cfg.Pool = pool
+
+	// Two warm sessions: a and b, b handed back last.
+	a, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	b, err := poolUnit(t, e, "sku-2").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.NotEqual(t, a.Session.ID, b.Session.ID)
+	a.Lease.Keep()
+	b.Lease.Keep()
+	challenges := e.site.Challenges()
+
+	e.proxy.DropNext("/api/price/") // b's device goes under the unit's last step
+	res, err := poolUnit(t, e, "sku-3").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, []string{b.Session.ID, a.Session.ID}, res.Sessions, "started on b, replayed on a")
+	require.Equal(t, []tasks.Category{tasks.CategorySessionLost}, res.RestartReasons)
+	require.True(t, res.Warm)
+	require.Equal(t, a.Session.ID, res.Session.ID)
+	require.Equal(t, 1, res.SessionUnits, "the recorded session, a, had served one unit")
+	require.Equal(t, challenges, e.site.Challenges(), "no challenge: both sessions were cleared on their exits")
+	require.Equal(t, []string{sessions.PoolRetireExit}, heard.list(), "b retired")
+	ex := exits(t, res.Staged)
+	require.Equal(t, []string{ex[0], ex[0], ex[0]}, ex, "the replay ran on one exit")
+	res.Lease.Keep()
+
+	// None idle but the one a unit holds: the replay opens a new session.
+	held, err := poolUnit(t, e, "sku-4").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, a.Session.ID, held.Session.ID)
+	e.proxy.DropNext("/api/price/")
+	res, err = poolUnit(t, e, "sku-5").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, res.Warm)
+	require.Len(t, res.Sessions, 2)
+	require.NotContains(t, res.Sessions, a.Session.ID, "never a session another unit holds")
+	require.Zero(t, res.SessionUnits)
+	require.Greater(t, e.site.Challenges(), challenges, "the new sessions met the challenge")
+	held.Lease.Keep()
+	res.Lease.Keep()
+}

@@ -237,11 +237,11 @@ type Result struct {
 	// one's exit (the provider has an exit header). False means "exit not verified": a
 	// silent re-assignment of the exit would have gone unnoticed.
 	ExitVerified bool
-	// Warm: the unit started on a session from RunConfig.Pool, warm from earlier units
-	// (a replay after it was lost runs on a new session; Session is then that one).
-	// SessionUnits is how many units Session — the last session, the one Result's
-	// evidence is about — had served before this unit: 0 for a new one, so also after a
-	// replay.
+	// Warm: the unit started on a session from RunConfig.Pool, warm from earlier units.
+	// A replay after a session was lost runs on another warm session of the pool when
+	// one is idle, else on a new one; Session is then that one. SessionUnits is how many
+	// units Session — the last session, the one Result's evidence is about — had served
+	// before this unit: 0 for a new one.
 	Warm         bool
 	SessionUnits int
 	// Lease is the run's hold on its pooled session after a success (RunConfig.Pool): call
@@ -338,9 +338,10 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		collectorCfg.run, collectorCfg.budgetSet = runOwner(ctx, cfg.MaxBytes, cfg.BudgetNote, cfg.MoreBytes), true
 		defer collectorCfg.run.cap.end()
 	}
-	// With a pool, the run's first session is a warm one of the unit's site when there is
-	// one, and each session it opens is the pool's: handed to the caller after a success
-	// (Result.Lease), retired after anything else.
+	// With a pool, each session the run starts on (the first, and each replay's) is a warm
+	// one of the unit's site when one is idle — never the session just lost, which is
+	// retired — and each session it opens is the pool's: handed to the caller after a
+	// success (Result.Lease), retired after anything else.
 	var (
 		pooled = cfg.Pool != nil && u.Site != ""
 		key    PoolKey
@@ -357,12 +358,14 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	}
 	for {
 		var sess *Session
-		if pooled && res.Restarts == 0 {
+		if pooled {
 			ps = cfg.Pool.take(key, now())
 		}
+		res.SessionUnits = 0
 		if ps != nil {
 			sess = ps.sess
-			res.Warm, res.SessionUnits = true, ps.units // the unit started warm
+			res.SessionUnits = ps.units
+			res.Warm = res.Warm || res.Restarts == 0 // the unit started warm
 		} else {
 			var err error
 			if sess, err = cfg.Provider.NewSession(cfg.Country, cfg.SessionLifetime, now()); err != nil {
@@ -396,9 +399,6 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		}
 		if ps != nil && res.Exit != "" {
 			ps.exit = res.Exit
-		}
-		if res.Restarts > 0 {
-			res.SessionUnits = 0 // the replay's session is new (Warm still tells how the unit started)
 		}
 		if failure == nil {
 			if u.Validate != nil {
@@ -439,7 +439,7 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		}
 		res.Restarts++
 		res.RestartReasons = append(res.RestartReasons, failure.Category)
-		log.InfoContext(ctx, "session lost, replaying unit on a new session",
+		log.InfoContext(ctx, "session lost, replaying unit on another session",
 			"unit", u.Name, "step", failure.Step, "category", string(failure.Category),
 			"old_session", sess.ID, "endpoint", sess.Endpoint, "restart", res.Restarts, "warm", res.Warm)
 	}

@@ -338,7 +338,7 @@ func (s *summary) faults() []fault {
 	f := []fault{
 		s.challengeFault(),
 		{"device disconnects", s.Disconnects > 0 && s.Replayed > 0,
-			fmt.Sprintf("%d at the proxy; %d half-done units quarantined (session_lost) and replayed on a new session", s.Disconnects, s.Replayed), false},
+			fmt.Sprintf("%d at the proxy; %d half-done units quarantined (session_lost) and replayed on another session", s.Disconnects, s.Replayed), false},
 		{"429 with Retry-After", s.ThrottledAttempts > 0 || s.ThrottleResends > 0, s.throttleText(), false},
 	}
 	if s.Unavailable != "" {
@@ -378,7 +378,7 @@ func (s *summary) faults() []fault {
 			n += s.RenderedJobs[k]
 		}
 		f = append(f, fault{"device drop mid-render", s.RenderedJobs["complete"] == n && s.RenderedRight == n && s.RenderedReplayed > 0,
-			fmt.Sprintf("%s rendered in Chromium: %s; %d of them hold the price the shop's script shows; %d stagings quarantined (session_lost) and replayed on a new session; %s per job",
+			fmt.Sprintf("%s rendered in Chromium: %s; %d of them hold the price the shop's script shows; %d stagings quarantined (session_lost) and replayed on another session; %s per job",
 				plural(n, "job"), strings.Join(states, ", "), s.RenderedRight, s.RenderedReplayed, humanBytes(s.RenderedBytes)), false})
 	}
 	f = append(f, fault{"dispatcher crash after XADD", s.CrashedBatch > 0 && s.Replays > 0,
