@@ -137,7 +137,9 @@ func TestKilledAttemptCharged(t *testing.T) {
 	}, opts...)
 
 	key, task := r.job(t, "sku-1")
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// A bound on A's delivery (a loaded box must still reach the price gate inside it);
+	// the hold's lapse is injected below, not waited for.
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	doneA := make(chan error, 1)
 	go func() { doneA <- regA.ProcessTask(actx, task) }()

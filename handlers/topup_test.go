@@ -231,7 +231,9 @@ func TestKilledAttemptChargedAfterTopUp(t *testing.T) {
 	r.pad.Store(2 * reservation)
 	r.gate.armed.Store(true)
 	key, task := r.job(t, "sku-9")
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// A bound on A's delivery (a loaded box must still reach the price gate inside it);
+	// the hold's lapse is injected below, not waited for.
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	doneA := make(chan error, 1)
 	go func() { doneA <- regA.ProcessTask(actx, task) }()
@@ -254,7 +256,7 @@ func TestKilledAttemptChargedAfterTopUp(t *testing.T) {
 	}
 	r.gate.armed.Store(false)
 	r.gate.open()
-	<-actx.Done() // A's delivery has ended
+	cancel() // A's delivery has ended (ProcessTask returned above)
 	// A's delivery deadline passes: its reservation lapses, charged, and its lease ends.
 	endDeadWorkersHold(t, r.ns.Client, r.ns.Prefix, catalog.Kind, "2026-04-23", key)
 	d := decisionOf(regB.ProcessTask(ctx, task))

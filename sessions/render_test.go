@@ -294,10 +294,16 @@ func TestBrowserPoolBounded(t *testing.T) {
 	unit.Steps[1].Run = func(ctx context.Context, sc *sessions.StepContext) error {
 		if !killed {
 			killed = true
-			pids := pool.Processes()
-			require.NotEmpty(t, pids)
+			page := "/js/product/sku-7"
+			before := e.site.Hits(page)
 			go func() {
-				for _, pid := range pids { // our own pool's processes, by id
+				// Only once the page's request reached the shop is the render on a browser
+				// of the pool: killed earlier, the pool would reap it and start another
+				// (as it does after RendersPerBrowser renders).
+				for e.site.Hits(page) == before {
+					time.Sleep(5 * time.Millisecond)
+				}
+				for _, pid := range pool.Processes() { // our own pool's processes, by id
 					if p, err := os.FindProcess(pid); err == nil {
 						_ = p.Kill()
 					}

@@ -36,10 +36,13 @@ func TestDemo(t *testing.T) {
 		o.Countries = []string{"US"}
 		o.Rendered = 2
 		o.UnavailableJobs = 2
-		// 8 jobs make ~40 sticky requests: at 0.2 a disconnect is all but certain (1 − 0.8^40),
-		// and with 6 sessions per attempt and 3 attempts no job of a served country fails.
+		// 8 jobs make ~40 sticky requests: at 0.2 a disconnect is all but certain (1 − 0.8^40).
+		// A new session survives its 4 requests with 0.8^4 ≈ 0.41: with 10 sessions per
+		// attempt and 3 attempts a job of a served country fails with 0.59^30 ≈ 10⁻⁷.
 		o.Disconnect = 0.2
-		o.Throttled = 5 // a 429 lost to a disconnect is not seen as one: 5 make one certain
+		o.MaxSessionRestarts = 9
+		// A 429 cut by the proxy is not seen as one: all 10 are cut with 0.2^10 ≈ 10⁻⁷.
+		o.Throttled = 10
 		// A bound against hanging on a loaded box, not a speed goal.
 		o.Timeout = 5 * time.Minute
 		o.Progress = progressPlain
