@@ -19,27 +19,37 @@ import (
 // BenchmarkSessionPool: 1,000 catalog units, 8 at a time, against the shop in challenge
 // mode (a new exit's first request gets a 24 KiB challenge page whose clearance cookie is
 // bound to the exit; every 20th challenge is a block instead) through the fake proxy, with
-// the session pool off and on; and without challenges, where the pool must cost nothing.
+// the session pool off and on; the same with 5 % of requests cutting their device (the unit
+// replays: with the pool, on another warm session when one is idle); and without
+// challenges, where the pool must cost nothing.
 // Reported per completed unit: bytes at the proxy (both directions, the wire), requests the
 // shop answered, challenges; and blocked units per 1,000.
 //
 //	go test ./sessions -run '^$' -bench SessionPool -benchtime 1x
 func BenchmarkSessionPool(b *testing.B) {
-	for _, challenge := range []bool{true, false} {
+	for _, c := range []struct {
+		challenge bool
+		cuts      float64
+	}{{true, 0}, {true, 0.05}, {false, 0}} {
 		for _, pooled := range []bool{false, true} {
-			b.Run(fmt.Sprintf("challenge=%v/pool=%v", challenge, pooled), func(b *testing.B) {
+			name := fmt.Sprintf("challenge=%v/pool=%v", c.challenge, pooled)
+			if c.cuts > 0 {
+				name = fmt.Sprintf("challenge=%v/cuts=%v/pool=%v", c.challenge, c.cuts, pooled)
+			}
+			b.Run(name, func(b *testing.B) {
 				for range b.N {
-					benchPoolRun(b, challenge, pooled)
+					benchPoolRun(b, c.challenge, c.cuts, pooled)
 				}
 			})
 		}
 	}
 }
 
-func benchPoolRun(b *testing.B, challenge, pooled bool) {
+func benchPoolRun(b *testing.B, challenge bool, cuts float64, pooled bool) {
 	b.StopTimer()
 	const units, workers = 1000, 8
-	proxy := testutil.NewFakeProxy(b, testutil.FakeProxyConfig{Seed: 80, Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary})
+	proxy := testutil.NewFakeProxy(b, testutil.FakeProxyConfig{Seed: 80, Format: testutil.ProxyFormatGeneric, User: "acct", Password: canary,
+		DisconnectProb: cuts})
 	site := testutil.NewFakeSite(b, testutil.FakeSiteConfig{Seed: 80, Products: 100, StrictExit: true,
 		Challenge: challenge, ChallengeBlockEvery: 20})
 	prov, err := sessions.NewProvider("generic", proxy.Addr, "{user}[-country-{country}]-session-{session}", "{pass}", "acct", canary, 0)
@@ -88,6 +98,7 @@ func benchPoolRun(b *testing.B, challenge, pooled bool) {
 	b.ReportMetric(float64(site.Challenges())/done, "challenges/unit")
 	b.ReportMetric(float64(blocked.Load()), "blocked/1000")
 	b.ReportMetric(float64(other.Load()), "failed/1000")
+	b.ReportMetric(float64(proxy.Disconnects()), "cuts/1000")
 	proxy.Close()
 	site.Close()
 }
