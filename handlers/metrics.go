@@ -221,7 +221,7 @@ func newMetrics(reg prometheus.Registerer, pausedHosts func() float64, pool func
 	}, []string{"provider", "reason"})
 	m.sessionUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemscrape_session_units_total",
-		Help: "Units (attempts' workflow runs) by kind, the session they started on (warm: from the session pool; new) and outcome (ok, blocked, failed): warm against new block rates.",
+		Help: "Units (attempts' workflow runs) by kind, the session they ended on, as their attempt rows record it (warm: from the session pool; new), and outcome (ok, blocked, failed): warm against new block rates.",
 	}, []string{"kind", "session", "outcome"})
 	m.pool = &poolCollector{pool: pool, desc: prometheus.NewDesc("idemscrape_session_pool_sessions",
 		"Sessions in the worker's session pool per key (provider, tier, country, destination host) and state: idle (warm, waiting for a unit) or busy (held by a unit).",

@@ -662,8 +662,10 @@ func (r *Registry) sessionDone(k *kind, w *workResult) {
 			outcome = "blocked"
 		}
 	}
+	// The session the outcome is about: the unit's last (a replay's), as its attempt row
+	// records it (attempts.session_units, stats by session).
 	session := "new"
-	if w.unit.Warm {
+	if w.unit.SessionUnits > 0 {
 		session = "warm"
 	}
 	r.metrics.sessionUnits.WithLabelValues(k.name, session, outcome).Inc()

@@ -443,7 +443,7 @@ nav a{margin-right:1em}
 {{end}}</table>{{else}}<p>No result.</p>{{end}}
 
 {{if .Quarantine}}<h2>Quarantined staging</h2>
-<p>What a unit had staged when its attempt was cut, set aside and never merged with what a later run staged. The reason says what cut it: a lost session (the unit replays from step 1 on a new session), a budget, a validation failure.</p>
+<p>What a unit had staged when its attempt was cut, set aside and never merged with what a later run staged. The reason says what cut it: a lost session (the unit replays from step 1 on another session: a warm one of the worker's session pool, else a new one), a budget, a validation failure.</p>
 <table id="quarantine">
 <tr><th>attempt</th><th>session</th><th>reason</th><th>created</th></tr>
 {{range .Quarantine}}<tr><td>{{.AttemptNo}}</td><td><code>{{orDash .SessionID}}</code></td><td title="{{.Why}}">{{.Reason}}: {{.Why}}</td><td>{{time .CreatedAt}}</td></tr>

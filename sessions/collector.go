@@ -352,7 +352,7 @@ func (b *Bound) ExitVerified() bool { return b.Session.exitHeader != "" }
 
 // ErrExitChanged: a session's responses came from another exit than its first one — the
 // provider re-assigned the sticky session silently. Category session_lost: the unit
-// replays on a new session.
+// replays on another session.
 var ErrExitChanged = errors.New("sessions: the session's exit changed mid-unit")
 
 // checkExit learns the exit from the session's first response that names one and refuses

@@ -26,7 +26,8 @@ import (
 // and one session serves one unit at a time (a session is out of the pool while a unit
 // holds it). A warm session starts its unit knowing the exit its last unit ended on; with
 // a provider that names the exit (Provider.WithExitHeader) a first answer from another exit
-// ends the session as lost before anything is staged, and the unit replays on a new one.
+// ends the session as lost before anything is staged, and the unit replays on another
+// session: a warm one of its key when one is idle (never the lost one), else a new one.
 //
 // Sessions are kept per PoolKey: provider, tier, country and destination host. A session is
 // retired — dropped, never handed out again — after PoolConfig.MaxUnits units, when less than

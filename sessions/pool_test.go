@@ -250,6 +250,8 @@ func TestSessionRetired(t *testing.T) {
 				require.Equal(t, retired, second.Sessions[0], "it started on the warm session")
 				require.Equal(t, []tasks.Category{tasks.CategorySessionLost}, second.RestartReasons, "the new exit ended it before anything was staged")
 				require.NotEqual(t, retired, second.Session.ID, "and replayed on a new session")
+				require.True(t, second.Warm, "it started warm")
+				require.Zero(t, second.SessionUnits, "the session it ends on is new")
 				second.Lease.Keep()
 			default:
 				require.NoError(t, err)
@@ -709,18 +711,21 @@ func TestPoolCloseWithHeldSessions(t *testing.T) {
 	other, err := poolUnit(t, e, "sku-3").Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.False(t, other.Warm, "the warm one is held")
+	other.Lease.Keep() // idle
+	key := sessions.PoolKey{Provider: "generic", Tier: "residential", Country: "US", Host: "127.0.0.1"}
+	require.Equal(t, []sessions.PoolStat{{Key: key, Idle: 1, Busy: 1}}, pool.Stats())
 
 	pool.Close()
-	require.Empty(t, heard.list(), "both sessions are held by their units")
+	require.Equal(t, []string{sessions.PoolRetireClosed}, heard.list(), "the idle session, at once")
+	require.Equal(t, []sessions.PoolStat{{Key: key, Busy: 1}}, pool.Stats(), "only busy's session, still held")
 	busy.Lease.Keep()
-	require.Equal(t, []string{sessions.PoolRetireClosed}, heard.list(), "kept after Close: retired")
-	require.Equal(t, []sessions.PoolStat{{Key: sessions.PoolKey{Provider: "generic", Tier: "residential", Country: "US", Host: "127.0.0.1"}, Busy: 1}}, pool.Stats(), "only the other unit's session, still held")
+	require.Equal(t, []string{sessions.PoolRetireClosed, sessions.PoolRetireClosed}, heard.list(), "kept after Close: retired")
+	require.Empty(t, pool.Stats())
 
 	after, err := poolUnit(t, e, "sku-4").Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.False(t, after.Warm, "a closed pool hands out nothing")
-	require.NotEqual(t, other.Session.ID, after.Session.ID)
-	other.Lease.Keep()
+	require.NotContains(t, []string{idle.Session.ID, other.Session.ID}, after.Session.ID)
 	after.Lease.Keep()
 	require.Equal(t, []string{sessions.PoolRetireClosed, sessions.PoolRetireClosed, sessions.PoolRetireClosed}, heard.list())
 	require.Empty(t, pool.Stats())
@@ -762,18 +767,42 @@ func TestReplayTakesWarmSession(t *testing.T) {
 	require.Equal(t, []string{ex[0], ex[0], ex[0]}, ex, "the replay ran on one exit")
 	res.Lease.Keep()
 
-	// None idle but the one a unit holds: the replay opens a new session.
+	// A unit that starts new (the one warm session is held by another unit) and loses its
+	// session replays on the warm one handed back meanwhile: it did not start warm, but the
+	// session it ends on — the one its attempt row records — had served 3 units.
 	held, err := poolUnit(t, e, "sku-4").Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.Equal(t, a.Session.ID, held.Session.ID)
 	e.proxy.DropNext("/api/price/")
-	res, err = poolUnit(t, e, "sku-5").Run(context.Background(), cfg)
+	u := poolUnit(t, e, "sku-5")
+	search := u.Steps[0].Run
+	var handBack sync.Once
+	u.Steps[0].Run = func(ctx context.Context, sc *sessions.StepContext) error {
+		handBack.Do(held.Lease.Keep) // a is idle from the unit's first session on
+		return search(ctx, sc)
+	}
+	res, err = u.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.False(t, res.Warm, "it started on a new session")
+	require.Len(t, res.Sessions, 2)
+	require.NotEqual(t, a.Session.ID, res.Sessions[0], "a was held when the unit started")
+	require.Equal(t, a.Session.ID, res.Sessions[1], "the replay took a")
+	require.Equal(t, 3, res.SessionUnits, "a served sku-1, sku-3 and sku-4")
+	res.Lease.Keep()
+
+	// None idle at the replay (a is held): it opens a new session.
+	held, err = poolUnit(t, e, "sku-6").Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, a.Session.ID, held.Session.ID)
+	challenges = e.site.Challenges()
+	e.proxy.DropNext("/api/price/")
+	res, err = poolUnit(t, e, "sku-7").Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.False(t, res.Warm)
 	require.Len(t, res.Sessions, 2)
 	require.NotContains(t, res.Sessions, a.Session.ID, "never a session another unit holds")
-	require.Zero(t, res.SessionUnits)
-	require.Greater(t, e.site.Challenges(), challenges, "the new sessions met the challenge")
+	require.Zero(t, res.SessionUnits, "it ends on a session it opened")
+	require.Equal(t, challenges+2, e.site.Challenges(), "both new sessions met the challenge")
 	held.Lease.Keep()
 	res.Lease.Keep()
 }

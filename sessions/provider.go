@@ -173,7 +173,7 @@ func (p *Provider) WithGateway(gateway string) (*Provider, error) {
 // WithExitHeader returns a copy of p whose sessions verify their exit: the first response
 // of a session that carries header name fixes the session's exit, and a later response
 // naming another exit ends the session as session_lost (ErrExitChanged), so the unit
-// replays on a new session instead of mixing two exits.
+// replays on another session instead of mixing two exits.
 //
 // Exit integrity needs a per-response exit signal. None of the presets sets one: their
 // documented gateways do not name the exit on every proxied response (some offer a

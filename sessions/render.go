@@ -83,7 +83,7 @@ var ErrNoChromium = errors.New("sessions: browser pool: no Chromium found")
 // robots.txt and the host rate limit. Images, media and fonts are not loaded unless
 // allowed. Every byte counts toward the attempt's budget, which stops the render mid-way
 // (budget_exceeded). A network failure of the session (the device dropped) or a Chromium
-// that died is session_lost: the unit replays on a new session.
+// that died is session_lost: the unit replays on another session.
 func (sc *StepContext) Render(rawURL string, o RenderOptions) (*Rendered, error) {
 	return sc.bound.Render(rawURL, o)
 }

@@ -300,7 +300,10 @@ func TestBrowserPoolBounded(t *testing.T) {
 				// Only once the page's request reached the shop is the render on a browser
 				// of the pool: killed earlier, the pool would reap it and start another
 				// (as it does after RendersPerBrowser renders).
-				for e.site.Hits(page) == before {
+				for deadline := time.Now().Add(time.Minute); e.site.Hits(page) == before; {
+					if time.Now().After(deadline) {
+						return // the render never reached the page: its own error fails the test
+					}
 					time.Sleep(5 * time.Millisecond)
 				}
 				for _, pid := range pool.Processes() { // our own pool's processes, by id

@@ -21,7 +21,7 @@ import (
 //   - the provider names the exit on every response (Provider.WithExitHeader), the session
 //     learned it before the cut, and the first response after the cut names the same exit
 //     (proveExit); a response from another exit, or one that names none, ends the session
-//     as session_lost and the unit replays on a new session, as before; or
+//     as session_lost and the unit replays on another session, as before; or
 //   - the unit declares its state portable across exits (Unit.PortableState): the step runs
 //     again on the session, whatever exit now serves it.
 //
@@ -59,7 +59,7 @@ const (
 
 // ErrExitUnproven: after a cut, the first response on the session did not name its exit,
 // so the step cannot show that it still runs on the exit the session's state belongs to.
-// Category session_lost: the unit replays on a new session.
+// Category session_lost: the unit replays on another session.
 var ErrExitUnproven = errors.New("sessions: after a cut, the session's exit could not be proven unchanged")
 
 // proveExit checks the first response after a cut against the exit the session had before

@@ -102,7 +102,7 @@ type Quarantined struct {
 
 // Unit is an ordered list of steps that depend on shared state (cookies, tokens) and so
 // must run on one session. A run that loses its session is replayed from the first step
-// on a new session; the observation of a successful run comes from one session only. After
+// on another session (with RunConfig.Pool a warm one when one is idle, else a new one); the observation of a successful run comes from one session only. After
 // a cut (a dropped connection) a safe step first runs again on the same session, and the
 // unit continues there when the exit is proven unchanged or its state is portable (see
 // resume.go); so a step may run more than once on its collector: a callback it registers
@@ -138,12 +138,13 @@ type RunConfig struct {
 	Country string
 	// SessionLifetime asked of the provider. Defaults to DefaultSessionLifetime.
 	SessionLifetime time.Duration
-	// MaxSessionRestarts is how many new sessions one run may start after session loss.
+	// MaxSessionRestarts is how many replays (each on another session: with a Pool a warm
+	// one when one is idle, else a new one) one run may start after session loss.
 	// Defaults to DefaultMaxSessionRestarts; -1 means none.
 	MaxSessionRestarts int
 	// MaxResumes is how many times one run may run a step again on its own session, after
 	// a cut or a waited-out Retry-After, instead of replaying (resume.go). Defaults to
-	// DefaultMaxResumes; -1 means none: every cut replays on a new session.
+	// DefaultMaxResumes; -1 means none: every cut replays on another session.
 	MaxResumes int
 	// ThrottleResumeMax is the longest Retry-After (on a 429/503 the collector did not wait
 	// out itself) that a safe step waits out on its session before running again, when the
@@ -175,9 +176,9 @@ type RunConfig struct {
 	// life — every unit it serves on a pool. nil: no profile (CollectorConfig.UserAgent).
 	// For kinds that render, prefer ChromiumOnly: Chromium can not pass for Firefox.
 	Profiles *profile.Options
-	// Pool, when set, keeps sessions warm between units of the same Unit.Site (pool.go): the
-	// run's first session is a warm one when the pool has one, and every session the run
-	// opens is the pool's. A successful run hands its session to the caller as
+	// Pool, when set, keeps sessions warm between units of the same Unit.Site (pool.go):
+	// each session the run starts on — the first, and each replay's — is a warm one when
+	// the pool has one idle, and every session the run opens is the pool's. A successful run hands its session to the caller as
 	// Result.Lease, to Keep or Retire; a failed run retires it. Defaults to nil: a new
 	// session per run, closed at its end.
 	Pool *Pool
@@ -272,7 +273,7 @@ func quarantineFailed(fe *FetchError, qerr error) *FetchError {
 		Err: fmt.Errorf("%v; and its staging could not be quarantined: %w", fe.Err, qerr)}
 }
 
-// replayable categories end a session but not the attempt: the unit restarts on a new one.
+// replayable categories end a session but not the attempt: the unit restarts on another.
 func replayable(c tasks.Category) bool {
 	switch c {
 	case tasks.CategorySessionLost, tasks.CategoryExitUnavailable, tasks.CategoryTimeout:
@@ -281,8 +282,10 @@ func replayable(c tasks.Category) bool {
 	return false
 }
 
-// Run runs the unit: on a new session, every step in order, then validation. On session
-// loss it quarantines the staging, starts a new session and replays from the first step,
+// Run runs the unit: on a new session (or a warm one of RunConfig.Pool), every step in
+// order, then validation. On session loss it quarantines the staging, takes another
+// session (a warm one of the pool when one is idle, else a new one; never the lost one)
+// and replays from the first step,
 // up to MaxSessionRestarts times. Before that, a safe step cut (a dropped connection) or
 // answered with a Retry-After runs again on the same session, up to MaxResumes times per
 // run, and the unit continues there when the exit is proven unchanged (or its state is
@@ -361,10 +364,8 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 		if pooled {
 			ps = cfg.Pool.take(key, now())
 		}
-		res.SessionUnits = 0
 		if ps != nil {
 			sess = ps.sess
-			res.SessionUnits = ps.units
 			res.Warm = res.Warm || res.Restarts == 0 // the unit started warm
 		} else {
 			var err error
@@ -383,7 +384,10 @@ func (u *Unit) Run(ctx context.Context, cfg RunConfig) (Result, error) {
 			}
 		}
 		res.Sessions = append(res.Sessions, sess.ID)
-		res.Session = sess
+		res.Session, res.SessionUnits = sess, 0
+		if ps != nil {
+			res.SessionUnits = ps.units // 0 for a session this run opened
+		}
 		runCfg := collectorCfg
 		if ps != nil {
 			runCfg.jar, runCfg.knownExit = ps.jar, ps.exit

@@ -986,7 +986,7 @@ func (k *checker) wireBytes(ctx context.Context) {
 }
 
 // resumeCounts sums, over the /metrics pages scraped at the end of phase (each worker runs
-// one phase), the units replayed on a new session and the steps run again on their own.
+// one phase), the units replayed on another session and the steps run again on their own.
 func (h *harness) resumeCounts(phase string) string {
 	h.mu.Lock()
 	pages := h.phaseMetrics[phase]
@@ -1014,7 +1014,7 @@ func (h *harness) resumeCounts(phase string) string {
 			}
 		}
 	}
-	return fmt.Sprintf("%.0f replays on a new session, %.0f steps run again on their own", restarts, resumes)
+	return fmt.Sprintf("%.0f replays on another session, %.0f steps run again on their own", restarts, resumes)
 }
 
 func goal(met bool) string {

@@ -129,7 +129,7 @@ type Config struct {
 	CutExitAlive float64
 	// ReplayFloor runs the fault-mix SKUs once more after the fault-mix phase, with the
 	// same fault mix, on workers that never resume a unit on its session (-max-resumes -1):
-	// every cut replays from the first step on a new session. Its bytes at the wire are the
+	// every cut replays from the first step on another session. Its bytes at the wire are the
 	// replay rule's floor, measured in the same run, that the fault mix's resumes are
 	// compared with. Needs FaultMixJobs.
 	ReplayFloor bool

@@ -61,7 +61,7 @@ type options struct {
 	Rendered int
 	// MaxAttempts caps the attempts of a job (the unavailable country's jobs reach it).
 	MaxAttempts int
-	// MaxSessionRestarts is how many new sessions one attempt may replay its unit on.
+	// MaxSessionRestarts is how many other sessions one attempt may replay its unit on.
 	MaxSessionRestarts int
 	// Price is the fake proxy's price: every attempt's cost, the summary's cost per job and
 	// top waste category.
@@ -434,7 +434,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 	// Phase 3: product pages that need JavaScript (the price arrives by XHR), rendered in
 	// Chromium on each unit's sticky session. The proxy drops the device under the first
 	// page's price XHR: that unit's staging is quarantined and it replays from its first
-	// step on a new session; every job still ends with one result, all from one session.
+	// step on another session; every job still ends with one result, all from one session.
 	var rendered []tasks.Spec
 	if o.Rendered > 0 {
 		site.SetSchemaChange(false)

@@ -1,8 +1,8 @@
 // Command demo runs idemscrape end to end on this machine, in under two minutes, against a
 // local fake shop behind a local fake residential proxy with a fault mix:
 //
-//   - proxy devices disconnect mid-workflow (the unit is quarantined and replayed on a new
-//     sticky session);
+//   - proxy devices disconnect mid-workflow (the unit is quarantined and replayed on another
+//     sticky session: a warm one of the session pool, else a new one);
 //   - the shop answers its first requests 429 Too Many Requests with Retry-After (the attempt
 //     is retried no earlier than the shop asked);
 //   - the proxy has no peers in one country (JP): those jobs retry, then fail at their attempt
@@ -11,7 +11,7 @@
 //     twice; the consumer recognises the replays).
 //   - a product page that needs JavaScript (its price arrives by XHR) is rendered in
 //     Chromium on the unit's sticky session, and the device drops under the price XHR
-//     (the unit is quarantined and replayed from its first step on a new session). make
+//     (the unit is quarantined and replayed from its first step on another session). make
 //     demo installs Debian's chromium; without one the phase is skipped and says so.
 //
 // It runs the worker entry point (package service: asynq server with the runner, the outbox

@@ -42,7 +42,7 @@ func QuarantineWhy(reason string) string {
 	category, _, _ := strings.Cut(reason, ":")
 	switch tasks.Category(strings.TrimSpace(category)) {
 	case tasks.CategorySessionLost, tasks.CategoryExitUnavailable, tasks.CategoryTimeout:
-		return "the session was cut: the unit replays from step 1 on a new session (unless its restarts ran out or an unsafe step had run); this half is never merged"
+		return "the session was cut: the unit replays from step 1 on another session, never the lost one (unless its restarts ran out or an unsafe step had run); this half is never merged"
 	case tasks.CategoryBudgetExceeded:
 		return "stopped by a budget (the job's bytes or money, or its window's), not a lost session: not replayed"
 	case tasks.CategoryValidation:
