@@ -16,7 +16,7 @@ import (
 func tiny() Config {
 	return Config{Jobs: 30, Baseline: 5, FaultMixJobs: 5, Workers: 2, Concurrency: 5, Lease: 3 * time.Second,
 		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, BeforeCommit: 1, ArmAtStart: true, Pauses: 1, RedisWipes: 1, PGRounds: 2,
-		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, StrictEvents: true, Seed: 5, Timeout: 10 * time.Minute}
+		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, Challenge: true, StrictEvents: true, Seed: 5, Timeout: 10 * time.Minute}
 }
 
 func TestChaos(t *testing.T) {
@@ -60,6 +60,10 @@ func TestChaos(t *testing.T) {
 			assert.Contains(t, faults[name], want, name)
 			assert.NotRegexp(t, `^0 `, faults[name], "%s: nothing injected", name)
 		}
+		// The shop challenged (every new exit meets the challenge; how many attempts then
+		// ran warm depends on the run, and the invariants above held either way).
+		assert.Regexp(t, `^[1-9]\d* challenge pages served \(whole run\); \d+ of [1-9]\d* chaos-window attempts ended on a warm session$`,
+			faults["shop: bot challenge (clearance per exit)"])
 	})
 
 	t.Run("BrokenBuildFailsAndNamesTheInvariant", func(t *testing.T) {
@@ -159,8 +163,10 @@ func TestFlags(t *testing.T) {
 		assert.True(t, c.StrictEvents)
 	})
 	t.Run("FlagsOverrideTheMix", func(t *testing.T) {
-		c, err := parseFlags([]string{"-short", "-jobs", "7", "-kills", "0", "-proxy-faults", "false", "-lease", "2s"}, io.Discard)
+		c, err := parseFlags([]string{"-short", "-jobs", "7", "-kills", "0", "-proxy-faults", "false", "-lease", "2s", "-challenge", "true"}, io.Discard)
 		require.NoError(t, err)
+		assert.True(t, c.Challenge)
+		assert.False(t, Short().Challenge, "off unless asked")
 		assert.Equal(t, 7, c.Jobs)
 		assert.Equal(t, 0, c.RandomKills)
 		assert.False(t, c.ProxyFaults)

@@ -313,6 +313,17 @@ func (k *checker) faults(ctx context.Context) {
 	if c.Canary {
 		k.rep.Faults[len(k.rep.Faults)-1].Observed = "searched in logs, pg_dump, Redis, stream, /metrics"
 	}
+	if c.Challenge {
+		// The workers' session pools carry each exit's clearance cookie between units:
+		// attempts that ended on a warm session (attempts.session_units > 0) met no
+		// challenge unless their exit changed.
+		var attempts, warm int
+		k.scan(ctx, `SELECT count(*), count(*) FILTER (WHERE a.session_units > 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`,
+			[]any{windowChaos}, []any{&attempts, &warm}, rowFaultCounts)
+		k.rep.Faults = append(k.rep.Faults, Row{Name: "shop: bot challenge (clearance per exit)", Injected: "on",
+			Observed: fmt.Sprintf("%d challenge pages served (whole run); %d of %d chaos-window attempts ended on a warm session", h.site.Challenges(), warm, attempts)})
+	}
+
 	if k.extraJobs > 0 {
 		k.rep.Faults[0].Observed += fmt.Sprintf("; %d extra jobs so that every targeted failpoint fired", k.extraJobs)
 	}

@@ -1332,7 +1332,8 @@ func run(ctx context.Context, cfg Config, tb testing.TB, out io.Writer) (rep *Re
 		h.password = "canary-" + testutil.RandomID(12)
 	}
 	h.redis = testutil.StartRedis(tb)
-	h.site = testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: cfg.Seed, Products: max(cfg.Jobs+extraRounds*cfg.Workers*cfg.Concurrency, cfg.Baseline), StrictExit: true})
+	h.site = testutil.NewFakeSite(tb, testutil.FakeSiteConfig{Seed: cfg.Seed, Products: max(cfg.Jobs+extraRounds*cfg.Workers*cfg.Concurrency, cfg.Baseline), StrictExit: true,
+		Challenge: cfg.Challenge})
 	if h.front, err = newSiteFront(tb, h.site.URL); err != nil {
 		return nil, err
 	}

@@ -135,6 +135,12 @@ type Config struct {
 	ReplayFloor bool
 	// Canary makes the proxy password a canary searched for at the end.
 	Canary bool
+	// Challenge puts the shop's bot challenge in front of its pages
+	// (testutil.FakeSiteConfig.Challenge: a new exit's first request gets a challenge page
+	// whose clearance cookie is bound to the exit): the workers' session pools (on by
+	// default) then carry clearance between units, through the kills, pauses and cuts.
+	// Defaults to off (the figures of earlier runs were taken without it).
+	Challenge bool
 	// StrictEvents fails the run when events that were in the stream, unconsumed, when
 	// Redis lost its data never took effect. On by default; off, they are reported as GAP
 	// without failing the run.
@@ -239,6 +245,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.Float64Var(&f.CutExitAlive, "cut-exit-alive", 0, "fraction of the cuts that drop the connection only, the session's exit alive (0: every cut loses the exit)")
 	floor := fs.String("replay-floor", "", "after the fault mix, its SKUs again on workers that never resume (every cut replays): the replay rule's floor; true or false (default on)")
 	canary := fs.String("canary", "", "canary proxy password search: true or false (default on)")
+	challenge := fs.String("challenge", "", "the shop's bot challenge (a clearance cookie per exit; the workers' session pools carry it): true or false (default off)")
 	fs.StringVar(&f.Break, "break", "", "run a deliberately broken build: dup_result:<probability>")
 	fs.Int64Var(&f.Seed, "seed", -1, "seed of the fakes and of the harness's choices")
 	fs.DurationVar(&f.Timeout, "timeout", -1, "bound of the whole run")
@@ -292,7 +299,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	for _, b := range []struct {
 		s   string
 		dst *bool
-	}{{*proxy, &c.ProxyFaults}, {*canary, &c.Canary}, {*floor, &c.ReplayFloor}} {
+	}{{*proxy, &c.ProxyFaults}, {*canary, &c.Canary}, {*floor, &c.ReplayFloor}, {*challenge, &c.Challenge}} {
 		switch b.s {
 		case "":
 		case "true", "on", "1":
