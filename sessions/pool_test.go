@@ -39,6 +39,21 @@ func (r *retirements) list() []string {
 	return append([]string(nil), r.reasons...)
 }
 
+// poolEnv is setup (proxy and shop seeded alike) with a pool of pc whose retirements are
+// heard, closed at the test's end, and a RunConfig on it.
+func poolEnv(t *testing.T, sc testutil.FakeSiteConfig, pc sessions.PoolConfig) (*env, *sessions.Pool, *retirements, sessions.RunConfig) {
+	t.Helper()
+	e := setup(t, testutil.FakeProxyConfig{Seed: sc.Seed}, sc)
+	heard := &retirements{}
+	pc.OnRetire = heard.hear
+	pool, err := sessions.NewPool(pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg := e.runCfg()
+	cfg.Pool = pool
+	return e, pool, heard, cfg
+}
+
 // poolUnit is the catalog unit for sku, pooled per the shop's host.
 func poolUnit(t *testing.T, e *env, sku string) *sessions.Unit {
 	t.Helper()
@@ -80,13 +95,7 @@ func stagedCookies(t *testing.T, res sessions.Result) map[string]string {
 // the same sticky id, so the same exit, and its cookie jar — and no session ever serves
 // two units at once.
 func TestWarmSessionReused(t *testing.T) {
-	e := setup(t, testutil.FakeProxyConfig{Seed: 61}, testutil.FakeSiteConfig{Seed: 61, StrictExit: true})
-	var heard retirements
-	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := e.runCfg()
-	cfg.Pool = pool
+	e, pool, heard, cfg := poolEnv(t, testutil.FakeSiteConfig{Seed: 61, StrictExit: true}, sessions.PoolConfig{})
 
 	first, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
 	require.NoError(t, err)
@@ -279,13 +288,7 @@ func TestSessionRetired(t *testing.T) {
 // TestPoolRetireFromCaller: a caller's Retire (a parser's block verdict) keeps the session
 // out of the pool; only the first of Keep and Retire counts.
 func TestPoolRetireFromCaller(t *testing.T) {
-	e := setup(t, testutil.FakeProxyConfig{Seed: 66}, testutil.FakeSiteConfig{Seed: 66})
-	var heard retirements
-	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := e.runCfg()
-	cfg.Pool = pool
+	e, pool, heard, cfg := poolEnv(t, testutil.FakeSiteConfig{Seed: 66}, sessions.PoolConfig{})
 	first, err := poolUnit(t, e, "sku-5").Run(context.Background(), cfg)
 	require.NoError(t, err)
 	first.Lease.Retire(sessions.PoolRetireBlocked)
@@ -518,13 +521,8 @@ func TestPoolKeepsClientsApart(t *testing.T) {
 // bounds the idle sessions of all keys together.
 func TestPoolSweepsIdleKeys(t *testing.T) {
 	clock := testutil.NewClock(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))
-	e := setup(t, testutil.FakeProxyConfig{Seed: 73}, testutil.FakeSiteConfig{Seed: 73})
-	var heard retirements
-	pool, err := sessions.NewPool(sessions.PoolConfig{IdleTimeout: time.Minute, MaxIdleTotal: 2, OnRetire: heard.hear})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := e.runCfg()
-	cfg.Pool, cfg.Now = pool, clock.Now
+	e, pool, heard, cfg := poolEnv(t, testutil.FakeSiteConfig{Seed: 73}, sessions.PoolConfig{IdleTimeout: time.Minute, MaxIdleTotal: 2})
+	cfg.Now = clock.Now
 	run := func(site string) {
 		t.Helper()
 		u := poolUnit(t, e, "sku-1")
@@ -623,13 +621,8 @@ func TestProfileOnCollectorRequests(t *testing.T) {
 // sticky lifetime is left and however recently it served.
 func TestPoolMaxAge(t *testing.T) {
 	clock := testutil.NewClock(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))
-	e := setup(t, testutil.FakeProxyConfig{Seed: 74}, testutil.FakeSiteConfig{Seed: 74})
-	var heard retirements
-	pool, err := sessions.NewPool(sessions.PoolConfig{MaxAge: 3 * time.Minute, IdleTimeout: 10 * time.Minute, OnRetire: heard.hear})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := e.runCfg()
-	cfg.Pool, cfg.Now, cfg.SessionLifetime = pool, clock.Now, 10*time.Minute
+	e, _, heard, cfg := poolEnv(t, testutil.FakeSiteConfig{Seed: 74}, sessions.PoolConfig{MaxAge: 3 * time.Minute, IdleTimeout: 10 * time.Minute})
+	cfg.Now, cfg.SessionLifetime = clock.Now, 10*time.Minute
 
 	first, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
 	require.NoError(t, err)
@@ -654,13 +647,7 @@ func TestPoolMaxAge(t *testing.T) {
 // TestPoolMaxIdleTrim: over MaxIdle sessions of one key, the one handed back first (idle
 // longest) is retired; the others serve again, the one handed back last first.
 func TestPoolMaxIdleTrim(t *testing.T) {
-	e := setup(t, testutil.FakeProxyConfig{Seed: 75}, testutil.FakeSiteConfig{Seed: 75})
-	var heard retirements
-	pool, err := sessions.NewPool(sessions.PoolConfig{MaxIdle: 2, OnRetire: heard.hear})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := e.runCfg()
-	cfg.Pool = pool
+	e, pool, heard, cfg := poolEnv(t, testutil.FakeSiteConfig{Seed: 75}, sessions.PoolConfig{MaxIdle: 2})
 
 	// Three units hold three sessions at once (none is idle while another starts).
 	var held []sessions.Result
@@ -695,12 +682,7 @@ func TestPoolMaxIdleTrim(t *testing.T) {
 // TestPoolCloseWithHeldSessions: Close retires the idle sessions at once and a held one
 // when its unit hands it back; a closed pool hands out no warm session and keeps none.
 func TestPoolCloseWithHeldSessions(t *testing.T) {
-	e := setup(t, testutil.FakeProxyConfig{Seed: 76}, testutil.FakeSiteConfig{Seed: 76})
-	var heard retirements
-	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
-	require.NoError(t, err)
-	cfg := e.runCfg()
-	cfg.Pool = pool
+	e, pool, heard, cfg := poolEnv(t, testutil.FakeSiteConfig{Seed: 76}, sessions.PoolConfig{})
 
 	idle, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
 	require.NoError(t, err)
@@ -735,13 +717,7 @@ func TestPoolCloseWithHeldSessions(t *testing.T) {
 // step on another warm session of the pool when one is idle — its exit and clearance
 // cookie, so no challenge page — never on the lost one; with none idle, on a new one.
 func TestReplayTakesWarmSession(t *testing.T) {
-	e := setup(t, testutil.FakeProxyConfig{Seed: 77}, testutil.FakeSiteConfig{Seed: 77, StrictExit: true, Challenge: true})
-	var heard retirements
-	pool, err := sessions.NewPool(sessions.PoolConfig{OnRetire: heard.hear})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := e.runCfg()
-	cfg.Pool = pool
+	e, _, heard, cfg := poolEnv(t, testutil.FakeSiteConfig{Seed: 77, StrictExit: true, Challenge: true}, sessions.PoolConfig{})
 
 	// Two warm sessions: a and b, b handed back last.
 	a, err := poolUnit(t, e, "sku-1").Run(context.Background(), cfg)
