@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"testing"
 
-	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
@@ -30,6 +29,18 @@ func (r *rig) pooledWorkflow(t *testing.T) handlers.WorkflowFunc {
 		}
 		return u, err
 	}
+}
+
+// pooledRegistry is a registry on the rig with a session pool of the defaults (as
+// cmd/worker's), closed at the test's end.
+func (r *rig) pooledRegistry(t *testing.T) *handlers.Registry {
+	t.Helper()
+	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+		Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
+		SessionPool: &sessions.PoolConfig{}})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	return reg
 }
 
 // attemptSessions returns the session id and session_units of each job's attempts, in
@@ -85,11 +96,7 @@ func TestWarmSessionAcrossJobs(t *testing.T) {
 		}
 		return catalog.Parse(job, staged)
 	}
-	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-		Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
-		SessionPool: &sessions.PoolConfig{}})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
+	reg := r.pooledRegistry(t)
 	require.NoError(t, reg.Register(catalog.Kind, r.pooledWorkflow(t), parse))
 	ctx := context.Background()
 
@@ -147,11 +154,7 @@ func retiredMetric(t *testing.T, reg *handlers.Registry, reason string) float64 
 // new session even though the worker has a pool, and leaves nothing in it.
 func TestKindOptsOutOfPool(t *testing.T) {
 	r := newRig(t, rigOpts{})
-	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-		Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
-		SessionPool: &sessions.PoolConfig{}})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
+	reg := r.pooledRegistry(t)
 	require.NoError(t, reg.Register(catalog.Kind, r.pooledWorkflow(t), catalog.Parse, handlers.WithoutSessionPool()))
 	var keys []string
 	for i := range 3 {
@@ -183,11 +186,7 @@ func TestKindsDoNotShareSessions(t *testing.T) {
 	for _, shared := range []bool{false, true} {
 		t.Run(fmt.Sprintf("shared scope %v", shared), func(t *testing.T) {
 			r := newRig(t, rigOpts{})
-			reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-				Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
-				SessionPool: &sessions.PoolConfig{}})
-			require.NoError(t, err)
-			t.Cleanup(reg.Close)
+			reg := r.pooledRegistry(t)
 			var opts []handlers.KindOption
 			if shared {
 				opts = append(opts, handlers.WithPoolScope("shop"))
@@ -218,24 +217,13 @@ func TestPoolSiteFromJobURL(t *testing.T) {
 	shared, err := catalog.Unit(r.site.URL, "sku-1")
 	require.NoError(t, err)
 	shared.Site = ""
-	reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
-		Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
-		SessionPool: &sessions.PoolConfig{}})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
+	reg := r.pooledRegistry(t)
 	require.NoError(t, reg.Register(catalog.Kind, func(tasks.Payload) (*sessions.Unit, error) { return shared, nil }, catalog.Parse))
 	var keys []string
 	for i := range 2 {
-		spec, err := tasks.Spec{Kind: catalog.Kind, URL: r.site.URL + "/product/sku-1", Country: "US",
-			Window: fmt.Sprintf("2026-04-2%d", i+1), ParserVersion: 1}.Normalize()
-		require.NoError(t, err)
-		key, err := spec.Key()
-		require.NoError(t, err)
-		_, err = r.st.JobsRecord(context.Background(), []tasks.JobRecord{{Key: key, Spec: spec}})
-		require.NoError(t, err)
-		payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
-		require.NoError(t, err)
-		require.NoError(t, reg.ProcessTask(context.Background(), asynq.NewTask(catalog.Kind, payload)))
+		key, task := r.jobSpec(t, tasks.Spec{Kind: catalog.Kind, URL: r.site.URL + "/product/sku-1", Country: "US",
+			Window: fmt.Sprintf("2026-04-2%d", i+1), ParserVersion: 1})
+		require.NoError(t, reg.ProcessTask(context.Background(), task))
 		keys = append(keys, key)
 	}
 	ids, units := attemptSessions(t, r, keys)

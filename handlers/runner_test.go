@@ -111,7 +111,14 @@ func (r *rig) jobIn(t *testing.T, sku, country string) (string, *asynq.Task) {
 // and returns its key and the asynq task that carries it.
 func (r *rig) jobOf(t *testing.T, kind, id, country string, v int) (string, *asynq.Task) {
 	t.Helper()
-	spec, err := tasks.Spec{Kind: kind, SourceID: id, Country: country, Window: "2026-04-23", ParserVersion: v}.Normalize()
+	return r.jobSpec(t, tasks.Spec{Kind: kind, SourceID: id, Country: country, Window: "2026-04-23", ParserVersion: v})
+}
+
+// jobSpec records the job of spec (normalized first) and returns its key and the asynq
+// task that carries it.
+func (r *rig) jobSpec(t *testing.T, spec tasks.Spec) (string, *asynq.Task) {
+	t.Helper()
+	spec, err := spec.Normalize()
 	require.NoError(t, err)
 	key, err := spec.Key()
 	require.NoError(t, err)
@@ -119,7 +126,7 @@ func (r *rig) jobOf(t *testing.T, kind, id, country string, v int) (string, *asy
 	require.NoError(t, err)
 	payload, err := json.Marshal(tasks.Payload{Key: key, Spec: spec})
 	require.NoError(t, err)
-	return key, asynq.NewTask(kind, payload)
+	return key, asynq.NewTask(spec.Kind, payload)
 }
 
 // requireState requires key's job to be in state, and returns the job for further checks.

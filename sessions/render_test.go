@@ -294,17 +294,15 @@ func TestBrowserPoolBounded(t *testing.T) {
 	unit.Steps[1].Run = func(ctx context.Context, sc *sessions.StepContext) error {
 		if !killed {
 			killed = true
-			page := "/js/product/sku-7"
-			before := e.site.Hits(page)
+			arrived := e.site.NextHit("/js/product/sku-7")
 			go func() {
 				// Only once the page's request reached the shop is the render on a browser
 				// of the pool: killed earlier, the pool would reap it and start another
 				// (as it does after RendersPerBrowser renders).
-				for deadline := time.Now().Add(time.Minute); e.site.Hits(page) == before; {
-					if time.Now().After(deadline) {
-						return // the render never reached the page: its own error fails the test
-					}
-					time.Sleep(5 * time.Millisecond)
+				select {
+				case <-arrived:
+				case <-t.Context().Done():
+					return // the test ended without the page's request: its own errors say why
 				}
 				for _, pid := range pool.Processes() { // our own pool's processes, by id
 					if p, err := os.FindProcess(pid); err == nil {

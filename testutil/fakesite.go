@@ -145,6 +145,7 @@ type FakeSite struct {
 	mu            sync.Mutex
 	sids          map[string]string // sid → exit that created it
 	hits          map[string]int
+	hitWaiters    map[string][]chan struct{} // NextHit's channels, closed at path's next request
 	total         int
 	throttle      int
 	throttleAfter time.Duration
@@ -328,6 +329,19 @@ func (s *FakeSite) Hits(path string) int {
 	return s.hits[path]
 }
 
+// NextHit returns a channel closed when the site receives its next request for path (the
+// URL path, without query): a test waits on it instead of polling Hits.
+func (s *FakeSite) NextHit(path string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	if s.hitWaiters == nil {
+		s.hitWaiters = map[string][]chan struct{}{}
+	}
+	s.hitWaiters[path] = append(s.hitWaiters[path], ch)
+	return ch
+}
+
 // TotalHits is the number of requests received on every path.
 func (s *FakeSite) TotalHits() int {
 	s.mu.Lock()
@@ -387,6 +401,10 @@ func (s *FakeSite) admit(path, exit, clearance string) fsPending {
 	defer s.mu.Unlock()
 	s.hits[path]++
 	s.total++
+	for _, ch := range s.hitWaiters[path] {
+		close(ch)
+	}
+	delete(s.hitWaiters, path)
 	pend := fsPending{schema: s.schemaChange}
 	if path == "/robots.txt" {
 		return pend

@@ -522,3 +522,26 @@ func TestFakeSiteChallenge(t *testing.T) {
 		assert.Zero(t, s.ClearanceMismatches())
 	})
 }
+
+// TestNextHit: the channel closes at the path's next request, not at another path's, and
+// every waiter of the path is woken.
+func TestNextHit(t *testing.T) {
+	s := NewFakeSite(t, FakeSiteConfig{Seed: 1})
+	a, b := s.NextHit("/robots.txt"), s.NextHit("/robots.txt")
+	other := s.NextHit("/search")
+	resp, err := http.Get(s.URL + "/robots.txt")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	<-a
+	<-b
+	select {
+	case <-other:
+		t.Fatal("a request for /robots.txt closed /search's channel")
+	default:
+	}
+	select {
+	case <-s.NextHit("/robots.txt"):
+		t.Fatal("a new channel closed before a new request")
+	default:
+	}
+}

@@ -189,4 +189,8 @@ func TestFlags(t *testing.T) {
 			})
 		}
 	})
+	t.Run("BadBoolNamesTheFlag", func(t *testing.T) {
+		_, err := parseFlags([]string{"-challenge", "maybe"}, io.Discard)
+		assert.EqualError(t, err, `-challenge "maybe": want true or false`)
+	})
 }

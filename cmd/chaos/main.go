@@ -297,9 +297,9 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		c.Seed = f.Seed
 	}
 	for _, b := range []struct {
-		s   string
-		dst *bool
-	}{{*proxy, &c.ProxyFaults}, {*canary, &c.Canary}, {*floor, &c.ReplayFloor}, {*challenge, &c.Challenge}} {
+		flag, s string
+		dst     *bool
+	}{{"proxy-faults", *proxy, &c.ProxyFaults}, {"canary", *canary, &c.Canary}, {"replay-floor", *floor, &c.ReplayFloor}, {"challenge", *challenge, &c.Challenge}} {
 		switch b.s {
 		case "":
 		case "true", "on", "1":
@@ -307,7 +307,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		case "false", "off", "0":
 			*b.dst = false
 		default:
-			return Config{}, fmt.Errorf("%q: want true or false", b.s)
+			return Config{}, fmt.Errorf("-%s %q: want true or false", b.flag, b.s)
 		}
 	}
 	c.CutExitAlive = f.CutExitAlive
