@@ -532,8 +532,13 @@ func TestNextHit(t *testing.T) {
 	resp, err := http.Get(s.URL + "/robots.txt")
 	require.NoError(t, err)
 	_ = resp.Body.Close()
-	<-a
-	<-b
+	for _, ch := range []<-chan struct{}{a, b} {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a waiter of /robots.txt was not woken by its request")
+		}
+	}
 	select {
 	case <-other:
 		t.Fatal("a request for /robots.txt closed /search's channel")

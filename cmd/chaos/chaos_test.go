@@ -62,7 +62,7 @@ func TestChaos(t *testing.T) {
 		}
 		// The shop challenged (every new exit meets the challenge; how many attempts then
 		// ran warm depends on the run, and the invariants above held either way).
-		assert.Regexp(t, `^[1-9]\d* challenge pages served \(whole run\); \d+ of [1-9]\d* chaos-window attempts ended on a warm session$`,
+		assert.Regexp(t, `^[1-9]\d* challenge pages served \(whole run\); \d+ of [1-9]\d* chaos-window attempts ended on a warm session \(\d+ lost attempts apart\)$`,
 			faults["shop: bot challenge (clearance per exit)"])
 	})
 

@@ -316,12 +316,15 @@ func (k *checker) faults(ctx context.Context) {
 	if c.Challenge {
 		// The workers' session pools carry each exit's clearance cookie between units:
 		// attempts that ended on a warm session (attempts.session_units > 0) met no
-		// challenge unless their exit changed.
-		var attempts, warm int
-		k.scan(ctx, `SELECT count(*), count(*) FILTER (WHERE a.session_units > 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`,
-			[]any{windowChaos}, []any{&attempts, &warm}, rowFaultCounts)
+		// challenge unless their exit changed. Lost attempts (their worker never reported,
+		// so session_units 0) are counted apart.
+		var attempts, warm, lost int
+		k.scan(ctx, `SELECT count(*) FILTER (WHERE a.outcome <> 'lost'), count(*) FILTER (WHERE a.session_units > 0), count(*) FILTER (WHERE a.outcome = 'lost')
+			FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`,
+			[]any{windowChaos}, []any{&attempts, &warm, &lost}, rowFaultCounts)
 		k.rep.Faults = append(k.rep.Faults, Row{Name: "shop: bot challenge (clearance per exit)", Injected: "on",
-			Observed: fmt.Sprintf("%d challenge pages served (whole run); %d of %d chaos-window attempts ended on a warm session", h.site.Challenges(), warm, attempts)})
+			Observed: fmt.Sprintf("%d challenge pages served (whole run); %d of %d chaos-window attempts ended on a warm session (%d lost attempts apart)",
+				h.site.Challenges(), warm, attempts, lost)})
 	}
 
 	if k.extraJobs > 0 {
