@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -338,22 +339,57 @@ func (s redisSettings) applyTLS(c *RedisConfig) error {
 // isRedisURL reports whether v is given as a URL rather than host:port.
 func isRedisURL(v string) bool { return strings.Contains(v, "://") }
 
-// redactUserinfo replaces what stands between "scheme://" and the last "@" of v (the user
-// and password, whatever characters they hold) with "redacted": a parser's error on the
-// result quotes no part of the password.
-func redactUserinfo(v string) (redacted string, had bool) {
-	scheme, rest, ok := strings.Cut(v, "://")
+// splitAuthority splits a URL as RFC 3986 (and net/url, which go-redis parses with) reads
+// it: after "scheme://", the authority runs to the first "/", "?" or "#"; its user
+// information, if any, ends at the authority's last "@". userEnd is the index in v of that
+// "@" (-1 when the authority has none); rest is what follows the authority.
+func splitAuthority(v string) (prefix, authority, rest string, userEnd int) {
+	scheme, after, ok := strings.Cut(v, "://")
 	if !ok {
-		if i := strings.LastIndex(v, "@"); i >= 0 {
-			return "redacted@" + v[i+1:], true
+		return "", v, "", strings.LastIndex(v, "@")
+	}
+	prefix = scheme + "://"
+	authority, rest = after, ""
+	if i := strings.IndexAny(after, "/?#"); i >= 0 {
+		authority, rest = after[:i], after[i:]
+	}
+	userEnd = -1
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userEnd = len(prefix) + i
+	}
+	return prefix, authority, rest, userEnd
+}
+
+// ambiguousAt reports whether v holds an "@" after its authority (in its path, query or
+// fragment): legitimate there (?client_name=ops@team), but it is also what a password with
+// an unencoded "/", "?" or "#" followed by "@host" looks like, so text from that part of v
+// may be a password.
+func ambiguousAt(v string) bool {
+	_, _, rest, _ := splitAuthority(v)
+	return strings.Contains(rest, "@")
+}
+
+// redactUserinfo returns v, for an error message, without anything that may be a user or
+// password: the URL's user information (its authority up to the last "@", as net/url
+// reads it) is replaced with "redacted"; when an "@" also stands after the authority
+// (ambiguousAt: maybe a password holding an unencoded "/", "?" or "#"), everything from
+// "scheme://" to the last "@" of v is. A value that is no URL loses what stands before its
+// last "@". had reports whether anything was redacted.
+func redactUserinfo(v string) (redacted string, had bool) {
+	prefix, _, rest, userEnd := splitAuthority(v)
+	if prefix == "" {
+		if userEnd >= 0 {
+			return "redacted@" + v[userEnd+1:], true
 		}
 		return v, false
 	}
-	i := strings.LastIndex(rest, "@")
-	if i < 0 {
+	if strings.Contains(rest, "@") {
+		return prefix + "redacted@" + v[strings.LastIndex(v, "@")+1:], true
+	}
+	if userEnd < 0 {
 		return v, false
 	}
-	return scheme + "://redacted@" + rest[i+1:], true
+	return prefix + "redacted@" + v[userEnd+1:], true
 }
 
 // urlError explains why a Redis URL does not parse without quoting its user or password:
@@ -377,20 +413,62 @@ func urlError(name, v string, parse func(string) error) error {
 	return fmt.Errorf("%s: not a valid Redis URL (%s): %w", name, want, err)
 }
 
+// redisURLOptions are the query options go-redis's URL parsers know (redis.ParseURL,
+// redis.ParseClusterURL): public names, which an error may print even when the URL is
+// ambiguous (ambiguousAt).
+var redisURLOptions = map[string]bool{
+	"addr": true, "db": true, "protocol": true, "client_name": true, "max_retries": true, "min_retry_backoff": true,
+	"max_retry_backoff": true, "dial_timeout": true, "read_timeout": true, "write_timeout": true, "pool_fifo": true,
+	"pool_size": true, "pool_timeout": true, "min_idle_conns": true, "max_idle_conns": true, "max_active_conns": true,
+	"max_concurrent_dials": true, "pipeline_pool_size": true, "pipeline_read_buffer_size": true,
+	"pipeline_write_buffer_size": true, "conn_max_idle_time": true, "idle_timeout": true, "conn_max_lifetime": true,
+	"max_conn_age": true, "conn_max_lifetime_jitter": true, "skip_verify": true, "max_redirects": true,
+	"read_only": true, "route_by_latency": true, "route_by_latency_tolerance": true, "route_randomly": true,
+	"dialer_retries": true, "dialer_retry_timeout": true,
+}
+
 // checkURLOptions refuses query options (go-redis's parsers accept timeouts, pool sizes,
 // skip_verify…, which idemscrape would not carry to its clients, or would carry silently:
-// skip_verify turns certificate checks off): only a cluster URL's addr= options pass.
+// skip_verify turns certificate checks off): only a cluster URL's addr= options pass. The
+// URL is read as go-redis reads it (net/url on v itself), so an "@" in the query or the
+// fragment hides no option. A fragment (which go-redis ignores) is refused too: it is
+// mostly a password's unencoded "#". The error names the options, sorted; one that is not
+// a go-redis option is named only when it can not be part of a password.
 func checkURLOptions(v, name string, cluster bool) error {
-	red, _ := redactUserinfo(v)
-	u, err := url.Parse(red)
+	u, err := url.Parse(v)
 	if err != nil {
-		return nil //nolint:nilerr // the parser's own error, returned by the caller, says why
+		return nil //nolint:nilerr // go-redis's parser fails the same way; the caller explains it (urlError)
 	}
+	var bad []string // quoted names
+	unnamed := 0
 	for k := range u.Query() {
-		if cluster && k == "addr" {
-			continue
+		switch {
+		case cluster && k == "addr":
+		case redisURLOptions[k] || !ambiguousAt(v):
+			bad = append(bad, strconv.Quote(k))
+		default:
+			unnamed++
 		}
-		return fmt.Errorf("%s: URL option %q is not supported (only the address, user, password, database and TLS: use the -redis-tls-* settings)", name, k)
+	}
+	sort.Strings(bad)
+	if len(bad)+unnamed > 0 {
+		what := "URL option " + strings.Join(bad, "") + " is"
+		switch {
+		case len(bad) > 0 && unnamed > 0:
+			what = fmt.Sprintf("URL options %s and %d more are", strings.Join(bad, ", "), unnamed)
+		case len(bad) > 1:
+			what = "URL options " + strings.Join(bad, ", ") + " are"
+		case unnamed > 0:
+			what = fmt.Sprintf("%d URL option(s) are", unnamed)
+		}
+		if unnamed > 0 {
+			what += " (the query's other options are not named here: they may be part of a password, " +
+				"percent-encode / ? # @ in one)"
+		}
+		return fmt.Errorf("%s: %s not supported (only the address, user, password, database and TLS: use the -redis-tls-* settings)", name, what)
+	}
+	if strings.Contains(v, "#") {
+		return fmt.Errorf("%s: a Redis URL has no #fragment (percent-encode a # in a password as %%23)", name)
 	}
 	if cluster && strings.Trim(u.Path, "/") != "" {
 		return fmt.Errorf("%s: a cluster URL has no database path (a cluster has only database 0)", name)

@@ -225,3 +225,64 @@ func TestRedis(t *testing.T) {
 		assert.ErrorContains(t, err, `$EFT_REDIS_CLUSTER: entry 1 "x": not host:port`)
 	})
 }
+
+// TestRedisURLQueryAt: options are read from a Redis URL as go-redis reads them (net/url:
+// the user information is in the authority only), so an "@" in the query or the fragment
+// hides no option: skip_verify (whatever its value) is refused in every form below, with
+// or without user information, and no error quotes the password. A URL without options
+// parses, its password read as go-redis reads it.
+func TestRedisURLQueryAt(t *testing.T) {
+	for _, v := range []string{"REDIS", "REDIS_CLUSTER", "REDIS_PASSWORD", "REDIS_PASSWORD_FILE", "REDIS_TLS_CA", "REDIS_TLS_CERT", "REDIS_TLS_KEY", "REDIS_TLS_SERVER_NAME"} {
+		t.Setenv("EFT_"+v, "")
+	}
+	parse := func(t *testing.T, args ...string) (RedisConfig, error) {
+		t.Helper()
+		var r Redis
+		s := New("t", "EFT_", io.Discard)
+		r.Define(s)
+		require.NoError(t, s.Parse(args))
+		return r.Config()
+	}
+	const secret = "s3cr"
+	for _, tc := range []struct {
+		name    string
+		flag    string
+		url     string
+		wantErr string // "": accepted
+		user    string // accepted: the user and password read
+		pass    string
+	}{
+		{"AtInQuery", "-redis", "rediss://h:6380/0?skip_verify=true&client_name=ops@team", `"skip_verify"`, "", ""},
+		{"AtInQueryFalse", "-redis", "rediss://h:6380/0?client_name=ops@team&skip_verify=false", `"skip_verify"`, "", ""},
+		{"AtInQueryCluster", "-redis-cluster", "rediss://h:7000?addr=h:7001&skip_verify=true&client_name=ops@team", `"skip_verify"`, "", ""},
+		{"AtInFragment", "-redis", "rediss://h:6380/0?skip_verify=true#ops@team", `"skip_verify"`, "", ""},
+		{"FragmentAlone", "-redis", "rediss://h:6380/0#ops@team", "no #fragment", "", ""},
+		{"EncodedAtInPassword", "-redis", withSecret("rediss://u", secret+"%40et", "h:6380/0?skip_verify=true"), `"skip_verify"`, "", ""},
+		{"EncodedAtInPasswordAccepted", "-redis", withSecret("rediss://u", secret+"%40et", "h:6380/0"), "", "u", secret + "@et"},
+		{"RawAtInPassword", "-redis", withSecret("rediss://u", secret+"@et", "h:6380/0?skip_verify=true"), `"skip_verify"`, "", ""},
+		{"RawAtInPasswordAccepted", "-redis", withSecret("rediss://u", secret+"@et", "h:6380/0"), "", "u", secret + "@et"},
+		{"NoUserinfo", "-redis", "rediss://h:6380?skip_verify=true", `URL option "skip_verify" is not supported`, "", ""},
+		{"NoUserinfoAccepted", "-redis", "rediss://h:6380/0", "", "", ""},
+		{"UserinfoAndAtInQuery", "-redis", withSecret("rediss://u", secret+"et", "h:6380/0?skip_verify=true&client_name=ops@team"), `"skip_verify"`, "", ""},
+		// A password with an unencoded "?" or "#" before its "@": the text after it is the
+		// query or the fragment, never quoted.
+		{"PasswordInQuery", "-redis", withSecret("rediss://", "12?"+secret+"et", "h:6380?skip_verify=true"), "not named here", "", ""},
+		{"PasswordInQueryAlone", "-redis", withSecret("rediss://", "12?"+secret+"et", "h:6380"), "1 URL option(s) are (the query's other options are not named here", "", ""},
+		{"PasswordInFragment", "-redis", withSecret("rediss://", "12#"+secret+"et", "h:6380"), "no #fragment", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parse(t, tc.flag, tc.url)
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				require.NotNil(t, c.TLS)
+				assert.False(t, c.TLS.InsecureSkipVerify)
+				assert.Equal(t, tc.user, c.Username)
+				assert.Equal(t, tc.pass, c.Password)
+				return
+			}
+			require.Error(t, err, "skip_verify or a fragment must not pass: %+v", c)
+			assert.Contains(t, err.Error(), tc.wantErr)
+			assert.NotContains(t, err.Error(), secret, "no password in an error")
+		})
+	}
+}
