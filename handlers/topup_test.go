@@ -311,3 +311,54 @@ func TestWindowTopUpUnknown(t *testing.T) {
 	assert.Contains(t, atts[0].Error, "window reservation not topped up")
 	assert.Equal(t, 1.0, topUps(t, metrics, "failed"))
 }
+
+// TestWindowTopUpAfterRestore: Redis loses the window's total while worker A's attempt is
+// held at its price step; worker B's next delivery finds it unknown and restores it from
+// PostgreSQL (which knows nothing of A's attempt in flight), and completes. A's price
+// answer then takes it past its reservation: its top-up finds the total restored but no
+// reservation of A's, re-creates it from what A says it holds and grants the top-up, and
+// A completes; Redis's total ends equal to PostgreSQL's. On the old code the top-up read
+// the missing reservation as "owner holds nothing" (granted 0): A's job failed for good
+// as budget_exceeded with a fraction of the window spent.
+func TestWindowTopUpAfterRestore(t *testing.T) {
+	ctx := context.Background()
+	r := newTopUpRig(t)
+	metrics := prometheus.NewRegistry()
+	regA := r.registry(t, 10_000_000, func(c *handlers.Config) { c.WorkerID, c.Registerer = "A", metrics })
+	regB := r.registry(t, 10_000_000, func(c *handlers.Config) { c.WorkerID = "B" })
+	reservation, _ := r.warm(t, regA)
+
+	r.pad.Store(2 * reservation)
+	r.padPrice.Store(true) // A's price answer moves three reservations
+	r.gate.armed.Store(true)
+	key, task := r.job(t, "sku-9")
+	done := make(chan error, 1)
+	go func() { done <- regA.ProcessTask(ctx, task) }()
+	select {
+	case <-r.gate.held:
+	case err := <-done:
+		t.Fatalf("the attempt ended before its price step: %v", err)
+	}
+	require.NoError(t, r.ns.Client.Del(ctx, r.ns.Prefix+"{budget:catalog/2026-04-23}").Err()) // Redis lost it
+	r.gate.armed.Store(false)
+	keyB, taskB := r.job(t, "sku-8")
+	require.NoError(t, regB.ProcessTask(ctx, taskB), "B restores the window's total and completes")
+	requireState(t, r.st, keyB, tasks.StateComplete)
+
+	r.gate.open()
+	d := decisionOf(<-done)
+	assert.True(t, d.Ack, "A's attempt completes: %+v", d)
+	job := requireState(t, r.st, key, tasks.StateComplete)
+	assert.Empty(t, job.LastCategory)
+	atts, err := r.st.AttemptList(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, atts, 1)
+	assert.Greater(t, atts[0].Bytes, 2*reservation, "A moved past its reservation")
+	assert.GreaterOrEqual(t, topUps(t, metrics, "granted"), 1.0)
+	assert.Zero(t, topUps(t, metrics, "refused"))
+	spent, reserved := r.windowState(t)
+	assert.Zero(t, reserved, "settled")
+	inPG, err := r.st.WindowCost(ctx, catalog.Kind, "2026-04-23", "USD")
+	require.NoError(t, err)
+	assert.Equal(t, inPG, spent, "Redis's total is PostgreSQL's")
+}

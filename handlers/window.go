@@ -71,7 +71,10 @@ const windowWaitMax = 5 * time.Second
 // When Redis loses a window's total (restart without persistence, failover, flush) the
 // next worker restores it from PostgreSQL, which records every finished attempt's cost
 // (store.PG.WindowCost); attempts in flight at that moment are the only ones that can
-// then pass the budget (their top-ups fail, and they stop at their caps). A worker that
+// then pass the budget. A top-up of one of them re-creates its reservation from what it
+// holds and is granted what is left; before the restore, or with nothing left, it fails
+// and the attempt stops at its cap, retried as internal — never failed as
+// budget_exceeded on a total that did not know of it. A worker that
 // dies holding a reservation is charged all of it — its top-ups included — when its
 // delivery's deadline passes (the attempt may have spent that much; the proxy bills a
 // killed worker's traffic too), and its attempt's row, written as lost when the job is
@@ -239,6 +242,9 @@ type windowHold struct {
 	amount int64  // micro-units reserved, top-ups included
 	wanted int64  // what the attempt asked for at its start: a top-up asks for as much again
 	price  sessions.Price
+	// until is when the reservation lapses if never settled (the reserve's hold, on this
+	// worker's clock): a top-up that finds it lost with Redis's data re-creates it to then.
+	until time.Time
 	// The fields below are the running attempt's (written by its top-ups, serialised by the
 	// session layer, read once its run returned).
 	// capped: the window stopped the attempt — its top-up found the budget spent — not the
@@ -290,7 +296,12 @@ func (h *windowHold) spentNote(kindName string, money int64) string {
 // top-up is charged the total, in Redis when the reservation lapses and on its lost row
 // alike. A top-up of 0 stops the attempt as capped by the window (budget_exceeded, with
 // the window's note); a top-up that fails (Redis down, the window's total lost) stops it
-// too, retried as internal, since the window's budget can not be known to cover it.
+// too, retried as internal, since the window's budget can not be known to cover it. A
+// reservation Redis lost with the window's total, which another worker restored since, is
+// re-created from what the attempt holds (h.amount, until h.until) before the top-up is
+// granted; with no room left for it the top-up fails the same way (lua.
+// ErrReservationUnknown): retried, never budget_exceeded, since the restored total is
+// PostgreSQL's and may count finished attempts twice.
 func (r *Registry) windowByteCap(k *kind, h *windowHold, job tasks.Payload, token int64, ownCap int64, ownNote string, log *slog.Logger) (int64, string, func(context.Context, int64) (int64, string)) {
 	country := job.Spec.Country
 	if h == nil || h.bytes(ownCap, country) >= ownCap {
@@ -303,7 +314,7 @@ func (r *Registry) windowByteCap(k *kind, h *windowHold, job tasks.Payload, toke
 		}
 		want := max(h.price.Cost(moved, country)-h.amount, 0) + h.wanted
 		want = max(1, min(want, ownCost-h.amount))
-		granted, err := r.windows.TopUp(ctx, k.name, h.window, h.owner, k.window.Money, want)
+		granted, err := r.windows.TopUp(ctx, k.name, h.window, h.owner, k.window.Money, want, h.amount, time.Until(h.until))
 		if err != nil {
 			h.topUpErr = err
 			r.metrics.windowTopUps.WithLabelValues(k.name, "failed").Inc()
@@ -384,7 +395,7 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 	r.windowCoverage(ctx, k, window, wanted, capCost, measured, price.Currency, log)
 	switch g.Admission {
 	case lua.Granted:
-		return &windowHold{window: window, owner: owner, amount: g.Amount, wanted: wanted, price: price}, nil, nil
+		return &windowHold{window: window, owner: owner, amount: g.Amount, wanted: wanted, price: price, until: time.Now().Add(hold)}, nil, nil
 	case lua.Wait:
 		r.metrics.windowStops.WithLabelValues(k.name, "waited").Inc()
 		return nil, nil, &retryError{delay: time.Second + time.Duration(r.cfg.Rand()*float64(windowWaitMax)), counted: false,

@@ -130,29 +130,44 @@ func (b *WindowBudgets) Settle(ctx context.Context, kind, window, owner string, 
 	return n >= 0, nil
 }
 
+// ErrReservationUnknown: Redis knows the window's spent amount but not the attempt's
+// reservation — Redis lost the window while the attempt ran and a restore from PostgreSQL
+// came since — and the window, the reservation counted again, has no room for the top-up.
+// Not a spent window: the attempt is retried (internal), and the next reservation decides.
+var ErrReservationUnknown = errors.New("lua: window reservation unknown to Redis (lost with the window's total, which was restored since)")
+
 // TopUp asks for more micro-units for the attempt of owner, whose cost outgrew its
 // reservation while it runs: it gets more, or what is left of the budget (0: nothing is
-// left, or owner holds no reservation — it was settled), added to its reservation (to its
-// charge, if the reservation lapsed meanwhile: winbudget.lua). It returns
-// ErrBudgetUnknown when Redis has no spent amount for the window: Redis lost it while the
-// attempt ran, and the restore, from PostgreSQL, can not know what the attempt spends.
-func (b *WindowBudgets) TopUp(ctx context.Context, kind, window, owner string, budget, more int64) (int64, error) {
+// left), added to its reservation (to its charge, if the reservation lapsed meanwhile:
+// winbudget.lua). held is what the attempt holds (its reservation with its top-ups) and
+// hold how long until it lapses (as Reserve's): a reservation Redis lost with the window's
+// total, restored since from PostgreSQL, is re-created from them, and the top-up is asked
+// on top of it; with no room left it returns ErrReservationUnknown (retry: the window is
+// not known to be spent). It returns ErrBudgetUnknown when Redis has no spent amount for
+// the window: Redis lost it while the attempt ran, and the restore, from PostgreSQL, can
+// not know what the attempt spends.
+func (b *WindowBudgets) TopUp(ctx context.Context, kind, window, owner string, budget, more, held int64, hold time.Duration) (int64, error) {
 	switch {
 	case budget <= 0 || more <= 0:
 		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: budget %d and more %d must be positive", kind, window, budget, more)
+	case held <= 0:
+		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: held %d must be positive", kind, window, held)
 	case owner == "":
 		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: empty owner", kind, window)
 	}
 	reply, err := winBudgetScript.Run(ctx, b.rdb, []string{b.keys.WindowBudget(kind, window)},
-		"topup", owner, budget, more, WindowBudgetKeep.Milliseconds()).Int64Slice()
+		"topup", owner, budget, more, WindowBudgetKeep.Milliseconds(), held, max(hold, time.Millisecond).Milliseconds()).Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: %w", kind, window, err)
 	}
-	if len(reply) != 3 || reply[0] < -1 {
+	if len(reply) != 3 || reply[0] < -2 {
 		return 0, fmt.Errorf("lua: window budget %s/%s: top-up: unexpected reply %v", kind, window, reply)
 	}
-	if reply[0] == -1 {
+	switch reply[0] {
+	case -1:
 		return 0, ErrBudgetUnknown
+	case -2:
+		return 0, ErrReservationUnknown
 	}
 	return reply[0], nil
 }

@@ -23,7 +23,9 @@
 -- settle:  ARGV[2] -> owner; ARGV[3] -> cost (micro-units, >= 0); ARGV[4] -> keep
 -- restore: ARGV[2] -> spent (from PostgreSQL); ARGV[3] -> keep
 -- topup:   ARGV[2] -> owner; ARGV[3] -> budget; ARGV[4] -> more (micro-units, > 0);
---          ARGV[5] -> keep
+--          ARGV[5] -> keep; ARGV[6] -> held (micro-units, > 0: what the attempt says it
+--          holds, its top-ups included); ARGV[7] -> hold (ms left until its reservation
+--          lapses, as at reserve)
 --
 -- Returns
 --   reserve: {1, granted, spent, reserved}  reserved: granted = wanted, or what is left of
@@ -39,13 +41,16 @@
 --   topup:   {granted, spent, reserved}: an attempt that outgrew its reservation asks for
 --            more; granted is more, or what is left of the budget (0: nothing), added to its
 --            reservation (to its charge if it lapsed meanwhile); {-1, 0, 0} if the hash is
---            unknown, {0, spent, reserved} if owner holds nothing (settled already)
+--            unknown; {-2, spent, reserved} if owner's reservation is unknown (Redis lost
+--            it and a restore came since: see below) and the window, its held amount
+--            counted, has no room for more
 -- A reservation that lapses is charged, not given back: its attempt may have spent up to
 -- it (a killed worker's proxy traffic is billed all the same), and the attempt's row in
 -- PostgreSQL, written as lost by whoever takes the job over, carries the same amount.
 -- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL, HINCRBY, HSET per lapsed
 -- reservation, HDEL per old lapse); HEXISTS, HGET, HDEL, HINCRBY, PEXPIRE (settle);
--- HSETNX, HGET, PEXPIRE (restore); HGETALL, HSET, HINCRBY, PEXPIRE (topup).
+-- HSETNX, HGET, PEXPIRE (restore); HGETALL, HSET, HINCRBY, PEXPIRE (topup; TIME when the
+-- reservation is re-created).
 local op = ARGV[1]
 if op == "settle" then
   if redis.call("HEXISTS", KEYS[1], "spent") == 0 then
@@ -90,7 +95,33 @@ elseif op == "topup" then
     return {-1, 0, 0}
   end
   if mine == nil and lapsed == nil then
-    return {0, spent, reserved}
+    -- The window is known but owner's reservation is not: Redis lost the hash while the
+    -- attempt ran and another worker's reservation restored spent from PostgreSQL, which
+    -- records finished attempts only. (A running attempt's own top-up never follows its
+    -- settlement, and a lapse leaves l:<owner>.) This is not "nothing left": answering 0
+    -- failed the attempt for good as budget_exceeded with the window nearly unspent.
+    -- Decision: re-create the reservation from what the attempt says it holds (ARGV[6]),
+    -- held until its deadline as at reserve. That puts back what Redis lost — the money the
+    -- attempt may have spent already is real whatever the window has left — so its
+    -- settlement replaces it by the cost, and a lapse charges it, as its lost row in
+    -- PostgreSQL does (the row records the same reservation). Then the top-up is granted
+    -- what the window has left beyond it; with no room left, it answers -2, "unknown
+    -- reservation", which the caller retries as internal (never budget_exceeded): the next
+    -- delivery's reservation says whether the window is spent, on a total that counts
+    -- this attempt's cost.
+    local held = tonumber(ARGV[6])
+    local t = redis.call("TIME")
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local granted = math.min(tonumber(ARGV[4]), tonumber(ARGV[3]) - spent - reserved - held)
+    if granted <= 0 then
+      granted = 0
+    end
+    redis.call("HSET", KEYS[1], "r:" .. ARGV[2], string.format("%d %d", held + granted, now + tonumber(ARGV[7])))
+    redis.call("PEXPIRE", KEYS[1], ARGV[5])
+    if granted == 0 then
+      return {-2, spent, reserved}
+    end
+    return {granted, spent, reserved}
   end
   local granted = math.min(tonumber(ARGV[4]), tonumber(ARGV[3]) - spent - reserved)
   if granted <= 0 then

@@ -241,21 +241,27 @@ func TestWindowBudgetLapse(t *testing.T) {
 			g, err := b.Reserve(ctx, kind, window, "d", budget, 50, time.Hour)
 			require.NoError(t, err)
 			require.Equal(t, lua.Granted, g.Admission)
-			more, err := b.TopUp(ctx, kind, window, "d", budget, 10)
+			more, err := b.TopUp(ctx, kind, window, "d", budget, 10, 50, time.Hour)
 			require.NoError(t, err)
 			assert.EqualValues(t, 10, more)
-			more, err = b.TopUp(ctx, kind, window, "d", budget, 50)
+			more, err = b.TopUp(ctx, kind, window, "d", budget, 50, 60, time.Hour)
 			require.NoError(t, err)
 			assert.EqualValues(t, 10, more, "what is left: 100 - 30 spent - 60 reserved")
-			more, err = b.TopUp(ctx, kind, window, "d", budget, 5)
+			more, err = b.TopUp(ctx, kind, window, "d", budget, 5, 70, time.Hour)
 			require.NoError(t, err)
 			assert.Zero(t, more, "nothing left")
 			s, r = spent()
 			assert.EqualValues(t, 30, s)
 			assert.EqualValues(t, 70, r, "d holds 50 + 10 + 10")
-			more, err = b.TopUp(ctx, kind, window, "nobody", budget, 5)
+			// An owner whose reservation Redis does not know (lost with a restored total) has
+			// it re-created; with no room left for more, the top-up is not answered as spent.
+			_, err = b.TopUp(ctx, kind, window, "nobody", budget, 5, 5, time.Hour)
+			require.ErrorIs(t, err, lua.ErrReservationUnknown)
+			_, r = spent()
+			assert.EqualValues(t, 75, r, "nobody's 5 re-created")
+			ok, err = b.Settle(ctx, kind, window, "nobody", 0)
 			require.NoError(t, err)
-			assert.Zero(t, more, "an owner without a reservation gets nothing")
+			assert.True(t, ok)
 			ok, err = b.Settle(ctx, kind, window, "d", 65)
 			require.NoError(t, err)
 			assert.True(t, ok)
@@ -271,7 +277,7 @@ func TestWindowBudgetLapse(t *testing.T) {
 			g, err = b.Reserve(ctx, kind, window, "f", budget, 1, time.Hour) // finds e lapsed
 			require.NoError(t, err)
 			require.Equal(t, lua.Grant{Admission: lua.Granted, Amount: 1, Spent: 97}, g)
-			more, err = b.TopUp(ctx, kind, window, "e", budget, 1)
+			more, err = b.TopUp(ctx, kind, window, "e", budget, 1, 2, time.Hour)
 			require.NoError(t, err)
 			assert.EqualValues(t, 1, more)
 			s, r = spent()
@@ -305,10 +311,70 @@ func TestWindowBudgetLapse(t *testing.T) {
 				assert.EqualValues(t, 100, s, "99 + 1: the charge stays, the late cost is added")
 			}
 
-			_, err = b.TopUp(ctx, kind, "unknown", "d", budget, 1)
+			_, err = b.TopUp(ctx, kind, "unknown", "d", budget, 1, 1, time.Hour)
 			require.ErrorIs(t, err, lua.ErrBudgetUnknown)
-			_, err = b.TopUp(ctx, kind, window, "d", budget, 0)
+			_, err = b.TopUp(ctx, kind, window, "d", budget, 0, 1, time.Hour)
 			require.ErrorContains(t, err, "budget 100 and more 0 must be positive")
+			_, err = b.TopUp(ctx, kind, window, "d", budget, 1, 0, time.Hour)
+			require.ErrorContains(t, err, "held 0 must be positive")
 		})
 	}
+}
+
+// TestWindowBudgetTopUpAfterRestore: Redis loses the window while a holds a reservation of
+// 10; before a restore a's top-up is unknown (ErrBudgetUnknown). After another worker's
+// restore (PostgreSQL's 20, which knows nothing of a), a's top-up re-creates its
+// reservation from what it holds and is granted on top of it; its settlement replaces
+// both by its cost. b's re-created reservation leaves no room: ErrReservationUnknown, not
+// a refusal, and the reservation is held, lapsing at the hold b gave (charged in full).
+// On the old script the top-up answered 0 ("owner holds nothing"), as if the window were
+// spent.
+func TestWindowBudgetTopUpAfterRestore(t *testing.T) {
+	ctx := context.Background()
+	c, mr, now := frozenMini(t)
+	b, err := lua.NewWindowBudgets(c, "mini:")
+	require.NoError(t, err)
+	const kind, window, budget = "catalog", "2026-04-23", 100
+	_, err = b.Restore(ctx, kind, window, 0)
+	require.NoError(t, err)
+	g, err := b.Reserve(ctx, kind, window, "a", budget, 10, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, lua.Granted, g.Admission)
+	mr.Del("mini:{budget:catalog/2026-04-23}") // Redis lost it
+	_, err = b.TopUp(ctx, kind, window, "a", budget, 5, 10, time.Hour)
+	require.ErrorIs(t, err, lua.ErrBudgetUnknown, "before the restore")
+	_, err = b.Restore(ctx, kind, window, 20)
+	require.NoError(t, err)
+	more, err := b.TopUp(ctx, kind, window, "a", budget, 5, 10, time.Hour)
+	require.NoError(t, err)
+	assert.EqualValues(t, 5, more, "granted on top of the re-created reservation")
+	s, r, _, err := b.Spent(ctx, kind, window)
+	require.NoError(t, err)
+	assert.EqualValues(t, 20, s)
+	assert.EqualValues(t, 15, r, "a's 10 re-created and its 5")
+	ok, err := b.Settle(ctx, kind, window, "a", 12)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	s, r, _, err = b.Spent(ctx, kind, window)
+	require.NoError(t, err)
+	assert.EqualValues(t, 32, s)
+	assert.Zero(t, r)
+
+	// b holds 60 when Redis is lost again; the restore says 50: no room beyond b's 60.
+	g, err = b.Reserve(ctx, kind, window, "b", budget, 60, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, lua.Granted, g.Admission)
+	mr.Del("mini:{budget:catalog/2026-04-23}")
+	_, err = b.Restore(ctx, kind, window, 50)
+	require.NoError(t, err)
+	_, err = b.TopUp(ctx, kind, window, "b", budget, 10, 60, time.Minute)
+	require.ErrorIs(t, err, lua.ErrReservationUnknown)
+	s, r, _, err = b.Spent(ctx, kind, window)
+	require.NoError(t, err)
+	assert.EqualValues(t, 50, s)
+	assert.EqualValues(t, 60, r, "b's 60 held again")
+	mr.SetTime(now.Add(time.Minute + time.Millisecond)) // b's worker died: its hold passes
+	g, err = b.Reserve(ctx, kind, window, "c", budget, 1, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, lua.Grant{Admission: lua.Spent, Spent: 110}, g, "b's re-created reservation lapsed, charged in full")
 }
