@@ -117,7 +117,9 @@ type Config struct {
 	// Store is the system of record: the dispatcher, /readyz and the job pages read it.
 	// Required.
 	Store *store.PG
-	// Redis is pinged by /readyz and used by the outbox dispatcher: a *redis.Client, or a
+	// Redis is written to by /readyz (a SET of <Dispatcher.Prefix>ready-probe:<this
+	// process> with a 5 s expiry: a Redis that answers but refuses writes is not ready) and
+	// used by the outbox dispatcher: a *redis.Client, or a
 	// *redis.ClusterClient on Redis Cluster (docs/CLUSTER.md: it should reload its slot map
 	// when a node fails, as cmd/worker's does). Required.
 	Redis redis.UniversalClient
@@ -171,6 +173,19 @@ type Config struct {
 	// address without BasicAuth is refused by New (Validate), since anyone who reaches the port
 	// would read the job pages and asynqmon.
 	HTTPInsecure bool
+	// AllowedHosts are the names (or IPs) besides the listen address and loopback under
+	// which asynqmon and the job pages answer: a request whose Host header is not the
+	// listen address (as listened, the port picked for ":0"; also without the port),
+	// localhost, a 127.0.0.0/8 or [::1] address (any port) or one of
+	// these entries gets 421 Misdirected Request and is counted in
+	// idemscrape_http_host_refused_total: a page of another site whose name was made to
+	// resolve to this server (DNS rebinding) is refused, credentials or not. An entry is a
+	// host name or IP ("jobs.internal", "10.0.3.7"), any port, or host:port for that port
+	// only; no wildcards. /metrics, /healthz and /readyz are not checked: orchestrators'
+	// probes and Prometheus reach them by the pod's IP, and they are unauthenticated
+	// anyway. Listening on every interface (0.0.0.0, ::) accepts no interface IP by
+	// itself: name each name or IP the operators use here. Defaults to none.
+	AllowedHosts []string
 	// BasicAuth, when set, protects asynqmon and the job pages (not /metrics, /healthz,
 	// /readyz, which probes and scrapers reach). See BasicAuthFromEnv. Defaults to nil: no
 	// authentication.
@@ -223,6 +238,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("service: Config.ReadyTimeout %v is negative", c.ReadyTimeout)
 	case c.HTTPAddr != "" && CheckExposure(c.HTTPAddr, c.BasicAuth, c.HTTPInsecure) != nil:
 		return CheckExposure(c.HTTPAddr, c.BasicAuth, c.HTTPInsecure)
+	case CheckAllowedHosts(c.AllowedHosts) != nil:
+		return CheckAllowedHosts(c.AllowedHosts)
 	case c.JobListLimit < 0:
 		return fmt.Errorf("service: Config.JobListLimit %d is negative", c.JobListLimit)
 	case c.BasicAuth != nil && (c.BasicAuth.User == "" || c.BasicAuth.Password == ""):

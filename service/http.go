@@ -2,14 +2,17 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"strings"
 	"sync"
+	"time"
 )
 
 // basicAuth lets a request through only with the configured credentials. Both the user
@@ -39,11 +42,11 @@ type checkResult struct {
 	err  error
 }
 
-// readyChecks returns every readiness check: Redis, PostgreSQL, the asynq server, the
+// readyChecks returns every readiness check: Redis (a write, see redisWritable), PostgreSQL, the asynq server, the
 // registry's own readiness (a kind paused by a proxy-auth incident), and Config.ReadyChecks.
 func (s *Service) readyChecks() []ReadyCheck {
 	checks := []ReadyCheck{
-		{Name: "redis", Check: func(ctx context.Context) error { return s.cfg.Redis.Ping(ctx).Err() }},
+		{Name: "redis", Check: s.redisWritable},
 		{Name: "postgres", Check: func(ctx context.Context) error { return s.cfg.Store.Pool().Ping(ctx) }},
 		{Name: "asynq", Check: func(ctx context.Context) error {
 			if !s.running.Load() {
@@ -60,6 +63,26 @@ func (s *Service) readyChecks() []ReadyCheck {
 	}
 	checks = append(checks, ReadyCheck{Name: "registry", Check: func(context.Context) error { return s.cfg.Registry.Ready() }})
 	return append(checks, s.cfg.ReadyChecks...)
+}
+
+// readyProbeTTL is how long a readiness probe's key lives.
+const readyProbeTTL = 5 * time.Second
+
+// readyProbeKey is this process's readiness probe key, <prefix>ready-probe:<host>/<pid>/<random>,
+// under the outbox's key prefix (the service's keys in Redis). One key alone: no hash tag
+// is needed on Redis Cluster.
+func readyProbeKey(prefix string) string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%sready-probe:%s/%d/%s", prefix, host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// redisWritable is /readyz's Redis check: a SET with a short expiry, not a PING, since a
+// Redis that answers but refuses every write (out of memory under noeviction, a read-only
+// replica) takes no lease and queues no task.
+func (s *Service) redisWritable(ctx context.Context) error {
+	return s.cfg.Redis.Set(ctx, s.readyKey, "1", readyProbeTTL).Err()
 }
 
 // serveReady answers 200 when every check passes, 503 otherwise; the body names each

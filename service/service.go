@@ -4,10 +4,11 @@
 //   - the asynq server, every task through the registry's runner;
 //   - the outbox dispatcher (store/outbox), unless turned off;
 //   - one HTTP server: /metrics (the registry's and the dispatcher's metrics, Go runtime,
-//     process), /healthz (the process is up), /readyz (Redis and PostgreSQL answer, the
-//     asynq server runs, the registry is not paused), asynqmon at /monitoring (read-only
+//     process), /healthz (the process is up), /readyz (Redis takes a write, PostgreSQL
+//     answers, the asynq server runs, the registry is not paused), asynqmon at /monitoring (read-only
 //     unless MonitoringWritable), the job pages /jobs and /jobs/{key} and /windows — all
-//     but /metrics, /healthz and /readyz behind optional HTTP basic auth.
+//     but /metrics, /healthz and /readyz behind optional HTTP basic auth, and answered
+//     only under the listen address, loopback names and Config.AllowedHosts.
 //
 // Shutdown stops taking work, lets in-flight jobs finish for Config.ShutdownTimeout, then
 // asynq puts the tasks of the jobs still running back to pending and cancels their
@@ -58,6 +59,9 @@ type Service struct {
 	mon     *asynqmon.HTTPHandler
 	http    *http.Server
 	metrics *prometheus.Registry
+	hosts   *hostGuard
+	// readyKey is the key /readyz's Redis check writes (readyProbeKey).
+	readyKey string
 
 	inflight sync.WaitGroup // handlers still running, counted by track
 	running  atomic.Bool    // asynq server started and not shutting down
@@ -90,6 +94,20 @@ func New(cfg Config) (*Service, error) {
 	}
 	if err := s.metrics.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
 		return nil, fmt.Errorf("service: register process collector: %w", err)
+	}
+
+	prefix := outbox.DefaultPrefix
+	if c.Dispatcher != nil && c.Dispatcher.Prefix != "" {
+		prefix = c.Dispatcher.Prefix
+	}
+	s.readyKey = readyProbeKey(prefix)
+	hosts, err := newHostGuard(c)
+	if err != nil {
+		return nil, err
+	}
+	s.hosts = hosts
+	if err := s.metrics.Register(hosts.refused); err != nil {
+		return nil, fmt.Errorf("service: register Host counter: %w", err)
 	}
 
 	if !c.NoDispatcher {
@@ -135,7 +153,8 @@ func New(cfg Config) (*Service, error) {
 }
 
 // Handler returns the HTTP handler of the service (every route), for tests and for
-// services that serve it on a server of their own.
+// services that serve it on a server of their own (then the Host check knows
+// Config.HTTPAddr, not that server's address: name it in Config.AllowedHosts).
 func (s *Service) Handler() http.Handler { return s.http.Handler }
 
 // HTTPAddr returns the address the HTTP server listens on (after Start), e.g. the port
@@ -181,6 +200,7 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	s.running.Store(true)
 	s.listener = ln
+	s.hosts.listening(ln.Addr())
 	s.serveErr = make(chan error, 1)
 	go func() { s.serveErr <- s.http.Serve(ln) }()
 	s.started = true
@@ -305,22 +325,26 @@ func (s *Service) routes() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
 
-	// Basic auth when configured; and for every method but GET, HEAD and OPTIONS the
+	// The Host must be one this server answers to (the listen address, loopback,
+	// Config.AllowedHosts): a same-origin request of a DNS-rebinding page is refused.
+	// Then basic auth when configured; and for every method but GET, HEAD and OPTIONS the
 	// request must come from the same origin (Sec-Fetch-Site, else Origin against Host):
 	// a browser sends basic auth credentials with any site's form POST.
 	sameOrigin := http.NewCrossOriginProtection()
-	protect := func(h http.Handler) http.Handler { return sameOrigin.Handler(h) }
+	protect := func(h http.Handler) http.Handler { return s.hosts.handler(sameOrigin.Handler(h)) }
 	if s.cfg.BasicAuth != nil {
-		protect = func(h http.Handler) http.Handler { return basicAuth(*s.cfg.BasicAuth, sameOrigin.Handler(h)) }
+		protect = func(h http.Handler) http.Handler {
+			return s.hosts.handler(basicAuth(*s.cfg.BasicAuth, sameOrigin.Handler(h)))
+		}
 	}
 	mux.Handle(DefaultMonitoringPath, protect(s.mon))
 	mux.Handle(DefaultMonitoringPath+"/", protect(s.mon))
 	mux.Handle("GET /jobs", protect(http.HandlerFunc(s.serveJobList)))
 	mux.Handle("GET /jobs/{key...}", protect(http.HandlerFunc(s.serveJob)))
 	mux.Handle("GET /windows", protect(http.HandlerFunc(s.serveWindows)))
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /{$}", s.hosts.handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/jobs", http.StatusFound)
-	})
+	})))
 	return mux
 }
 

@@ -58,6 +58,7 @@ type setupOpts struct {
 	shop      string             // catalog base URL; default: a closed port
 	logger    *slog.Logger       // default: quiet
 	budgets   map[string]store.Cost
+	hosts     []string // AllowedHosts
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -113,6 +114,7 @@ func setup(t *testing.T, o setupOpts) *bundle {
 		BasicAuth:          o.auth,
 		ReadyChecks:        o.checks,
 		WindowBudgets:      o.budgets,
+		AllowedHosts:       o.hosts,
 		Logger:             logger,
 		AsynqLogLevel:      asynq.FatalLevel,
 	})
