@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/parse"
-	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/job"
 )
 
 func TestWhitespace(t *testing.T) {
@@ -144,7 +144,7 @@ func TestURL(t *testing.T) {
 		})
 	}
 	t.Run("OwnNormalizer", func(t *testing.T) {
-		n := tasks.NewNormalizer(tasks.WithTrackingParams("ref"))
+		n := job.NewNormalizer(job.WithTrackingParams("ref"))
 		got, err := parse.URLWith(n, page, "/p?ref=home&id=2")
 		require.NoError(t, err)
 		assert.Equal(t, "https://shop.example/p?id=2", got)

@@ -7,14 +7,14 @@ import (
 
 	whatwg "github.com/nlnwa/whatwg-url/url"
 
-	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/job"
 )
 
 // URL resolves ref (an href or src as written in the page) against the page's URL and
-// returns the tasks.DefaultNormalizer canonical form, the same form job keys are built
+// returns the job.DefaultNormalizer canonical form, the same form job keys are built
 // from. See URLWith.
 func URL(page, ref string) (string, error) {
-	return URLWith(tasks.DefaultNormalizer, page, ref)
+	return URLWith(job.DefaultNormalizer, page, ref)
 }
 
 // URLWith is URL with a given normaliser (use the one your job keys are built with).
@@ -22,10 +22,10 @@ func URL(page, ref string) (string, error) {
 // Resolution follows the WHATWG URL standard, as browsers do: leading and trailing ASCII
 // white space of ref is stripped (HTML attribute values carry it), tabs and newlines
 // inside it removed, backslashes read as slashes. The result must be an absolute http or
-// https URL without user info (see tasks.Normalizer.NormalizeURL): "javascript:", "mailto:"
+// https URL without user info (see job.Normalizer.NormalizeURL): "javascript:", "mailto:"
 // and "data:" links are errors. The error never contains a URL that has an "@" in it (it
 // could hold credentials).
-func URLWith(n *tasks.Normalizer, page, ref string) (string, error) {
+func URLWith(n *job.Normalizer, page, ref string) (string, error) {
 	ref = strings.Trim(ref, " \t\n\f\r")
 	ref = strings.NewReplacer("\t", "", "\n", "", "\r", "").Replace(ref)
 	if ref == "" {
@@ -37,7 +37,7 @@ func URLWith(n *tasks.Normalizer, page, ref string) (string, error) {
 	}
 	out, err := n.NormalizeURL(u.Href(true))
 	if err != nil {
-		var fe *tasks.FieldError
+		var fe *job.FieldError
 		if errors.As(err, &fe) {
 			return "", fmt.Errorf("parse: URL %s on page %s: %s", safeURL(ref), safeURL(page), fe.Reason)
 		}

@@ -515,3 +515,9 @@ func TestEnqueueDuplicateFastPath(t *testing.T) {
 	assert.False(t, b.ns.AsynqTaskExists(t, keys[2]), "a complete job is not enqueued again")
 	assert.False(t, b.ns.AsynqTaskExists(t, keys[3]), "a failed job is not enqueued again")
 }
+
+// TestEnqueuerConfigPayloadVersion: an unknown payload format version is refused by name.
+func TestEnqueuerConfigPayloadVersion(t *testing.T) {
+	c := tasks.EnqueuerConfig{PayloadVersion: 5}
+	require.ErrorContains(t, c.Validate(), "PayloadVersion 5")
+}

@@ -1,4 +1,4 @@
-package tasks_test
+package job_test
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/job"
 )
 
 func TestNormalizeURL(t *testing.T) {
@@ -64,14 +64,14 @@ func TestNormalizeURL(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := tasks.DefaultNormalizer.NormalizeURL(tt.in)
+			got, err := job.DefaultNormalizer.NormalizeURL(tt.in)
 			if err != nil {
 				t.Fatalf("NormalizeURL(%q) error: %v", tt.in, err)
 			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("NormalizeURL(%q) mismatch (-want +got):\n%s", tt.in, diff)
 			}
-			again, err := tasks.DefaultNormalizer.NormalizeURL(got)
+			again, err := job.DefaultNormalizer.NormalizeURL(got)
 			if err != nil || again != got {
 				t.Errorf("NormalizeURL not idempotent: %q -> %q, %v", got, again, err)
 			}
@@ -119,15 +119,15 @@ func TestNormalizeURLRejects(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := tasks.DefaultNormalizer.NormalizeURL(tt.in)
+			got, err := job.DefaultNormalizer.NormalizeURL(tt.in)
 			if err == nil {
 				t.Fatalf("NormalizeURL(%q) = %q, want error", tt.in, got)
 			}
-			var fe *tasks.FieldError
+			var fe *job.FieldError
 			if !errors.As(err, &fe) || fe.Field != "URL" {
 				t.Fatalf("NormalizeURL(%q) error %v (%T), want *FieldError for URL", tt.in, err, err)
 			}
-			if !errors.Is(err, tasks.ErrInvalidSpec) {
+			if !errors.Is(err, job.ErrInvalidSpec) {
 				t.Errorf("errors.Is(%v, ErrInvalidSpec) = false", err)
 			}
 			if !strings.Contains(err.Error(), tt.wantReason) {
@@ -146,23 +146,23 @@ func TestNormalizerOptions(t *testing.T) {
 	const in = "https://example.com/?utm_source=a&gclid=b&sid=c&ref_x=d&Q=e"
 	tests := []struct {
 		name string
-		opts []tasks.NormalizerOption
+		opts []job.NormalizerOption
 		want string
 	}{
 		{"Defaults", nil, "https://example.com/?Q=e&ref_x=d&sid=c"},
-		{"ExtraName", []tasks.NormalizerOption{tasks.WithTrackingParams("SID")}, "https://example.com/?Q=e&ref_x=d"},
-		{"ExtraPrefix", []tasks.NormalizerOption{tasks.WithTrackingPrefixes("REF_")}, "https://example.com/?Q=e&sid=c"},
-		{"WithoutDefaults", []tasks.NormalizerOption{tasks.WithoutDefaultTrackingParams()},
+		{"ExtraName", []job.NormalizerOption{job.WithTrackingParams("SID")}, "https://example.com/?Q=e&ref_x=d"},
+		{"ExtraPrefix", []job.NormalizerOption{job.WithTrackingPrefixes("REF_")}, "https://example.com/?Q=e&sid=c"},
+		{"WithoutDefaults", []job.NormalizerOption{job.WithoutDefaultTrackingParams()},
 			"https://example.com/?Q=e&gclid=b&ref_x=d&sid=c&utm_source=a"},
-		{"WithoutDefaultsAfterExtra", []tasks.NormalizerOption{tasks.WithTrackingParams("sid"), tasks.WithoutDefaultTrackingParams()},
+		{"WithoutDefaultsAfterExtra", []job.NormalizerOption{job.WithTrackingParams("sid"), job.WithoutDefaultTrackingParams()},
 			"https://example.com/?Q=e&gclid=b&ref_x=d&utm_source=a"},
-		{"EmptyNameAndPrefixIgnored", []tasks.NormalizerOption{tasks.WithTrackingParams(""), tasks.WithTrackingPrefixes("")},
+		{"EmptyNameAndPrefixIgnored", []job.NormalizerOption{job.WithTrackingParams(""), job.WithTrackingPrefixes("")},
 			"https://example.com/?Q=e&ref_x=d&sid=c"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := tasks.NewNormalizer(tt.opts...).NormalizeURL(in)
+			got, err := job.NewNormalizer(tt.opts...).NormalizeURL(in)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,7 +181,7 @@ func TestNormalizerZeroValuePanics(t *testing.T) {
 			t.Error("zero Normalizer did not panic")
 		}
 	}()
-	var n tasks.Normalizer
+	var n job.Normalizer
 	_, _ = n.NormalizeURL("https://example.com/")
 }
 
@@ -194,7 +194,7 @@ func TestNormalizerConcurrentUse(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			for range 50 {
-				got, err := tasks.DefaultNormalizer.NormalizeURL("https://bücher.example/?b=2&utm_x=1&a=1#f")
+				got, err := job.DefaultNormalizer.NormalizeURL("https://bücher.example/?b=2&utm_x=1&a=1#f")
 				if err != nil || got != want {
 					errs <- errors.New("got " + got)
 					return
@@ -244,12 +244,12 @@ func FuzzNormalize(f *testing.F) {
 	for _, s := range seeds {
 		f.Add(s)
 	}
-	n := tasks.DefaultNormalizer
+	n := job.DefaultNormalizer
 	f.Fuzz(func(t *testing.T, raw string) {
 		first, err := n.NormalizeURL(raw)
 		if err != nil {
-			var fe *tasks.FieldError
-			if !errors.As(err, &fe) || fe.Field != "URL" || !errors.Is(err, tasks.ErrInvalidSpec) {
+			var fe *job.FieldError
+			if !errors.As(err, &fe) || fe.Field != "URL" || !errors.Is(err, job.ErrInvalidSpec) {
 				t.Fatalf("NormalizeURL(%q) error %v (%T), want *FieldError for URL", raw, err, err)
 			}
 			return

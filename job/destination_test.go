@@ -1,4 +1,4 @@
-package tasks_test
+package job_test
 
 import (
 	"net/netip"
@@ -7,20 +7,20 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/job"
 )
 
 func TestDestinationPolicy(t *testing.T) {
 	t.Parallel()
-	strict := tasks.StrictDestinationPolicy()
-	loop := tasks.LoopbackPolicy()
-	custom := &tasks.DestinationPolicy{Ports: []uint16{443, 9443}}
-	loopPorts := tasks.LoopbackPolicy()
+	strict := job.StrictDestinationPolicy()
+	loop := job.LoopbackPolicy()
+	custom := &job.DestinationPolicy{Ports: []uint16{443, 9443}}
+	loopPorts := job.LoopbackPolicy()
 	loopPorts.AnyPortOnAllowed = false
 
 	tests := []struct {
 		name    string
-		policy  *tasks.DestinationPolicy
+		policy  *job.DestinationPolicy
 		in      string
 		allowed bool
 		inErr   string // part of the error's text when refused
@@ -105,10 +105,10 @@ func TestDestinationPolicy(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			var fe *tasks.FieldError
+			var fe *job.FieldError
 			require.ErrorAs(t, err, &fe)
 			assert.Equal(t, "URL", fe.Field)
-			assert.ErrorIs(t, err, tasks.ErrInvalidSpec)
+			assert.ErrorIs(t, err, job.ErrInvalidSpec)
 			assert.Contains(t, err.Error(), tt.inErr)
 			assert.NotContains(t, err.Error(), "hunter2")
 			assert.NotContains(t, err.Error(), "admin")
@@ -118,7 +118,7 @@ func TestDestinationPolicy(t *testing.T) {
 	t.Run("KeyStaysPure", func(t *testing.T) {
 		t.Parallel()
 		// Normalisation and keys do not apply the policy: only the Enqueuer and the guard do.
-		s := tasks.Spec{Kind: "catalog", URL: "http://127.0.0.1:6379/", Country: "US", Window: "w", ParserVersion: 1}
+		s := job.Spec{Kind: "catalog", URL: "http://127.0.0.1:6379/", Country: "US", Window: "w", ParserVersion: 1}
 		_, err := s.Key()
 		assert.NoError(t, err)
 	})
@@ -133,8 +133,8 @@ func TestDestinationPolicy(t *testing.T) {
 
 	t.Run("Validate", func(t *testing.T) {
 		t.Parallel()
-		assert.ErrorContains(t, (&tasks.DestinationPolicy{Ports: []uint16{0}}).Validate(), "Ports")
-		assert.ErrorContains(t, (&tasks.DestinationPolicy{Allow: []netip.Prefix{{}}}).Validate(), "Allow[0]")
+		assert.ErrorContains(t, (&job.DestinationPolicy{Ports: []uint16{0}}).Validate(), "Ports")
+		assert.ErrorContains(t, (&job.DestinationPolicy{Allow: []netip.Prefix{{}}}).Validate(), "Allow[0]")
 		assert.NoError(t, strict.Validate())
 	})
 }

@@ -1,4 +1,4 @@
-package tasks_test
+package job_test
 
 import (
 	"crypto/sha256"
@@ -10,12 +10,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/idemscrape/idemscrape/tasks"
+	"github.com/idemscrape/idemscrape/job"
 )
 
 var hashKeyRE = regexp.MustCompile(`^[a-z][a-z0-9_.-]*:[0-9a-f]{32}$`)
 
-func mustKey(t *testing.T, s tasks.Spec) string {
+func mustKey(t *testing.T, s job.Spec) string {
 	t.Helper()
 	k, err := s.Key()
 	if err != nil {
@@ -24,12 +24,12 @@ func mustKey(t *testing.T, s tasks.Spec) string {
 	return k
 }
 
-func withURL(u string) tasks.Spec {
-	return tasks.Spec{Kind: "catalog", URL: u, Country: "US", Window: "2026-04-23", ParserVersion: 3}
+func withURL(u string) job.Spec {
+	return job.Spec{Kind: "catalog", URL: u, Country: "US", Window: "2026-04-23", ParserVersion: 3}
 }
 
 // assertDistinctKeys reports every two specs, named by their labels, that share a key.
-func assertDistinctKeys(t *testing.T, specs map[string]tasks.Spec) {
+func assertDistinctKeys(t *testing.T, specs map[string]job.Spec) {
 	t.Helper()
 	seen := make(map[string]string, len(specs))
 	for label, s := range specs {
@@ -47,11 +47,11 @@ func TestKeyStable(t *testing.T) {
 	// Each group lists spellings of one logical job; all must share one key.
 	groups := []struct {
 		name  string
-		specs []tasks.Spec
+		specs []job.Spec
 	}{
 		{
 			name: "URLSpellings",
-			specs: []tasks.Spec{
+			specs: []job.Spec{
 				withURL("https://shop.example/~p/42?color=red&size=m"),
 				withURL("https://shop.example/~p/42?size=m&color=red"),                                  // permuted query
 				withURL("HTTPS://SHOP.Example/~p/42?color=red&size=m"),                                  // scheme and host case
@@ -65,7 +65,7 @@ func TestKeyStable(t *testing.T) {
 		},
 		{
 			name: "HTTPDefaultPort",
-			specs: []tasks.Spec{
+			specs: []job.Spec{
 				withURL("http://shop.example/x"),
 				withURL("http://shop.example:80/x"),
 				withURL("HTTP://shop.example:080/x#y"),
@@ -73,7 +73,7 @@ func TestKeyStable(t *testing.T) {
 		},
 		{
 			name: "IDNHost",
-			specs: []tasks.Spec{
+			specs: []job.Spec{
 				withURL("https://bücher.example/x"),
 				withURL("https://BÜCHER.example/x"),
 				withURL("https://xn--bcher-kva.example/x"),
@@ -82,7 +82,7 @@ func TestKeyStable(t *testing.T) {
 		},
 		{
 			name: "CountryCase",
-			specs: []tasks.Spec{
+			specs: []job.Spec{
 				{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
 				{Kind: "catalog", SourceID: "sku-42", Country: "us", Window: "2026-04-23", ParserVersion: 3},
 				{Kind: "catalog", SourceID: "sku-42", Country: "uS", Window: "2026-04-23", ParserVersion: 3},
@@ -90,7 +90,7 @@ func TestKeyStable(t *testing.T) {
 		},
 		{
 			name: "MetaIgnoredNaturalForm",
-			specs: []tasks.Spec{
+			specs: []job.Spec{
 				{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
 				{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3,
 					Meta: map[string]string{"attempt": "3", "delivery_id": "abc"}},
@@ -102,9 +102,9 @@ func TestKeyStable(t *testing.T) {
 		},
 		{
 			name: "MetaIgnoredHashForm",
-			specs: []tasks.Spec{
+			specs: []job.Spec{
 				withURL("https://shop.example/p"),
-				func() tasks.Spec {
+				func() job.Spec {
 					s := withURL("https://shop.example/p")
 					s.Meta = map[string]string{"attempt": "3", "delivery_id": "abc"}
 					return s
@@ -128,35 +128,35 @@ func TestKeyStable(t *testing.T) {
 func TestKeyDistinct(t *testing.T) {
 	t.Parallel()
 
-	base := tasks.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3}
-	variant := func(f func(*tasks.Spec)) tasks.Spec {
+	base := job.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3}
+	variant := func(f func(*job.Spec)) job.Spec {
 		s := base
 		f(&s)
 		return s
 	}
-	specs := map[string]tasks.Spec{
+	specs := map[string]job.Spec{
 		"Base":               base,
-		"Country":            variant(func(s *tasks.Spec) { s.Country = "GB" }),
-		"Window":             variant(func(s *tasks.Spec) { s.Window = "2026-04-24" }),
-		"WindowPeriod":       variant(func(s *tasks.Spec) { s.Window = "2026-W17" }),
-		"WindowHour":         variant(func(s *tasks.Spec) { s.Window = "2026-04-23T15" }),
-		"WindowWithColon":    variant(func(s *tasks.Spec) { s.Window = "2026-04-23T15:00" }),
-		"ParserVersion":      variant(func(s *tasks.Spec) { s.ParserVersion = 4 }),
-		"ParserVersion30":    variant(func(s *tasks.Spec) { s.ParserVersion = 30 }),
-		"Scope":              variant(func(s *tasks.Spec) { s.Scope = "acme" }),
-		"OtherScope":         variant(func(s *tasks.Spec) { s.Scope = "globex" }),
-		"Kind":               variant(func(s *tasks.Spec) { s.Kind = "reviews" }),
-		"SourceID":           variant(func(s *tasks.Spec) { s.SourceID = "sku-43" }),
-		"SourceIDCase":       variant(func(s *tasks.Spec) { s.SourceID = "SKU-42" }),
-		"SourceIDWithColon":  variant(func(s *tasks.Spec) { s.SourceID = "sku:42" }),
-		"SourceIDWithSpace":  variant(func(s *tasks.Spec) { s.SourceID = "sku 42" }),
-		"SourceIDLooksLikeV": variant(func(s *tasks.Spec) { s.SourceID = "sku-42:US:2026-04-23:v3" }),
-		"URL":                variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42" }),
-		"URLOtherCountry":    variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Country = "CA" }),
-		"URLScope":           variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Scope = "acme" }),
-		"URLParserVersion":   variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.ParserVersion = 4 }),
-		"URLWindow":          variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Window = "2026-W17" }),
-		"URLKind":            variant(func(s *tasks.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Kind = "reviews" }),
+		"Country":            variant(func(s *job.Spec) { s.Country = "GB" }),
+		"Window":             variant(func(s *job.Spec) { s.Window = "2026-04-24" }),
+		"WindowPeriod":       variant(func(s *job.Spec) { s.Window = "2026-W17" }),
+		"WindowHour":         variant(func(s *job.Spec) { s.Window = "2026-04-23T15" }),
+		"WindowWithColon":    variant(func(s *job.Spec) { s.Window = "2026-04-23T15:00" }),
+		"ParserVersion":      variant(func(s *job.Spec) { s.ParserVersion = 4 }),
+		"ParserVersion30":    variant(func(s *job.Spec) { s.ParserVersion = 30 }),
+		"Scope":              variant(func(s *job.Spec) { s.Scope = "acme" }),
+		"OtherScope":         variant(func(s *job.Spec) { s.Scope = "globex" }),
+		"Kind":               variant(func(s *job.Spec) { s.Kind = "reviews" }),
+		"SourceID":           variant(func(s *job.Spec) { s.SourceID = "sku-43" }),
+		"SourceIDCase":       variant(func(s *job.Spec) { s.SourceID = "SKU-42" }),
+		"SourceIDWithColon":  variant(func(s *job.Spec) { s.SourceID = "sku:42" }),
+		"SourceIDWithSpace":  variant(func(s *job.Spec) { s.SourceID = "sku 42" }),
+		"SourceIDLooksLikeV": variant(func(s *job.Spec) { s.SourceID = "sku-42:US:2026-04-23:v3" }),
+		"URL":                variant(func(s *job.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42" }),
+		"URLOtherCountry":    variant(func(s *job.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Country = "CA" }),
+		"URLScope":           variant(func(s *job.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Scope = "acme" }),
+		"URLParserVersion":   variant(func(s *job.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.ParserVersion = 4 }),
+		"URLWindow":          variant(func(s *job.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Window = "2026-W17" }),
+		"URLKind":            variant(func(s *job.Spec) { s.SourceID = ""; s.URL = "https://shop.example/sku-42"; s.Kind = "reviews" }),
 	}
 	assertDistinctKeys(t, specs)
 }
@@ -184,7 +184,7 @@ func TestKeyDistinctURLs(t *testing.T) {
 		"https://shop.example/a/b?a=2&a=1", // order of repeated keys is kept
 		"https://shop.example/a/b?ref=1",   // not a tracking parameter
 	}
-	specs := make(map[string]tasks.Spec, len(urls))
+	specs := make(map[string]job.Spec, len(urls))
 	for _, u := range urls {
 		specs[fmt.Sprintf("URL %q", u)] = withURL(u)
 	}
@@ -199,58 +199,58 @@ func TestKeyFormat(t *testing.T) {
 
 	tests := []struct {
 		name string
-		spec tasks.Spec
+		spec job.Spec
 		want string // exact key, or "hash" for kind:<32 hex>
 	}{
 		{
 			name: "Natural",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
 			want: "catalog:sku-42:US:2026-04-23:v3",
 		},
 		{
 			name: "NaturalLowerCountry",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "sku-42", Country: "us", Window: "2026-04-23", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: "sku-42", Country: "us", Window: "2026-04-23", ParserVersion: 3},
 			want: "catalog:sku-42:US:2026-04-23:v3",
 		},
 		{
 			name: "NaturalWithScope",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-W17", ParserVersion: 12, Scope: "acme"},
+			spec: job.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-W17", ParserVersion: 12, Scope: "acme"},
 			want: "catalog:sku-42:US:2026-W17:v12:acme",
 		},
 		{
 			name: "NaturalExactly128Bytes",
-			spec: tasks.Spec{Kind: "catalog", SourceID: strings.Repeat("s", 128-len("catalog::US:2026-04-23:v3")), Country: "US", Window: "2026-04-23", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: strings.Repeat("s", 128-len("catalog::US:2026-04-23:v3")), Country: "US", Window: "2026-04-23", ParserVersion: 3},
 			want: "catalog:" + strings.Repeat("s", 128-len("catalog::US:2026-04-23:v3")) + ":US:2026-04-23:v3",
 		},
 		{
 			name: "HashWhen129Bytes",
-			spec: tasks.Spec{Kind: "catalog", SourceID: strings.Repeat("s", 129-len("catalog::US:2026-04-23:v3")), Country: "US", Window: "2026-04-23", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: strings.Repeat("s", 129-len("catalog::US:2026-04-23:v3")), Country: "US", Window: "2026-04-23", ParserVersion: 3},
 			want: "hash",
 		},
 		{name: "HashForURL", spec: withURL("https://shop.example/sku-42"), want: "hash"},
 		{
 			name: "HashForColonInSourceID",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "sku:42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: "sku:42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
 			want: "hash",
 		},
 		{
 			name: "HashForSpaceInSourceID",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "sku 42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: "sku 42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
 			want: "hash",
 		},
 		{
 			name: "HashForUnicodeSourceID",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "skü-42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: "skü-42", Country: "US", Window: "2026-04-23", ParserVersion: 3},
 			want: "hash",
 		},
 		{
 			name: "HashForColonInWindow",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23T15:00", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23T15:00", ParserVersion: 3},
 			want: "hash",
 		},
 		{
 			name: "HashForPlusInWindow",
-			spec: tasks.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23T15+02", ParserVersion: 3},
+			spec: job.Spec{Kind: "catalog", SourceID: "sku-42", Country: "US", Window: "2026-04-23T15+02", ParserVersion: 3},
 			want: "hash",
 		},
 	}
@@ -294,20 +294,20 @@ func TestKeyHashEncoding(t *testing.T) {
 
 	tests := []struct {
 		name   string
-		spec   tasks.Spec
+		spec   job.Spec
 		want   string
 		golden string
 	}{
 		{
 			name: "URL",
-			spec: tasks.Spec{Kind: "catalog", URL: "HTTPS://Shop.Example/p?b=2&a=1#x", Country: "us", Window: "2026-04-23", ParserVersion: 3, Scope: "acme"},
+			spec: job.Spec{Kind: "catalog", URL: "HTTPS://Shop.Example/p?b=2&a=1#x", Country: "us", Window: "2026-04-23", ParserVersion: 3, Scope: "acme"},
 			// kind, URL, SourceID, Country, Window, ParserVersion, Scope
 			want:   documented("catalog", "https://shop.example/p?a=1&b=2", "", "US", "2026-04-23", "3", "acme"),
 			golden: "catalog:735211f5f0f9c40929b361b46a621511",
 		},
 		{
 			name:   "SourceIDWithColon",
-			spec:   tasks.Spec{Kind: "catalog", SourceID: "sku:42", Country: "DE", Window: "2026-04-23T15:00", ParserVersion: 1},
+			spec:   job.Spec{Kind: "catalog", SourceID: "sku:42", Country: "DE", Window: "2026-04-23T15:00", ParserVersion: 1},
 			want:   documented("catalog", "", "sku:42", "DE", "2026-04-23T15:00", "1", ""),
 			golden: "catalog:18d5778ca4dbee4e76ac2fa485d1d88f",
 		},
@@ -331,7 +331,7 @@ func TestNormalizerKeyMatchesSpecKey(t *testing.T) {
 
 	s := withURL("https://shop.example/p?utm_source=x")
 	viaSpec := mustKey(t, s)
-	viaDefault, err := tasks.DefaultNormalizer.Key(s)
+	viaDefault, err := job.DefaultNormalizer.Key(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +339,7 @@ func TestNormalizerKeyMatchesSpecKey(t *testing.T) {
 		t.Errorf("Spec.Key() = %q, DefaultNormalizer.Key() = %q", viaSpec, viaDefault)
 	}
 	// A Normalizer that keeps utm_ parameters sees a different URL, hence a different key.
-	keeping, err := tasks.NewNormalizer(tasks.WithoutDefaultTrackingParams()).Key(s)
+	keeping, err := job.NewNormalizer(job.WithoutDefaultTrackingParams()).Key(s)
 	if err != nil {
 		t.Fatal(err)
 	}
