@@ -128,6 +128,13 @@ type failureInput struct {
 	JobAge     time.Duration // now − job creation
 	JobBytes   int64         // bytes of all attempts, this one included
 	JobCost    int64         // what JobBytes cost at the job's exit price (micro-units; 0 without a price)
+	// NewSession: the destination refused the attempt's pooled session, which the pool
+	// retired (workResult.blockRetired): the next attempt runs on another session, so it
+	// waits only for RetryAfter — the host's, held for every worker by the politeness
+	// host limiter — not for the category's backoff, which is for a job that meets the
+	// same refusal again. A run whose 2 s sticky session was refused once waited
+	// minutes for nothing. The attempt cap and the budgets apply all the same.
+	NewSession bool
 }
 
 // decision is what happens to a job after a failed attempt.
@@ -158,7 +165,10 @@ func (c RetryConfig) decide(in failureInput, rnd func() float64) decision {
 	if c.MoneyBudget > 0 && in.JobCost >= c.MoneyBudget {
 		return budget(fmt.Sprintf("%d micro-units spent, the %d money budget", in.JobCost, c.MoneyBudget))
 	}
-	delay := backoff(p, in.AttemptNo, rnd)
+	var delay time.Duration
+	if !in.NewSession {
+		delay = backoff(p, in.AttemptNo, rnd)
+	}
 	delay = max(delay, in.RetryAfter)
 	if in.JobAge+delay > c.TotalBudget {
 		return budget(fmt.Sprintf("next attempt in %v would pass the %v total budget", delay, c.TotalBudget))

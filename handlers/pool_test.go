@@ -5,14 +5,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/politeness"
 	"github.com/idemscrape/idemscrape/sessions"
+	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -230,4 +239,108 @@ func TestPoolSiteFromJobURL(t *testing.T) {
 	require.Equal(t, []int{0, 1}, units, "the second job ran on the first one's session, pooled by the URL's host")
 	require.Equal(t, ids[0], ids[1])
 	require.Empty(t, shared.Site, "the workflow's unit was not changed")
+}
+
+// refusingSite is the shop through a reverse proxy that answers the next refuse product
+// pages with status (and Retry-After: retryAfter, when set) instead of the page, counting
+// what it refused.
+func refusingSite(t *testing.T, site string, status int, retryAfter string, refuse *atomic.Int64) string {
+	t.Helper()
+	target, err := url.Parse(site)
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/product/") && refuse.Add(-1) >= 0 {
+			if retryAfter != "" {
+				w.Header().Set("Retry-After", retryAfter)
+			}
+			http.Error(w, "refused", status)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestBlockRetriesOnNewSession: with the session pool, a 403 on one session retires it,
+// and the job's next attempt is due at once (no blocked backoff), on another session: it
+// completes there. The attempt cap still counts such retries: a job refused on every
+// session fails at its cap of 2. A 429 with Retry-After still waits for the host: its
+// retry is due after the Retry-After, and the host is paused for the next job. On the old
+// code the 403's retry waited the blocked category's backoff (minutes).
+func TestBlockRetriesOnNewSession(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOpts{})
+	var refuse atomic.Int64
+	newReg := func(t *testing.T, base string) *handlers.Registry {
+		t.Helper()
+		site, err := url.Parse(base)
+		require.NoError(t, err)
+		reg, err := handlers.NewRegistry(handlers.Config{Store: r.st, Redis: r.ns.Client, Provider: r.prov, KeyPrefix: r.ns.Prefix,
+			Collector:   sessions.CollectorConfig{Guard: sessions.LoopbackGuard(), ThrottleWaitMax: -1},
+			SessionPool: &sessions.PoolConfig{}, Rand: func() float64 { return 0.5 },
+			// A generous limit that never makes a request wait: the host limiter holds the
+			// destination's Retry-After for every worker.
+			HostLimits: map[string]politeness.Limit{site.Host: {Rate: 10000, Burst: 1000}}})
+		require.NoError(t, err)
+		t.Cleanup(reg.Close)
+		wf := catalog.Workflow(base)
+		require.NoError(t, reg.Register(catalog.Kind, func(job tasks.Payload) (*sessions.Unit, error) {
+			u, err := wf(job)
+			if u != nil {
+				u.Site = site.Host
+			}
+			return u, err
+		}, catalog.Parse, handlers.WithRetry(handlers.RetryConfig{MaxAttempts: 2})))
+		return reg
+	}
+	reg := newReg(t, refusingSite(t, r.site.URL, http.StatusForbidden, "", &refuse))
+
+	// A warm session first: the block is on a session that served before.
+	_, warm := r.job(t, "sku-1")
+	require.NoError(t, reg.ProcessTask(ctx, warm))
+
+	refuse.Store(1)
+	key, task := r.job(t, "sku-2")
+	d := decisionOf(reg.ProcessTask(ctx, task))
+	require.True(t, d.Retry && d.Counted, "a counted retry: %+v", d)
+	assert.Zero(t, d.Delay, "due at once: the next attempt runs on another session")
+	job := requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryBlocked)
+	require.NotNil(t, job.NextAttemptAt)
+	assert.False(t, job.NextAttemptAt.After(time.Now()), "the row is due now too")
+	assert.Equal(t, 1.0, retiredMetric(t, reg, sessions.PoolRetireBlocked))
+	require.NoError(t, reg.ProcessTask(ctx, task), "the retry completes")
+	atts, err := r.st.AttemptList(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, atts, 2)
+	assert.Equal(t, store.OutcomeRetryable, atts[0].Outcome)
+	assert.Equal(t, 403, atts[0].HTTPStatus)
+	assert.Equal(t, store.OutcomeComplete, atts[1].Outcome)
+	assert.NotEqual(t, atts[0].SessionID, atts[1].SessionID, "on another session")
+
+	// Refused on every session: the cap of 2 counts the immediate retry.
+	refuse.Store(2)
+	key, task = r.job(t, "sku-3")
+	d = decisionOf(reg.ProcessTask(ctx, task))
+	require.True(t, d.Retry && d.Counted && d.Delay == 0, "%+v", d)
+	d = decisionOf(reg.ProcessTask(ctx, task))
+	assert.True(t, d.Skip, "the second refusal is the cap: %+v", d)
+	job = requireJob(t, r.st, key, tasks.StateFailed, tasks.CategoryBudgetExceeded)
+	assert.Equal(t, 2, job.Attempts)
+	require.Zero(t, refuse.Load(), "both refusals were met")
+
+	// A 429 with Retry-After: the session is retired too, but the retry waits for the host.
+	var throttle atomic.Int64
+	throttle.Store(1)
+	reg429 := newReg(t, refusingSite(t, r.site.URL, http.StatusTooManyRequests, "120", &throttle))
+	key, task = r.job(t, "sku-4")
+	d = decisionOf(reg429.ProcessTask(ctx, task))
+	require.True(t, d.Retry && d.Counted, "%+v", d)
+	assert.Equal(t, 120*time.Second, d.Delay, "the host's Retry-After, not less")
+	requireJob(t, r.st, key, tasks.StateRetryable, tasks.CategoryThrottled)
+	_, other := r.job(t, "sku-5")
+	d = decisionOf(reg429.ProcessTask(ctx, other))
+	assert.True(t, d.Retry && !d.Counted, "the host stays paused for the next job, uncounted: %+v", d)
+	assert.Greater(t, d.Delay, 60*time.Second, "it waits for the host's pause: %+v", d)
 }

@@ -508,9 +508,26 @@ type workResult struct {
 	err  error // a *sessions.FetchError
 	// probe: this delivery is the incident breaker's probe.
 	probe bool
+	// pooled: the unit ran on sessions of the worker's pool (Config.SessionPool), which
+	// retires a session that failed (sessions.Unit.Run) or whose parse found a block
+	// (sessionDone): the next attempt starts on another.
+	pooled bool
 	// capture holds the steps' responses when the kind's saved-input policy may keep
 	// them (nil otherwise).
 	capture *capture
+}
+
+// blockRetired: the attempt failed because the destination refused its session (blocked,
+// or a 403 or 429), and that session was a pooled one, which the pool has retired for it
+// (sessions' retirement reason "blocked"): the refusal was of that session's exit, and the
+// next attempt runs on another. Its retry then waits only for the host (the destination's
+// Retry-After, which the politeness host limiter holds for every worker), not for the
+// category's backoff (failureInput.NewSession).
+func (w *workResult) blockRetired(fe *sessions.FetchError) bool {
+	if !w.pooled || w.unit.Session == nil {
+		return false
+	}
+	return fe.Category == tasks.CategoryBlocked || fe.Status == http.StatusForbidden || fe.Status == http.StatusTooManyRequests
 }
 
 func (w *workResult) session() string {
@@ -581,6 +598,7 @@ func (r *Registry) work(ctx context.Context, k *kind, job tasks.Payload, acq acq
 			unit = &cp
 		}
 	}
+	w.pooled = pool != nil && unit.Site != ""
 	w.unit, err = unit.Run(ctx, sessions.RunConfig{
 		Pool:               pool,
 		PoolCookies:        k.poolCookies,
@@ -909,6 +927,7 @@ func (r *Registry) failed(ctx context.Context, k *kind, job tasks.Payload, acq a
 			JobAge:     now.Sub(acq.Attempt.BudgetSince),
 			JobBytes:   acq.Attempt.BudgetBytes + w.unit.Bytes,
 			JobCost:    acq.money.jobCost(acq.Attempt.BudgetBytes + w.unit.Bytes),
+			NewSession: w.blockRetired(fe),
 		}, r.cfg.Rand)
 	}
 	if d.Retry && !exempt {
