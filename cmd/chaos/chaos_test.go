@@ -12,10 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// tiny is a scenario with one of every fault, small enough for the unit tests.
+// tiny is a scenario with one of every fault, small enough for the unit tests. Its stale
+// commit is cut on its way once (CutStale), so that the one judged is armed in its place.
 func tiny() Config {
 	return Config{Jobs: 30, Baseline: 5, FaultMixJobs: 5, Workers: 2, Concurrency: 5, Lease: 3 * time.Second,
-		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, BeforeCommit: 1, ArmAtStart: true, Pauses: 1, RedisWipes: 1, PGRounds: 2,
+		RandomKills: 1, AfterFetch: 1, AfterCommit: 1, AfterXadd: 1, BeforeCommit: 1, CutStale: 1, ArmAtStart: true, Pauses: 1, RedisWipes: 1, PGRounds: 2,
 		ProxyFaults: true, DisconnectProb: 0.10, Canary: true, Challenge: true, StrictEvents: true, Seed: 5, Timeout: 10 * time.Minute}
 }
 
@@ -43,8 +44,12 @@ func TestChaos(t *testing.T) {
 		}
 		// A stale commit reached PostgreSQL and was refused (the check reads PostgreSQL),
 		// sent while another attempt held its job running: refused by the fence predicate.
+		// The first was cut on its way: no verdict, not counted; another took its place.
+		// (A pg_terminate_backend round may cut one more: each is armed again.)
 		assert.Contains(t, lineOf(out.String(), InvStaleRefused), "1 refused of k = 1 ")
 		assert.Contains(t, lineOf(out.String(), InvStaleRefused), "1 of 1 meant to be sent while another attempt held the job running were")
+		assert.Regexp(t, `; [1-9]\d* ended in error, no verdict, not counted \([1-9]\d* of them meant to be sent while another attempt held the job running\): another armed in the place of each`,
+			lineOf(out.String(), InvStaleRefused))
 		// The faults were injected, not just configured.
 		faults := map[string]string{}
 		for _, f := range rep.Faults {
@@ -55,11 +60,13 @@ func TestChaos(t *testing.T) {
 			"failpoint after_commit (SIGKILL)":                   "fired",
 			"failpoint after_xadd (dispatcher SIGKILL)":          "fired",
 			"redis-server killed, restarted empty":               "1",
-			"failpoint before_commit (SIGSTOP until taken over)": "1 continued after a takeover (1 while another attempt held the job running, 1 of whose commits met it so",
+			"failpoint before_commit (SIGSTOP until taken over)": "while another attempt held the job running, 1 of whose commits met it so",
 		} {
 			assert.Contains(t, faults[name], want, name)
 			assert.NotRegexp(t, `^0 `, faults[name], "%s: nothing injected", name)
 		}
+		assert.Regexp(t, `; 1 cut on their way by the harness \(-cut-stale\), [1-9]\d* armed in place of one that ended in error$`,
+			faults["failpoint before_commit (SIGSTOP until taken over)"])
 		// The shop challenged (every new exit meets the challenge; how many attempts then
 		// ran warm depends on the run, and the invariants above held either way).
 		assert.Regexp(t, `^[1-9]\d* challenge pages served \(whole run\); \d+ of [1-9]\d* chaos-window attempts ended on a warm session \(\d+ lost attempts apart\)$`,
@@ -132,6 +139,35 @@ func TestChaosCatchesMissingFence(t *testing.T) {
 	}
 }
 
+// TestChaosCatchesFenceOnly runs the workers as the build whose commit lost its fence
+// predicate alone (chaos_nofencepred: `j.fence = i.token` gone, the state check kept) and
+// cuts the run's first stale commit on its way (CutStale: the harness holds the job's row
+// lock and ends the commit's connection once it waits there), as a pg_terminate_backend
+// round that meets the one stale commit only the fence can refuse does. That commit ends
+// in error: it must not count as refused, and the stale commit armed in its place (while
+// another attempt holds the job running again) is accepted by this build, so the run fails.
+// The cut is made on a signal (the statement seen waiting on the lock), not on timing.
+func TestChaosCatchesFenceOnly(t *testing.T) {
+	t.Parallel() // with TestChaos's and TestChaosCatchesMissingFence's runs
+	cfg := Config{Jobs: 12, Workers: 2, Concurrency: 3, Lease: 3 * time.Second, BeforeCommit: 1, CutStale: 1, ArmAtStart: true,
+		BuildTags: tagNoFencePred, Seed: 15, Timeout: 8 * time.Minute}
+	var out bytes.Buffer
+	code := runMain(context.Background(), cfg, &out)
+	t.Log("\n" + out.String())
+	require.Equal(t, 1, code, "the harness must fail on a build without the fence predicate, its first stale commit cut")
+	assert.Contains(t, lineOf(out.String(), "FAIL: "), InvStale)
+	stale := lineOf(out.String(), InvStale)
+	assert.Contains(t, stale, resultFail)
+	assert.Regexp(t, `[1-9]\d* results with result fence < job fence, e\.g\. catalog:sku-\S+ \(result fence \d+, job fence \d+\)`, stale)
+	refused := lineOf(out.String(), InvStaleRefused)
+	assert.Contains(t, refused, resultFail)
+	assert.Contains(t, refused, "0 refused of k = ", "the cut commit is not counted as refused")
+	assert.Contains(t, refused, "1 of 1 meant to be sent while another attempt held the job running were")
+	assert.Regexp(t, `; [1-9]\d* ended in error, no verdict, not counted`, refused)
+	fault := lineOf(out.String(), "failpoint before_commit (SIGSTOP until taken over)")
+	assert.Regexp(t, `1 cut on their way by the harness \(-cut-stale\), [1-9]\d* armed in place of one that ended in error`, fault)
+}
+
 func lineOf(s, prefix string) string {
 	for _, l := range strings.Split(s, "\n") {
 		if strings.HasPrefix(l, prefix) {
@@ -178,6 +214,7 @@ func TestFlags(t *testing.T) {
 			"UnknownTag":     {"-build-tags", "chaos_nofence,race"},
 			"TwoCommits":     {"-build-tags", "chaos_nofence,chaos_nofencepred"},
 			"StaleOneWorker": {"-before-commit", "1", "-workers", "1"},
+			"CutNoStale":     {"-before-commit", "0", "-cut-stale", "1"},
 			"ZeroJobs":       {"-jobs", "0"},
 			"ShortLease":     {"-lease", "10ms"},
 			"BadBool":        {"-canary", "maybe"},

@@ -39,7 +39,7 @@ const (
 	InvCanary        = "canary password absent everywhere"
 	InfoBytes        = "bytes per completed job: proxy fault mix vs fault-free, same jobs"
 	InfoBytesChaos   = "bytes per completed job: chaos phase vs fault-free"
-	InfoBytesWire    = "bytes at the wire per completed job: fault mix vs replay floor"
+	InfoBytesWire    = "worker↔proxy bytes per completed job: fault mix vs replay floor"
 	resultPass       = "PASS"
 	resultFail       = "FAIL"
 	resultInfo       = "INFO"
@@ -47,7 +47,7 @@ const (
 	resultIncomplete = "INCOMPLETE"
 	maxOffenders     = 5
 	bytesRatioTarget = 1.25
-	// The goals of resumes on a proven exit (issue 37), at the wire: with every cut losing
+	// The goals of resumes on a proven exit (issue 37), on worker↔proxy bytes: with every cut losing
 	// the exit, at most floorMargin above the replay floor measured in the same run; with
 	// half the cuts exit-alive, at most aliveRatioTarget × the fault-free bytes.
 	floorMargin      = 0.03
@@ -100,6 +100,9 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", inv.Name, inv.Observed, inv.Result, strings.Join(inv.Offenders, " "))
 	}
 	_ = tw.Flush()
+	if r.hasBytes() {
+		fmt.Fprintln(w, "\n"+bytesLegend)
+	}
 	fmt.Fprintf(w, "\nwall time %v; database %s; logs %s\n", r.Wall.Round(time.Second), r.Database, r.Logs)
 	switch failed := r.Failed(); {
 	case len(failed) > 0:
@@ -117,6 +120,21 @@ func (r *Report) Print(w io.Writer) {
 			fmt.Fprintf(w, "GAP (not failing the run because of -strict-events=false): %s: %s\n", inv.Name, inv.Observed)
 		}
 	}
+}
+
+// bytesLegend names the three byte measures of the report, one name each.
+const bytesLegend = `bytes: bytes_total = what the workers charged their jobs (jobs.bytes_total: each attempt's own count on its connections to the proxy, refusals and robots.txt apart), the measure of the <= 1.25x goal; ` +
+	`proxy↔shop = what the proxy relayed to and from the shop, both ways, all traffic (FakeProxy.Bytes); ` +
+	`worker↔proxy = what the proxy exchanged with the workers, both ways, all traffic, proxy headers and the proxy's refusals included: what a provider bills (FakeProxy.ClientBytes), the measure of the resume goals`
+
+// hasBytes reports whether the report has a row of bytes per job.
+func (r *Report) hasBytes() bool {
+	for _, inv := range r.Invariants {
+		if inv.Name == InfoBytes || inv.Name == InfoBytesChaos || inv.Name == InfoBytesWire {
+			return true
+		}
+	}
+	return false
 }
 
 func passIf(ok bool) string {
@@ -530,7 +548,7 @@ FROM unnest($1::text[], $2::int[]) AS p(k, n) JOIN attempts a ON a.job_key = p.k
 	var belowEg string
 	k.scan(ctx, `SELECT count(*), COALESCE(min(r.job_key || ' (result fence ' || r.fence || ', job fence ' || j.fence || ')'), '')
 FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1 AND r.fence < j.fence`, []any{windowChaos}, []any{&below, &belowEg}, InvStale)
-	sAcc, sRef, sOff, serr := h.staleVerdicts(ctx, k.stale)
+	sAcc, sRef, sNone, sOff, serr := h.staleVerdicts(ctx, k.stale)
 	if serr != nil {
 		k.fail(InvStale, serr)
 		return
@@ -539,32 +557,41 @@ FROM results r JOIN jobs j ON j.key = r.job_key WHERE j."window" = $1 AND r.fenc
 		n+pNewer+sAcc, sAcc, below, eg(belowEg), len(k.pausedAtt), pRefused, how, pComplete, pNewer, superseded, leaseLost)
 	k.add(Row{Name: InvStale, Observed: obs, Result: passIf(n == 0 && pNewer == 0 && sAcc == 0 && below == 0), Offenders: union(off, sOff)})
 	// PostgreSQL's fence is the last line of defence: every commit that reached
-	// it after its job was taken over must have been refused.
+	// it after its job was taken over must have been refused. Only a refusal counts as one:
+	// a commit that ended in error got no verdict (another was armed in its place).
 	stale := sRef + sAcc
-	var wanted, met int
+	var wanted, met, cutRunning int
 	for _, sc := range k.stale {
-		if sc.WhileRunning {
+		switch {
+		case sc.WhileRunning && sc.Outcome != "" && !hasVerdict(sc.Outcome):
+			cutRunning++
+		case sc.WhileRunning:
 			wanted++
 		}
 		if sc.MetRunning {
 			met++
 		}
 	}
-	row := Row{Name: InvStaleRefused, Observed: fmt.Sprintf("%d refused of k = %d stale commits that reached PostgreSQL after a takeover (%d stopped before committing; %d of %d meant to be sent while another attempt held the job running were)",
-		sRef, stale, len(k.stale), met, wanted), Result: passIf(sRef >= stale), Offenders: sOff}
+	robs := fmt.Sprintf("%d refused of k = %d stale commits that reached a verdict after a takeover (%d stopped before committing; %d of %d meant to be sent while another attempt held the job running were)",
+		sRef, stale, len(k.stale), met, wanted)
+	if sNone > 0 || cutRunning > 0 {
+		robs += fmt.Sprintf("; %d ended in error, no verdict, not counted (%d of them meant to be sent while another attempt held the job running): %s",
+			sNone, cutRunning, rearmedObserved(k.stale))
+	}
+	row := Row{Name: InvStaleRefused, Observed: robs, Result: passIf(sRef >= stale), Offenders: sOff}
 	switch {
 	case k.c.BeforeCommit > 0 && stale == 0:
 		row.Result = resultIncomplete
-		row.Observed += "; none reached it"
-		k.incomplete(fmt.Sprintf("no stale commit reached PostgreSQL after a takeover (%d wanted)", k.c.BeforeCommit))
-	case wanted > 0 && met == 0:
+		row.Observed += "; none reached a verdict"
+		k.incomplete(fmt.Sprintf("no stale commit reached a verdict in PostgreSQL after a takeover (%d wanted)", k.c.BeforeCommit))
+	case (wanted > 0 || cutRunning > 0) && met == 0:
 		// Only the fence predicate refuses a commit that meets a running job: a run that
 		// never sent one so could not tell a build that lost it.
 		if row.Result == resultPass {
 			row.Result = resultIncomplete
 		}
-		row.Observed += "; none was sent while another attempt held the job running"
-		k.incomplete("no stale commit reached PostgreSQL while another attempt held its job running (the case only the commit's fence predicate refuses)")
+		row.Observed += "; none reached a verdict while another attempt held the job running"
+		k.incomplete("no stale commit reached a verdict in PostgreSQL while another attempt held its job running (the case only the commit's fence predicate refuses)")
 	}
 	k.add(row)
 }
@@ -669,7 +696,7 @@ func (k *checker) budget(ctx context.Context) {
 	var maxBytes, jobBytes, attBytes int64
 	k.scan(ctx, `SELECT COALESCE(max(bytes_total), 0), COALESCE(sum(bytes_total), 0) FROM jobs WHERE "window" = $1`, []any{windowChaos}, []any{&maxBytes, &jobBytes}, InvBudget)
 	k.scan(ctx, `SELECT COALESCE(sum(a.bytes), 0) FROM attempts a JOIN jobs j ON j.key = a.job_key WHERE j."window" = $1`, []any{windowChaos}, []any{&attBytes}, InvBudget)
-	k.add(Row{Name: InvBudget, Observed: fmt.Sprintf("max %d B of %d B; jobs.bytes_total %d B, attempts %d B, proxy %d B", maxBytes, int64(handlers.DefaultBandwidthBudget), jobBytes, attBytes, h.chaosProxy),
+	k.add(Row{Name: InvBudget, Observed: fmt.Sprintf("max %d B of %d B; jobs.bytes_total %d B, attempts %d B, proxy↔shop %d B", maxBytes, int64(handlers.DefaultBandwidthBudget), jobBytes, attBytes, h.chaosProxy),
 		Result: passIf(n == 0), Offenders: off})
 }
 
@@ -694,7 +721,7 @@ func (k *checker) bytesPerJob(ctx context.Context) {
 		base := float64(h.baseBytes) / float64(h.baselineJobs)
 		got := float64(bytes) / float64(complete)
 		gotP := float64(h.chaosProxy) / float64(complete)
-		k.add(Row{Name: InfoBytesChaos, Observed: fmt.Sprintf("bytes_total %.0f vs %.0f B/job = %.2fx; at the proxy %.0f vs %.0f B/job = %.2fx (kills, pauses, wipe and dropped connections on top of the fault mix)",
+		k.add(Row{Name: InfoBytesChaos, Observed: fmt.Sprintf("bytes_total %.0f vs %.0f B/job = %.2fx; proxy↔shop %.0f vs %.0f B/job = %.2fx (kills, pauses, wipe and dropped connections on top of the fault mix)",
 			got, base, got/base, gotP, baseP, gotP/baseP), Result: resultInfo})
 	}
 }
@@ -718,7 +745,7 @@ WHERE m."window" = $1 AND m.state = 'complete'`, []any{windowFaultMix, windowBas
 		if r > bytesRatioTarget {
 			verdict = "over the goal"
 		}
-		k.add(Row{Name: InfoBytes, Observed: fmt.Sprintf("%d jobs complete in both runs: bytes_total %.0f vs %.0f B/job = %.2fx (%s, goal <= %.2fx); at the proxy %.0f vs %.0f B/job = %.2fx; %d of %d fault-mix jobs complete, their attempts %d B, proxy %d B",
+		k.add(Row{Name: InfoBytes, Observed: fmt.Sprintf("%d jobs complete in both runs: bytes_total %.0f vs %.0f B/job = %.2fx (%s, goal <= %.2fx on bytes_total); proxy↔shop %.0f vs %.0f B/job = %.2fx; %d of %d fault-mix jobs complete, their attempts %d B, proxy↔shop %d B",
 			pairs, float64(mixBytes)/float64(pairs), float64(baseBytes)/float64(pairs), r, verdict, bytesRatioTarget, gotP, baseP, gotP/baseP, mixComplete, h.mixJobs, mixAll, h.mixProxy),
 			Result: resultInfo})
 	}
@@ -891,49 +918,89 @@ func staleObserved(stale []staleCommit, notArmed int) string {
 			parts = append(parts, fmt.Sprintf("%s token %d: %s", sc.Key, sc.Token, sc.Err))
 		}
 	}
-	return fmt.Sprintf("%d fired (%d not armed in time), %d continued after a takeover (%d while another attempt held the job running, %d of whose commits met it so; %d after another worker finished the job); worker says: %s",
+	obs := fmt.Sprintf("%d fired (%d not armed in time), %d continued after a takeover (%d while another attempt held the job running, %d of whose commits met it so; %d after another worker finished the job); worker says: %s",
 		len(stale), notArmed, took, running, met, fin, strings.Join(parts, ", "))
+	var cut, redo int
+	for _, sc := range stale {
+		if sc.Cut {
+			cut++
+		}
+		if sc.Redo {
+			redo++
+		}
+	}
+	if cut > 0 || redo > 0 {
+		obs += fmt.Sprintf("; %d cut on their way by the harness (-cut-stale), %d armed in place of one that ended in error", cut, redo)
+	}
+	return obs
+}
+
+// rearmedObserved says, of the stale commits that ended in error, whether another was
+// armed in each one's place.
+func rearmedObserved(stale []staleCommit) string {
+	var armed, not int
+	for _, sc := range stale {
+		switch {
+		case sc.Outcome == "" || hasVerdict(sc.Outcome):
+		case sc.Rearmed:
+			armed++
+		default:
+			not++
+		}
+	}
+	if not == 0 {
+		return fmt.Sprintf("another armed in the place of each (%d)", armed)
+	}
+	return fmt.Sprintf("another armed in the place of %d, not of %d (the phase had ended, or the re-arms ran out)", armed, not)
 }
 
 // staleVerdicts reads from PostgreSQL what became of the stale commits that were sent
 // after their job was taken over: accepted if the attempt of that token completed or a
-// result carries that token, refused otherwise. It trusts PostgreSQL, not the worker's
-// word; offenders are the accepted ones' keys.
-func (h *harness) staleVerdicts(ctx context.Context, stale []staleCommit) (accepted, refused int, offenders []string, err error) {
+// result carries that token (whatever the worker said: a commit cut after it committed
+// is accepted all the same); refused if not and the worker was refused (store's
+// TransitionError: PostgreSQL's fence or state check turned it down). One that ended in
+// error and left nothing reached no verdict (noVerdict): its connection was cut on the
+// way, it says nothing of the fence, and it is not counted as refused. Offenders are the
+// accepted ones' keys.
+func (h *harness) staleVerdicts(ctx context.Context, stale []staleCommit) (accepted, refused, noVerdict int, offenders []string, err error) {
 	var keys []string
 	var tokens []int64
+	var refusedSaid []bool
 	for _, sc := range stale {
 		if sc.TookOver && sc.Outcome != "" {
-			keys, tokens = append(keys, sc.Key), append(tokens, sc.Token)
+			keys, tokens, refusedSaid = append(keys, sc.Key), append(tokens, sc.Token), append(refusedSaid, sc.Outcome == "refused")
 		}
 	}
 	if len(keys) == 0 {
-		return 0, 0, nil, nil
+		return 0, 0, 0, nil, nil
 	}
 	rows, err := h.pool.Query(ctx, `
-SELECT s.k, EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = s.k AND a.fence = s.t AND a.outcome = 'complete')
+SELECT s.k, s.r, EXISTS (SELECT 1 FROM attempts a WHERE a.job_key = s.k AND a.fence = s.t AND a.outcome = 'complete')
 	OR EXISTS (SELECT 1 FROM results r WHERE r.job_key = s.k AND r.fence = s.t)
-FROM unnest($1::text[], $2::bigint[]) AS s(k, t) ORDER BY s.k`, keys, tokens)
+FROM unnest($1::text[], $2::bigint[], $3::bool[]) AS s(k, t, r) ORDER BY s.k`, keys, tokens, refusedSaid)
 	if err != nil {
-		return 0, 0, nil, err
+		return 0, 0, 0, nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var k string
-		var acc bool
-		if err := rows.Scan(&k, &acc); err != nil {
-			return 0, 0, nil, err
+		var said, acc bool
+		if err := rows.Scan(&k, &said, &acc); err != nil {
+			return 0, 0, 0, nil, err
 		}
-		if acc {
+		switch {
+		case acc:
 			accepted++
 			if len(offenders) < maxOffenders {
 				offenders = append(offenders, k)
 			}
-		} else {
+		case said:
 			refused++
+		default:
+			noVerdict++
 		}
 	}
-	return accepted, refused, offenders, rows.Err()
+	return accepted, refused, noVerdict, offenders, rows.Err()
 }
 
 // loadAvg is ", load L" with the box's 1-minute load average, for messages about time
@@ -961,7 +1028,7 @@ func union(a, b []string) []string {
 	return out
 }
 
-// wireBytes adds the fault mix's and the replay floor's bytes at the wire (what the proxy
+// wireBytes adds the fault mix's and the replay floor's worker↔proxy bytes (what the proxy
 // exchanged with its clients, FakeProxy.ClientBytes) per completed job against the
 // baseline's, and the verdict against the goal of the run's cut model.
 func (k *checker) wireBytes(ctx context.Context) {
@@ -980,7 +1047,7 @@ func (k *checker) wireBytes(ctx context.Context) {
 		return
 	}
 	mix := float64(h.mixWire) / float64(mixN) / base
-	obs := fmt.Sprintf("fault-free %.0f B/job; fault mix %.0f B/job = %.3fx (%d of %d complete)", base, mix*base, mix, mixN, h.mixJobs)
+	obs := fmt.Sprintf("worker↔proxy: fault-free %.0f B/job; fault mix %.0f B/job = %.3fx (%d of %d complete)", base, mix*base, mix, mixN, h.mixJobs)
 	floor := 0.0
 	if h.floorJobs > 0 {
 		if n := completeIn(windowFloor); n > 0 {

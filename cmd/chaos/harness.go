@@ -54,7 +54,10 @@ const (
 	// extraRounds bounds the rounds of extra jobs enqueued when the chaos phase's jobs
 	// were all done before every targeted failpoint fired; each round is Workers ×
 	// Concurrency jobs.
-	extraRounds    = 5
+	extraRounds = 5
+	// staleRearms bounds the before_commit firings armed again, beyond the -cut-stale
+	// ones, in place of stale commits that ended in error (see staleSent).
+	staleRearms    = 3
 	dbMarker       = "idemscrape-chaos-harness"
 	sideEffectsDDL = `CREATE TABLE chaos_side_effects (
 	id         bigserial   PRIMARY KEY,
@@ -139,6 +142,10 @@ type harness struct {
 	pausesHeld   int
 	pausedAtt    []pausedAttempt // running attempts of the paused workers, at SIGSTOP
 	stale        []*staleCommit  // before_commit firings
+	staleRounds  int             // firings whose round staleRunningRound chose
+	staleRedo    []bool          // rounds (WhileRunning) of stale commits that ended in error, for the firings armed in their place
+	staleArmed   int             // before_commit firings armed again in place of one that ended in error
+	staleCut     int             // stale commits the harness cut (Config.CutStale)
 	staleWG      sync.WaitGroup  // resumeStale goroutines
 	runCtx       context.Context
 	extraJobs    int // jobs enqueued beyond cfg.Jobs so that every targeted failpoint fired
@@ -421,10 +428,15 @@ func (s *slot) start() error {
 					h.staleWG.Add(1)
 					go h.resumeStale(s, cmd.Process, done, fl)
 				case fpBeforeCommit + "_sent":
-					h.staleSent(fl)
+					nudge := h.staleSent(fl)
 					s.mu.Lock()
 					s.staleSent = true
 					s.mu.Unlock()
+					if nudge {
+						// No worker is armed to take the before_commit armed again: this
+						// one (done with its own) restarts and takes it.
+						s.signal(syscall.SIGTERM)
+					}
 				default:
 					s.mu.Lock()
 					s.fired = true
@@ -503,10 +515,14 @@ func (h *harness) recordFailpoint(line string) failpointFields {
 type staleCommit struct {
 	Key      string
 	Token    int64
-	TookOver bool   // the job's fence was above Token when the worker was continued
-	Finished bool   // … and the job was complete or failed: another worker finished it
-	Outcome  string // what the worker said PostgreSQL did with the commit: refused, accepted, error; "" if it never said
-	Err      string // the worker's error text for a refused or failed commit
+	TookOver bool // the job's fence was above Token when the worker was continued
+	Finished bool // … and the job was complete or failed: another worker finished it
+	// Outcome is what the worker said PostgreSQL did with the commit: refused, accepted,
+	// error; "" if it never said. Only refused and accepted are verdicts (hasVerdict): an
+	// error (its connection cut on the way, by a pg_terminate_backend round or by
+	// Config.CutStale) says nothing of the fence.
+	Outcome string
+	Err     string // the worker's error text for a refused or failed commit
 	// WhileRunning: this firing's worker is to be continued while another attempt holds
 	// the job running under a higher fence (every other firing, from the first; see
 	// resumeStale), the one moment at which only the commit's fence predicate can refuse it.
@@ -520,13 +536,24 @@ type staleCommit struct {
 	MetRunning bool
 	// Held is how many of the other attempts' requests the front held meanwhile.
 	Held int
+	// Cut: the harness cut the commit on its way (Config.CutStale).
+	Cut bool
+	// Rearmed: it ended in error and another before_commit was armed in its place.
+	Rearmed bool
+	// Redo: this firing was armed in place of one that ended in error (its round).
+	Redo bool
 	sent chan struct{} // closed when the worker reported the commit's outcome
 }
 
 // staleRunningRound says which before_commit firings are continued while another attempt
 // holds their job running: the first, then every other one (the rest keep the release at
-// a takeover, or with Config.StaleWait after another worker finished the job).
+// a takeover, or with Config.StaleWait after another worker finished the job). A firing
+// armed in place of a stale commit that ended in error takes that one's round instead.
 func staleRunningRound(firing int) bool { return firing%2 == 0 }
+
+// hasVerdict reports whether a stale commit's outcome, as the worker reported it, is
+// PostgreSQL's verdict on it (refused or accepted) rather than an error on the way.
+func hasVerdict(outcome string) bool { return outcome == "refused" || outcome == "accepted" }
 
 // resumeStale continues a worker stopped at before_commit. It waits on the job's row:
 //
@@ -546,7 +573,16 @@ func (h *harness) resumeStale(s *slot, proc *os.Process, exited <-chan struct{},
 	defer h.staleWG.Done()
 	sc := &staleCommit{Key: fl.detail, Token: fl.token, sent: make(chan struct{})}
 	h.mu.Lock()
-	sc.WhileRunning = staleRunningRound(len(h.stale))
+	if len(h.staleRedo) > 0 {
+		sc.WhileRunning, sc.Redo, h.staleRedo = h.staleRedo[0], true, h.staleRedo[1:]
+	} else {
+		sc.WhileRunning = staleRunningRound(h.staleRounds)
+		h.staleRounds++
+	}
+	cut := h.staleCut < h.cfg.CutStale
+	if cut {
+		h.staleCut++
+	}
 	h.stale = append(h.stale, sc)
 	ctx := h.runCtx
 	h.mu.Unlock()
@@ -612,12 +648,23 @@ func (h *harness) resumeStale(s *slot, proc *os.Process, exited <-chan struct{},
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	var lock *pgxpool.Conn
+	if cut {
+		if lock = h.lockJobRow(ctx, sc.Key); lock == nil {
+			h.mu.Lock()
+			h.staleCut-- // not cut: the next one is
+			h.mu.Unlock()
+		}
+	}
 	_ = proc.Signal(syscall.SIGCONT)
 	s.mu.Lock()
 	if s.cmd != nil && s.cmd.Process == proc {
 		s.paused = false
 	}
 	s.mu.Unlock()
+	if lock != nil {
+		h.cutStale(ctx, lock, sc, exited)
+	}
 	h.mu.Lock()
 	sc2 := *sc
 	h.mu.Unlock()
@@ -639,7 +686,7 @@ func (h *harness) resumeStale(s *slot, proc *os.Process, exited <-chan struct{},
 	cancel()
 	h.mu.Lock()
 	sc.Held = held()
-	sc.MetRunning = err == nil && sc.Outcome != "" && fence == sc.RunningFence &&
+	sc.MetRunning = err == nil && hasVerdict(sc.Outcome) && fence == sc.RunningFence &&
 		(state == string(tasks.StateRunning) || state == string(tasks.StateComplete))
 	met, n := sc.MetRunning, sc.Held
 	h.mu.Unlock()
@@ -669,8 +716,13 @@ func (h *harness) waitStaleSent(ctx context.Context) {
 	h.logf("a stale commit was not reported within %v%s", takeoverWait, loadAvg())
 }
 
-// staleSent records what became of a stale commit, as the worker reported it.
-func (h *harness) staleSent(fl failpointFields) {
+// staleSent records what became of a stale commit, as the worker reported it. A stale
+// commit that ended in error reached no verdict (hasVerdict): while the phase runs, another
+// before_commit is armed in its place, in its round (at most CutStale + staleRearms such),
+// before its hold on the other attempt is let go, so that the phase does not end before
+// it fired (runPhase enqueues more jobs while an arm has not fired). It reports whether no
+// worker is armed to take that arm, so that the caller restarts one.
+func (h *harness) staleSent(fl failpointFields) (nudge bool) {
 	if fl.err != "" {
 		h.logf("stale commit of %s under token %d: %s: %s", fl.detail, fl.token, fl.outcome, fl.err)
 	}
@@ -682,9 +734,97 @@ func (h *harness) staleSent(fl failpointFields) {
 			if fl.diag != "" {
 				sc.Err = strings.TrimSpace(fl.err + " (" + fl.diag + ")")
 			}
+			if !hasVerdict(sc.Outcome) && h.runCtx != nil && h.runCtx.Err() == nil && h.staleArmed < h.cfg.CutStale+staleRearms {
+				sc.Rearmed = true
+				h.staleArmed++
+				h.staleRedo = append(h.staleRedo, sc.WhileRunning)
+				h.pendingArms[fpBeforeCommit]++
+				nudge = nudge || h.armedNow == 0
+				h.logf("stale commit of %s under token %d ended in error, no verdict: another before_commit armed in its place", sc.Key, sc.Token)
+			}
 			if sc.sent != nil {
 				close(sc.sent)
 			}
+		}
+	}
+	return nudge
+}
+
+// lockJobRow holds the job's row lock (SELECT … FOR UPDATE in a transaction left open
+// on the returned connection), or returns nil if it could not.
+func (h *harness) lockJobRow(ctx context.Context, key string) *pgxpool.Conn {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := h.pool.Acquire(qctx)
+	if err != nil {
+		h.logf("cut of the stale commit of %s: no connection (%v); not cut", key, err)
+		return nil
+	}
+	if _, err := conn.Exec(qctx, `BEGIN`); err == nil {
+		if _, err = conn.Exec(qctx, `SELECT 1 FROM jobs WHERE key = $1 FOR UPDATE`, key); err == nil {
+			return conn
+		}
+		h.logf("cut of the stale commit of %s: row not locked (%v); not cut", key, err)
+	}
+	conn.Release()
+	return nil
+}
+
+// cutStale ends the connection of the stale commit sc (pg_terminate_backend) once its
+// statement waits on the job's row lock that lock holds, then lets the lock go. It gives
+// up when the worker reported the commit or exited, or after takeoverWait.
+func (h *harness) cutStale(ctx context.Context, lock *pgxpool.Conn, sc *staleCommit, exited <-chan struct{}) {
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, err := lock.Exec(rctx, `ROLLBACK`)
+		if err != nil {
+			_ = lock.Conn().Close(rctx) // the connection is dropped either way
+		}
+		lock.Release()
+	}()
+	var holder int32
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	err := lock.QueryRow(qctx, `SELECT pg_backend_pid()`).Scan(&holder)
+	cancel()
+	if err != nil {
+		h.logf("cut of the stale commit of %s: %v; not cut", sc.Key, err)
+		return
+	}
+	// The lone commit statement of a worker (store's commitSQL, found by its input's
+	// columns within the first 1 KB that pg_stat_activity shows; a lone one locks with FOR
+	// UPDATE, the group committer's with SKIP LOCKED, which never waits), waiting on the
+	// lock this connection holds: the stale commit.
+	const q = `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE datname = $1 AND application_name = 'chaos-worker' AND $2::int = ANY(pg_blocking_pids(pid))
+	AND query LIKE '%AS t(key, token, obs_key,%' AND query NOT LIKE '%SKIP LOCKED%'`
+	deadline := time.Now().Add(takeoverWait)
+	for {
+		var n int
+		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := h.pool.QueryRow(qctx, q, h.dbName, holder).Scan(&n)
+		cancel()
+		switch {
+		case err == nil && n > 0:
+			h.mu.Lock()
+			sc.Cut = true
+			h.mu.Unlock()
+			h.logf("stale commit of %s under token %d cut on its way (pg_terminate_backend while it waited on the job's row lock)", sc.Key, sc.Token)
+			return
+		case err != nil:
+			h.logf("cut of the stale commit of %s: %v", sc.Key, err)
+		}
+		select {
+		case <-sc.sent:
+			h.logf("stale commit of %s returned before it was cut", sc.Key)
+			return
+		case <-exited:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			h.logf("stale commit of %s: not seen waiting on the job's row lock within %v%s; not cut", sc.Key, takeoverWait, loadAvg())
+			return
 		}
 	}
 }

@@ -32,6 +32,9 @@
 // case only the commit's fence predicate refuses; the others once the job was taken over
 // or, with -stale-wait, once another worker finished it. Each commit then reaches
 // PostgreSQL, and "PostgreSQL refused ≥ k stale commits" checks that every one was refused.
+// Only a refusal counts as one: a stale commit that ended in error (a pg_terminate_backend
+// round, or -cut-stale, cut its connection) reached no verdict, and another is armed in its
+// place until one does.
 //
 // At the end it prints what it injected and, per invariant, what it observed, PASS or
 // FAIL and the first offending job keys, and exits 1 if any invariant failed, 4 if the run
@@ -104,6 +107,14 @@ type Config struct {
 	// worker's task to another only after its 30 s lease and a recoverer sweep, so this
 	// takes one to two minutes. Defaults to 0: continued once taken over.
 	StaleWait time.Duration
+	// CutStale cuts the first CutStale stale commits on their way: the harness holds the
+	// job's row lock when it continues the worker, and once the commit statement waits on
+	// that lock it ends the statement's connection (pg_terminate_backend), as a
+	// pg_terminate_backend round that meets a stale commit does. A stale commit that ended
+	// in error reached no verdict: it counts as neither refused nor accepted, and the
+	// harness arms another before_commit in its place (the same round), until one does.
+	// Defaults to 0.
+	CutStale int
 	// BuildTags builds the workers as a deliberately broken build: "chaos_nofence" (the
 	// commit checks neither the job's fence nor its state), "chaos_nofencepred" (the commit
 	// checks the state alone), "chaos_nounique" (results bypass the unique index), or one
@@ -170,7 +181,7 @@ func (c *Config) Validate() error {
 	case c.Lease < time.Second:
 		return fmt.Errorf("-lease %v must be >= 1s", c.Lease)
 	case c.Baseline < 0 || c.FaultMixJobs < 0 || c.RandomKills < 0 || c.AfterFetch < 0 || c.AfterCommit < 0 || c.AfterXadd < 0 ||
-		c.BeforeCommit < 0 || c.Pauses < 0 || c.RedisWipes < 0 || c.PGRounds < 0:
+		c.BeforeCommit < 0 || c.Pauses < 0 || c.RedisWipes < 0 || c.PGRounds < 0 || c.CutStale < 0:
 		return errors.New("counts must not be negative")
 	case c.StaleWait < 0:
 		return fmt.Errorf("-stale-wait %v must not be negative", c.StaleWait)
@@ -182,6 +193,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("-timeout %v must be positive", c.Timeout)
 	case c.Break != "" && !strings.HasPrefix(c.Break, fpDupResult+":"):
 		return fmt.Errorf("-break %q: the only broken build is %s:<probability>", c.Break, fpDupResult)
+	case c.CutStale > 0 && c.BeforeCommit == 0:
+		return fmt.Errorf("-cut-stale %d needs -before-commit >= 1 (it cuts stale commits)", c.CutStale)
 	case c.BeforeCommit > 0 && c.Workers < 2:
 		return fmt.Errorf("-before-commit %d needs -workers >= 2 (another worker takes the stopped one's job over)", c.BeforeCommit)
 	}
@@ -236,6 +249,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&f.AfterXadd, "after-xadd", -1, "dispatcher kills between XADD and mark-sent")
 	fs.IntVar(&f.BeforeCommit, "before-commit", -1, "stale commits: a worker stopped just before its commit statement until another attempt runs its job (the 1st, 3rd, …) or it is taken over")
 	fs.DurationVar(&f.StaleWait, "stale-wait", -1, "keep a worker stopped before its commit (the 2nd, 4th, …) until another finished the job, at most this long (0: until taken over)")
+	fs.IntVar(&f.CutStale, "cut-stale", -1, "cut the first N stale commits on their way (pg_terminate_backend while they wait on the job's row lock); each is armed again")
 	fs.StringVar(&f.BuildTags, "build-tags", "", "build the workers BROKEN: chaos_nofence or chaos_nofencepred, chaos_nounique (comma-separated)")
 	fs.IntVar(&f.Pauses, "pauses", -1, "SIGSTOP pauses of 2.5 leases")
 	fs.IntVar(&f.RedisWipes, "redis-wipes", -1, "redis-server kills and empty restarts")
@@ -281,6 +295,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	setInt(&c.Pauses, f.Pauses)
 	setInt(&c.RedisWipes, f.RedisWipes)
 	setInt(&c.PGRounds, f.PGRounds)
+	setInt(&c.CutStale, f.CutStale)
 	if f.Lease >= 0 {
 		c.Lease = f.Lease
 	}
