@@ -6,7 +6,7 @@ BENCHTIME ?= 2s
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI  := $(shell $(GO) env GOPATH)/bin/golangci-lint
 
-.PHONY: soak test-deps test check lint lint-deps vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy
+.PHONY: soak test-deps test check lint lint-deps vet fmt demo bench bench-compare chaos chaos-short fuzz services tidy surface
 
 ## test: services (and the test browser) up, vet, then every test with the race detector
 ## against real Redis and PostgreSQL; per-package times at the end, slowest first.
@@ -44,6 +44,10 @@ lint-deps:
 UI ?=
 demo: test-deps
 	IDEMSCRAPE_DEMO_UI=$(UI) $(GO) run ./cmd/demo $(if $(KEEP),-keep)
+
+## surface: the exported identifiers of the library packages (docs/PACKAGES.md, "API surface").
+surface:
+	$(GO) run ./internal/surface
 
 ## bench: every benchmark, with memory statistics.
 bench: services
