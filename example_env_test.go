@@ -147,3 +147,17 @@ func TestExampleIdentifiers(t *testing.T) {
 	t.Logf("%d project identifiers: %s", len(names), strings.Join(names, " "))
 	assert.LessOrEqual(t, len(names), 12, "the front door should take about 11 identifiers: %v", names)
 }
+
+// TestReadmeHasExample: the README's front-door example is Example's body, byte for byte,
+// so the code a reader copies is the code CI runs.
+func TestReadmeHasExample(t *testing.T) {
+	src, err := os.ReadFile("example_test.go")
+	require.NoError(t, err)
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	s := string(src)
+	start := strings.Index(s, "func Example() {\n")
+	require.GreaterOrEqual(t, start, 0)
+	body := strings.TrimRight(s[start+len("func Example() {\n"):strings.LastIndex(s, "}")], "\n")
+	assert.Contains(t, string(readme), body, "README.md must hold Example's body from example_test.go")
+}

@@ -53,8 +53,10 @@ func Example() {
 				return nil, err
 			}
 			search := func(_ context.Context, sc *idemscrape.StepContext) error {
-				_, err := sc.Get(u.Scheme + "://" + u.Host + "/search?q=" + path.Base(u.Path)) // sets the cookie
-				return err                                                                     // classified (blocked, throttled, session lost…) and retried by category
+				// The search page sets the shop's session cookie in the unit's cookie jar. An
+				// error is classified (blocked, throttled, session lost…) and retried by category.
+				_, err := sc.Get(u.Scheme + "://" + u.Host + "/search?q=" + path.Base(u.Path))
+				return err
 			}
 			product := func(_ context.Context, sc *idemscrape.StepContext) error {
 				resp, err := sc.Get(job.Spec.URL)
