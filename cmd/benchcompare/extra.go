@@ -87,7 +87,7 @@ func runB2(ctx context.Context, s runSpec, rdb *redis.Client, rrt *redisCounter,
 // runB4 measures dispatch. Throughput: b2Factor × N outbox rows committed before the
 // clock starts;
 // ours moves them to the stream with outbox.Dispatcher.DispatchOnce (claim, pipelined
-// XADD, mark sent, commit, batches of outbox.DefaultDispatchBatchSize), the peer XADDs
+// XADD, the position moved, commit, batches of outbox.DefaultDispatchBatchSize), the peer XADDs
 // the same N entries in pipelines of the same size with nothing else. Then, ours only,
 // the lag: N more jobs are committed through a store.GroupCommitter from s.Conc
 // goroutines while a started dispatcher (LISTEN, woken by the committer's NOTIFY)

@@ -253,7 +253,7 @@ func run(ctx context.Context, tb testing.TB, o options) (err error) {
 
 	// The worker: a registry with the catalog kind (retries made fast for the demo), run by
 	// the service entry point with the outbox dispatcher on. The dispatcher crashes once
-	// between XADD and mark-sent (a failpoint), so its first batch is published twice.
+	// between its XADDs and moving its position (a failpoint), so its first batch is published twice.
 	destinations := tasks.LoopbackPolicy() // the shop and the proxy live on loopback
 	fast := handlers.Policy{Retry: true, Base: fastRetryBase, Max: fastRetryMax}
 	reg, err := handlers.NewRegistry(handlers.Config{

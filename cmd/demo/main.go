@@ -7,7 +7,7 @@
 //     is retried no earlier than the shop asked);
 //   - the proxy has no peers in one country (JP): those jobs retry, then fail at their attempt
 //     cap, as the retry policy says;
-//   - the outbox dispatcher crashes once between XADD and mark-sent (its batch is published
+//   - the outbox dispatcher crashes once between its XADDs and moving its position (its batch is published
 //     twice; the consumer recognises the replays).
 //   - a product page that needs JavaScript (its price arrives by XHR) is rendered in
 //     Chromium on the unit's sticky session, and the device drops under the price XHR
