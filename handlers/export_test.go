@@ -20,3 +20,7 @@ func SetWindowHoldSlack(t testing.TB, d time.Duration) {
 	windowHoldSlack = d
 	t.Cleanup(func() { windowHoldSlack = old })
 }
+
+// SetBeforeWindowRestore makes f run between a window restore's read of PostgreSQL and its
+// write to Redis, on r.
+func SetBeforeWindowRestore(r *Registry, f func()) { r.beforeWindowRestore = f }

@@ -289,6 +289,10 @@ type Registry struct {
 	closed    bool
 	toRelease []pendingRelease
 	flushing  bool
+
+	// beforeWindowRestore, set by tests only, runs between a window restore's read of
+	// PostgreSQL and its write to Redis (restoreWindow).
+	beforeWindowRestore func()
 }
 
 var kindName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)

@@ -362,3 +362,51 @@ func TestWindowTopUpAfterRestore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, inPG, spent, "Redis's total is PostgreSQL's")
 }
+
+// TestWindowRestoreCatchesUp: Redis loses the window's total while worker B's attempt is
+// held at its price step. Worker X's next delivery finds the total unknown and reads
+// PostgreSQL; before X writes the restore, B's attempt records its cost and settles — on a
+// window Redis does not know, so its settlement is dropped. X's restore, set first, reads
+// PostgreSQL again and adds what was recorded since its first read: Redis's total ends
+// equal to PostgreSQL's. On the old code B's cost was in neither X's read nor Redis: the
+// window's total stayed short by it, and the window could pass its budget by as much.
+func TestWindowRestoreCatchesUp(t *testing.T) {
+	ctx := context.Background()
+	r := newTopUpRig(t)
+	regB := r.registry(t, 10_000_000, func(c *handlers.Config) { c.WorkerID = "B" })
+	regX := r.registry(t, 10_000_000, func(c *handlers.Config) { c.WorkerID = "X" })
+	r.warm(t, regB)
+
+	r.gate.armed.Store(true)
+	keyB, taskB := r.job(t, "sku-8")
+	doneB := make(chan error, 1)
+	go func() { doneB <- regB.ProcessTask(ctx, taskB) }()
+	select {
+	case <-r.gate.held:
+	case err := <-doneB:
+		t.Fatalf("B's attempt ended before its price step: %v", err)
+	}
+	require.NoError(t, r.ns.Client.Del(ctx, r.ns.Prefix+"{budget:catalog/2026-04-23}").Err()) // Redis lost it
+	r.gate.armed.Store(false)
+	restores := 0
+	handlers.SetBeforeWindowRestore(regX, func() {
+		restores++
+		r.gate.open() // B records its cost and settles between X's read and its restore
+		require.NoError(t, <-doneB)
+	})
+	keyX, taskX := r.job(t, "sku-7")
+	require.NoError(t, regX.ProcessTask(ctx, taskX))
+	require.Equal(t, 1, restores)
+	requireState(t, r.st, keyB, tasks.StateComplete)
+	requireState(t, r.st, keyX, tasks.StateComplete)
+
+	spent, reserved := r.windowState(t)
+	assert.Zero(t, reserved)
+	inPG, err := r.st.WindowCost(ctx, catalog.Kind, "2026-04-23", "USD")
+	require.NoError(t, err)
+	atts, err := r.st.AttemptList(ctx, keyB)
+	require.NoError(t, err)
+	require.Len(t, atts, 1)
+	t.Logf("PostgreSQL %d, Redis %d (B's attempt cost %d)", inPG, spent, atts[0].CostMicros)
+	assert.Equal(t, inPG, spent, "Redis's total is PostgreSQL's: B's cost is counted")
+}

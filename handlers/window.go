@@ -70,11 +70,13 @@ const windowWaitMax = 5 * time.Second
 //
 // When Redis loses a window's total (restart without persistence, failover, flush) the
 // next worker restores it from PostgreSQL, which records every finished attempt's cost
-// (store.PG.WindowCost); attempts in flight at that moment are the only ones that can
-// then pass the budget. A top-up of one of them re-creates its reservation from what it
-// holds and is granted what is left; before the restore, or with nothing left, it fails
-// and the attempt stops at its cap, retried as internal — never failed as
-// budget_exceeded on a total that did not know of it. A worker that
+// (store.PG.WindowCost); the worker whose restore set the total reads PostgreSQL again
+// and adds what was recorded in between (a settlement then found the window unknown and
+// was dropped). Attempts in flight at that moment are the only ones that can then pass
+// the budget: a top-up of one of them re-creates its reservation from what it holds and
+// is granted what is left; before the restore, or with nothing left, it fails and the
+// attempt stops at its cap, retried as internal — never failed as budget_exceeded on a
+// total that did not know of it. A worker that
 // dies holding a reservation is charged all of it — its top-ups included — when its
 // delivery's deadline passes (the attempt may have spent that much; the proxy bills a
 // killed worker's traffic too), and its attempt's row, written as lost when the job is
@@ -373,17 +375,9 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 	window := job.Spec.Window
 	g, err := r.windows.Reserve(ctx, k.name, window, owner, k.window.Money, wanted, hold)
 	if errors.Is(err, lua.ErrBudgetUnknown) {
-		// Redis has no total: PostgreSQL's record of what the window's attempts cost.
-		var spent int64
-		if spent, err = r.cfg.Store.WindowCost(ctx, k.name, window, price.Currency); err != nil {
+		if err = r.restoreWindow(ctx, k, window, price.Currency, log); err != nil {
 			return nil, nil, r.unavailable(k, err)
 		}
-		if spent, err = r.windows.Restore(ctx, k.name, window, spent); err != nil {
-			return nil, nil, r.unavailable(k, err)
-		}
-		r.metrics.windowRestores.WithLabelValues(k.name).Inc()
-		log.InfoContext(ctx, "window money budget restored from PostgreSQL", "window", window,
-			"spent", store.Cost{Micros: spent, Currency: price.Currency}.String())
 		g, err = r.windows.Reserve(ctx, k.name, window, owner, k.window.Money, wanted, hold)
 	}
 	if err != nil {
@@ -409,6 +403,46 @@ func (r *Registry) reserveWindow(ctx context.Context, k *kind, job tasks.Payload
 	}
 	r.metrics.windowStops.WithLabelValues(k.name, "failed").Inc()
 	return nil, &sessions.FetchError{Category: tasks.CategoryBudgetExceeded, Err: spent}, nil
+}
+
+// restoreWindow gives Redis the window's total from PostgreSQL's record of what its
+// attempts cost (Redis lost it, or it expired unused). The worker whose restore set the
+// total reads PostgreSQL again and adds what was recorded since its first read: an
+// attempt that recorded its cost after that read and settled before the restore found
+// the window unknown, and its settlement was dropped — its cost would be in neither total,
+// and the window would pass its budget by it. (One recorded in between that settles after
+// the restore is counted twice: the window stops early by that much, never late.) A
+// failure of the second read leaves the total as restored.
+func (r *Registry) restoreWindow(ctx context.Context, k *kind, window, currency string, log *slog.Logger) error {
+	read, err := r.cfg.Store.WindowCost(ctx, k.name, window, currency)
+	if err != nil {
+		return err
+	}
+	if r.beforeWindowRestore != nil {
+		r.beforeWindowRestore()
+	}
+	spent, first, err := r.windows.Restore(ctx, k.name, window, read)
+	if err != nil {
+		return err
+	}
+	r.metrics.windowRestores.WithLabelValues(k.name).Inc()
+	if first {
+		again, err := r.cfg.Store.WindowCost(ctx, k.name, window, currency)
+		switch {
+		case err != nil:
+			log.WarnContext(ctx, "window money budget restored without its catch-up: a settlement dropped while it was read is not counted",
+				"window", window, "err", err)
+		case again > read:
+			if n, ok, err := r.windows.CatchUp(ctx, k.name, window, again-read); err != nil {
+				log.WarnContext(ctx, "window money budget restored without its catch-up", "window", window, "err", err)
+			} else if ok {
+				spent = n
+			}
+		}
+	}
+	log.InfoContext(ctx, "window money budget restored from PostgreSQL", "window", window,
+		"spent", store.Cost{Micros: spent, Currency: currency}.String(), "first", first)
+	return nil
 }
 
 // seedWindowSamples fills the kind's measurements from PostgreSQL's record of its recent

@@ -185,7 +185,7 @@ func TestWindowBudgetConfig(t *testing.T) {
 		handlers.WithWindowBudget(handlers.WindowBudget{Money: 1_000}))
 	wb, err := lua.NewWindowBudgets(r.ns.Client, r.ns.Prefix)
 	require.NoError(t, err)
-	_, err = wb.Restore(ctx, catalog.Kind, "2026-04-23", 1_000) // spent already
+	_, _, err = wb.Restore(ctx, catalog.Kind, "2026-04-23", 1_000) // spent already
 	require.NoError(t, err)
 	key, task := r.job(t, "sku-1")
 	before := r.proxy.Requests()

@@ -215,7 +215,7 @@ func TestScriptsSingleSlot(t *testing.T) {
 		if i%10 == 0 {
 			window = fmt.Sprintf("{odd}-%d", i)
 		}
-		_, err := wb.Restore(ctx, kind, window, 0)
+		_, _, err := wb.Restore(ctx, kind, window, 0)
 		require.NoError(t, err, "restore %s/%s", kind, window)
 		g, err := wb.Reserve(ctx, kind, window, "w1", 100, 10, time.Minute)
 		require.NoError(t, err, "reserve %s/%s", kind, window)

@@ -115,9 +115,10 @@ func (b *WindowBudgets) Reserve(ctx context.Context, kind, window, owner string,
 // that never started). A reservation that lapsed before its settlement was charged in full
 // then (winbudget.lua): the settlement replaces that charge by the cost. Call it after the
 // attempt's cost is in PostgreSQL: when Redis lost the window meanwhile, the settlement is
-// dropped (reported false) and the restore counts the cost from there. (A restore that
-// came between the cost's record and its settlement counts it twice: the window then
-// stops early by that much, never late.)
+// dropped (reported false) and the restore counts the cost from there (the restorer's
+// catch-up, if the restore read PostgreSQL before the cost was recorded: CatchUp). (A
+// restore that came between the cost's record and its settlement counts it twice: the
+// window then stops early by that much, never late.)
 func (b *WindowBudgets) Settle(ctx context.Context, kind, window, owner string, cost int64) (bool, error) {
 	if cost < 0 {
 		return false, fmt.Errorf("lua: window budget %s/%s: settle: negative cost %d", kind, window, cost)
@@ -173,17 +174,40 @@ func (b *WindowBudgets) TopUp(ctx context.Context, kind, window, owner string, b
 }
 
 // Restore sets the window's spent amount (from PostgreSQL: store.PG.WindowCost) unless
-// another worker restored it first, and returns the amount Redis holds.
-func (b *WindowBudgets) Restore(ctx context.Context, kind, window string, spent int64) (int64, error) {
+// another worker restored it first, and returns the amount Redis holds and whether this
+// call set it. The caller that set it reads PostgreSQL again and adds what was recorded
+// since its first read (CatchUp): a settlement that came between that read and the
+// restore found the window unknown and was dropped, its cost in neither total.
+func (b *WindowBudgets) Restore(ctx context.Context, kind, window string, spent int64) (int64, bool, error) {
 	if spent < 0 {
-		return 0, fmt.Errorf("lua: window budget %s/%s: restore: negative amount %d", kind, window, spent)
+		return 0, false, fmt.Errorf("lua: window budget %s/%s: restore: negative amount %d", kind, window, spent)
+	}
+	reply, err := winBudgetScript.Run(ctx, b.rdb, []string{b.keys.WindowBudget(kind, window)},
+		"restore", spent, WindowBudgetKeep.Milliseconds()).Int64Slice()
+	if err != nil {
+		return 0, false, fmt.Errorf("lua: window budget %s/%s: restore: %w", kind, window, err)
+	}
+	if len(reply) != 2 {
+		return 0, false, fmt.Errorf("lua: window budget %s/%s: restore: unexpected reply %v", kind, window, reply)
+	}
+	return reply[0], reply[1] == 1, nil
+}
+
+// CatchUp adds amount to the window's spent amount, and returns the total (false: Redis
+// has no spent amount for the window, nothing was added): the restorer's second read of
+// PostgreSQL, less its first, so that a settlement dropped between the two (it found the
+// window unknown) is counted. One that was recorded in between but settled after the
+// restore is then counted twice: the window stops early by that much, never late.
+func (b *WindowBudgets) CatchUp(ctx context.Context, kind, window string, amount int64) (int64, bool, error) {
+	if amount < 0 {
+		return 0, false, fmt.Errorf("lua: window budget %s/%s: catch-up: negative amount %d", kind, window, amount)
 	}
 	n, err := winBudgetScript.Run(ctx, b.rdb, []string{b.keys.WindowBudget(kind, window)},
-		"restore", spent, WindowBudgetKeep.Milliseconds()).Int64()
+		"add", amount, WindowBudgetKeep.Milliseconds()).Int64()
 	if err != nil {
-		return 0, fmt.Errorf("lua: window budget %s/%s: restore: %w", kind, window, err)
+		return 0, false, fmt.Errorf("lua: window budget %s/%s: catch-up: %w", kind, window, err)
 	}
-	return n, nil
+	return n, n >= 0, nil
 }
 
 // Spent reads what the window's attempts cost — settled ones, and lapsed reservations

@@ -16,12 +16,13 @@
 -- key expired after ARGV[last] ms unused — is restored from PostgreSQL by the caller
 -- ("restore"), which is the system of record for what attempts cost.
 --
--- ARGV[1] -> operation: "reserve", "settle" or "restore"
+-- ARGV[1] -> operation: "reserve", "settle", "restore", "topup" or "add"
 -- reserve: ARGV[2] -> budget; ARGV[3] -> wanted (micro-units, > 0); ARGV[4] -> owner;
 --          ARGV[5] -> hold (ms: the reservation lapses then, if its worker never settles);
 --          ARGV[6] -> keep (ms the key lives unused)
 -- settle:  ARGV[2] -> owner; ARGV[3] -> cost (micro-units, >= 0); ARGV[4] -> keep
 -- restore: ARGV[2] -> spent (from PostgreSQL); ARGV[3] -> keep
+-- add:     ARGV[2] -> amount (micro-units, >= 0); ARGV[3] -> keep
 -- topup:   ARGV[2] -> owner; ARGV[3] -> budget; ARGV[4] -> more (micro-units, > 0);
 --          ARGV[5] -> keep; ARGV[6] -> held (micro-units, > 0: what the attempt says it
 --          holds, its top-ups included); ARGV[7] -> hold (ms left until its reservation
@@ -37,7 +38,10 @@
 --   settle:  spent after adding the cost (the reservation goes; a lapsed one, charged
 --            already, is replaced by the cost), or -1 if the hash is unknown (the cost is
 --            in PostgreSQL already: the restore counts it)
---   restore: the spent amount Redis holds (another worker's restore, if it came first)
+--   restore: {spent, set}: the spent amount Redis holds (another worker's restore, if it
+--            came first: set 0), set 1 if this restore set it
+--   add:     spent after adding amount, or -1 if the hash is unknown: the restorer's
+--            catch-up, what PostgreSQL recorded between its read and its restore
 --   topup:   {granted, spent, reserved}: an attempt that outgrew its reservation asks for
 --            more; granted is more, or what is left of the budget (0: nothing), added to its
 --            reservation (to its charge if it lapsed meanwhile); {-1, 0, 0} if the hash is
@@ -50,7 +54,7 @@
 -- Commands: TIME, HGETALL, HSET, PEXPIRE (reserve; HDEL, HINCRBY, HSET per lapsed
 -- reservation, HDEL per old lapse); HEXISTS, HGET, HDEL, HINCRBY, PEXPIRE (settle);
 -- HSETNX, HGET, PEXPIRE (restore); HGETALL, HSET, HINCRBY, PEXPIRE (topup; TIME when the
--- reservation is re-created).
+-- reservation is re-created); HEXISTS, HINCRBY, PEXPIRE (add).
 local op = ARGV[1]
 if op == "settle" then
   if redis.call("HEXISTS", KEYS[1], "spent") == 0 then
@@ -69,9 +73,16 @@ if op == "settle" then
   redis.call("PEXPIRE", KEYS[1], ARGV[4])
   return spent
 elseif op == "restore" then
-  redis.call("HSETNX", KEYS[1], "spent", ARGV[2])
+  local set = redis.call("HSETNX", KEYS[1], "spent", ARGV[2])
   redis.call("PEXPIRE", KEYS[1], ARGV[3])
-  return tonumber(redis.call("HGET", KEYS[1], "spent"))
+  return {tonumber(redis.call("HGET", KEYS[1], "spent")), set}
+elseif op == "add" then
+  if redis.call("HEXISTS", KEYS[1], "spent") == 0 then
+    return -1
+  end
+  local spent = redis.call("HINCRBY", KEYS[1], "spent", ARGV[2])
+  redis.call("PEXPIRE", KEYS[1], ARGV[3])
+  return spent
 elseif op == "topup" then
   local all = redis.call("HGETALL", KEYS[1])
   local spent, reserved, mine, lapsed

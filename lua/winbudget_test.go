@@ -28,12 +28,24 @@ func TestWindowBudgetScript(t *testing.T) {
 	ok, err := b.Settle(ctx, kind, window, "a", 10)
 	require.NoError(t, err)
 	assert.False(t, ok, "a settlement of an unknown window is dropped (PostgreSQL counts it)")
-	spent, err := b.Restore(ctx, kind, window, 100)
+	spent, first, err := b.Restore(ctx, kind, window, 100)
 	require.NoError(t, err)
 	assert.EqualValues(t, 100, spent)
-	spent, err = b.Restore(ctx, kind, window, 5)
+	assert.True(t, first)
+	spent, first, err = b.Restore(ctx, kind, window, 5)
 	require.NoError(t, err)
 	assert.EqualValues(t, 100, spent, "the first restore wins")
+	assert.False(t, first)
+	// The first restorer's catch-up: what PostgreSQL recorded after its read.
+	spent, ok, err = b.CatchUp(ctx, kind, window, 0)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.EqualValues(t, 100, spent)
+	_, ok, err = b.CatchUp(ctx, kind, "unknown", 7)
+	require.NoError(t, err)
+	assert.False(t, ok, "nothing to catch up on an unknown window")
+	_, _, err = b.CatchUp(ctx, kind, window, -1)
+	require.ErrorContains(t, err, "negative amount -1")
 
 	// 900 left: three reservations of 300 fill it; the fourth waits.
 	for i, owner := range []string{"a", "b", "c"} {
@@ -115,7 +127,7 @@ func TestWindowBudgetConcurrent(t *testing.T) {
 	b, err := lua.NewWindowBudgets(ns.Client, ns.Prefix)
 	require.NoError(t, err)
 	const kind, window, budget, want = "k", "w", 100_000, 700
-	_, err = b.Restore(ctx, kind, window, 0)
+	_, _, err = b.Restore(ctx, kind, window, 0)
 	require.NoError(t, err)
 	var total atomic.Int64
 	var wg sync.WaitGroup
@@ -204,7 +216,7 @@ func TestWindowBudgetLapse(t *testing.T) {
 			be := setup(t)
 			b := be.b
 			const kind, window, budget = "k", "w", 100
-			_, err := b.Restore(ctx, kind, window, 0)
+			_, _, err := b.Restore(ctx, kind, window, 0)
 			require.NoError(t, err)
 			spent := func() (int64, int64) {
 				s, r, ok, err := b.Spent(ctx, kind, window)
@@ -335,7 +347,7 @@ func TestWindowBudgetTopUpAfterRestore(t *testing.T) {
 	b, err := lua.NewWindowBudgets(c, "mini:")
 	require.NoError(t, err)
 	const kind, window, budget = "catalog", "2026-04-23", 100
-	_, err = b.Restore(ctx, kind, window, 0)
+	_, _, err = b.Restore(ctx, kind, window, 0)
 	require.NoError(t, err)
 	g, err := b.Reserve(ctx, kind, window, "a", budget, 10, time.Hour)
 	require.NoError(t, err)
@@ -343,7 +355,7 @@ func TestWindowBudgetTopUpAfterRestore(t *testing.T) {
 	mr.Del("mini:{budget:catalog/2026-04-23}") // Redis lost it
 	_, err = b.TopUp(ctx, kind, window, "a", budget, 5, 10, time.Hour)
 	require.ErrorIs(t, err, lua.ErrBudgetUnknown, "before the restore")
-	_, err = b.Restore(ctx, kind, window, 20)
+	_, _, err = b.Restore(ctx, kind, window, 20)
 	require.NoError(t, err)
 	more, err := b.TopUp(ctx, kind, window, "a", budget, 5, 10, time.Hour)
 	require.NoError(t, err)
@@ -365,7 +377,7 @@ func TestWindowBudgetTopUpAfterRestore(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, lua.Granted, g.Admission)
 	mr.Del("mini:{budget:catalog/2026-04-23}")
-	_, err = b.Restore(ctx, kind, window, 50)
+	_, _, err = b.Restore(ctx, kind, window, 50)
 	require.NoError(t, err)
 	_, err = b.TopUp(ctx, kind, window, "b", budget, 10, 60, time.Minute)
 	require.ErrorIs(t, err, lua.ErrReservationUnknown)
