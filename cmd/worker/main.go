@@ -7,6 +7,10 @@
 //
 //	worker -catalog-base https://shop.example            (see worker -h for the rest)
 //
+// An IDEMSCRAPE_* variable that neither the worker nor another binary of the repository
+// reads (a misspelt name, IDEMSCRAPE_CONCURENCY) is warned about at start, naming the
+// closest known one; it sets nothing.
+//
 // Redis is one server (-redis host:port, IDEMSCRAPE_REDIS; default 127.0.0.1:6379) or a
 // Redis Cluster (-redis-cluster host:port,host:port,…, IDEMSCRAPE_REDIS_CLUSTER: some of its
 // nodes, the client finds the rest); the two are mutually exclusive. Leases, host limits,
@@ -91,6 +95,8 @@ type config struct {
 	redis             envflag.Redis
 	redisCfg          envflag.RedisConfig // from redis, set by validate
 	httpAddr          string
+	httpAllowedHosts  string   // -http-allowed-hosts
+	allowedHosts      []string // from httpAllowedHosts, set by validate
 	concurrency       int
 	queues            string
 	keyPrefix         string
@@ -135,18 +141,36 @@ type config struct {
 	// providersFile is -providers: the proxy accounts from a file instead of the
 	// IDEMSCRAPE_PROXY_* variables (envflag.Providers).
 	providersFile string
+	// unknownEnv are the IDEMSCRAPE_* variables of the environment that nothing reads
+	// (a misspelt name), warned about at start.
+	unknownEnv []unknownEnvVar
 }
+
+// maxConcurrency is the most jobs -concurrency lets one worker run at once.
+const maxConcurrency = 10000
 
 // envPrefix is the prefix of every environment variable of the worker.
 const envPrefix = "IDEMSCRAPE_"
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
+	s := defineFlags(&c, stderr)
+	if err := s.Parse(args); err != nil {
+		return c, err
+	}
+	c.unknownEnv = unknownEnv(os.Environ(), s.FS)
+	err := c.validate()
+	return c, err
+}
+
+// defineFlags defines every flag of the worker on a new set, into c.
+func defineFlags(c *config, stderr io.Writer) *envflag.Set {
 	s := envflag.New("worker", envPrefix, stderr)
 	s.String(&c.pg, "pg", "PG", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL (libpq form)")
 	c.redis.Define(s)
 	s.String(&c.httpAddr, "http", "HTTP_ADDR", service.DefaultHTTPAddr, "HTTP listen address for /metrics, /healthz, /readyz, /monitoring, /jobs")
-	s.Int(&c.concurrency, "concurrency", "CONCURRENCY", service.DefaultConcurrency, "jobs run at once")
+	s.String(&c.httpAllowedHosts, "http-allowed-hosts", "HTTP_ALLOWED_HOSTS", "", "host names or IPs (host or host:port, comma-separated) under which /monitoring and /jobs answer besides the -http address and loopback names; any other Host header gets 421 (DNS rebinding); /metrics, /healthz and /readyz take any")
+	s.Int(&c.concurrency, "concurrency", "CONCURRENCY", service.DefaultConcurrency, "jobs run at once (1.."+strconv.Itoa(maxConcurrency)+")")
 	s.String(&c.queues, "queues", "QUEUES", "", "asynq queues and weights, name:weight,… (default: one queue per registered kind, named like the kind, weight 1)")
 	s.String(&c.keyPrefix, "key-prefix", "KEY_PREFIX", handlers.DefaultKeyPrefix, "prefix of the lease keys in Redis")
 	s.String(&c.streamPrefix, "stream-prefix", "STREAM_PREFIX", outbox.DefaultPrefix, "prefix of the outbox stream keys (<prefix>stream:{<topic>})")
@@ -161,7 +185,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.Duration(&c.shutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", service.DefaultShutdownTimeout, "on SIGTERM, how long in-flight jobs may finish before they are handed back to the queue")
 	s.Duration(&c.drainTimeout, "drain-timeout", "DRAIN_TIMEOUT", service.DefaultDrainTimeout, "after that, how long to wait for handed-back jobs to record their attempt and release their lease")
 	s.Duration(&c.requestTimeout, "request-timeout", "REQUEST_TIMEOUT", sessions.DefaultRequestTimeout, "bound of each destination request")
-	s.Int(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default)")
+	s.Int(&c.maxSessionRestart, "max-session-restarts", "MAX_SESSION_RESTARTS", 0, "session replays per attempt (0: the runner's default; -1: none)")
 	s.Int(&c.maxResumes, "max-resumes", "MAX_RESUMES", 0, "steps run again on their own session after a cut (exit proven unchanged) or a Retry-After, per attempt, instead of a replay (0: the runner's default; -1: none, every cut replays)")
 	s.Bool(&c.noSessionPool, "no-session-pool", "NO_SESSION_POOL", "start every attempt on a new sticky session; by default a session whose unit went well serves the next unit of the same provider, tier, country and host (its exit and cookies warm)")
 	s.Int(&c.poolMaxUnits, "session-pool-max-units", "SESSION_POOL_MAX_UNITS", sessions.DefaultPoolMaxUnits, "units one pooled session serves before it is retired")
@@ -180,7 +204,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	s.String(&c.windowAction, "window-budget-action", "WINDOW_BUDGET_ACTION", handlers.WindowFail.String(), "what happens to a window's remaining jobs once its budget is spent: fail (budget_exceeded) or defer (handed back for -window-defer-for)")
 	s.Duration(&c.windowDeferFor, "window-defer-for", "WINDOW_DEFER_FOR", handlers.DefaultWindowDeferFor, "with -window-budget-action defer: how long a delivery of a spent window waits")
 	s.String(&c.providersFile, "providers", "PROVIDERS_FILE", "", "read the proxy accounts from this YAML `FILE` (examples/providers.yaml) instead of $IDEMSCRAPE_PROXY_*; the two together are refused")
-	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes for -source-id jobs; a -url job fetches its own URL (required)")
+	s.String(&c.catalogBase, "catalog-base", "CATALOG_BASE", "", "base URL (scheme://host[:port]) of the shop the example kind \"catalog\" scrapes for -source-id jobs; a -url job fetches its own URL (required; a private, link-local or cloud metadata address is refused, even with -allow-loopback)")
 
 	s.FS.Usage = func() {
 		fmt.Fprintf(s.FS.Output(), `usage: worker [flags]
@@ -212,11 +236,7 @@ Flags (each also read from the environment variable shown; the flag wins):
 			service.EnvBasicAuthUser, service.EnvBasicAuthPassword)
 		s.FS.PrintDefaults()
 	}
-	if err := s.Parse(args); err != nil {
-		return c, err
-	}
-	err := c.validate()
-	return c, err
+	return s
 }
 
 func (c *config) validate() error {
@@ -225,8 +245,12 @@ func (c *config) validate() error {
 		return errors.New("-catalog-base ($IDEMSCRAPE_CATALOG_BASE) is required: the shop the example kind scrapes")
 	case !strings.HasPrefix(c.catalogBase, "http://") && !strings.HasPrefix(c.catalogBase, "https://"):
 		return fmt.Errorf("-catalog-base %q must start with http:// or https://", c.catalogBase)
-	case c.concurrency < 1:
-		return fmt.Errorf("-concurrency %d must be >= 1", c.concurrency)
+	case c.concurrency < 1 || c.concurrency > maxConcurrency:
+		return fmt.Errorf("-concurrency %d ($IDEMSCRAPE_CONCURRENCY) must be in 1..%d", c.concurrency, maxConcurrency)
+	case c.maxResumes < -1:
+		return fmt.Errorf("-max-resumes %d ($IDEMSCRAPE_MAX_RESUMES) must be >= -1 (0: the runner's default; -1: none)", c.maxResumes)
+	case c.maxSessionRestart < -1:
+		return fmt.Errorf("-max-session-restarts %d ($IDEMSCRAPE_MAX_SESSION_RESTARTS) must be >= -1 (0: the runner's default; -1: none)", c.maxSessionRestart)
 	case c.shutdownTimeout <= 0 || c.drainTimeout <= 0:
 		return errors.New("-shutdown-timeout and -drain-timeout must be positive")
 	case c.leaseMargin < 1:
@@ -236,11 +260,27 @@ func (c *config) validate() error {
 	case c.poolMinRemaining <= 0:
 		return fmt.Errorf("-session-pool-min-remaining %v ($IDEMSCRAPE_SESSION_POOL_MIN_REMAINING) must be positive", c.poolMinRemaining)
 	}
+	// What the fetch guard refuses whatever -allow-loopback says (link-local and cloud
+	// metadata addresses and names in any spelling, private addresses, ports outside the
+	// policy's) is refused here; loopback is left to the guard, which refuses it unless
+	// -allow-loopback.
+	if err := tasks.LoopbackPolicy().CheckURL(c.catalogBase); err != nil {
+		return fmt.Errorf("-catalog-base ($IDEMSCRAPE_CATALOG_BASE) %q: %w (-allow-loopback relaxes loopback only)", c.catalogBase, err)
+	}
 	if _, err := parseQueues(c.queues); err != nil {
 		return err
 	}
 	if err := envflag.CheckListenAddr("http", envPrefix+"HTTP_ADDR", c.httpAddr); err != nil {
 		return err
+	}
+	c.allowedHosts = nil
+	for h := range strings.SplitSeq(c.httpAllowedHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			c.allowedHosts = append(c.allowedHosts, h)
+		}
+	}
+	if err := service.CheckAllowedHosts(c.allowedHosts); err != nil {
+		return fmt.Errorf("-http-allowed-hosts ($IDEMSCRAPE_HTTP_ALLOWED_HOSTS): %w", err)
 	}
 	if err := c.validateLeases(); err != nil {
 		return err
@@ -473,9 +513,11 @@ type settings struct {
 	auth      *service.BasicAuth
 }
 
-// readSettings is run's first step: it reads and checks the settings from the environment
-// (a bad one is a *boot.SettingError) and warns when chaos settings are on.
+// readSettings is run's first step: it warns about IDEMSCRAPE_* variables nothing reads,
+// reads and checks the settings from the environment (a bad one is a *boot.SettingError)
+// and warns when chaos settings are on.
 func readSettings(c config, log *slog.Logger) (settings, error) {
+	warnUnknownEnv(c, log)
 	var s settings
 	var err error
 	if s.providers, err = envflag.Providers(c.providersFile); err != nil {
@@ -501,6 +543,20 @@ func readSettings(c config, log *slog.Logger) (settings, error) {
 		return s, &boot.SettingError{Err: err}
 	}
 	return s, nil
+}
+
+// warnUnknownEnv logs one warning per IDEMSCRAPE_* variable nothing reads (a misspelt
+// name is otherwise silently ignored), naming the closest known one. Only names are
+// logged, never values. A warning, not a refusal: a -providers file may name variables
+// of its own, and other binaries may read variables this list does not know yet.
+func warnUnknownEnv(c config, log *slog.Logger) {
+	for _, u := range c.unknownEnv {
+		attrs := []any{"variable", u.Name, "did_you_mean", u.Closest}
+		if c.providersFile != "" {
+			attrs = append(attrs, "unless", "the -providers file names it")
+		}
+		log.Warn("environment variable not read by the worker: ignored", attrs...)
+	}
 }
 
 // collectorConfig is the step that sets up the sessions' collector from the flags,
@@ -566,6 +622,7 @@ func newService(c config, set settings, queues map[string]int, reg *handlers.Reg
 		NoDispatcher:       c.noDispatcher,
 		Dispatcher:         c.dispatcherConfig(set.fp.afterPublish()),
 		HTTPAddr:           c.httpAddr,
+		AllowedHosts:       c.allowedHosts,
 		MonitoringReadOnly: c.readOnly, //nolint:staticcheck // the deprecated -read-only flag keeps working
 		MonitoringWritable: c.writable,
 		HTTPInsecure:       c.httpInsecure,

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -28,6 +30,7 @@ import (
 	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/lua"
+	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/inputs"
 	"github.com/idemscrape/idemscrape/store/outbox"
@@ -373,21 +376,94 @@ func TestFlags(t *testing.T) {
 		assert.ErrorContains(t, err, "weight")
 	})
 	t.Run("Refused", func(t *testing.T) {
-		for name, args := range map[string][]string{
-			"NoCatalogBase": {},
-			"StrayArgument": {"-catalog-base", "https://s.example", "extra"},
-			"BadLogFormat":  {"-catalog-base", "https://s.example", "-log-format", "xml"},
-			"BadQueues":     {"-catalog-base", "https://s.example", "-queues", "a:x"},
-			"QueueName":     {"-catalog-base", "https://s.example", "-queues", "asynq:{x}"},
-			"BadHTTP":       {"-catalog-base", "https://s.example", "-http", "notanaddr"},
-			"LeaseMinMax":   {"-catalog-base", "https://s.example", "-lease-min", "10m", "-lease-max", "1m"},
-			"LeaseDefault":  {"-catalog-base", "https://s.example", "-lease-default", "100h"},
+		for _, name := range []string{"IDEMSCRAPE_MAX_RESUMES", "IDEMSCRAPE_MAX_SESSION_RESTARTS", "IDEMSCRAPE_ALLOW_LOOPBACK", "IDEMSCRAPE_HTTP_ALLOWED_HOSTS"} {
+			t.Setenv(name, "")
+		}
+		base := func(args ...string) []string { return append([]string{"-catalog-base", "https://s.example"}, args...) }
+		metadata := func(url string) []string { return []string{"-catalog-base", url, "-allow-loopback"} }
+		for name, tc := range map[string]struct {
+			args []string
+			want string // "" for any error
+		}{
+			"NoCatalogBase":    {args: []string{}},
+			"StrayArgument":    {args: base("extra")},
+			"BadLogFormat":     {args: base("-log-format", "xml")},
+			"BadQueues":        {args: base("-queues", "a:x")},
+			"QueueName":        {args: base("-queues", "asynq:{x}")},
+			"BadHTTP":          {args: base("-http", "notanaddr")},
+			"LeaseMinMax":      {args: base("-lease-min", "10m", "-lease-max", "1m")},
+			"LeaseDefault":     {args: base("-lease-default", "100h")},
+			"ConcurrencyHuge":  {base("-concurrency", "99999999999"), "-concurrency 99999999999 ($IDEMSCRAPE_CONCURRENCY) must be in 1..10000"},
+			"ConcurrencyAbove": {base("-concurrency", "10001"), "must be in 1..10000"},
+			"ConcurrencyZero":  {base("-concurrency", "0"), "must be in 1..10000"},
+			"MaxResumes":       {base("-max-resumes", "-5"), "-max-resumes -5 ($IDEMSCRAPE_MAX_RESUMES) must be >= -1"},
+			"MaxRestarts":      {base("-max-session-restarts", "-2"), "-max-session-restarts -2"},
+			"MetadataIP":       {metadata("http://169.254.169.254"), `-catalog-base ($IDEMSCRAPE_CATALOG_BASE) "http://169.254.169.254"`},
+			"MetadataDecimal":  {metadata("http://2852039166/"), "-catalog-base"},
+			"MetadataMapped":   {metadata("http://[::ffff:169.254.169.254]"), "-catalog-base"},
+			"LinkLocal":        {metadata("http://169.254.10.1:8080"), "-catalog-base"},
+			"LinkLocalV6":      {metadata("http://[fe80::1]"), "-catalog-base"},
+			"MetadataName":     {metadata("http://metadata.google.internal"), "cloud metadata"},
+			"MetadataShort":    {metadata("http://Metadata."), "cloud metadata"},
+			"MetadataGoog":     {metadata("https://metadata.goog"), "cloud metadata"},
+			"AllowedHostsBad":  {base("-http-allowed-hosts", "jobs.internal,http://x/"), "-http-allowed-hosts ($IDEMSCRAPE_HTTP_ALLOWED_HOSTS)"},
+			"AllowedHostsPort": {base("-http-allowed-hosts", "jobs.internal:0"), "-http-allowed-hosts"},
 		} {
 			t.Run(name, func(t *testing.T) {
-				_, err := parseFlags(args, &bytes.Buffer{})
-				assert.Error(t, err)
+				_, err := parseFlags(tc.args, &bytes.Buffer{})
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.want)
 			})
 		}
+		// The limits themselves are accepted, and loopback with -allow-loopback.
+		for _, args := range [][]string{base("-concurrency", "10000", "-max-resumes", "-1", "-max-session-restarts", "-1"),
+			metadata("http://127.0.0.1:9"), metadata("http://localhost:9")} {
+			_, err := parseFlags(args, &bytes.Buffer{})
+			assert.NoError(t, err, "%q", args)
+		}
+		c, err := parseFlags(base("-http-allowed-hosts", " jobs.internal, 10.0.0.7:8080,,"), &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"jobs.internal", "10.0.0.7:8080"}, c.allowedHosts)
+	})
+	t.Run("UnknownEnvWarned", func(t *testing.T) {
+		// A misspelt variable is named with the closest known one, in a warning (its value
+		// never); variables read by the worker's secrets, other binaries or the tests are not.
+		t.Setenv("IDEMSCRAPE_CONCURENCY", "5")
+		t.Setenv("IDEMSCRAPE_HTTP_ALOWED_HOSTS", "x")
+		for _, name := range []string{"IDEMSCRAPE_SCHEDULER_CONFIG", "IDEMSCRAPE_TEST_WHATEVER", "IDEMSCRAPE_PROXY_PASSWORD_2_FILE",
+			"IDEMSCRAPE_HTTP_PASSWORD_FILE", "IDEMSCRAPE_PG_PASSWORD_FILE", "IDEMSCRAPE_REDIS_PASSWORD", "IDEMSCRAPE_FAILPOINTS",
+			"IDEMSCRAPE_PROXY_EXIT_HEADER_3", "IDEMSCRAPE_DEMO_UI", "IDEMSCRAPE_PROMTOOL", "IDEMSCRAPE_PROVIDERS_FILE"} {
+			t.Setenv(name, "")
+		}
+		c, err := parseFlags([]string{"-catalog-base", "https://s.example"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		got := map[string]string{}
+		for _, u := range c.unknownEnv {
+			got[u.Name] = u.Closest
+		}
+		assert.Equal(t, "IDEMSCRAPE_CONCURRENCY", got["IDEMSCRAPE_CONCURENCY"])
+		assert.Equal(t, "IDEMSCRAPE_HTTP_ALLOWED_HOSTS", got["IDEMSCRAPE_HTTP_ALOWED_HOSTS"])
+		for name := range got {
+			assert.Contains(t, []string{"IDEMSCRAPE_CONCURENCY", "IDEMSCRAPE_HTTP_ALOWED_HOSTS"}, name, "a known variable reported")
+		}
+		assert.Equal(t, service.DefaultConcurrency, c.concurrency, "the misspelt variable sets nothing")
+
+		var logs bytes.Buffer
+		warnUnknownEnv(c, slog.New(slog.NewTextHandler(&logs, nil)))
+		assert.Contains(t, logs.String(), "level=WARN")
+		assert.Contains(t, logs.String(), "variable=IDEMSCRAPE_CONCURENCY did_you_mean=IDEMSCRAPE_CONCURRENCY")
+		assert.NotContains(t, logs.String(), "=5 ", "no value is logged")
+	})
+	t.Run("EveryFlagHasAVariable", func(t *testing.T) {
+		// unknownEnv learns the worker's variables from the flags' usage: each must name one.
+		var c config
+		fs := defineFlags(&c, io.Discard).FS
+		known := knownEnv(fs)
+		fs.VisitAll(func(f *flag.Flag) {
+			assert.Regexp(t, flagEnv, f.Usage, "-%s names no variable", f.Name)
+		})
+		assert.True(t, known["IDEMSCRAPE_HTTP_ALLOWED_HOSTS"])
+		assert.True(t, known["IDEMSCRAPE_REDIS_TLS_CA"])
 	})
 	t.Run("SavedInputs", func(t *testing.T) {
 		t.Setenv("IDEMSCRAPE_SAVED_INPUTS", "")
