@@ -128,4 +128,3 @@ func decodePayloadFull(b []byte, n *Normalizer) (Payload, error) {
 	}
 	return p, nil
 }
-

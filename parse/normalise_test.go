@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemscrape/idemscrape/parse"
 	"github.com/idemscrape/idemscrape/job"
+	"github.com/idemscrape/idemscrape/parse"
 )
 
 func TestWhitespace(t *testing.T) {
