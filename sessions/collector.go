@@ -903,6 +903,11 @@ func wireDial(d *net.Dialer, owner func(context.Context) *wireOwner) func(contex
 type wireConn struct {
 	net.Conn
 	owner atomic.Pointer[wireOwner]
+	// held are bytes a read returned past the cap of the owner they arrived for (see
+	// Read): not counted yet, the next reads return them first. heldErr is the error
+	// that read returned with them. Only Read uses them (a connection has one reader).
+	held    []byte
+	heldErr error
 }
 
 // asWireConn finds the wireConn under c (a TLS connection inside a CONNECT tunnel wraps
@@ -921,30 +926,70 @@ func asWireConn(c net.Conn) *wireConn {
 	return nil
 }
 
+// Read reads at most one byte past the cap of the connection's owner, counting what it
+// returns into the owner.
+//
+// The cap is applied twice: to the size of the read before it starts, and to what it
+// returned, with the owner the bytes arrived for. The read may have started for another
+// owner, with that one's room: an idle kept-alive connection's read, started for the last
+// request (of another run, perhaps without a cap: a whole 4 KiB buffer), returns the next
+// request's response; and other connections of the run move bytes while it waits. What
+// arrived past the cap is held, uncounted, and returned by the next reads, each of which
+// asks the cap (RunConfig.MoreBytes) first; if it is not raised, the held bytes are never
+// counted, as bytes still in the socket's buffer are not.
 func (c *wireConn) Read(p []byte) (int, error) {
-	if left, ok := c.owner.Load().left(); ok {
-		// Past the cap: the run's MoreBytes may raise it (a top-up of its money). Other
-		// connections of the run (a render's, parallel requests) read meanwhile, so the
-		// raised cap may be passed again before this read: ask until it holds.
-		for left < 0 {
-			if c.owner.Load().over() {
-				// Spent: reading on (a TLS record needs all of its bytes before any reach
-				// the reader) would only move more. The connection is dropped.
-				return 0, ErrBudgetExceeded
+	if len(p) == 0 {
+		return c.Conn.Read(p)
+	}
+	for {
+		q := p
+		if left, ok := c.owner.Load().left(); ok {
+			// Past the cap: the run's MoreBytes may raise it (a top-up of its money). Other
+			// connections of the run (a render's, parallel requests) read meanwhile, so the
+			// raised cap may be passed again before this read: ask until it holds.
+			for left < 0 {
+				if c.owner.Load().over() {
+					// Spent: reading on (a TLS record needs all of its bytes before any reach
+					// the reader) would only move more. The connection is dropped.
+					return 0, ErrBudgetExceeded
+				}
+				left, _ = c.owner.Load().left()
 			}
-			left, _ = c.owner.Load().left()
+			if int64(len(q)) > left+1 {
+				q = q[:left+1]
+			}
 		}
-		if int64(len(p)) > left+1 {
-			p = p[:left+1]
+		var (
+			n   int
+			err error
+		)
+		if len(c.held) > 0 {
+			n = copy(q, c.held)
+			if c.held = c.held[n:]; len(c.held) == 0 {
+				c.held, err, c.heldErr = nil, c.heldErr, nil
+			}
+		} else {
+			n, err = c.Conn.Read(q)
 		}
+		// The owner when the bytes arrived: an idle connection's read, started for the last
+		// request, returns the next one's response.
+		o := c.owner.Load()
+		if left, ok := o.left(); ok && n > 0 && int64(n) > left+1 {
+			keep := int(max(left+1, 0))
+			c.held = append(append([]byte(nil), q[keep:n]...), c.held...)
+			if err != nil {
+				c.heldErr = err
+			}
+			n, err = keep, nil
+			if n == 0 {
+				continue // asks the cap first
+			}
+		}
+		if o != nil && n > 0 {
+			o.add(int64(n), false)
+		}
+		return n, err
 	}
-	n, err := c.Conn.Read(p)
-	// The owner when the bytes arrived: an idle connection's read, started for the last
-	// request, returns the next one's response.
-	if o := c.owner.Load(); o != nil && n > 0 {
-		o.add(int64(n), false)
-	}
-	return n, err
 }
 
 // Write counts p before it is sent, and takes back what was not: the answer to a request

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -218,9 +219,9 @@ func (p *renderProxy) serve(c net.Conn) {
 		if err := req.WriteProxy(up.conn); err != nil {
 			return // Chromium sees the connection close, as if the gateway had closed it
 		}
-		resp, err := http.ReadResponse(up.r, req)
+		resp, err := p.readFinal(up.r, req, c)
 		if err != nil {
-			return // no (whole) answer: the connection closes, nothing written
+			return // no (whole) answer: the connection closes, nothing more written
 		}
 		refusal := isProxyRefusal(resp)
 		keep := p.relay(c, req, resp)
@@ -230,6 +231,44 @@ func (p *renderProxy) serve(c net.Conn) {
 		}
 		if !keep {
 			return
+		}
+	}
+}
+
+// forwarderMax1xx bounds the informational responses the forwarder relays before a
+// final one: more ends the connection (their bytes are counted all the same).
+const forwarderMax1xx = 16
+
+// informational reports whether code is an informational response that a final one
+// follows: 1xx but 101 Switching Protocols (the forwarder sends no Upgrade, so a 101
+// is answered as final and ends the connection).
+func informational(code int) bool {
+	return code >= 100 && code < 200 && code != http.StatusSwitchingProtocols
+}
+
+// readFinal reads the gateway's answer to req: the informational responses before it
+// (100 Continue, 103 Early Hints) are relayed to Chromium as they come when c is set
+// (Chromium reads Early Hints' Link headers; it takes a 1xx for what it is and waits on)
+// and skipped when c is nil; the final response is returned, unwritten. The bytes of
+// every one of them are counted as read (up's wireConn). An error: the connection is to
+// be closed.
+func (p *renderProxy) readFinal(r *bufio.Reader, req *http.Request, c net.Conn) (*http.Response, error) {
+	for n := 0; ; n++ {
+		resp, err := http.ReadResponse(r, req)
+		if err != nil || !informational(resp.StatusCode) {
+			return resp, err
+		}
+		if n == forwarderMax1xx {
+			return nil, errors.New("sessions: render proxy: too many informational responses")
+		}
+		if c == nil {
+			continue
+		}
+		for _, k := range []string{"Proxy-Connection", "Keep-Alive", "Connection"} {
+			resp.Header.Del(k)
+		}
+		if err := resp.Write(c); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -281,7 +320,7 @@ func (p *renderProxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 	if err := out.Write(up.conn); err != nil {
 		return
 	}
-	resp, err := http.ReadResponse(up.r, out)
+	resp, err := p.readFinal(up.r, out, nil) // a 1xx before the tunnel's answer is skipped
 	if err != nil {
 		return
 	}

@@ -716,7 +716,20 @@ func (p *FakeProxy) forward(c net.Conn, req *http.Request, up net.Conn, exit str
 		p.writeBadGateway(c, FakeProxyErrDestination, "could not send the request to the destination")
 		return false
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(up), req)
+	upr := bufio.NewReader(up)
+	resp, err := http.ReadResponse(upr, req)
+	// Informational responses (100 Continue, 103 Early Hints) are relayed as they come,
+	// then the final one is read.
+	for n := 0; err == nil && fpInformational(resp.StatusCode) && !disconnect; n++ {
+		if n == fpMax1xx {
+			p.writeBadGateway(c, FakeProxyErrDestination, "too many informational responses from the destination")
+			return false
+		}
+		if err := resp.Write(c); err != nil {
+			return false
+		}
+		resp, err = http.ReadResponse(upr, req)
+	}
 	if err != nil {
 		p.writeBadGateway(c, FakeProxyErrDestination, "no valid response from the destination")
 		return false
@@ -734,6 +747,15 @@ func (p *FakeProxy) forward(c net.Conn, req *http.Request, up net.Conn, exit str
 		return false
 	}
 	return !resp.Close
+}
+
+// fpMax1xx bounds the informational responses relayed before a final one.
+const fpMax1xx = 16
+
+// fpInformational reports whether code is an informational response a final one follows
+// (1xx but 101 Switching Protocols, which ends HTTP on the connection).
+func fpInformational(code int) bool {
+	return code >= 100 && code < 200 && code != http.StatusSwitchingProtocols
 }
 
 // fpWritePartial writes what a client sees when the device drops mid-response: the status
