@@ -429,7 +429,7 @@ func TestFlags(t *testing.T) {
 		// A misspelt variable is named with the closest known one, in a warning (its value
 		// never); variables read by the worker's secrets, other binaries or the tests are not.
 		t.Setenv("IDEMSCRAPE_CONCURENCY", "5")
-		t.Setenv("IDEMSCRAPE_HTTP_ALOWED_HOSTS", "x")
+		t.Setenv("IDEMSCRAPE_HTTP_ALLOWED_HOST", "x")
 		for _, name := range []string{"IDEMSCRAPE_SCHEDULER_CONFIG", "IDEMSCRAPE_TEST_WHATEVER", "IDEMSCRAPE_PROXY_PASSWORD_2_FILE",
 			"IDEMSCRAPE_HTTP_PASSWORD_FILE", "IDEMSCRAPE_PG_PASSWORD_FILE", "IDEMSCRAPE_REDIS_PASSWORD", "IDEMSCRAPE_FAILPOINTS",
 			"IDEMSCRAPE_PROXY_EXIT_HEADER_3", "IDEMSCRAPE_DEMO_UI", "IDEMSCRAPE_PROMTOOL", "IDEMSCRAPE_PROVIDERS_FILE"} {
@@ -442,9 +442,9 @@ func TestFlags(t *testing.T) {
 			got[u.Name] = u.Closest
 		}
 		assert.Equal(t, "IDEMSCRAPE_CONCURRENCY", got["IDEMSCRAPE_CONCURENCY"])
-		assert.Equal(t, "IDEMSCRAPE_HTTP_ALLOWED_HOSTS", got["IDEMSCRAPE_HTTP_ALOWED_HOSTS"])
+		assert.Equal(t, "IDEMSCRAPE_HTTP_ALLOWED_HOSTS", got["IDEMSCRAPE_HTTP_ALLOWED_HOST"])
 		for name := range got {
-			assert.Contains(t, []string{"IDEMSCRAPE_CONCURENCY", "IDEMSCRAPE_HTTP_ALOWED_HOSTS"}, name, "a known variable reported")
+			assert.Contains(t, []string{"IDEMSCRAPE_CONCURENCY", "IDEMSCRAPE_HTTP_ALLOWED_HOST"}, name, "a known variable reported")
 		}
 		assert.Equal(t, service.DefaultConcurrency, c.concurrency, "the misspelt variable sets nothing")
 
