@@ -160,8 +160,9 @@ type Config struct {
 	Break string
 	// Seed of the fake shop, the fake proxy and the harness's choices.
 	Seed int64
-	// Timeout bounds the whole run. A run that reaches it with jobs still open, or with a
-	// targeted fault that never fired, is INCOMPLETE (exit 4), not a broken invariant.
+	// Timeout bounds the whole run once cmd/worker and cmd/scheduler are built. A run that
+	// reaches it with jobs still open, or with a targeted fault that never fired, is
+	// INCOMPLETE (exit 4), not a broken invariant.
 	Timeout time.Duration
 	// LogDir keeps the processes' logs there. Defaults to a temporary directory.
 	LogDir string
@@ -262,7 +263,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	challenge := fs.String("challenge", "", "the shop's bot challenge (a clearance cookie per exit; the workers' session pools carry it): true or false (default off)")
 	fs.StringVar(&f.Break, "break", "", "run a deliberately broken build: dup_result:<probability>")
 	fs.Int64Var(&f.Seed, "seed", -1, "seed of the fakes and of the harness's choices")
-	fs.DurationVar(&f.Timeout, "timeout", -1, "bound of the whole run")
+	fs.DurationVar(&f.Timeout, "timeout", -1, "bound of the whole run once the binaries are built")
 	fs.StringVar(&f.LogDir, "log-dir", "", "keep the processes' logs in this directory")
 	fs.BoolVar(&f.KeepDB, "keep-db", false, "keep the run's database")
 	fs.BoolVar(&f.StrictEvents, "strict-events", true, "FAIL when events in the stream when Redis lost its data never took effect (-strict-events=false reports them as GAP instead)")
