@@ -177,6 +177,18 @@ type DispatcherConfig struct {
 	// DefaultRecoverBatch.
 	RecoverBatch int
 
+	// PreparedAlertAge is how long ago a transaction must have been prepared (PREPARE
+	// TRANSACTION) in the dispatcher's database for the dispatcher to report it: such a
+	// transaction holds every topic's dispatch back until it is committed or rolled back
+	// (COMMIT PREPARED / ROLLBACK PREPARED 'gid'). One prepared in another database of the
+	// server holds nothing back and is not reported (see the package doc, the horizon).
+	// The background loop reads pg_prepared_xacts every PreparedAlertAge/4, or every
+	// PollInterval if that is longer (one statement on a view of shared memory), sets
+	// idemscrape_outbox_horizon_held_by_prepared{database} to the number found and logs
+	// each at level WARN with its gid, database and age: once when first found, then once
+	// per DefaultPreparedLogInterval while it stays. Defaults to DefaultPreparedAlertAge.
+	PreparedAlertAge time.Duration
+
 	// AfterPublish is a failpoint for tests and chaos runs. When set, it is called with the
 	// outbox ids of a batch after all of the batch's XADDs succeeded and before the
 	// topic's position moves past them. Returning an error aborts the batch as a crash at
@@ -224,6 +236,8 @@ func (c *DispatcherConfig) Validate() error {
 			c.MaxLen, c.batchSize())
 	case c.LossLogInterval < 0:
 		return fmt.Errorf("outbox: DispatcherConfig.LossLogInterval %v is negative", c.LossLogInterval)
+	case c.PreparedAlertAge < 0:
+		return fmt.Errorf("outbox: DispatcherConfig.PreparedAlertAge %v is negative", c.PreparedAlertAge)
 	case c.RecoverWindow < 0 || c.RecoverBatch < 0:
 		return fmt.Errorf("outbox: DispatcherConfig.RecoverWindow %v / RecoverBatch %d is negative", c.RecoverWindow, c.RecoverBatch)
 	}
@@ -267,6 +281,9 @@ func (c *DispatcherConfig) withDefaults() DispatcherConfig {
 	}
 	if out.LossLogInterval == 0 {
 		out.LossLogInterval = DefaultLossLogInterval
+	}
+	if out.PreparedAlertAge == 0 {
+		out.PreparedAlertAge = DefaultPreparedAlertAge
 	}
 	if out.RecoverWindow == 0 {
 		out.RecoverWindow = DefaultRecoverWindow
@@ -314,6 +331,10 @@ type Dispatcher struct {
 	posMu      sync.Mutex // guards lastTopic and discovered
 	lastTopic  string     // the topic of this dispatcher's last batch (claimSQL's round robin)
 	discovered time.Time  // when this dispatcher last looked for topics without a position
+
+	preparedMu      sync.Mutex           // guards preparedChecked and preparedLogged
+	preparedChecked time.Time            // when the loop last read pg_prepared_xacts
+	preparedLogged  map[string]time.Time // gid → when its prepared transaction was last logged
 
 	beforeSettle  func(topics []string) // test hook (export_test.go): a batch found topics unsettled
 	beforePublish func(topics []string) // test hook (export_test.go): a batch checked its streams
@@ -571,10 +592,13 @@ func (d *Dispatcher) claim(ctx context.Context, tx pgx.Tx) ([]outboxRow, error) 
 // joined by rows of a transaction that commits later with a smaller (xid, id) than rows
 // already read, so it waits. The position only ever moves over rows below the horizon, so
 // a row can never appear behind it. A running transaction that pg_stat_activity, read
-// after the snapshot, shows in another database can never insert into this outbox and does
-// not hold the horizon back (pg_snapshot_xmin alone would: any write transaction on the
-// server would); one it does not show (ended since, prepared, or hidden from this role)
-// does, to be safe.
+// after the snapshot, shows in another database, or a prepared one that pg_prepared_xacts
+// shows in another database, can never insert into this outbox and does not hold the
+// horizon back (pg_snapshot_xmin alone would: any write transaction, or any forgotten
+// prepared transaction, on the server would); one that neither shows in another database
+// (of this database, ended since, or hidden from this role) does, to be safe. The proof,
+// and what the dispatcher reports about transactions prepared in this database, which hold
+// it legitimately: prepared.go.
 //
 // The shared recovery lock ($1) is taken before the position's row lock (a one-time
 // filter, evaluated before the scan) and held until the batch commits or rolls back: a
@@ -586,6 +610,8 @@ WITH horizon AS MATERIALIZED (
 		SELECT min(x) FROM pg_snapshot_xip(s.s) AS x
 		WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
 			WHERE a.backend_xid = x::xid AND a.datid IS NOT NULL AND a.datname <> current_database())
+		AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p
+			WHERE p.transaction = x::xid AND p.database <> current_database())
 	)) AS h
 	FROM (SELECT pg_current_snapshot() AS s) s
 ), pos AS (
@@ -947,6 +973,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		// (idemscrape_outbox_stream_length) on the way. The first check follows the first
 		// batch, so the lengths are reported right after a start.
 		lastCheck = time.Now()
+		d.checkPrepared(ctx) // a transaction prepared in this database holds the horizon
 		if recovered, err := d.checkStreams(ctx, false); err != nil {
 			if ctx.Err() != nil {
 				return

@@ -29,13 +29,21 @@
 //   - The horizon: a row is read only when every transaction that could still insert a row
 //     before it in (xid, id) order has ended: its xid is below the smallest xid still
 //     running when the batch's snapshot was taken that may belong to this database
-//     (pg_stat_activity shows the others; ones it does not show count, to be safe). So no
-//     row ever appears behind a position, and rows are published in commit order per topic.
+//     (pg_stat_activity and pg_prepared_xacts show the others, open or prepared; ones
+//     they do not place in another database count, to be safe; the proof is in
+//     prepared.go). So no row ever appears behind a position, and rows are published in
+//     (xid, id) order per topic: commit order, except that rows of a transaction that
+//     took its xid first and committed later go before the rows that waited for it.
 //     A write transaction left open on the database (any transaction that took an xid:
 //     an INSERT, UPDATE, DELETE, SELECT … FOR UPDATE, even on another table) holds every
 //     topic's dispatch back until it ends: idemscrape_outbox_dispatch_lag_seconds and
 //     [Lag] (the reconciler's idemscrape_reconciler_outbox_oldest_unsent_seconds) show it.
-//     Keep write transactions short (idle_in_transaction_session_timeout helps).
+//     Keep write transactions short (idle_in_transaction_session_timeout helps). So does a
+//     transaction prepared in this database (PREPARE TRANSACTION), until COMMIT PREPARED
+//     or ROLLBACK PREPARED: the dispatchers report one prepared longer than
+//     PreparedAlertAge ago (idemscrape_outbox_horizon_held_by_prepared and a WARN line
+//     naming its gid, database and age). Transactions of other databases of the server,
+//     open or prepared, hold nothing back.
 //   - The position moves only after the batch's XADDs succeeded. If Redis is down, a
 //     publish is retried a bounded number of times with backoff and jitter, then the
 //     transaction rolls back and the rows are read again later.
@@ -43,7 +51,7 @@
 //     between XADD and commit republishes the batch: the stream may hold an event more
 //     than once (with the same event_key and outbox_id). Consumers recognise the replay by
 //     event_key.
-//   - Within a topic, events reach the stream in commit order, replays aside; consumers
+//   - Within a topic, events reach the stream in that order, replays aside; consumers
 //     still must not rely on it (a replay comes after later events).
 //
 // # Redis data loss
@@ -252,6 +260,7 @@
 //	idemscrape_outbox_stream_cap_lost_total{topic,group}  of those, entries the group had not acknowledged
 //	idemscrape_outbox_stream_length{topic}        XLEN, read with each batch and every PollInterval
 //	idemscrape_outbox_stream_max_length{topic}    the length cap (MaxLen)
+//	idemscrape_outbox_horizon_held_by_prepared{database}  transactions prepared there longer than PreparedAlertAge ago
 //	idemscrape_outbox_deduplicated_total{group}   duplicates acknowledged without the handler
 //	idemscrape_outbox_claimed_total{group}        entries reclaimed with XAUTOCLAIM
 //	idemscrape_outbox_lost_total{group}           pending entries deleted or trimmed away

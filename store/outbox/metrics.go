@@ -48,6 +48,11 @@ type DispatcherMetrics struct {
 	// MaxLength is, per topic, the length cap the dispatcher holds the stream at
 	// (DispatcherConfig.MaxLen; absent without a cap).
 	MaxLength *prometheus.GaugeVec
+	// HeldByPrepared is, per database, the number of transactions prepared in it longer
+	// than DispatcherConfig.PreparedAlertAge ago, as the background loop last read
+	// pg_prepared_xacts: each holds every topic's dispatch back until it is committed or
+	// rolled back (COMMIT PREPARED / ROLLBACK PREPARED).
+	HeldByPrepared *prometheus.GaugeVec
 }
 
 // ConsumerMetrics are the collectors a Consumer updates, labelled by consumer group.
@@ -105,6 +110,10 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 			Name: "idemscrape_outbox_stream_max_length",
 			Help: "The length cap the dispatcher holds the topic's stream at (MaxLen).",
 		}, []string{"topic"}),
+		HeldByPrepared: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemscrape_outbox_horizon_held_by_prepared",
+			Help: "Transactions prepared in the database longer than the alert age ago; each holds every topic's outbox dispatch back until COMMIT PREPARED or ROLLBACK PREPARED.",
+		}, []string{"database"}),
 	}
 	var err error
 	if m.Published, err = register(reg, m.Published); err != nil {
@@ -132,6 +141,9 @@ func newDispatcherMetrics(reg prometheus.Registerer) (*DispatcherMetrics, error)
 		return nil, err
 	}
 	if m.MaxLength, err = register(reg, m.MaxLength); err != nil {
+		return nil, err
+	}
+	if m.HeldByPrepared, err = register(reg, m.HeldByPrepared); err != nil {
 		return nil, err
 	}
 	return m, nil
