@@ -12,7 +12,13 @@ import (
 type ProviderStats struct {
 	Provider string `json:"provider"`
 	Tier     string `json:"tier"`
-	Attempts int64  `json:"attempts"`
+	// Attempts counts all its recorded attempts (the attempts table: running ones are not
+	// there yet), charged or not.
+	Attempts int64 `json:"attempts"`
+	// Charged counts those with a cost (cost_micros > 0), the attempts CostStats.Attempts
+	// counts: the others cost nothing (the proxy refused them, a 407 or a 502; they were
+	// lost and their worker has not reported; their worker has no price).
+	Charged int64 `json:"charged"`
 	// Complete counts its attempts that completed their job.
 	Complete int64 `json:"complete"`
 	// Lost counts its attempts written as lost or superseded (taken over).
@@ -23,21 +29,24 @@ type ProviderStats struct {
 	Costs []ProviderCost `json:"costs"`
 }
 
-// ProviderCost is what a provider's attempts cost in one currency, and that cost per
-// completed attempt (wasted attempts included) rounded to whole micro-units.
+// ProviderCost is what a provider's attempts cost in one currency, how many were charged
+// in it, and that cost per completed attempt (wasted attempts included) rounded to whole
+// micro-units.
 type ProviderCost struct {
 	Currency          string `json:"currency"`
 	Micros            int64  `json:"micros"`
+	Attempts          int64  `json:"attempts"` // its attempts with a cost in Currency
 	PerCompleteMicros int64  `json:"per_complete_micros"`
 }
 
 // StatsByProvider adds up the attempts by provider and tier, ordered by provider then
-// tier, in one statement. An operator's query: it reads the attempts table.
+// tier, in one statement. An operator's query: it reads the attempts table. Its Charged
+// attempts are the ones StatsCost counts (cost_micros > 0), so that the two add up.
 func (s *PG) StatsByProvider(ctx context.Context) ([]ProviderStats, error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT provider, tier, COALESCE(currency, ''), count(*), count(*) FILTER (WHERE outcome = 'complete'),
-	count(*) FILTER (WHERE outcome IN ('lost', 'superseded')), COALESCE(sum(bytes), 0)::bigint,
-	COALESCE(sum(cost_micros), 0)::bigint
+SELECT provider, tier, COALESCE(currency, ''), count(*), count(*) FILTER (WHERE cost_micros > 0),
+	count(*) FILTER (WHERE outcome = 'complete'), count(*) FILTER (WHERE outcome IN ('lost', 'superseded')),
+	COALESCE(sum(bytes), 0)::bigint, COALESCE(sum(cost_micros), 0)::bigint
 FROM attempts
 GROUP BY provider, tier, COALESCE(currency, '')
 ORDER BY provider, tier, COALESCE(currency, '')`)
@@ -48,8 +57,8 @@ ORDER BY provider, tier, COALESCE(currency, '')`)
 	var out []ProviderStats
 	for rows.Next() {
 		var provider, tier, currency string
-		var n, complete, lost, bytes, cost int64
-		if err := rows.Scan(&provider, &tier, &currency, &n, &complete, &lost, &bytes, &cost); err != nil {
+		var n, charged, complete, lost, bytes, cost int64
+		if err := rows.Scan(&provider, &tier, &currency, &n, &charged, &complete, &lost, &bytes, &cost); err != nil {
 			return nil, fmt.Errorf("store: StatsByProvider: %w", err)
 		}
 		if len(out) == 0 || out[len(out)-1].Provider != provider || out[len(out)-1].Tier != tier {
@@ -57,11 +66,12 @@ ORDER BY provider, tier, COALESCE(currency, '')`)
 		}
 		p := &out[len(out)-1]
 		p.Attempts += n
+		p.Charged += charged
 		p.Complete += complete
 		p.Lost += lost
 		p.Bytes += bytes
 		if currency != "" && cost > 0 { // rows come sorted by currency: one entry each
-			p.Costs = append(p.Costs, ProviderCost{Currency: currency, Micros: cost})
+			p.Costs = append(p.Costs, ProviderCost{Currency: currency, Micros: cost, Attempts: charged})
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,6 +16,8 @@ import (
 // the database and exits 1 naming it.
 func TestCommandLineCheckedBeforeDatabase(t *testing.T) {
 	cliEnv(t, "postgres://postgres@127.0.0.1:1/nowhere?sslmode=disable&connect_timeout=2", "127.0.0.1:1")
+	badCfg := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(badCfg, []byte("templates: [{name: x, frobnicate: 1}]\n"), 0o600))
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -22,6 +27,9 @@ func TestCommandLineCheckedBeforeDatabase(t *testing.T) {
 		{"reparse bad state", []string{"reparse", "-state", "bogus"}, 2, `-state "bogus"`},
 		{"reparse negative version", []string{"reparse", "-to-version", "-1"}, 2, "-to-version must be >= 0"},
 		{"windows bad limit", []string{"windows", "-limit", "0"}, 2, "-limit 0 must be >= 1"},
+		// A configuration given is read and validated, even to list windows only.
+		{"windows missing config", []string{"windows", "-config", "/no/such/file.yaml"}, 2, `-config "/no/such/file.yaml" ($IDEMSCRAPE_SCHEDULER_CONFIG): `},
+		{"windows bad config", []string{"windows", "-config", badCfg}, 2, "-config " + strconv.Quote(badCfg) + " ($IDEMSCRAPE_SCHEDULER_CONFIG): "},
 		{"requeue empty by", []string{"requeue", "-by", "", "catalog:x"}, 2, "-by is empty"},
 		{"status reaches the database", []string{"status", "catalog:x"}, 1, "postgres (IDEMSCRAPE_PG): "},
 	} {

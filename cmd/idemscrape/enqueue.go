@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/tasks"
 )
@@ -59,7 +61,7 @@ var keyCmd = command{
 		return func(_ context.Context, c *cli, _ []string) error {
 			key, err := s.Key()
 			if err != nil {
-				return flagSpecError(err)
+				return flagSpecError(err, s)
 			}
 			fmt.Fprintln(c.stdout, key)
 			return nil
@@ -95,7 +97,7 @@ var enqueueCmd = command{
 		fs.Func("batch", fmt.Sprintf("with -f: specs stored per batch (1 to %d) (default %d)", maxBatch, defaultBatch), func(v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > maxBatch {
-				return fmt.Errorf("%q must be a whole number from 1 to %d", v, maxBatch)
+				return fmt.Errorf("%s must be a whole number from 1 to %d", quote.Input(v), maxBatch)
 			}
 			*batch = n
 			return nil
@@ -103,7 +105,7 @@ var enqueueCmd = command{
 		fs.Func("progress", "with -f: at most one progress line on stderr per `INTERVAL` (0: one per batch); none for a file of one batch (default 1s)", func(v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
-				return fmt.Errorf("%q must be a duration of 0 or more, e.g. 1s or 500ms", v)
+				return fmt.Errorf("%s must be a duration of 0 or more, e.g. 1s or 500ms", quote.Input(v))
 			}
 			*progress = d
 			return nil
@@ -116,7 +118,7 @@ var enqueueCmd = command{
 			}
 			if *queue != "" {
 				// Before anything is stored: a job keeps its queue for life.
-				if err := tasks.CheckQueue(*queue); err != nil {
+				if err := checkQueue(*queue); err != nil {
 					return usageError{"-queue ($IDEMSCRAPE_QUEUE): " + err.Error()}
 				}
 			}
@@ -145,7 +147,7 @@ var enqueueCmd = command{
 					return usageError{"flag(s) " + strings.Join(set, " ") + " apply to -f FILE only"}
 				}
 				if err := checkSpec(s, dest); err != nil {
-					return flagSpecError(err)
+					return flagSpecError(err, s)
 				}
 				r := newRun()
 				defer r.close()
@@ -240,15 +242,16 @@ func checkSpec(s tasks.Spec, dest *tasks.DestinationPolicy) error {
 	return nil
 }
 
-// fieldMessage renders a spec error with the field named as names maps it.
-func fieldMessage(err error, names map[string]string) string {
+// fieldMessage renders a spec error of s with the field named as names maps it, and the
+// byte a reason points at spelled as every CLI error spells one (quote.Byte).
+func fieldMessage(err error, names map[string]string, s tasks.Spec) string {
 	var fe *tasks.FieldError
 	if errors.As(err, &fe) {
 		name := names[fe.Field]
 		if name == "" {
 			name = fe.Field
 		}
-		reason := fe.Reason
+		reason := byteReason(fe.Reason, specField(s, fe.Field))
 		if fe.Field == "URL" && strings.Contains(reason, "URL or SourceID") {
 			// Neither or both of the two: the message names both, as the user spells them.
 			name = names["URL"] + " / " + names["SourceID"]
@@ -270,8 +273,60 @@ func jsonKind(k string) string {
 	return k
 }
 
-func flagSpecError(err error) error {
-	return usageError{"invalid spec: " + fieldMessage(err, flagField)}
+func flagSpecError(err error, s tasks.Spec) error {
+	return usageError{"invalid spec: " + fieldMessage(err, flagField, s)}
+}
+
+// specField is the text of s's field named as tasks.FieldError names it ("" for another).
+func specField(s tasks.Spec, field string) string {
+	switch field {
+	case "Kind":
+		return s.Kind
+	case "URL":
+		return s.URL
+	case "SourceID":
+		return s.SourceID
+	case "Country":
+		return s.Country
+	case "Window":
+		return s.Window
+	case "Scope":
+		return s.Scope
+	}
+	return ""
+}
+
+// tasks' reasons that point at a byte of the value, by offset ("byte 3 not allowed",
+// "control character U+001B at byte 3"), or at none ("not valid UTF-8").
+var (
+	byteAtRE = regexp.MustCompile(`^byte (\d+)( not allowed.*)$`)
+	charAtRE = regexp.MustCompile(`^(control|non-printable) character U\+[0-9A-F]+ at byte (\d+)(.*)$`)
+)
+
+// byteReason rewrites a tasks.FieldError reason about value v so that the byte it points
+// at reads as quote.Byte spells it: `byte 3 ("\xff") not allowed`, `control character at
+// byte 3 ("\x1b")`, `not valid UTF-8 at byte 3 ("\xff")`. Any other reason is as it was.
+func byteReason(reason, v string) string {
+	at := func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n < len(v)
+	}
+	if m := byteAtRE.FindStringSubmatch(reason); m != nil {
+		if n, ok := at(m[1]); ok {
+			return quote.Byte(v, n) + m[2]
+		}
+	}
+	if m := charAtRE.FindStringSubmatch(reason); m != nil {
+		if n, ok := at(m[2]); ok {
+			return m[1] + " character at " + quote.Byte(v, n) + m[3]
+		}
+	}
+	if reason == "not valid UTF-8" {
+		if why := quote.CheckUTF8(v); why != "" {
+			return why
+		}
+	}
+	return reason
 }
 
 // maxSpecLine bounds one JSON line of `enqueue -f`: a longer line is refused alone (its
@@ -296,18 +351,6 @@ func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) 
 	}
 }
 
-// invalidUTF8At is the offset of the first byte of b that is not valid UTF-8.
-func invalidUTF8At(b []byte) int {
-	for i := 0; i < len(b); {
-		r, size := utf8.DecodeRune(b[i:])
-		if r == utf8.RuneError && size <= 1 {
-			return i
-		}
-		i += size
-	}
-	return len(b)
-}
-
 // checkKeys checks the keys of the JSON object line and returns what is wrong ("" when
 // nothing is, or the line is not an object: the decoder says why). encoding/json matches
 // keys without regard to case (Unicode folding included) and keeps the last of two, so
@@ -329,7 +372,7 @@ func checkKeys(line []byte) string {
 			return ""
 		}
 		if !specFields[k] {
-			return fmt.Sprintf("unknown field %q (fields, lower case: kind, url, source_id, country, window, parser_version, scope)", k)
+			return fmt.Sprintf("unknown field %s (fields, lower case: kind, url, source_id, country, window, parser_version, scope)", quote.Input(k))
 		}
 		if seen[k] {
 			return fmt.Sprintf("field %s is given twice", k)
@@ -394,7 +437,7 @@ func parseSpecLine(line []byte, dest *tasks.DestinationPolicy) (tasks.Spec, stri
 		}
 	}
 	if err := checkSpec(s, dest); err != nil {
-		return tasks.Spec{}, fieldMessage(err, jsonField)
+		return tasks.Spec{}, fieldMessage(err, jsonField, s)
 	}
 	return s, ""
 }

@@ -42,8 +42,11 @@ func TestQueueNameValidated(t *testing.T) {
 	spec := []string{"-kind", catalog.Kind, "-source-id", "sku-q", "-country", "US", "-window", "2026-04-23", "-parser-version", "1"}
 	bad := map[string]string{
 		"newline": "q\nx", "esc": "q\x1b[31m", "braces": "{x}", "asynq key": "asynq:{x}",
-		"long": strings.Repeat("q", 100_000), "space": " ", "colon": "a:b",
+		"long": strings.Repeat("q", 100_000), "space": " ", "colon": "a:b", "invalid UTF-8": "q\xffx",
 	}
+	// A byte is spelled as every CLI error spells one: its offset and Go's quoting.
+	spelled := map[string]string{"esc": `byte 1 ("\x1b") not allowed`, "invalid UTF-8": `byte 1 ("\xff") not allowed`,
+		"braces": `byte 0 ("{") not allowed`}
 	for name, q := range bad {
 		for _, via := range []string{"flag", "env"} {
 			t.Run(name+"/"+via, func(t *testing.T) {
@@ -59,6 +62,9 @@ func TestQueueNameValidated(t *testing.T) {
 				assert.Contains(t, stderr.String(), "-queue ($IDEMSCRAPE_QUEUE): queue name")
 				assert.Contains(t, stderr.String(), "[A-Za-z0-9._-]{1,128}")
 				assert.Less(t, len(stderr.String()), 10_000, "the message must not repeat a 100 kB name")
+				if want, ok := spelled[name]; ok {
+					assert.Contains(t, stderr.String(), want)
+				}
 			})
 		}
 	}
@@ -184,6 +190,13 @@ func TestUnclearMessages(t *testing.T) {
 		return msg
 	}
 	good := `{"kind":"catalog","source_id":"a","country":"US","window":"2026-04-23","parser_version":1}`
+	spec := func(kind, src string) []string {
+		return []string{"-kind", kind, "-source-id", src, "-country", "US", "-window", "2026-04-23", "-parser-version", "1"}
+	}
+	long := strings.Repeat("k", 130_000)
+	var unknown bytes.Buffer
+	_, code := runInProcess(nil, &unknown, long)
+	require.Equal(t, 2, code)
 	for _, tc := range []struct {
 		name      string
 		msg       string
@@ -199,11 +212,22 @@ func TestUnclearMessages(t *testing.T) {
 		{"number field", line(`{"kind":"catalog","source_id":"a","country":"US","window":"2026-04-23","parser_version":"1"}`),
 			[]string{"field parser_version: must be a JSON number"}, []string{"int"}},
 		{"CR-only file", line(good + "\r" + good), []string{"carriage return (CR)", "LF or CRLF"}, nil},
+		// One spelling for a byte in every error: its offset and Go's quoting ("\xff").
+		{"bad byte in -kind", flags(spec("ca\xffx", "a")...), []string{`field -kind: byte 2 ("\xff") not allowed`}, []string{"ÿ"}},
+		{"bad byte in a line's kind", line(`{"kind":"ca{x","source_id":"a","country":"US","window":"2026-04-23","parser_version":1}`),
+			[]string{`field kind: byte 2 ("{") not allowed`}, nil},
+		{"invalid UTF-8 in -source-id", flags(spec("catalog", "a\xffb")...), []string{`field -source-id: not valid UTF-8 at byte 1 ("\xff")`}, nil},
+		{"control character in -source-id", flags(spec("catalog", "a\x1bb")...),
+			[]string{`field -source-id: non-printable character at byte 1 ("\x1b")`}, []string{"U+001B"}},
+		// Echoed input is cut at ~200 bytes, its length said.
+		{"130 kB flag value", flags("-parser-version", long), []string{`invalid value "` + long[:200] + `"… (130000 bytes) for flag -parser-version`}, nil},
+		{"130 kB unknown command", unknown.String(), []string{`unknown command "` + long[:200] + `"… (130000 bytes)`}, nil},
 		{"plain connection to a TLS Redis",
 			redisHint(fmt.Errorf("look up the workers: %w", io.EOF), envflag.RedisConfig{Addr: "127.0.0.1:6380"}).Error(),
 			[]string{"EOF", "rediss://"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			assert.Less(t, len(tc.msg), 20_000, "no 130 kB echo (a usage may follow)")
 			for _, w := range tc.want {
 				assert.Contains(t, tc.msg, w)
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/tasks"
 )
 
@@ -419,7 +420,7 @@ func (r *specReader) next(max int, bad func(lineError)) (specs []tasks.Spec, lin
 			bad(lineError{r.n, fmt.Sprintf("longer than %d bytes: not a spec", maxSpecLine)})
 		case len(line) == 0 || line[0] == '#':
 		case !utf8.Valid(line):
-			bad(lineError{r.n, fmt.Sprintf("not valid UTF-8 (at byte %d): specs are UTF-8 text", invalidUTF8At(line))})
+			bad(lineError{r.n, quote.CheckUTF8(string(line)) + ": specs are UTF-8 text"})
 		default:
 			s, msg := parseSpecLine(line, r.dest)
 			if msg == "" && r.check != nil {

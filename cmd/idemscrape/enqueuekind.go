@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/tasks"
 )
@@ -100,14 +101,14 @@ func (k *kindChecker) check(ctx context.Context, s tasks.Spec, names map[string]
 	}
 	if !info.known && !k.allowUnknown {
 		if k.reported[s.Kind] {
-			return fmt.Sprintf("field %s: unknown kind %q (see above)", names["Kind"], s.Kind), nil
+			return fmt.Sprintf("field %s: unknown kind %s (see above)", names["Kind"], quote.Input(s.Kind)), nil
 		}
 		if k.reported == nil {
 			k.reported = map[string]bool{}
 		}
 		k.reported[s.Kind] = true
-		return fmt.Sprintf("field %s: unknown kind %q: no job of it is stored, no worker serves its queue and this binary does not know it "+
-			"(a typo?); -allow-unknown-kind enqueues it anyway", names["Kind"], s.Kind), nil
+		return fmt.Sprintf("field %s: unknown kind %s: no job of it is stored, no worker serves its queue and this binary does not know it "+
+			"(a typo?); -allow-unknown-kind enqueues it anyway", names["Kind"], quote.Input(s.Kind)), nil
 	}
 	if info.anyShape || (!info.known && k.allowUnknown) {
 		return "", nil // the kind's windows have no format this binary knows
@@ -115,9 +116,9 @@ func (k *kindChecker) check(ctx context.Context, s tasks.Spec, names map[string]
 	rule, valid := windowRule(s.Window)
 	switch {
 	case rule == "":
-		return fmt.Sprintf("field %s: %q is not a window of kind %s: want one of %s", names["Window"], s.Window, s.Kind, windowFormsText), nil
+		return fmt.Sprintf("field %s: %s is not a window of kind %s: want one of %s", names["Window"], quote.Input(s.Window), s.Kind, windowFormsText), nil
 	case !valid:
-		return fmt.Sprintf("field %s: %q is in the %s format but no such date or week exists", names["Window"], s.Window, rule), nil
+		return fmt.Sprintf("field %s: %s is in the %s format but no such date or week exists", names["Window"], quote.Input(s.Window), rule), nil
 	}
 	return "", nil
 }
@@ -138,7 +139,7 @@ func (r *enqueueRun) lookupKind(ctx context.Context, kind, queue string) (kindIn
 		rule, _ := windowRule(window)
 		return kindInfo{known: true, anyShape: rule == ""}, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return kindInfo{}, fmt.Errorf("look up kind %q: %w", kind, err)
+		return kindInfo{}, fmt.Errorf("look up kind %s: %w", quote.Input(kind), err)
 	}
 	if kind == catalog.Kind || r.kindCheck.allowUnknown {
 		return kindInfo{known: kind == catalog.Kind}, nil
@@ -151,7 +152,7 @@ func (r *enqueueRun) lookupKind(ctx context.Context, kind, queue string) (kindIn
 	defer func() { _ = insp.Close() }()
 	servers, err := insp.Servers()
 	if err != nil {
-		return kindInfo{}, redisHint(fmt.Errorf("look up the workers serving kind %q (asynq servers): %w", kind, err), rc)
+		return kindInfo{}, redisHint(fmt.Errorf("look up the workers serving kind %s (asynq servers): %w", quote.Input(kind), err), rc)
 	}
 	if queue == "" {
 		queue = tasks.QueueFor(kind)

@@ -8,10 +8,10 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
@@ -43,14 +43,14 @@ func (b budgetsFlag) Set(v string) error {
 		kind, amount, ok := strings.Cut(one, "=")
 		kind = strings.TrimSpace(kind)
 		if !ok || kind == "" {
-			return fmt.Errorf("%q is not KIND=AMOUNT (e.g. catalog=25.50 USD)", one)
+			return fmt.Errorf("%s is not KIND=AMOUNT (e.g. catalog=25.50 USD)", quote.Input(one))
 		}
 		micros, cur, err := sessions.ParseAmount(amount)
 		if err != nil {
-			return fmt.Errorf("kind %s: %w", kind, err)
+			return fmt.Errorf("kind %s: %w", quote.Input(kind), err)
 		}
 		if micros <= 0 {
-			return fmt.Errorf("kind %s: budget %q must be above 0", kind, strings.TrimSpace(amount))
+			return fmt.Errorf("kind %s: budget %s must be above 0", quote.Input(kind), quote.Input(strings.TrimSpace(amount)))
 		}
 		b[kind] = store.Cost{Micros: micros, Currency: cur}
 	}
@@ -72,19 +72,39 @@ func addBudgetsFlag(fs *flag.FlagSet) (budgetsFlag, func() error) {
 	return b, envErr
 }
 
-// selectorFlags are the job selectors `jobs` and `requeue` share with /jobs.
+// selectorFlags are the job selectors `jobs` and `requeue` share with /jobs. windowSet
+// tells -window "" (the jobs without a window) from no -window (any window).
 type selectorFlags struct {
 	kind, state, category, window, prefix, since *string
+	windowSet                                    *bool
 }
 
+// givenString is a string flag that remembers whether it was given, even as "".
+type givenString struct {
+	v   string
+	set bool
+}
+
+func (g *givenString) String() string {
+	if g == nil {
+		return ""
+	}
+	return g.v
+}
+
+func (g *givenString) Set(v string) error { g.v, g.set = v, true; return nil }
+
 func addSelectorFlags(fs *flag.FlagSet, stateHelp string) selectorFlags {
+	window := &givenString{}
+	fs.Var(window, "window", "only jobs of this collection window, a `string` (-window \"\": only jobs without one)")
 	return selectorFlags{
-		kind:     fs.String("kind", "", "only jobs of this kind"),
-		state:    fs.String("state", "", stateHelp),
-		category: fs.String("category", "", "only jobs whose last failure has this category (e.g. budget_exceeded, parse_error)"),
-		window:   fs.String("window", "", "only jobs of this collection window"),
-		prefix:   fs.String("prefix", "", "only jobs whose key starts with this (literally)"),
-		since:    fs.String("since", "", "only jobs updated at or after this: an RFC 3339 time, or a duration back from now (36h)"),
+		kind:      fs.String("kind", "", "only jobs of this kind"),
+		state:     fs.String("state", "", stateHelp),
+		category:  fs.String("category", "", "only jobs whose last failure has this category (e.g. budget_exceeded, parse_error)"),
+		window:    &window.v,
+		windowSet: &window.set,
+		prefix:    fs.String("prefix", "", "only jobs whose key starts with this (literally)"),
+		since:     fs.String("since", "", "only jobs updated at or after this: an RFC 3339 time, or a duration back from now (36h)"),
 	}
 }
 
@@ -95,7 +115,7 @@ func (f selectorFlags) selector(now time.Time) (ops.Selector, error) {
 		{"-kind", *f.kind}, {"-state", *f.state}, {"-category", *f.category}, {"-window", *f.window},
 		{"-prefix", *f.prefix}, {"-since", *f.since},
 	} {
-		if err := ops.CheckText(x.name, x.v); err != nil {
+		if err := checkText(x.name, x.v); err != nil {
 			return ops.Selector{}, usageError{err.Error()}
 		}
 	}
@@ -108,18 +128,22 @@ func (f selectorFlags) selector(now time.Time) (ops.Selector, error) {
 		return ops.Selector{}, usageError{"-since: " + err.Error()}
 	}
 	return ops.Selector{Kind: *f.kind, States: states, Category: *f.category, Window: *f.window,
-		KeyPrefix: *f.prefix, Since: since}, nil
+		WindowGiven: *f.windowSet, KeyPrefix: *f.prefix, Since: since}, nil
 }
 
-// describe names the selectors set, for messages ("-kind catalog -window 2026-04-23").
+// describe names the selectors set, for messages ("-kind catalog -window 2026-04-23";
+// -window "" when given so).
 func (f selectorFlags) describe(extra ...string) string {
 	var parts []string
-	for _, x := range []struct{ name, v string }{
-		{"-window", *f.window}, {"-kind", *f.kind}, {"-state", *f.state}, {"-category", *f.category},
-		{"-prefix", *f.prefix}, {"-since", *f.since},
+	for _, x := range []struct {
+		name, v string
+		given   bool
+	}{
+		{"-window", *f.window, *f.windowSet}, {"-kind", *f.kind, false}, {"-state", *f.state, false},
+		{"-category", *f.category, false}, {"-prefix", *f.prefix, false}, {"-since", *f.since, false},
 	} {
-		if x.v != "" {
-			parts = append(parts, x.name+" "+strconv.Quote(x.v))
+		if x.v != "" || x.given {
+			parts = append(parts, x.name+" "+quote.Input(x.v))
 		}
 	}
 	return strings.Join(append(parts, extra...), " ")

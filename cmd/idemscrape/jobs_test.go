@@ -222,6 +222,32 @@ func TestRequeueBySelector(t *testing.T) {
 			require.True(t, f.ns.AsynqTaskExists(t, k), k)
 		}
 	})
+	t.Run("EmptyWindowSelectable", func(t *testing.T) {
+		// A job recorded without a window (before windows were required): -window "" selects
+		// it, and only it; no -window at all is no selector.
+		noWin := f.job(t, "w-none", "2026-04-26", tasks.StateFailed, tasks.CategoryParseError, 0)
+		_, err := f.pool.Exec(context.Background(), `UPDATE jobs SET "window" = '' WHERE key = $1`, noWin)
+		require.NoError(t, err)
+		before := f.snapshot(t)
+		r := f.run(t, "requeue", "-window", "", "-dry-run")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Equal(t, noWin+"\ndry run: 1 failed job(s) match -window \"\"; nothing changed\n", r.stdout)
+		assert.Equal(t, before, f.snapshot(t))
+		r = f.run(t, "jobs", "-window", "", "-state", "any", "-json")
+		require.Equal(t, 0, r.code, r.stderr)
+		var listed []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &listed))
+		require.Len(t, listed, 1, "jobs -window \"\" lists the job without a window only: %s", r.stdout)
+		assert.Equal(t, noWin, listed[0]["key"])
+		// Re-queued through the single path: its spec (no window) derives no key, so it is
+		// refused and left failed, and nothing else is touched.
+		r = f.run(t, "requeue", "-window", "", "-by", "alice")
+		assert.Equal(t, 1, r.code, r.stderr)
+		assert.Contains(t, r.stdout, `requeued 0 of 1 failed job(s) matching -window "" by alice`)
+		assert.Contains(t, r.stdout, "1 refused")
+		assert.Equal(t, before, f.snapshot(t), "refused: nothing written")
+	})
+
 }
 
 // TestJobsListing: `idemscrape jobs` lists keys with /jobs' filters (kind, state, category,
@@ -288,8 +314,8 @@ func TestJobsListing(t *testing.T) {
 		{[]string{"-state", "bogus"}, `-state: state "bogus": want one of`},
 		{[]string{"-since", "last week"}, `-since: "last week" is neither`},
 		{[]string{"-since", "-3h"}, "must be positive"},
-		{[]string{"-kind", "cat\x00"}, "-kind \"cat\\x00\" holds a NUL byte"},
-		{[]string{"-window", "\xff"}, "-window \"\\xff\" is not valid UTF-8"},
+		{[]string{"-kind", "cat\x00"}, `-kind "cat\x00": byte 3 ("\x00") not allowed (PostgreSQL text holds no NUL)`},
+		{[]string{"-window", "\xff"}, `-window "\xff": not valid UTF-8 at byte 0 ("\xff")`},
 		{[]string{"-deferred"}, "-deferred: deferred jobs are those of windows whose money budget is spent"},
 		{[]string{"-window-budget", f.kind + "=25"}, "is not \"<amount> <CUR>\""},
 		{[]string{"-limit", "0"}, "-limit 0 must be >= 1"},

@@ -33,16 +33,18 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemscrape/idemscrape/cmd/internal/envflag"
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/cmd/internal/telemetry"
 	"github.com/idemscrape/idemscrape/store/ops"
+	"github.com/idemscrape/idemscrape/tasks"
 )
 
 // command is one subcommand.
@@ -128,7 +130,7 @@ func main() {
 		stderr, jsonStderr = jl, true
 		envflag.RouteRedisLogs(jl.log)
 	default:
-		fmt.Fprintf(os.Stderr, "idemscrape: $IDEMSCRAPE_LOG_FORMAT %q: want text or json\n", format)
+		fmt.Fprintf(os.Stderr, "idemscrape: $IDEMSCRAPE_LOG_FORMAT %s: want text or json\n", quote.Input(format))
 		os.Exit(2)
 	}
 	// Traces, when the OTEL_* environment asks for them: an enqueue's span is the root of
@@ -199,7 +201,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 	}
 	if cmd == nil {
-		fmt.Fprintf(stderr, "idemscrape: unknown command %q\n", args[0])
+		fmt.Fprintf(stderr, "idemscrape: unknown command %s\n", quote.Input(args[0]))
 		if jsonStderr {
 			fmt.Fprintln(stderr, "usage: idemscrape -h")
 		} else {
@@ -284,7 +286,7 @@ func parseArgs(fs *flag.FlagSet, args []string, n int, names string) ([]string, 
 	for {
 		before := len(args)
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			return nil, flagError(err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -299,9 +301,9 @@ func parseArgs(fs *flag.FlagSet, args []string, n int, names string) ([]string, 
 		args = rest[1:]
 	}
 	for i, a := range pos {
-		if !utf8.ValidString(a) {
+		if why := quote.CheckUTF8(a); why != "" {
 			// PostgreSQL would refuse it with SQLSTATE 22021; no key is ever stored so.
-			return nil, fmt.Errorf("argument %d (%s) is not valid UTF-8 (%q): keys and names are UTF-8 text", i+1, names, a)
+			return nil, fmt.Errorf("argument %d (%s) %s: %s; keys and names are UTF-8 text", i+1, names, quote.Input(a), why)
 		}
 	}
 	switch {
@@ -310,13 +312,38 @@ func parseArgs(fs *flag.FlagSet, args []string, n int, names string) ([]string, 
 		extra := pos[n:]
 		quoted := make([]string, len(extra))
 		for i, a := range extra {
-			quoted[i] = fmt.Sprintf("%q", a)
+			quoted[i] = quote.Input(a)
 		}
 		return nil, fmt.Errorf("unexpected argument(s): %s", strings.Join(quoted, " "))
 	case len(pos) < n:
 		return nil, fmt.Errorf("missing %s", names)
 	}
 	return pos, nil
+}
+
+// flagError re-renders the flag package's errors, which quote a value or a flag name in
+// full, with quote.Input: `invalid value "…" for flag -limit: parse error` shows at most
+// quote.MaxInput bytes of a 130 kB value.
+func flagError(err error) error {
+	msg := err.Error()
+	for _, p := range []string{"flag provided but not defined: ", "bad flag syntax: "} {
+		if rest, ok := strings.CutPrefix(msg, p); ok && len(rest) > quote.MaxInput {
+			return errors.New(p + quote.Input(rest))
+		}
+	}
+	rest, ok := strings.CutPrefix(msg, "invalid value ")
+	if !ok {
+		return err
+	}
+	q, err2 := strconv.QuotedPrefix(rest)
+	if err2 != nil {
+		return err
+	}
+	v, err2 := strconv.Unquote(q)
+	if err2 != nil {
+		return err
+	}
+	return errors.New("invalid value " + quote.Input(v) + rest[len(q):])
 }
 
 func env(name, def string) string {
@@ -372,4 +399,41 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// quoteAll quotes each of vs with quote.Input, separated by spaces.
+func quoteAll(vs []string) string {
+	q := make([]string, len(vs))
+	for i, v := range vs {
+		q[i] = quote.Input(v)
+	}
+	return strings.Join(q, " ")
+}
+
+// checkText refuses a value PostgreSQL's text columns can not hold, as ops.CheckText
+// does, in the CLI's spelling: `-window "a\xff": not valid UTF-8 at byte 1 ("\xff")`,
+// `-kind "cat\x00": byte 3 ("\x00") not allowed (PostgreSQL text holds no NUL)`.
+func checkText(name, v string) error {
+	if why := quote.CheckUTF8(v); why != "" {
+		return fmt.Errorf("%s %s: %s", name, quote.Input(v), why)
+	}
+	if i := strings.IndexByte(v, 0); i >= 0 {
+		return fmt.Errorf("%s %s: %s not allowed (PostgreSQL text holds no NUL)", name, quote.Input(v), quote.Byte(v, i))
+	}
+	return ops.CheckText(name, v) // the store's own rule, should it grow
+}
+
+// checkQueue is tasks.CheckQueue in the CLI's spelling of a byte: the first byte a queue
+// name can not hold is named `byte 1 ("\x1b")`, never as a Go character literal.
+func checkQueue(name string) error {
+	err := tasks.CheckQueue(name)
+	if err == nil || name == "" || len(name) > tasks.MaxQueueLen {
+		return err
+	}
+	for i := 0; i < len(name); i++ {
+		if tasks.CheckQueue(name[i:i+1]) != nil {
+			return fmt.Errorf("queue name: %s not allowed, want [A-Za-z0-9._-]{1,%d}", quote.Byte(name, i), tasks.MaxQueueLen)
+		}
+	}
+	return err
 }

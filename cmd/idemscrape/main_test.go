@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -387,6 +388,8 @@ ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`) // disp
 		measures, sto, ok := strings.Cut(r.stdout, "\nTABLE ")
 		require.True(t, ok, "a storage section: %s", r.stdout)
 		golden(t, "stats.golden", normalise(measures, kind))
+		assert.Contains(t, normalise(measures, kind), "total  0.038606 USD over 3 charged attempts")
+		assert.Contains(t, normalise(measures, kind), "charged attempts are those with a cost: 3 of the 5 recorded (CHARGED and ATTEMPTS by provider below); the other 2 cost nothing")
 		assert.Regexp(t, `(?m)^jobs +\d+ +\d+(\.\d)? (B|kB|MB)$`, sto)
 		assert.Regexp(t, `(?m)^quarantine +\d+`, sto)
 		assert.Contains(t, sto, "retention deletes next: 0 terminal jobs with all their rows (job_retention 90d), 0 quarantine rows (quarantine_retention 7d), 0 schedule windows")
@@ -405,6 +408,22 @@ ON CONFLICT (topic) DO UPDATE SET xid = excluded.xid, id = excluded.id`) // disp
 		assert.EqualValues(t, 2*17_203+4_200, usd["total_micros"], "k1's and k3's commits, k2's timeout")
 		assert.EqualValues(t, 17_203, usd["useful_micros"])
 		assert.Equal(t, map[string]any{"duplicate": 17_203.0, "retryable/timeout": 4_200.0}, usd["waste_micros"])
+		// The cost section and the provider table count the same attempts: the cost counts
+		// the charged ones (with a cost), the table all of them and, apart, the charged
+		// ones. Two cost nothing here: k1's superseded first attempt, k2's parse failure.
+		var recorded, charged, chargedUSD float64
+		for _, p := range st["by_provider"].([]any) {
+			p := p.(map[string]any)
+			recorded += p["attempts"].(float64)
+			charged += p["charged"].(float64)
+			for _, c := range p["costs"].([]any) {
+				chargedUSD += c.(map[string]any)["attempts"].(float64)
+			}
+		}
+		assert.EqualValues(t, 3, usd["attempts"], "k1's and k3's commits, k2's timeout")
+		assert.Equal(t, usd["attempts"], charged, "the providers' charged attempts are the cost's")
+		assert.Equal(t, usd["attempts"], chargedUSD)
+		assert.EqualValues(t, 5, recorded, "every recorded attempt (k4's running one is not recorded yet)")
 		assert.NotEmpty(t, st["diagnosis"])
 		require.Contains(t, st, "storage")
 		assert.Len(t, st["storage"].(map[string]any)["tables"], 11)
@@ -579,7 +598,7 @@ func TestEnqueueFileBadLines(t *testing.T) {
 	}
 	r := run(input, "enqueue", "-allow-unknown-kind", "-f", "-")
 	assert.Equal(t, 1, r.code, r.stderr)
-	assert.Contains(t, r.stderr, "line 2: not valid UTF-8 (at byte ")
+	assert.Contains(t, r.stderr, `line 2: not valid UTF-8 at byte `+strconv.Itoa(28+len(kind))+` ("\xff"): specs are UTF-8 text`)
 	assert.Contains(t, r.stderr, "line 3: field kind is given twice")
 	assert.Contains(t, r.stderr, "line 4: longer than 1048576 bytes")
 	assert.Contains(t, r.stderr, `line 6: unknown field "KIND"`, "a key in another case is not the field")
@@ -597,8 +616,17 @@ func TestEnqueueFileBadLines(t *testing.T) {
 	for _, cmd := range []string{"status", "requeue"} {
 		r = run("", cmd, kind+":sku-\xff:US:2026-04-23:v1")
 		assert.Equal(t, 2, r.code, "%s: %s", cmd, r.stderr)
-		assert.Contains(t, r.stderr, "is not valid UTF-8", cmd)
+		assert.Contains(t, r.stderr, `argument 1 (KEY`, cmd)
+		assert.Contains(t, r.stderr, `: not valid UTF-8 at byte `+strconv.Itoa(len(kind)+5)+` ("\xff"); keys and names are UTF-8 text`, cmd)
 		assert.NotContains(t, r.stderr, "SQLSTATE", cmd)
+	}
+	// A 130 kB key is echoed cut, with its length.
+	long := strings.Repeat("k", 130_000)
+	for _, args := range [][]string{{"status", long}, {"requeue", "-by", "x", long}} {
+		r = run("", args...)
+		assert.Equal(t, 1, r.code, "%s: %.300s", args[0], r.stderr)
+		assert.Contains(t, r.stderr, `no job with key "`+long[:200]+`"… (130000 bytes)`, args[0])
+		assert.Less(t, len(r.stderr), 1_000, args[0])
 	}
 	// audit's flag errors name the flag, not a Go struct field.
 	for flagArgs, want := range map[string]string{"-batch 0": "-batch 0 must be >= 1", "-examples -1": "-examples -1 must be >= 1",

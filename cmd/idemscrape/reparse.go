@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/examples/catalog"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/reparse"
@@ -56,10 +57,10 @@ var reparseCmd = command{
 			parsers := builtinParsers()
 			if k := opts.Selection.Kind; k != "" && !hasParser(parsers, k) {
 				// Every job would end parser_version_unavailable: refused, as a usage error.
-				return usageError{fmt.Sprintf("-kind %q: this binary has no parser for the kind (it has: %s). "+
+				return usageError{fmt.Sprintf("-kind %s: this binary has no parser for the kind (it has: %s). "+
 					"A kind is reparsed by a binary that registers its parser: your own worker binary's reparse "+
 					"command, calling reparse.Run with the handlers.Registry its kinds are registered on "+
-					"(docs/PARSERS.md, \"Your own parsers\")", k, catalog.Kind)}
+					"(docs/PARSERS.md, \"Your own parsers\")", quote.Input(k), catalog.Kind)}
 			}
 			if !opts.DryRun && opts.Version > 0 && opts.Selection.ParserVersion != opts.Version {
 				// Before anything is read or written: a typo must not create jobs, results and

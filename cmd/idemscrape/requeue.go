@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
 	"github.com/idemscrape/idemscrape/tasks"
@@ -51,7 +51,7 @@ var requeueCmd = command{
 			case len(pos) > 1:
 				quoted := make([]string, len(pos)-1)
 				for i, a := range pos[1:] {
-					quoted[i] = strconv.Quote(a)
+					quoted[i] = quote.Input(a)
 				}
 				return usageError{fmt.Sprintf("unexpected argument(s): %s (one KEY; select several jobs with -window, -kind, -category, -prefix, -since)",
 					strings.Join(quoted, " "))}
@@ -78,7 +78,7 @@ var requeueCmd = command{
 			if slices.ContainsFunc(sel.States, func(s tasks.JobState) bool { return s != tasks.StateFailed }) {
 				return usageError{fmt.Sprintf("-state %s: only failed jobs can be re-queued (pending, running and retryable jobs are queued already; complete ones are done)", *sf.state)}
 			}
-			if *sf.kind == "" && *sf.category == "" && *sf.window == "" && *sf.prefix == "" && *sf.since == "" {
+			if *sf.kind == "" && *sf.category == "" && *sf.window == "" && !*sf.windowSet && *sf.prefix == "" && *sf.since == "" {
 				// -state failed alone selects every failed job: refused like no selector.
 				return usageError{"-state alone would re-queue every failed job: add -window, -kind, -category, -prefix or -since"}
 			}
@@ -101,7 +101,7 @@ func requeueOne(ctx context.Context, c *cli, key, by, note, queue string) error 
 		Normalizer: tasks.DefaultNormalizer})
 	switch {
 	case errors.Is(err, store.ErrJobNotFound):
-		return fmt.Errorf("no job with key %q", key)
+		return fmt.Errorf("no job with key %s", quote.Input(key))
 	case errors.Is(err, ops.ErrNotFailed):
 		return fmt.Errorf("refused: %w", err)
 	case errors.Is(err, ops.ErrKeyMismatch):
@@ -117,8 +117,8 @@ func requeueOne(ctx context.Context, c *cli, key, by, note, queue string) error 
 	defer closeAll()
 	res, err := enq.Enqueue(ctx, ops.SpecOf(job))
 	if err != nil {
-		return fmt.Errorf("job %q is pending again (noted, by %s) but enqueueing its task failed: %w; "+
-			"the reconciler enqueues it", key, by, err)
+		return fmt.Errorf("job %s is pending again (noted, by %s) but enqueueing its task failed: %w; "+
+			"the reconciler enqueues it", quote.Input(key), quote.Input(by), err)
 	}
 	fmt.Fprintf(c.stdout, "requeued %s by %s: state %s, task %s\n", key, by, res.State, res.Outcome)
 	return nil
@@ -199,7 +199,7 @@ func requeueSelected(ctx context.Context, c *cli, sel ops.Selector, what, by, no
 			if err != nil {
 				unqueued++
 				if unqueued <= requeueReportMax {
-					fmt.Fprintf(c.stderr, "idemscrape requeue: job %q is pending again but enqueueing its task failed: %v; the reconciler enqueues it\n", key, err)
+					fmt.Fprintf(c.stderr, "idemscrape requeue: job %s is pending again but enqueueing its task failed: %v; the reconciler enqueues it\n", quote.Input(key), err)
 				}
 				continue
 			}

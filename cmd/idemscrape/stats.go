@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
@@ -82,7 +83,7 @@ var statsCmd = command{
 			if err := writeStats(c.stdout, st, diag); err != nil {
 				return err
 			}
-			if err := writeCosts(c.stdout, costs); err != nil {
+			if err := writeCosts(c.stdout, costs, providers); err != nil {
 				return err
 			}
 			if err := writeProviders(c.stdout, providers); err != nil {
@@ -193,7 +194,7 @@ func reconcilerSettings(path string) (scheduler.ReconcilerFile, error) {
 	}
 	f, err := scheduler.LoadFile(path)
 	if err != nil {
-		return scheduler.ReconcilerFile{}, err
+		return scheduler.ReconcilerFile{}, fmt.Errorf("-config %s ($IDEMSCRAPE_SCHEDULER_CONFIG): %w", quote.Input(path), err)
 	}
 	return f.Reconciler, nil
 }
@@ -240,8 +241,9 @@ func byAmount(m map[string]int64, currency string) string {
 }
 
 // writeCosts prints one table per currency: total, per completed job, useful and wasted,
-// and the sums by kind, window and proxy endpoint.
-func writeCosts(w io.Writer, costs []store.CostStats) error {
+// and the sums by kind, window and proxy endpoint; then which attempts it counted: the
+// charged ones (with a cost), the provider table's CHARGED, out of its ATTEMPTS (ps).
+func writeCosts(w io.Writer, costs []store.CostStats, ps []store.ProviderStats) error {
 	fmt.Fprintln(w)
 	if len(costs) == 0 {
 		fmt.Fprintln(w, "cost: none recorded (no worker has a price: IDEMSCRAPE_PROXY_PRICE, e.g. \"8.40 USD/GB\")")
@@ -250,7 +252,7 @@ func writeCosts(w io.Writer, costs []store.CostStats) error {
 	for _, c := range costs {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "COST (%s)\tVALUE\n", c.Currency)
-		fmt.Fprintf(tw, "total\t%s over %d attempts\n", money(c.TotalMicros, c.Currency), c.Attempts)
+		fmt.Fprintf(tw, "total\t%s over %d charged attempts\n", money(c.TotalMicros, c.Currency), c.Attempts)
 		fmt.Fprintf(tw, "per completed job\t%s (%d jobs, all their attempts)\n", money(c.PerCompletedJobMicros, c.Currency), c.CompletedJobs)
 		fmt.Fprintf(tw, "useful\t%s\n", money(c.UsefulMicros, c.Currency))
 		fmt.Fprintf(tw, "waste, by category\t%s\n", byAmount(c.Waste, c.Currency))
@@ -261,11 +263,19 @@ func writeCosts(w io.Writer, costs []store.CostStats) error {
 			return err
 		}
 	}
+	var recorded, charged int64
+	for _, p := range ps {
+		recorded, charged = recorded+p.Attempts, charged+p.Charged
+	}
+	fmt.Fprintf(w, "charged attempts are those with a cost: %d of the %d recorded (CHARGED and ATTEMPTS by provider below); "+
+		"the other %d cost nothing (proxy refusals, attempts lost before their worker reported, workers without a price)\n",
+		charged, recorded, recorded-charged)
 	return nil
 }
 
 // writeProviders prints the attempts by provider and tier: accounts or tiers sharing a
-// gateway address apart. Cost per completed attempt is in whole micro-units.
+// gateway address apart; all recorded attempts (ATTEMPTS) and those with a cost (CHARGED,
+// what the cost section counts). Cost per completed attempt is in whole micro-units.
 func writeProviders(w io.Writer, ps []store.ProviderStats) error {
 	fmt.Fprintln(w)
 	if len(ps) == 0 {
@@ -273,9 +283,9 @@ func writeProviders(w io.Writer, ps []store.ProviderStats) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROVIDER\tTIER\tATTEMPTS\tCOMPLETE\tLOST\tBYTES\tCOST\tPER COMPLETE")
+	fmt.Fprintln(tw, "PROVIDER\tTIER\tATTEMPTS\tCHARGED\tCOMPLETE\tLOST\tBYTES\tCOST\tPER COMPLETE")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", dash(p.Provider), dash(p.Tier), p.Attempts, p.Complete, p.Lost,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", dash(p.Provider), dash(p.Tier), p.Attempts, p.Charged, p.Complete, p.Lost,
 			p.Bytes, costList(p.Costs, false), costList(p.Costs, true))
 	}
 	return tw.Flush()

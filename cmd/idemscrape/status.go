@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
@@ -36,7 +37,7 @@ var statusCmd = command{
 			}
 			st, err := ops.New(pool).JobStatus(ctx, key, handlers.EventKey(key))
 			if errors.Is(err, store.ErrJobNotFound) {
-				return fmt.Errorf("no job with key %q", key)
+				return fmt.Errorf("no job with key %s", quote.Input(key))
 			}
 			if err != nil {
 				return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/store"
 	"github.com/idemscrape/idemscrape/store/ops"
@@ -25,9 +26,10 @@ var windowsCmd = command{
 		"are found, not enqueued again, so a fill is safe beside running schedulers and safe to repeat. A window whose\n" +
 		"jobs may have been pruned (first ticked longer ago than job_retention, or due longer ago than window_retention\n" +
 		"without a record) is refused: -force fills it anyway, creating its pruned jobs again as new jobs (fetched,\n" +
-		"committed and published again under the same event keys).",
+		"committed and published again under the same event keys). -config is read and validated whenever it is given.\n" +
+		"Every time is printed in UTC (RFC 3339, Z).",
 	setFlags: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
-		config := fs.String("config", env("IDEMSCRAPE_SCHEDULER_CONFIG", ""), "the scheduler's YAML configuration (for -gaps and -fill; env IDEMSCRAPE_SCHEDULER_CONFIG)")
+		config := fs.String("config", env("IDEMSCRAPE_SCHEDULER_CONFIG", ""), "the scheduler's YAML configuration (for -gaps and -fill; read and validated whenever given; env IDEMSCRAPE_SCHEDULER_CONFIG)")
 		gaps := fs.Bool("gaps", false, "list the gaps: due windows never enqueued (needs -config)")
 		fill := fs.Bool("fill", false, "enqueue the window TEMPLATE WINDOW given as the two arguments (needs -config)")
 		force := fs.Bool("force", false, "with -fill: fill a window whose jobs may have been pruned, creating them again as new jobs")
@@ -48,11 +50,21 @@ var windowsCmd = command{
 			case *fill && len(pos) != 2:
 				return usageError{"-fill needs two arguments: TEMPLATE WINDOW"}
 			case !*fill && len(pos) != 0:
-				return usageError{fmt.Sprintf("unexpected argument(s) %q (only -fill takes TEMPLATE WINDOW)", pos)}
+				return usageError{fmt.Sprintf("unexpected argument(s) %s (only -fill takes TEMPLATE WINDOW)", quoteAll(pos))}
 			case (*gaps || *fill) && *config == "":
 				return usageError{"-gaps and -fill need the scheduler's configuration: -config FILE (or IDEMSCRAPE_SCHEDULER_CONFIG)"}
 			case *limit < 1:
 				return usageError{fmt.Sprintf("-limit %d must be >= 1", *limit)}
+			}
+			// A configuration given is read and validated before anything else, even when
+			// only listing: a mistyped path or a broken file is said, not silently unused.
+			var file *scheduler.File
+			if *config != "" {
+				f, err := scheduler.LoadFile(*config)
+				if err != nil {
+					return usageError{fmt.Sprintf("-config %s ($IDEMSCRAPE_SCHEDULER_CONFIG): %v", quote.Input(*config), err)}
+				}
+				file = f
 			}
 			pool, err := c.db(ctx)
 			if err != nil {
@@ -69,10 +81,6 @@ var windowsCmd = command{
 					return err
 				}
 				return printWindows(c, ws, spends, budgets, *asJSON)
-			}
-			file, err := scheduler.LoadFile(*config)
-			if err != nil {
-				return usageError{err.Error()}
 			}
 			s, closeAll, err := newScheduler(ctx, c, file, *allowLoopback)
 			if err != nil {
@@ -92,7 +100,7 @@ var windowsCmd = command{
 					return json.NewEncoder(c.stdout).Encode(rep.Outcomes)
 				}
 				fmt.Fprintf(c.stdout, "filled %s/%s (due %s): %d specs, outcomes %v, %d invalid sources\n",
-					rep.Template, rep.Window, rep.At.Format(time.RFC3339), rep.Specs, rep.Outcomes, rep.Invalid)
+					rep.Template, rep.Window, utcTime(rep.At), rep.Specs, rep.Outcomes, rep.Invalid)
 				return nil
 			}
 			gs, err := s.Gaps(ctx)
@@ -102,6 +110,7 @@ var windowsCmd = command{
 			var out []scheduler.Gap
 			for _, g := range gs {
 				if *template == "" || g.Template == *template {
+					g.Due = g.Due.UTC() // in UTC as every other time (a template's zone would give its offset)
 					out = append(out, g)
 				}
 			}
@@ -116,7 +125,7 @@ var windowsCmd = command{
 				tw := tabwriter.NewWriter(c.stdout, 2, 8, 2, ' ', 0)
 				fmt.Fprintln(tw, "TEMPLATE\tWINDOW\tDUE\tKIND")
 				for _, g := range out {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Template, g.Window, g.Due.Format(time.RFC3339), g.Kind)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Template, g.Window, utcTime(g.Due), g.Kind)
 				}
 				_ = tw.Flush()
 				fmt.Fprintf(c.stdout, "%d gap(s); fill one with: idemscrape windows -config %s -fill TEMPLATE WINDOW\n", len(out), *config)
@@ -128,6 +137,10 @@ var windowsCmd = command{
 		}
 	},
 }
+
+// utcTime is how `windows` prints a time: RFC 3339 in UTC (2026-04-23T04:00:00Z), whatever
+// zone it was computed in (a template's schedule has its own).
+func utcTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
 // newScheduler builds a scheduler (never started) for Gaps and Fill.
 func newScheduler(ctx context.Context, c *cli, file *scheduler.File, allowLoopback bool) (*scheduler.Scheduler, func(), error) {
@@ -192,9 +205,13 @@ func printWindows(c *cli, ws []store.Window, spends map[[2]string]ops.WindowSpen
 	if asJSON {
 		out := make([]windowJSON, 0, len(ws))
 		for _, w := range ws {
-			x := windowJSON{Template: w.Template, Window: w.Window, Kind: w.Kind, Due: w.Due, State: w.State,
-				Tries: w.Tries, Specs: w.Specs, Enqueued: w.Enqueued, EnqueuedAt: w.EnqueuedAt, LastError: w.LastError,
+			x := windowJSON{Template: w.Template, Window: w.Window, Kind: w.Kind, Due: w.Due.UTC(), State: w.State,
+				Tries: w.Tries, Specs: w.Specs, Enqueued: w.Enqueued, LastError: w.LastError,
 				Spent: []windowSpentJSON{}}
+			if w.EnqueuedAt != nil {
+				at := w.EnqueuedAt.UTC()
+				x.EnqueuedAt = &at
+			}
 			spend := spends[[2]string{w.Kind, w.Window}]
 			for _, cur := range sortedKeys(spend) {
 				x.Spent = append(x.Spent, windowSpentJSON{Currency: cur, Micros: spend[cur]})
@@ -212,7 +229,7 @@ func printWindows(c *cli, ws []store.Window, spends map[[2]string]ops.WindowSpen
 	for _, w := range ws {
 		b, ok := budgets[w.Kind]
 		money, _ := moneyText(spends[[2]string{w.Kind, w.Window}], b, ok)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", w.Template, w.Window, w.Due.Format(time.RFC3339), w.State,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", w.Template, w.Window, utcTime(w.Due), w.State,
 			w.Tries, w.Specs, w.Enqueued, money, w.LastError)
 	}
 	return tw.Flush()

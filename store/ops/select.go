@@ -20,12 +20,15 @@ import (
 // retryable with Deferred. Every query
 // built from it is read-only.
 type Selector struct {
-	Kind      string
-	States    []tasks.JobState // none: failed and retryable
-	Category  string           // last failure category (tasks.Category values)
-	Window    string
-	KeyPrefix string    // matched literally
-	Since     time.Time // zero: any; else jobs updated at or after it
+	Kind     string
+	States   []tasks.JobState // none: failed and retryable
+	Category string           // last failure category (tasks.Category values)
+	Window   string
+	// WindowGiven makes Window a filter even when it is "": only the jobs without a window
+	// (an operator's explicit -window ""). Without it, Window "" does not filter.
+	WindowGiven bool
+	KeyPrefix   string    // matched literally
+	Since       time.Time // zero: any; else jobs updated at or after it
 	// Deferred keeps only the jobs whose collection window's money budget is spent: the
 	// window's recorded attempts cost at least the kind's budget in Budgets (a kind without
 	// one is never deferred). A runnable job (pending, retryable) of such a window is what
@@ -100,7 +103,7 @@ WITH b AS (
 ), spent AS MATERIALIZED (
 	SELECT w.kind, w.win
 	FROM (SELECT DISTINCT j.kind, j."window" AS win FROM jobs j JOIN b ON b.kind = j.kind
-		WHERE $10 AND j.state = ANY($1) AND ($4 = '' OR j."window" = $4)) w
+		WHERE $10 AND j.state = ANY($1) AND ($4::text IS NULL OR j."window" = $4)) w
 	JOIN b ON b.kind = w.kind
 	JOIN jobs j2 ON j2.kind = w.kind AND j2."window" = w.win
 	JOIN attempts a ON a.job_key = j2.key AND a.currency = b.currency
@@ -109,7 +112,7 @@ WITH b AS (
 )`
 
 const selectWhere = `j.state = ANY($1) AND ($2 = '' OR j.kind = $2) AND ($3 = '' OR j.last_category = $3)
-	AND ($4 = '' OR j."window" = $4) AND ($5 = '' OR starts_with(j.key, $5))
+	AND ($4::text IS NULL OR j."window" = $4) AND ($5 = '' OR starts_with(j.key, $5))
 	AND ($6::timestamptz IS NULL OR j.updated_at >= $6)
 	AND (NOT $10 OR EXISTS (SELECT 1 FROM spent s WHERE s.kind = j.kind AND s.win = j."window"))`
 
@@ -134,7 +137,11 @@ func (f Selector) args() []any {
 	for i, k := range kinds {
 		money[i], cur[i] = f.Budgets[k].Micros, f.Budgets[k].Currency
 	}
-	return []any{st, f.Kind, f.Category, f.Window, f.KeyPrefix, since, kinds, money, cur, f.Deferred}
+	var window *string // NULL: any window
+	if f.Window != "" || f.WindowGiven {
+		window = &f.Window
+	}
+	return []any{st, f.Kind, f.Category, window, f.KeyPrefix, since, kinds, money, cur, f.Deferred}
 }
 
 func sortedBudgetKinds(m map[string]store.Cost) []string {

@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 )
 
 // Set defines flags on a flag.FlagSet with defaults from the environment.
@@ -52,7 +54,7 @@ func parsed[T any](s *Set, env string, def T, what string, parse func(string) (T
 	}
 	x, err := parse(v)
 	if err != nil {
-		s.errs = append(s.errs, fmt.Errorf("$%s%s: %q is not %s", s.Prefix, env, v, what))
+		s.errs = append(s.errs, fmt.Errorf("$%s%s: %s is not %s", s.Prefix, env, quote.Input(v), what))
 		return def
 	}
 	return x
@@ -109,7 +111,11 @@ func (s *Set) Parse(args []string) error {
 		return err
 	}
 	if s.FS.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q (every setting is a flag)", s.FS.Args())
+		args := make([]string, s.FS.NArg())
+		for i, a := range s.FS.Args() {
+			args[i] = quote.Input(a)
+		}
+		return fmt.Errorf("unexpected arguments: %s (every setting is a flag)", strings.Join(args, " "))
 	}
 	return errors.Join(s.errs...)
 }
@@ -130,9 +136,9 @@ func (l Log) Validate() error {
 	var lvl slog.Level
 	switch {
 	case l.Format != "text" && l.Format != "json":
-		return fmt.Errorf("-log-format %q must be text or json", l.Format)
+		return fmt.Errorf("-log-format %s must be text or json", quote.Input(l.Format))
 	case lvl.UnmarshalText([]byte(l.Level)) != nil:
-		return fmt.Errorf("-log-level %q: want debug, info, warn or error", l.Level)
+		return fmt.Errorf("-log-level %s: want debug, info, warn or error", quote.Input(l.Level))
 	}
 	return nil
 }
@@ -195,10 +201,15 @@ func LogFormatOf(args []string, prefix string) string {
 func CheckListenAddr(name, env, addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("-%s ($%s) %q: want host:port, e.g. 127.0.0.1:8080 (%v)", name, env, addr, err)
+		why := err.Error()
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			why = ae.Err // without the address again
+		}
+		return fmt.Errorf("-%s ($%s) %s: want host:port, e.g. 127.0.0.1:8080 (%s)", name, env, quote.Input(addr), why)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return fmt.Errorf("-%s ($%s) %q: the port must be a number in 0..65535", name, env, addr)
+		return fmt.Errorf("-%s ($%s) %s: the port must be a number in 0..65535", name, env, quote.Input(addr))
 	}
 	return nil
 }

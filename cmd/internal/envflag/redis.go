@@ -20,6 +20,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemscrape/idemscrape/cmd/internal/quote"
 	"github.com/idemscrape/idemscrape/internal/secretenv"
 )
 
@@ -445,7 +446,7 @@ func checkURLOptions(v, name string, cluster bool) error {
 		switch {
 		case cluster && k == "addr":
 		case redisURLOptions[k] || !ambiguousAt(v):
-			bad = append(bad, strconv.Quote(k))
+			bad = append(bad, quote.Input(k))
 		default:
 			unnamed++
 		}
@@ -480,14 +481,14 @@ func checkURLOptions(v, name string, cluster bool) error {
 // password before an "@".
 func safeQuote(v string) string {
 	red, _ := redactUserinfo(v)
-	return strconv.Quote(red)
+	return quote.Input(red)
 }
 
 // checkScheme accepts the two schemes idemscrape documents.
 func checkScheme(v, name string) error {
 	scheme, _, _ := strings.Cut(v, "://")
 	if scheme != "redis" && scheme != "rediss" {
-		return fmt.Errorf("%s: URL scheme %q: want redis:// or rediss:// (TLS)", name, scheme)
+		return fmt.Errorf("%s: URL scheme %s: want redis:// or rediss:// (TLS)", name, quote.Input(scheme))
 	}
 	return nil
 }
@@ -512,7 +513,7 @@ func parseRedisAddr(s redisSettings) (RedisConfig, error) {
 		}
 		for i, a := range o.Addrs {
 			if err := checkHostPort(a); err != nil {
-				return RedisConfig{}, fmt.Errorf("%s: node %d %q: %w", clusterName, i+1, a, err)
+				return RedisConfig{}, fmt.Errorf("%s: node %d %s: %w", clusterName, i+1, quote.Input(a), err)
 			}
 		}
 		return RedisConfig{Cluster: o.Addrs, Username: o.Username, Password: o.Password, TLS: o.TLSConfig}, nil
@@ -528,7 +529,7 @@ func parseRedisAddr(s redisSettings) (RedisConfig, error) {
 			return RedisConfig{}, urlError(addrName, addr, func(v string) error { _, err := redis.ParseURL(v); return err })
 		}
 		if err := checkHostPort(o.Addr); err != nil {
-			return RedisConfig{}, fmt.Errorf("%s: address %q: %w", addrName, o.Addr, err)
+			return RedisConfig{}, fmt.Errorf("%s: address %s: %w", addrName, quote.Input(o.Addr), err)
 		}
 		return RedisConfig{Addr: o.Addr, Username: o.Username, Password: o.Password, DB: o.DB, TLS: o.TLSConfig}, nil
 	case cluster != "":
@@ -578,7 +579,7 @@ func checkHostPort(s string) error {
 	}
 	n, err := strconv.Atoi(port)
 	if err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q is not a number in 1..65535", port)
+		return fmt.Errorf("port %s is not a number in 1..65535", quote.Input(port))
 	}
 	return nil
 }
