@@ -1,7 +1,6 @@
 package sessions
 
 import (
-	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -692,7 +691,9 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 		return nil, fmt.Errorf("sessions: scheme %q not allowed", req.URL.Scheme)
 	}
 	if out.Header.Get("Accept-Encoding") == "" {
-		out.Header.Set("Accept-Encoding", "gzip")
+		// The session's browser's (a profile's "gzip, deflate, br, zstd"), or gzip: each
+		// is decoded below, under the body cap (the transports' own decompression is off).
+		out.Header.Set("Accept-Encoding", acceptEncoding(b.Session, req.URL))
 	}
 	res, err := rt.RoundTrip(out)
 	if err != nil {
@@ -727,21 +728,36 @@ func (b *Bound) exchange(req *http.Request, counter *atomic.Int64, job bool) (*h
 	if job && b.cfg.budgetSet {
 		body = &budgetReader{r: res.Body, bound: b}
 	}
-	if strings.EqualFold(strings.TrimSpace(res.Header.Get("Content-Encoding")), "gzip") {
-		gz, err := gzip.NewReader(body)
-		if err != nil {
-			res.Body.Close()
-			return nil, fmt.Errorf("sessions: gzip response: %w", err)
-		}
-		body = gz
+	// gzip, deflate, br, zstd: decoded here, so that the cap below counts decompressed
+	// bytes (a bomb of any coding fails body_too_large) and the wire count compressed ones.
+	var closer io.Closer = res.Body
+	decoded, release, ok, err := decodeBody(res.Header, body)
+	if err != nil {
+		res.Body.Close()
+		return nil, err
+	}
+	if ok {
+		body = decoded
+		closer = releaseCloser{release: release, c: res.Body}
 		res.Header.Del("Content-Encoding")
 		res.Header.Del("Content-Length")
 		res.ContentLength = -1
 	}
 	// Uncompressed tells colly not to decompress again (its gunzip has no limit).
 	res.Uncompressed = true
-	res.Body = &cappedBody{r: body, left: b.cfg.MaxBodyBytes, limit: b.cfg.MaxBodyBytes, closer: res.Body}
+	res.Body = &cappedBody{r: body, left: b.cfg.MaxBodyBytes, limit: b.cfg.MaxBodyBytes, closer: closer}
 	return res, nil
+}
+
+// releaseCloser closes a decoded body: its decoders, then the response's body.
+type releaseCloser struct {
+	release func()
+	c       io.Closer
+}
+
+func (r releaseCloser) Close() error {
+	r.release()
+	return r.c.Close()
 }
 
 // isProxyRefusal tells a forwarding proxy's own refusal from a destination's answer: 407

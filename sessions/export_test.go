@@ -5,3 +5,6 @@ func BytesSent(b *Bound) int64 { return b.sent.Load() }
 
 // RefusedSent is the part of b.RefusedBytes() that b wrote to the gateway.
 func RefusedSent(b *Bound) int64 { return b.refSent.Load() }
+
+// DecodeBody is decodeBody.
+var DecodeBody = decodeBody

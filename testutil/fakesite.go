@@ -3,6 +3,8 @@ package testutil
 import (
 	"bytes"
 	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -25,6 +27,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/zstd"
 )
 
 // Defaults of FakeSiteConfig.
@@ -76,6 +81,12 @@ type FakeSiteConfig struct {
 	// a script comment); a size below the page's bare HTML gets the bare HTML. Defaults to
 	// DefaultFakeSiteChallengeSize.
 	ChallengeSize int
+	// Encodings, when set, makes the site compress its pages (every path but /big,
+	// /bomb and /img/…) with the first of these content codings — "br", "zstd", "gzip",
+	// "deflate" — that the request's Accept-Encoding offers, as a CDN does; a request that
+	// offers none of them is served uncompressed. The body is sent with its Content-Length
+	// and Vary: Accept-Encoding. Defaults to nil: pages are never compressed.
+	Encodings []string
 	// ChallengeBlockEvery, when k > 0, answers every k-th challenge the site would issue
 	// with 403 and a block page instead (no cookie), as an anti-bot system flags a fresh
 	// exit; the count is site-wide and deterministic. Defaults to 0: never.
@@ -198,7 +209,12 @@ func NewFakeSite(t testing.TB, cfg FakeSiteConfig) *FakeSite {
 		p := fsMakeProduct(cfg.Seed, i)
 		s.products[p.SKU] = p
 	}
-	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	for _, enc := range cfg.Encodings {
+		if _, ok := fsEncoders[enc]; !ok {
+			t.Fatalf("testutil: FakeSiteConfig.Encodings: unknown coding %q", enc)
+		}
+	}
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serveEncoded))
 	if cfg.TLS {
 		s.srv.StartTLS()
 	} else {
@@ -494,6 +510,103 @@ func fsChallengePage(exit string, size int) string {
 	}
 	b.WriteString(tail)
 	return b.String()
+}
+
+// serveEncoded is serve, its answer compressed as FakeSiteConfig.Encodings and the
+// request's Accept-Encoding say.
+func (s *FakeSite) serveEncoded(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	if len(s.cfg.Encodings) == 0 || path == "/big" || path == "/bomb" || strings.HasPrefix(path, "/img/") {
+		s.serve(w, r)
+		return
+	}
+	buf := &fsBuffered{h: w.Header()}
+	s.serve(buf, r)
+	if buf.code == 0 {
+		buf.code = http.StatusOK
+	}
+	body := buf.body.Bytes()
+	w.Header().Add("Vary", "Accept-Encoding")
+	if enc := fsPickEncoding(s.cfg.Encodings, r.Header.Get("Accept-Encoding")); enc != "" && len(body) > 0 && w.Header().Get("Content-Encoding") == "" {
+		body = fsEncoders[enc](body)
+		w.Header().Set("Content-Encoding", enc)
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(buf.code)
+	_, _ = w.Write(body)
+}
+
+// fsBuffered keeps a handler's answer for serveEncoded; its headers are the real writer's.
+type fsBuffered struct {
+	h    http.Header
+	code int
+	body bytes.Buffer
+}
+
+func (b *fsBuffered) Header() http.Header { return b.h }
+
+func (b *fsBuffered) WriteHeader(code int) {
+	if b.code == 0 {
+		b.code = code
+	}
+}
+
+func (b *fsBuffered) Write(p []byte) (int, error) {
+	b.WriteHeader(http.StatusOK)
+	return b.body.Write(p)
+}
+
+// fsPickEncoding is the first of the site's codings that acceptEncoding offers (with a
+// q-value above 0), "" if none.
+func fsPickEncoding(site []string, acceptEncoding string) string {
+	offered := map[string]bool{}
+	for part := range strings.SplitSeq(acceptEncoding, ",") {
+		name, params, _ := strings.Cut(part, ";")
+		name = strings.ToLower(strings.TrimSpace(name))
+		if q, ok := strings.CutPrefix(strings.TrimSpace(params), "q="); ok {
+			if v, err := strconv.ParseFloat(q, 64); err == nil && v <= 0 {
+				continue
+			}
+		}
+		offered[name] = true
+	}
+	for _, enc := range site {
+		if offered[enc] {
+			return enc
+		}
+	}
+	return ""
+}
+
+// fsEncoders compress a body with each coding FakeSiteConfig.Encodings may name, at the
+// libraries' default levels (brotli 6, zstd's default, gzip and deflate 6).
+var fsEncoders = map[string]func([]byte) []byte{
+	"br": func(b []byte) []byte {
+		var out bytes.Buffer
+		w := brotli.NewWriterLevel(&out, brotli.DefaultCompression)
+		_, _ = w.Write(b)
+		_ = w.Close()
+		return out.Bytes()
+	},
+	"zstd": func(b []byte) []byte {
+		w, _ := zstd.NewWriter(nil)
+		defer w.Close()
+		return w.EncodeAll(b, nil)
+	},
+	"gzip": func(b []byte) []byte {
+		var out bytes.Buffer
+		w := gzip.NewWriter(&out)
+		_, _ = w.Write(b)
+		_ = w.Close()
+		return out.Bytes()
+	},
+	"deflate": func(b []byte) []byte {
+		var out bytes.Buffer
+		w := zlib.NewWriter(&out)
+		_, _ = w.Write(b)
+		_ = w.Close()
+		return out.Bytes()
+	},
 }
 
 func (s *FakeSite) serve(w http.ResponseWriter, r *http.Request) {

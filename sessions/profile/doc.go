@@ -32,9 +32,12 @@
 //   - Header order and case. On HTTP/1.1 net/http writes Host and User-Agent first and
 //     the other headers sorted by name, in canonical case; browsers have their own order
 //     (and Chrome writes sec-ch-ua in lower case on HTTP/1.1 too).
-//   - Accept-Encoding. Go's transport adds "Accept-Encoding: gzip" and decompresses the
-//     body only when it added the header itself; a profile therefore never sets it (a
-//     browser would say "gzip, deflate, br, zstd").
+//   - Accept-Encoding, in Headers and Apply. Go's transport adds "Accept-Encoding: gzip"
+//     and decompresses the body only when it added the header itself, so a profile's
+//     headers never set it. AcceptEncodingFor gives the browser's own ("gzip, deflate,
+//     br, zstd"), for a client that decodes all of those: a sessions collector sends it
+//     on every request of a session with a profile, and decodes each encoding under its
+//     size cap.
 //   - Request-dependent headers: Sec-Fetch-Site, Sec-Fetch-Mode, Sec-Fetch-Dest,
 //     Sec-Fetch-User and Priority depend on what a request is (a top-level navigation, a
 //     same-origin XHR, an image) and where it comes from, so a profile cannot fix them for

@@ -126,7 +126,8 @@ func (p Profile) String() string { return p.Name + "/" + p.Locale }
 //	sec-ch-ua-platform: "Windows"
 //
 // Never Accept-Encoding (Go's transport adds gzip, and decompresses only what it asked
-// for), nor the request-dependent Sec-Fetch-*, Priority, Referer or Origin (see the
+// for; AcceptEncodingFor is the browser's, for a client that decodes it all), nor the
+// request-dependent Sec-Fetch-*, Priority, Referer or Origin (see the
 // package documentation). A field that is empty is left out, so the zero Profile returns
 // an empty header. Each call returns a new map.
 func (p Profile) Headers() http.Header {
@@ -196,6 +197,37 @@ func has(h http.Header, k string) bool {
 		}
 	}
 	return false
+}
+
+// Accept-Encoding values the built-in browsers send. Chrome and Edge (since 123) and
+// Firefox (since 126) offer br and zstd to potentially trustworthy origins only (https,
+// localhost, loopback addresses) and "gzip, deflate" to plain-http ones; Safari (zstd since
+// 26) offers its whole list to every origin.
+const (
+	encodingsSecure   = "gzip, deflate, br, zstd"
+	encodingsInsecure = "gzip, deflate"
+)
+
+// AcceptEncodingFor returns the Accept-Encoding header the profile's browser sends on a
+// request to u: "gzip, deflate, br, zstd" for each built-in browser, except Chrome, Edge
+// and Firefox to a plain-http origin that is not potentially trustworthy (see
+// HeadersFor), which get "gzip, deflate". A nil u is treated as secure; a profile of
+// another browser (the zero Profile) returns "".
+//
+// It is not in Headers: a client that sends it must decode all four encodings (a sessions
+// collector does, under its size cap; Go's transport decodes gzip only, and only when it
+// set Accept-Encoding itself).
+func (p Profile) AcceptEncodingFor(u *url.URL) string {
+	switch p.Browser {
+	case Chrome, Edge, Firefox:
+		if u != nil && !trustworthy(u) {
+			return encodingsInsecure
+		}
+		return encodingsSecure
+	case Safari:
+		return encodingsSecure
+	}
+	return ""
 }
 
 // UserAgentOverride returns the Emulation.setUserAgentOverride parameters that make
