@@ -434,7 +434,7 @@ func (k *checker) duplicateEffects(ctx context.Context) {
 	k.add(Row{Name: InvDupEffects, Observed: fmt.Sprintf("%d side effects, %d events duplicated, %d replays recognised by the inbox", effects, n, replays),
 		Result: passIf(n == 0), Offenders: off})
 	// A replay the inbox recognised is the proof that a dispatcher crash between XADD
-	// and mark-sent republished; wiped Redis data may have taken copies with it.
+	// and moving its position republished; wiped Redis data may have taken copies with it.
 	want := k.fp[fpAfterXadd]
 	ok := replays >= want || k.wipes > 0 && replays > 0 || want == 0
 	k.add(Row{Name: InvXaddReplays, Observed: fmt.Sprintf("%d replays, %d after_xadd kills (%d Redis wipes)", replays, want, k.wipes), Result: passIf(ok)})

@@ -18,7 +18,7 @@
 // fault mix alone (-fault-mix-jobs), for bytes per completed job against the fault-free
 // run of the same jobs; then the chaos phase enqueues -jobs jobs and injects, at points spread over its progress: random SIGKILLs of workers, kills
 // at the worker's failpoints (after the fetch, after the commit before the ack, between
-// XADD and mark-sent; see cmd/worker), SIGSTOP pauses of 2.5 leases, a redis-server killed
+// its XADDs and moving its position; see cmd/worker), SIGSTOP pauses of 2.5 leases, a redis-server killed
 // and restarted empty, pg_terminate_backend rounds on the workers' connections, and the
 // proxy fault mix (10 % disconnects per request, ~5 % 429 with Retry-After, 2 % of jobs in
 // a country the proxy has no exit in). Killed workers are restarted, as a process manager
@@ -247,7 +247,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&f.RandomKills, "kills", -1, "random SIGKILLs of workers")
 	fs.IntVar(&f.AfterFetch, "after-fetch", -1, "kills at the after_fetch failpoint")
 	fs.IntVar(&f.AfterCommit, "after-commit", -1, "kills at the after_commit failpoint (after the commit, before the ack)")
-	fs.IntVar(&f.AfterXadd, "after-xadd", -1, "dispatcher kills between XADD and mark-sent")
+	fs.IntVar(&f.AfterXadd, "after-xadd", -1, "dispatcher kills between its XADDs and moving its position")
 	fs.IntVar(&f.BeforeCommit, "before-commit", -1, "stale commits: a worker stopped just before its commit statement until another attempt runs its job (the 1st, 3rd, …) or it is taken over")
 	fs.DurationVar(&f.StaleWait, "stale-wait", -1, "keep a worker stopped before its commit (the 2nd, 4th, …) until another finished the job, at most this long (0: until taken over)")
 	fs.IntVar(&f.CutStale, "cut-stale", -1, "cut the first N stale commits on their way (pg_terminate_backend while they wait on the job's row lock); each is armed again")
