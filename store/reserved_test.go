@@ -257,12 +257,17 @@ func TestStatsByProvider(t *testing.T) {
 	got, err := s.StatsByProvider(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []store.ProviderStats{
-		{Provider: "acct-a", Tier: "datacenter", Attempts: 1, Complete: 1, Bytes: 0, Costs: []store.ProviderCost{}},
-		{Provider: "acct-a", Tier: "residential", Attempts: 3, Complete: 2, Bytes: 33,
-			Costs: []store.ProviderCost{{Currency: "USD", Micros: 33, PerCompleteMicros: 17}}},
-		{Provider: "acct-b", Tier: "residential", Attempts: 1, Complete: 1, Bytes: 7,
-			Costs: []store.ProviderCost{{Currency: "USD", Micros: 7, PerCompleteMicros: 7}}},
+		{Provider: "acct-a", Tier: "datacenter", Attempts: 1, Charged: 0, Complete: 1, Bytes: 0, Costs: []store.ProviderCost{}},
+		{Provider: "acct-a", Tier: "residential", Attempts: 3, Charged: 3, Complete: 2, Bytes: 33,
+			Costs: []store.ProviderCost{{Currency: "USD", Micros: 33, Attempts: 3, PerCompleteMicros: 17}}},
+		{Provider: "acct-b", Tier: "residential", Attempts: 1, Charged: 1, Complete: 1, Bytes: 7,
+			Costs: []store.ProviderCost{{Currency: "USD", Micros: 7, Attempts: 1, PerCompleteMicros: 7}}},
 	}, got)
+	// The charged attempts are the ones the cost section counts (a3's free one in neither).
+	costs, err := s.StatsCost(ctx)
+	require.NoError(t, err)
+	require.Len(t, costs, 1)
+	assert.EqualValues(t, 4, costs[0].Attempts)
 }
 
 // TestJobAttemptReserve: a top-up raises the running attempt's recorded reservation, which
