@@ -6,7 +6,7 @@
 //	c, err := idemscrape.New(idemscrape.Config{PG: pg, Redis: rdb})
 //	c.Register("title", idemscrape.Kind{Workflow: wf, Parse: parse})
 //	c.Enqueue(ctx, idemscrape.Spec{Kind: "title", URL: u, Country: "US", ParserVersion: 1})
-//	c.Run(ctx)                                           // worker until ctx is done
+//	go c.Run(ctx)                                        // worker + reconciler until ctx is done
 //	cons, err := c.Consumer("title", "mailer")           // the kind's events, once each
 //
 // Every setting that several parts must agree on is given once in Config and handed to each
@@ -39,9 +39,11 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemscrape/idemscrape/handlers"
+	"github.com/idemscrape/idemscrape/scheduler"
 	"github.com/idemscrape/idemscrape/service"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/store"
@@ -138,6 +140,20 @@ type Config struct {
 	// (loopback); another address needs basic auth (IDEMSCRAPE_HTTP_USER and
 	// IDEMSCRAPE_HTTP_PASSWORD, read by New).
 	HTTPAddr string
+	// HTTPInsecure lets HTTPAddr be an address other than loopback without basic auth,
+	// when something in front authenticates. Defaults to false: such an address without
+	// IDEMSCRAPE_HTTP_USER and IDEMSCRAPE_HTTP_PASSWORD is refused by New.
+	HTTPInsecure bool
+	// NoReconciler leaves the reconciler out of Run (run cmd/scheduler, or another
+	// process's Run, instead). Defaults to false: Run also runs the reconciler, which puts
+	// back jobs whose lease expired while their row says running and tasks lost or archived
+	// in Redis (a Redis restart that lost its data), and prunes by retention. Any number of
+	// processes may run it.
+	NoReconciler bool
+	// Reconcile sets the reconciler's intervals, thresholds and retentions, as the
+	// `reconciler:` section of cmd/scheduler's file does. Defaults to that section's
+	// defaults (docs/SCHEDULER.md).
+	Reconcile *scheduler.ReconcilerFile
 	// NoSessionPool turns the warm-session pool off: every unit opens a new session.
 	// Defaults to false: sessions of a site are kept warm and reused (docs/PERFORMANCE.md).
 	NoSessionPool bool
@@ -147,11 +163,14 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Runner, when set, adjusts the runner's configuration after New filled in the shared
-	// settings (collector, host limits, lease lengths, tracing...). Defaults to nil.
+	// settings (collector timeouts, host limits, lease lengths, tracing...). The shared
+	// settings are put back after it (Store, Redis, KeyPrefix, Normalizer, the fetch
+	// guard): they are set above, once. Defaults to nil.
 	Runner func(*handlers.Config)
 	// Service, when set, adjusts the worker service's configuration in Run after the shared
-	// settings were filled in (dispatcher, readiness checks, shutdown bounds...). Defaults
-	// to nil.
+	// settings were filled in (readiness checks, shutdown bounds, AllowedHosts...). The
+	// shared settings are put back after it (Registry, Store, Redis, the dispatcher's
+	// stream prefix, window budgets). Defaults to nil.
 	Service func(*service.Config)
 }
 
@@ -168,6 +187,7 @@ type Client struct {
 	budgets map[string]store.Cost
 	enq     *tasks.Enqueuer
 	running bool
+	runDone chan struct{} // closed when Run returns
 	closed  bool
 }
 
@@ -202,7 +222,7 @@ func New(cfg Config) (*Client, error) {
 	if len(cfg.Providers) == 0 {
 		ps, err := sessions.ProvidersFromEnv()
 		if err != nil {
-			return nil, fmt.Errorf("idemscrape: Config.Providers is empty and the environment names no provider: %w", err)
+			return nil, fmt.Errorf("idemscrape: Config.Providers is empty, and the provider from the environment: %w", err)
 		}
 		cfg.Providers = ps
 	}
@@ -224,8 +244,11 @@ func New(cfg Config) (*Client, error) {
 	if httpAddr == "" {
 		httpAddr = service.DefaultHTTPAddr
 	}
-	if err := service.CheckExposure(httpAddr, auth, false); err != nil {
-		return nil, fmt.Errorf("idemscrape: Config.HTTPAddr: %w", err)
+	if auth == nil && !cfg.HTTPInsecure && service.CheckExposure(httpAddr, nil, false) != nil {
+		return nil, fmt.Errorf("idemscrape: Config.HTTPAddr %s is not loopback and no basic auth is set: anyone who reaches it reads the job pages and asynqmon. Set IDEMSCRAPE_HTTP_USER and IDEMSCRAPE_HTTP_PASSWORD[_FILE], listen on 127.0.0.1, or set Config.HTTPInsecure if something in front authenticates", httpAddr)
+	}
+	if cfg.AllowLoopback && cfg.Destinations == nil {
+		cfg.Logger.Warn("loopback destinations allowed (Config.AllowLoopback): for demos and tests only")
 	}
 
 	st := store.New(cfg.PG)
@@ -243,7 +266,10 @@ func New(cfg Config) (*Client, error) {
 		hc.SessionPool = &sessions.PoolConfig{}
 	}
 	if cfg.Runner != nil {
+		guard := hc.Collector.Guard
 		cfg.Runner(&hc)
+		// The shared settings stay as given once: the enqueuer and the reconciler use them too.
+		hc.Store, hc.Redis, hc.KeyPrefix, hc.Normalizer, hc.Collector.Guard = st, cfg.Redis, cfg.KeyPrefix, cfg.Normalizer, guard
 	}
 	reg, err := handlers.NewRegistry(hc)
 	if err != nil {
@@ -357,37 +383,92 @@ func (c *Client) enqueuer() (*tasks.Enqueuer, error) {
 }
 
 // Run runs the worker until ctx is done: the asynq server (every registered kind's queue,
-// weight 1), the outbox dispatcher and the HTTP server (Config.HTTPAddr). Then it shuts down
-// gracefully (in-flight jobs finish or are handed back with their attempt recorded) and
-// returns nil. Run may be called once.
+// weight 1), the outbox dispatcher, the reconciler (unless Config.NoReconciler) and the HTTP
+// server (Config.HTTPAddr). Then it shuts down gracefully (in-flight jobs finish or are
+// handed back with their attempt recorded) and returns nil. Run may be called once; Close
+// waits for it.
 func (c *Client) Run(ctx context.Context) error {
 	c.mu.Lock()
-	if c.running || c.closed {
+	switch {
+	case c.closed:
 		c.mu.Unlock()
-		return errors.New("idemscrape: Run called twice, or after Close")
+		return errors.New("idemscrape: Run after Close")
+	case c.running:
+		c.mu.Unlock()
+		return errors.New("idemscrape: Run called twice")
 	}
 	c.running = true
+	done := make(chan struct{})
+	c.runDone = done
+	defer close(done)
 	budgets := maps.Clone(c.budgets)
 	c.mu.Unlock()
-	sc := service.Config{
-		Registry:      c.reg,
-		Store:         c.st,
-		Redis:         c.cfg.Redis,
-		Concurrency:   c.cfg.Concurrency,
-		HTTPAddr:      c.cfg.HTTPAddr,
-		BasicAuth:     c.auth,
-		WindowBudgets: budgets,
-		Dispatcher:    &outbox.DispatcherConfig{Prefix: c.cfg.StreamPrefix},
-		Logger:        c.cfg.Logger,
+
+	var rec *scheduler.Reconciler
+	if !c.cfg.NoReconciler {
+		var err error
+		if rec, err = c.reconciler(); err != nil {
+			return err
+		}
 	}
+	dispatcher := &outbox.DispatcherConfig{}
+	sc := service.Config{Concurrency: c.cfg.Concurrency, HTTPAddr: c.cfg.HTTPAddr, HTTPInsecure: c.cfg.HTTPInsecure,
+		BasicAuth: c.auth, Logger: c.cfg.Logger}
 	if c.cfg.Service != nil {
 		c.cfg.Service(&sc)
+		if sc.Dispatcher != nil {
+			dispatcher = sc.Dispatcher
+		}
+	}
+	// The shared settings, as given once.
+	dispatcher.Prefix = c.cfg.StreamPrefix
+	sc.Registry, sc.Store, sc.Redis, sc.Dispatcher, sc.WindowBudgets = c.reg, c.st, c.cfg.Redis, dispatcher, budgets
+	if rec != nil {
+		gathered := prometheus.Gatherers{rec.Gatherer()}
+		if sc.Gatherer != nil {
+			gathered = append(gathered, sc.Gatherer)
+		}
+		sc.Gatherer = gathered
 	}
 	svc, err := service.New(sc)
 	if err != nil {
 		return fmt.Errorf("idemscrape: %w", err)
 	}
+	if rec != nil {
+		if err := rec.Start(context.WithoutCancel(ctx)); err != nil {
+			return fmt.Errorf("idemscrape: start the reconciler: %w", err)
+		}
+		defer rec.Stop()
+	}
 	return svc.Run(ctx)
+}
+
+// reconciler builds Run's reconciler from the shared settings.
+func (c *Client) reconciler() (*scheduler.Reconciler, error) {
+	f := &scheduler.File{}
+	if c.cfg.Reconcile != nil {
+		f.Reconciler = *c.cfg.Reconcile
+	}
+	if f.Reconciler.Disabled {
+		return nil, nil
+	}
+	if err := f.Validate(c.cfg.Normalizer); err != nil {
+		return nil, fmt.Errorf("idemscrape: Config.Reconcile: %w", err)
+	}
+	maint, err := outbox.NewMaintainer(c.cfg.PG)
+	if err != nil {
+		return nil, fmt.Errorf("idemscrape: %w", err)
+	}
+	rec, err := scheduler.NewReconciler(scheduler.ReconcilerConfig{
+		File: f, Store: c.st, Outbox: maint, Redis: c.cfg.Redis,
+		Client: asynq.NewClientFromRedisClient(c.cfg.Redis), Inspector: asynq.NewInspectorFromRedisClient(c.cfg.Redis),
+		KeyPrefix: c.cfg.KeyPrefix, ID: c.cfg.WorkerID, Normalizer: c.cfg.Normalizer, Destinations: c.dests,
+		Logger: c.cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemscrape: %w", err)
+	}
+	return rec, nil
 }
 
 // Consumer returns a consumer of topic's events in consumer group group (created when
@@ -421,14 +502,19 @@ func (c *Client) ServerConfig(base asynq.Config) asynq.Config { return c.reg.Ser
 func (c *Client) Kinds() []string { return slices.Clone(c.reg.Kinds()) }
 
 // Close releases the client: the runner's pooled sessions and its background lease
-// releases (it waits for them). Call it after Run returned; Config.PG and Config.Redis stay
-// open (they are the caller's). Closing twice is a no-op.
+// releases (it waits for them). A Run still going is waited for: cancel its context first.
+// Config.PG and Config.Redis stay open (they are the caller's). Closing twice is a no-op.
 func (c *Client) Close() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return
 	}
 	c.closed = true
+	done := c.runDone
+	c.mu.Unlock()
+	if done != nil {
+		<-done
+	}
 	c.reg.Close() // the enqueuer's asynq client and inspector share Config.Redis: nothing to close
 }

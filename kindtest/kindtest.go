@@ -13,11 +13,14 @@ package kindtest
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemscrape/idemscrape"
+	"github.com/idemscrape/idemscrape/handlers"
 	"github.com/idemscrape/idemscrape/job"
 	"github.com/idemscrape/idemscrape/sessions"
 	"github.com/idemscrape/idemscrape/testutil"
@@ -126,9 +129,21 @@ func (e *Env) Run(t testing.TB, k idemscrape.Kind, spec idemscrape.Spec) Outcome
 		out.Err, out.Category = err, sessions.CategoryOf(err)
 		return out
 	}
-	out.Observation, err = k.Parse(payload, out.Run.Staged)
+	out.Observation, err = parse(k, payload, out.Run.Staged)
 	if err != nil {
-		out.Err, out.Category = err, job.CategoryParseError
+		// As the runner records it: a job.Fail category kept, validation and schema drift
+		// as validation, any other error a parse error.
+		out.Err, out.Category = err, handlers.ParserFailure(err).Category
 	}
 	return out
+}
+
+// parse runs k.Parse, a panic in it an error of category panic as in the runner.
+func parse(k idemscrape.Kind, payload idemscrape.Job, staged map[string]json.RawMessage) (obs idemscrape.Observation, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			err = job.Fail(job.CategoryPanic, fmt.Errorf("kindtest: Parse panicked: %v", rec))
+		}
+	}()
+	return k.Parse(payload, staged)
 }

@@ -59,6 +59,15 @@ func TestRunCategories(t *testing.T) {
 	require.ErrorIs(t, out.Err, assert.AnError)
 	assert.Equal(t, job.CategoryParseError, out.Category)
 
+	k.Parse = func(idemscrape.Job, map[string]json.RawMessage) (idemscrape.Observation, error) {
+		return idemscrape.Observation{}, job.Fail(job.CategoryBlocked, assert.AnError)
+	}
+	out = env.Run(t, k, idemscrape.Spec{Kind: catalog.Kind, SourceID: "sku-1", Country: "US", Window: "w1", ParserVersion: 1})
+	assert.Equal(t, job.CategoryBlocked, out.Category, "a job.Fail category is kept, as the runner keeps it")
+	k.Parse = func(idemscrape.Job, map[string]json.RawMessage) (idemscrape.Observation, error) { panic("boom") }
+	out = env.Run(t, k, idemscrape.Spec{Kind: catalog.Kind, SourceID: "sku-1", Country: "US", Window: "w1", ParserVersion: 1})
+	assert.Equal(t, job.CategoryPanic, out.Category)
+
 	out = env.Run(t, idemscrape.Kind{Workflow: catalog.Workflow(site.URL), Parse: catalog.Parse},
 		idemscrape.Spec{Kind: catalog.Kind, SourceID: "sku-1", Country: "DE", Window: "w1", ParserVersion: 1})
 	require.Error(t, out.Err)

@@ -84,7 +84,7 @@ func count(root string) (map[string]int, error) {
 		if err != nil {
 			return err
 		}
-		if isLib {
+		if isLib && n > 0 {
 			out[filepath.ToSlash(rel)] = n
 		}
 		return nil
