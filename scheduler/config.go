@@ -31,10 +31,13 @@ const (
 
 // Config file defaults.
 const (
-	DefaultTimezone           = "UTC"
-	DefaultCatchUp            = CatchUpLast
-	DefaultMaxLease           = 35 * time.Minute // handlers.DefaultLeaseMax (30 min) + margin
-	DefaultReconcileInterval  = 30 * time.Second
+	DefaultTimezone          = "UTC"
+	DefaultCatchUp           = CatchUpLast
+	DefaultMaxLease          = 35 * time.Minute // handlers.DefaultLeaseMax (30 min) + margin
+	DefaultReconcileInterval = 30 * time.Second
+	// DefaultOrphanInterval is how often the reconciler looks for asynq tasks left active
+	// by a dead asynq server (reconciler_orphans.go): asynq's heartbeat interval.
+	DefaultOrphanInterval     = 5 * time.Second
 	DefaultBatchSize          = 1000
 	DefaultOutboxLagThreshold = 5 * time.Minute
 	DefaultOutboxRetention    = 7 * 24 * time.Hour
@@ -149,6 +152,9 @@ type ReconcilerFile struct {
 	Disabled bool `yaml:"disabled"`
 	// Interval between sweeps (jittered ±10 %). Defaults to DefaultReconcileInterval.
 	Interval time.Duration `yaml:"interval"`
+	// OrphanInterval between the passes that give back the active asynq tasks of dead asynq
+	// servers (jittered ±10 %; reconciler_orphans.go). Defaults to DefaultOrphanInterval.
+	OrphanInterval time.Duration `yaml:"orphan_interval"`
 	// BatchSize is the page size of every scan. Defaults to DefaultBatchSize.
 	BatchSize int `yaml:"batch_size"`
 	// DefaultMaxLease is the longest lease of kinds without kinds.<kind>.max_lease.
@@ -373,6 +379,7 @@ func (f *File) Validate(n *tasks.Normalizer) error {
 		def  time.Duration
 	}{
 		{"interval", &r.Interval, DefaultReconcileInterval},
+		{"orphan_interval", &r.OrphanInterval, DefaultOrphanInterval},
 		{"default_max_lease", &r.DefaultMaxLease, DefaultMaxLease},
 		{"outbox_lag_threshold", &r.OutboxLagThreshold, DefaultOutboxLagThreshold},
 		{"outbox_retention", &r.OutboxRetention, DefaultOutboxRetention},

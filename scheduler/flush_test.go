@@ -123,11 +123,12 @@ func TestReconcilerAfterRedisFlush(t *testing.T) {
 // killWorkerMidJob runs the fixture worker (internal/testworker) on the catalog queue of
 // the Redis at redisAddr until it has reached the step of every job of keys, the only
 // jobs in the queue, then SIGKILLs it. The jobs stay running; it returns their fences.
-func killWorkerMidJob(t *testing.T, st *store.PG, pool *pgxpool.Pool, redisAddr string, keys []string) map[string]int64 {
+// args are more flags of the worker.
+func killWorkerMidJob(t *testing.T, st *store.PG, pool *pgxpool.Pool, redisAddr string, keys []string, args ...string) map[string]int64 {
 	t.Helper()
 	ctx := context.Background()
 	bin := buildBinary(t, "github.com/idemscrape/idemscrape/internal/testworker", "testworker")
-	cmd := exec.Command(bin, "-pg", dsnOf(pool), "-redis", redisAddr, "-queue", catalog.Kind)
+	cmd := exec.Command(bin, append([]string{"-pg", dsnOf(pool), "-redis", redisAddr, "-queue", catalog.Kind}, args...)...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = testWriter{t}

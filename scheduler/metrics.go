@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, prometheus.Gatherer, error
 	reg, gath := registryOrPrivate(reg)
 	m := &metrics{
 		ticks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemscrape_scheduler_ticks_total", Help: "Template ticks run, by result (ok, error).",
+			Name: "idemscrape_scheduler_ticks_total", Help: "Template ticks run, by result (ok, error, refused_retention: the window is older than its retention).",
 		}, []string{"template", "result"}),
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemscrape_scheduler_jobs_total", Help: "Specs of template ticks by enqueue outcome (created, already_queued, requeued, already_complete, already_failed, invalid).",

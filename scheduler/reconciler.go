@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -137,6 +136,9 @@ type ReconcilerConfig struct {
 	Now func() time.Time
 	// TestSignal, when set, receives the report of every sweep of the loop (tests only).
 	TestSignal chan<- SweepReport
+	// TestOrphanSignal, when set, receives the report of every orphan pass of the loop
+	// (tests only).
+	TestOrphanSignal chan<- SweepReport
 }
 
 // Validate checks c and fills in defaults.
@@ -230,6 +232,9 @@ type SweepReport struct {
 //   - (reconciler_requeue.go) a due pending or retryable job whose asynq task is missing or
 //     archived: its task is enqueued again, in the queue recorded with the job (TaskID = key
 //     deduplicates a race with a live enqueue; the Inspector deletes an archived task first);
+//   - (reconciler_orphans.go, in a loop of its own, RequeueOrphans) an active asynq task
+//     that no live asynq server lists, whose job's lease is free: it is given back to
+//     pending with asynq's own requeue, long before asynq's recoverer would;
 //   - (reconciler_outbox.go) unsent outbox rows older than the threshold are reported
 //     (metric, log); sent outbox rows and inbox rows older than their retention are
 //     deleted in bounded batches;
@@ -254,6 +259,10 @@ type Reconciler struct {
 	seenQueues map[string]bool
 	// requeueMu serialises the re-enqueue passes of concurrent Sweep calls.
 	requeueMu sync.Mutex
+	// recordedQueues (guarded by queuesMu) are the queues recorded with the jobs the
+	// re-enqueue pass read: the orphan pass looks at them too (reconciler_orphans.go).
+	recordedQueues map[string]bool
+	queuesMu       sync.Mutex
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -270,7 +279,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Reconciler{cfg: cfg, leases: leases, seenQueues: map[string]bool{}}
+	r := &Reconciler{cfg: cfg, leases: leases, seenQueues: map[string]bool{}, recordedQueues: map[string]bool{}}
 	r.requeue.changed.At = cfg.Now().Add(-requeueLookback)
 	if r.metrics, r.gath, err = newReconcilerMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -285,7 +294,8 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 func (r *Reconciler) Gatherer() prometheus.Gatherer { return r.gath }
 
 // Start runs a sweep at once and then another File.Reconciler.Interval ± 10 % after each
-// one ends. Calling Start on a started Reconciler does nothing.
+// one ends; and, in a loop of its own, an orphan pass (RequeueOrphans) every
+// File.Reconciler.OrphanInterval. Calling Start on a started Reconciler does nothing.
 func (r *Reconciler) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -295,8 +305,15 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	ctx, r.cancel = context.WithCancel(ctx)
 	r.done = make(chan struct{})
 	r.running = true
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { wg.Wait(); close(r.done) }()
 	go func() {
-		defer close(r.done)
+		defer wg.Done()
+		r.orphanLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
 		for {
 			rep := r.Sweep(ctx)
 			if ctx.Err() != nil {
@@ -317,7 +334,28 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the loop (a sweep in progress stops at its next statement) and waits for it.
+// orphanLoop runs an orphan pass at once and then another File.Reconciler.OrphanInterval
+// ± 10 % after each one ends, until ctx ends.
+func (r *Reconciler) orphanLoop(ctx context.Context) {
+	for {
+		rep := r.RequeueOrphans(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if r.cfg.TestOrphanSignal != nil {
+			select {
+			case r.cfg.TestOrphanSignal <- rep:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if !retry.Sleep(ctx, retry.Jitter(r.cfg.File.Reconciler.OrphanInterval, 0.1)) {
+			return
+		}
+	}
+}
+
+// Stop ends the loops (a sweep in progress stops at its next statement) and waits for them.
 // Calling Stop on a stopped Reconciler does nothing.
 func (r *Reconciler) Stop() {
 	r.mu.Lock()
@@ -374,20 +412,8 @@ func (r *Reconciler) Sweep(ctx context.Context) SweepReport {
 			r.cfg.Logger.ErrorContext(ctx, "reconciler sweep failed", "err", err)
 		}
 	}
-	for a, n := range rep.Actions {
-		r.metrics.actions.WithLabelValues(strings.TrimPrefix(a, "reconciler_")).Add(float64(n))
-	}
 	r.metrics.sweepSeconds.Observe(time.Since(begun).Seconds())
-	if counts := nonZero(rep.Actions); len(counts) > 0 {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
-		if cerr := r.cfg.Store.CountersAdd(cctx, counts); cerr != nil {
-			r.cfg.Logger.WarnContext(ctx, "reconciler counters not recorded", "err", cerr)
-		}
-		cancel()
-		rep.Statements++
-		r.cfg.Logger.InfoContext(ctx, "reconciler sweep", "actions", counts, "statements", rep.Statements,
-			"redis_round_trips", rep.RedisTrips, "seconds", time.Since(begun).Seconds())
-	}
+	r.account(ctx, &rep, "reconciler sweep", begun)
 	return rep
 }
 

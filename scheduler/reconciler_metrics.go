@@ -17,7 +17,7 @@ func newReconcilerMetrics(reg prometheus.Registerer) (*reconcilerMetrics, promet
 	reg, gath := registryOrPrivate(reg)
 	m := &reconcilerMetrics{
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemscrape_reconciler_actions_total", Help: "Reconciler actions (rescued, rescue_refused, lease_held, requeued, archived_repaired, already_queued, outbox_pruned, inbox_pruned, saved_inputs_pruned, input_blobs_pruned, outbox_lag_reports, sweep_errors, key_mismatch).",
+			Name: "idemscrape_reconciler_actions_total", Help: "Reconciler actions (rescued, rescue_refused, lease_held, requeued, archived_repaired, already_queued, outbox_pruned, inbox_pruned, saved_inputs_pruned, input_blobs_pruned, outbox_lag_reports, sweep_errors, key_mismatch, orphan_requeued, orphan_lease_held).",
 		}, []string{"action"}),
 		sweepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "idemscrape_reconciler_sweep_seconds", Help: "Duration of one reconciler sweep.",

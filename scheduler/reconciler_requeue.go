@@ -499,6 +499,7 @@ func (r *Reconciler) requeuePage(ctx context.Context, page []store.Job, rep *Swe
 		q := r.queueOf(j.Kind, j.Queue)
 		cmds[i] = pipe.HGet(pctx, AsynqTaskKey(q, j.Key), "state")
 		r.seenQueues[q] = true // under requeueMu: its marker is read from the next sweep on
+		r.noteQueue(q)
 	}
 	rep.RedisTrips++
 	rep.RedisCommands += int64(len(page))

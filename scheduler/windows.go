@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/idemscrape/idemscrape/internal/retry"
@@ -57,9 +58,12 @@ func (s *Scheduler) tryWindow(ctx context.Context, t *Template, p pendingTry) *p
 	}
 	now := s.cfg.Now()
 	if errors.Is(rep.Err, store.ErrWindowExpired) {
-		// Not a failure to retry: ticking it again would create its jobs again.
-		s.cfg.Logger.ErrorContext(ctx, "window not ticked again: its jobs may have been pruned (idemscrape windows -fill -force creates them anew)",
-			"template", t.Name, "window", rep.Window, "due", p.f.At, "err", rep.Err)
+		// Not a failure to retry: ticking it again would create its jobs again. Every fire
+		// of the window is refused the same way: one warning per window.
+		if s.refused.first(t.Name, rep.Window) {
+			s.cfg.Logger.WarnContext(ctx, "window not ticked: older than its retention, its jobs may have been pruned (idemscrape windows -fill -force creates them anew); its later fires are refused silently",
+				"template", t.Name, "window", rep.Window, "due", p.f.At, "err", rep.Err)
+		}
 		s.signal(ctx, rep)
 		return nil
 	}
@@ -277,4 +281,37 @@ func (s *Scheduler) flushLost(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// maxRefusedWindows bounds the windows refusedWindows remembers; past it the oldest is
+// forgotten (a window refused again after that is warned about again).
+const maxRefusedWindows = 1024
+
+// refusedWindows remembers, in the order first seen, the (template, window) pairs whose
+// tick was refused for retention and warned about. Safe for concurrent use (one loop per
+// template).
+type refusedWindows struct {
+	mu    sync.Mutex
+	seen  map[[2]string]bool
+	order [][2]string
+}
+
+// first reports whether the window is refused for the first time (remembering it).
+func (w *refusedWindows) first(template, window string) bool {
+	k := [2]string{template, window}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.seen[k] {
+		return false
+	}
+	if w.seen == nil {
+		w.seen = map[[2]string]bool{}
+	}
+	if len(w.order) >= maxRefusedWindows {
+		delete(w.seen, w.order[0])
+		w.order = w.order[1:]
+	}
+	w.seen[k] = true
+	w.order = append(w.order, k)
+	return true
 }

@@ -4,7 +4,7 @@
 // the job's context ends, so a test can SIGKILL a worker in the middle of a job: the job
 // stays running in PostgreSQL, its lease and asynq task stay in Redis.
 //
-//	testworker -pg URL -redis host:port [-queue catalog] [-key-prefix idemscrape:]
+//	testworker -pg URL -redis host:port [-queue catalog] [-key-prefix idemscrape:] [-lease 0]
 //
 // The proxy provider is a placeholder: the step makes no request.
 package main
@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,14 +35,15 @@ func main() {
 	addr := flag.String("redis", "", "Redis host:port")
 	queue := flag.String("queue", "catalog", "asynq queue")
 	prefix := flag.String("key-prefix", handlers.DefaultKeyPrefix, "lease key prefix")
+	lease := flag.Duration("lease", 0, "the jobs' lease length (handlers.Config.LeaseLength; 0: the handlers' default)")
 	flag.Parse()
-	if err := run(*pg, *addr, *queue, *prefix); err != nil {
+	if err := run(*pg, *addr, *queue, *prefix, *lease); err != nil {
 		fmt.Fprintln(os.Stderr, "testworker:", err)
 		os.Exit(1)
 	}
 }
 
-func run(pg, addr, queue, prefix string) error {
+func run(pg, addr, queue, prefix string, lease time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	pool, err := pgxpool.New(ctx, pg)
@@ -57,7 +59,7 @@ func run(pg, addr, queue, prefix string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	reg, err := handlers.NewRegistry(handlers.Config{Store: store.New(pool), Redis: rdb, Provider: prov, KeyPrefix: prefix,
-		NoGroupCommit: true, Logger: log})
+		LeaseLength: lease, NoGroupCommit: true, Logger: log})
 	if err != nil {
 		return err
 	}
