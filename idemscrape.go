@@ -452,6 +452,10 @@ func (c *Client) reconciler() (*scheduler.Reconciler, error) {
 	if f.Reconciler.Disabled {
 		return nil, nil
 	}
+	f.Kinds = map[string]scheduler.KindConfig{}
+	for _, k := range c.reg.Kinds() {
+		f.Kinds[k] = scheduler.KindConfig{Queue: tasks.QueueFor(k)} // whose dead workers' tasks it gives back
+	}
 	if err := f.Validate(c.cfg.Normalizer); err != nil {
 		return nil, fmt.Errorf("idemscrape: Config.Reconcile: %w", err)
 	}
