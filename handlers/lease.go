@@ -34,8 +34,13 @@ type acquireParams struct {
 type acquired struct {
 	Lease   lua.Lease // Lease.Token is the attempt's fencing token (Attempt.Fence)
 	Attempt store.StartedAttempt
-	slot    *providerSlot // the provider the attempt runs on (set by the caller)
-	money   *attemptMoney // the attempt's money: its budgets, reservation, cost (set by the caller)
+	// reusedOwner: the start was sent with the owner an earlier delivery's unsure start
+	// left (p.Unsure), not this delivery's: if that start landed, the store recognised it
+	// as this one and wrote nothing, so the attempt's row records the earlier delivery's
+	// reservation (attemptMoney.startReused).
+	reusedOwner bool
+	slot        *providerSlot // the provider the attempt runs on (set by the caller)
+	money       *attemptMoney // the attempt's money: its budgets, reservation, cost (set by the caller)
 }
 
 // acquire takes the lease of a job and starts an attempt: one Redis command (SET NX PX,
@@ -66,8 +71,9 @@ func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParam
 	}
 	start := p.Start
 	start.Key, start.Token, start.Owner = p.Key, 0, p.Owner
+	reused := false
 	if o := p.Unsure.take(p.Key); o != "" {
-		start.Owner = o
+		start.Owner, reused = o, true
 	}
 	sctx, span := startSpan(ctx, "start")
 	att, err := startOwn(sctx, st, start, time.Now().Add(p.TTL/2))
@@ -93,7 +99,7 @@ func acquire(ctx context.Context, leases *lua.Leases, st starter, p acquireParam
 		return acquired{}, err
 	}
 	lease.Token = att.Fence
-	return acquired{Lease: lease, Attempt: att}, nil
+	return acquired{Lease: lease, Attempt: att, reusedOwner: reused}, nil
 }
 
 // startTries bounds the sends of one attempt start whose outcome stays unknown.

@@ -46,6 +46,25 @@ func (r *Registry) reserve(ctx context.Context, k *kind, job tasks.Payload, slot
 // carries it): zero without a window budget.
 func (m *attemptMoney) reserved() store.Cost { return m.hold.reserved() }
 
+// startReused is for an attempt whose start reused an earlier delivery's owner
+// (acquired.reusedOwner): if that delivery's start landed unseen, the store recognised it
+// as this start and wrote nothing, so the job's row records that delivery's reservation,
+// not this one's — and a worker killed now would be charged this one in Redis when it
+// lapses, the earlier one on its lost row in PostgreSQL. It raises the row's reservation
+// to this one's (store.PG.JobAttemptReserve, which only raises): one statement, and only
+// in this rare case. An earlier reservation above this one stays: a lost attempt is then
+// charged more in PostgreSQL than in Redis — the safe direction, since a total restored
+// from PostgreSQL stops the window early, never late. Nothing without a window budget.
+func (m *attemptMoney) startReused(ctx context.Context, key string, token int64) {
+	if m == nil || m.hold == nil {
+		return
+	}
+	if _, err := m.r.cfg.Store.JobAttemptReserve(ctx, key, token, m.hold.reserved()); err != nil {
+		m.log.WarnContext(ctx, "window reservation not recorded on an attempt started under an earlier delivery's owner; a lost attempt may be charged less in PostgreSQL than in Redis",
+			"window", m.hold.window, "reserved", m.hold.reserved().String(), "err", err)
+	}
+}
+
 // byteCap is the run's byte cap (sessions.RunConfig.MaxBytes), what it stands for
 // (BudgetNote) and its top-up (MoreBytes): what is left of the job's bandwidth and money
 // budgets after bytesSoFar, lowered to what the window reservation buys, which is topped

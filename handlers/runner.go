@@ -123,6 +123,9 @@ func (r *Registry) process(ctx context.Context, k *kind, job tasks.Payload) erro
 		return r.notStarted(k, job, err, log)
 	}
 	acq.slot, acq.money = slot, money
+	if acq.reusedOwner {
+		money.startReused(ctx, job.Key, acq.Lease.Token)
+	}
 	if money.spent != nil {
 		// The window's budget is spent (WindowFail): the job fails without fetching.
 		_ = r.release(ctx, acq.Lease, false)
