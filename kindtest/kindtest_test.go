@@ -18,15 +18,19 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestRunThroughFaults: the catalog kind through a proxy whose exits drop 30 % of
+// TestRunThroughFaults: the catalog kind through a proxy whose exits drop 15 % of
 // requests: every SKU's record is right, lost sessions were replayed on new ones with their
 // staging quarantined, and the proxy password is in no outcome.
 func TestRunThroughFaults(t *testing.T) {
 	site := testutil.NewFakeSite(t, testutil.FakeSiteConfig{Seed: 9})
-	env := kindtest.New(t, kindtest.Config{Proxy: testutil.FakeProxyConfig{Seed: 9, DisconnectProb: 0.3}, MaxSessionRestarts: 20})
+	// 15 % of requests dropped: a unit is lost about half the time, so over 20 units some
+	// are (a miss ~1e-6), and none exhausts 100 replays.
+	env := kindtest.New(t, kindtest.Config{Proxy: testutil.FakeProxyConfig{Seed: 9, DisconnectProb: 0.15}, MaxSessionRestarts: 100})
 	k := idemscrape.Kind{Workflow: catalog.Workflow(site.URL), Parse: catalog.Parse}
 	restarts, quarantined := 0, 0
-	for _, sku := range []string{"sku-1", "sku-2", "sku-3", "sku-4", "sku-5", "sku-6", "sku-7", "sku-8", "sku-9", "sku-10"} {
+	skus := site.SKUs()
+	require.GreaterOrEqual(t, len(skus), 20)
+	for _, sku := range skus[:20] {
 		out := env.Run(t, k, idemscrape.Spec{Kind: catalog.Kind, SourceID: sku, Country: "US", Window: "w1", ParserVersion: 1})
 		require.NoError(t, out.Err, sku)
 		assert.Empty(t, out.Category)
@@ -42,7 +46,7 @@ func TestRunThroughFaults(t *testing.T) {
 		require.NoError(t, err)
 		assert.NotContains(t, string(b), kindtest.Password())
 	}
-	assert.Positive(t, restarts, "30 %% of requests dropped: some sessions were lost (seeded)")
+	assert.Positive(t, restarts, "15 %% of requests dropped: some sessions were lost")
 	assert.Equal(t, restarts, quarantined)
 	assert.Positive(t, env.Proxy.Bytes())
 }
